@@ -1,0 +1,380 @@
+"""SSH test hosts: network namespaces with a real OpenSSH server each, as EC2 instances in a VPC.
+
+Every host ``tfl-ssh-hostN`` (N = 1, 2, ...) has two interfaces:
+
+* ``eth0`` on the "public" bridge ``tfl-ssh-pub`` (198.18.1.0/24, host at 198.18.1.1N), which the
+  launcher reaches from the root namespace at 198.18.1.1 through its own veth pair
+  (``tfl-ssh-l0`` in the root namespace, ``tfl-ssh-l1`` on the bridge), so that one test can cut
+  exactly the launcher's link (:func:`cut_launcher_link`);
+* ``eth1`` on the "private" bridge ``tfl-ssh-priv`` (198.18.2.0/24, host at 198.18.2.1N), which
+  has no address in the root namespace, and the root namespace holds an ``unreachable`` route for
+  198.18.2.0/24: the launcher has no route to it, as a laptop has none into a VPC.
+
+Each host runs ``/usr/sbin/sshd`` inside its namespace, listening on port 22 of both addresses,
+with its own generated host key, root login by key only, ``AuthorizedKeysFile`` and ``PidFile`` in
+the state directory, ``StrictModes no`` and ``UsePAM no``. The hosts share the machine's file
+system, so the project's Python environment is present on each.
+
+Set-up is idempotent (it first removes what an interrupted run left) and :func:`teardown` removes
+everything: sshd processes, namespaces, veths, bridges and the state directory.
+
+CLI: ``python tests/hosts/ssh_hosts.py up [N]`` / ``down`` / ``status``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+STATE_DIR = Path(os.environ.get("TFL_SSH_STATE_DIR", "/tmp/tfl-ssh-hosts"))
+NS_PREFIX = "tfl-ssh-host"
+PUBLIC_BRIDGE = "tfl-ssh-pub"
+PRIVATE_BRIDGE = "tfl-ssh-priv"
+LAUNCHER_VETH = "tfl-ssh-l0"  # root namespace side, holds 198.18.1.1
+LAUNCHER_PEER = "tfl-ssh-l1"  # enslaved to the public bridge
+LAUNCHER_ADDRESS = "198.18.1.1"
+PRIVATE_NETWORK = "198.18.2.0/24"
+MAX_HOSTS = 9
+SSHD = "/usr/sbin/sshd"
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"
+
+
+@dataclasses.dataclass(frozen=True)
+class TestHost:
+    """One test host: its namespace and its two addresses."""
+
+    index: int
+
+    @property
+    def name(self) -> str:
+        return f"host{self.index}"
+
+    @property
+    def namespace(self) -> str:
+        return f"{NS_PREFIX}{self.index}"
+
+    @property
+    def public_address(self) -> str:
+        return f"198.18.1.1{self.index}"
+
+    @property
+    def private_address(self) -> str:
+        return f"198.18.2.1{self.index}"
+
+    @property
+    def host_key(self) -> Path:
+        return STATE_DIR / f"host{self.index}_ed25519_key"
+
+    @property
+    def pid_file(self) -> Path:
+        return STATE_DIR / f"sshd-host{self.index}.pid"
+
+    @property
+    def sshd_config(self) -> Path:
+        return STATE_DIR / f"sshd-host{self.index}.conf"
+
+    @property
+    def sshd_log(self) -> Path:
+        return STATE_DIR / f"sshd-host{self.index}.log"
+
+
+@dataclasses.dataclass(frozen=True)
+class TestHosts:
+    """The running set of test hosts and the client credentials that reach them."""
+
+    hosts: tuple[TestHost, ...]
+    state_dir: Path
+    client_key: Path
+    known_hosts: Path  # a known_hosts file holding every host's public address and key
+
+    def host(self, index: int) -> TestHost:
+        return self.hosts[index - 1]
+
+
+def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, check=check, capture_output=True, text=True, timeout=60)
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return _run(["ip", *args], check=check)
+
+
+def _ns(namespace: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return _run(["ip", "netns", "exec", namespace, *argv], check=check)
+
+
+def missing_requirements() -> str | None:
+    """Why test hosts cannot be built here (not root, no sshd, no ip), or None if they can."""
+    if os.geteuid() != 0:
+        return "SSH test hosts need root (network namespaces)"
+    for tool in (SSHD, "/usr/bin/ssh-keygen"):
+        if not os.path.exists(tool):
+            return f"SSH test hosts need {tool} (apt-get install openssh-server openssh-client)"
+    if shutil.which("ip") is None:
+        return "SSH test hosts need the ip tool (apt-get install iproute2)"
+    return None
+
+
+def _existing_namespaces() -> list[str]:
+    out = _ip("netns", "list", check=False).stdout
+    names = [line.split()[0] for line in out.splitlines() if line.strip()]
+    return [n for n in names if re.fullmatch(rf"{NS_PREFIX}\d+", n)]
+
+
+def _kill_pid_file(pid_file: Path) -> None:
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return
+    _kill_and_wait(pid)
+
+
+def _kill_and_wait(pid: int, grace: float = 3.0) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _namespace_pids(namespace: str) -> list[int]:
+    out = _ip("netns", "pids", namespace, check=False).stdout
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def teardown() -> None:
+    """Remove every test host, bridge and veth, and the state directory; safe to call anytime."""
+    if STATE_DIR.is_dir():
+        for pid_file in STATE_DIR.glob("sshd-host*.pid"):
+            _kill_pid_file(pid_file)
+    for namespace in _existing_namespaces():
+        # Anything still running in the namespace (sshd children, stray tasks) goes with it.
+        for pid in _namespace_pids(namespace):
+            _kill_and_wait(pid, grace=1.0)
+        _ip("netns", "delete", namespace, check=False)
+    _ip("route", "delete", "unreachable", PRIVATE_NETWORK, check=False)
+    for link in (LAUNCHER_VETH, PUBLIC_BRIDGE, PRIVATE_BRIDGE):
+        _ip("link", "delete", link, check=False)
+    out = _ip("-o", "link", "show", check=False).stdout
+    for leftover in re.findall(r"^\d+: (tfl-s[pv]\d+)[@:]", out, flags=re.M):
+        _ip("link", "delete", leftover, check=False)
+    shutil.rmtree(STATE_DIR, ignore_errors=True)
+
+
+def _keygen(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    Path(f"{path}.pub").unlink(missing_ok=True)
+    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)])
+
+
+def _make_bridges() -> None:
+    for bridge in (PUBLIC_BRIDGE, PRIVATE_BRIDGE):
+        _ip("link", "add", bridge, "type", "bridge")
+        _ip("link", "set", bridge, "up")
+    _ip("link", "add", LAUNCHER_VETH, "type", "veth", "peer", "name", LAUNCHER_PEER)
+    _ip("link", "set", LAUNCHER_PEER, "master", PUBLIC_BRIDGE)
+    _ip("link", "set", LAUNCHER_PEER, "up")
+    _ip("addr", "add", f"{LAUNCHER_ADDRESS}/24", "dev", LAUNCHER_VETH)
+    _ip("link", "set", LAUNCHER_VETH, "up")
+    # Without this the default route would send private-network packets off the machine; with it
+    # the launcher gets "no route to host" at once, as a laptop outside a VPC does.
+    _ip("route", "replace", "unreachable", PRIVATE_NETWORK)
+
+
+def _make_namespace(host: TestHost) -> None:
+    ns = host.namespace
+    _ip("netns", "add", ns)
+    _ns(ns, "ip", "link", "set", "lo", "up")
+    for root_side, inner, bridge, address in (
+        (f"tfl-sp{host.index}", "eth0", PUBLIC_BRIDGE, host.public_address),
+        (f"tfl-sv{host.index}", "eth1", PRIVATE_BRIDGE, host.private_address),
+    ):
+        _ip("link", "add", root_side, "type", "veth", "peer", "name", f"{root_side}x")
+        _ip("link", "set", f"{root_side}x", "netns", ns)
+        _ns(ns, "ip", "link", "set", f"{root_side}x", "name", inner)
+        _ns(ns, "ip", "addr", "add", f"{address}/24", "dev", inner)
+        _ns(ns, "ip", "link", "set", inner, "up")
+        _ip("link", "set", root_side, "master", bridge)
+        _ip("link", "set", root_side, "up")
+
+
+def write_sshd_config(host: TestHost, authorized_keys: Path) -> None:
+    """The sshd configuration of one test host (both addresses, key-only root login)."""
+    host.sshd_config.write_text(
+        "\n".join(
+            [
+                "Port 22",
+                f"ListenAddress {host.public_address}",
+                f"ListenAddress {host.private_address}",
+                f"HostKey {host.host_key}",
+                f"AuthorizedKeysFile {authorized_keys}",
+                f"PidFile {host.pid_file}",
+                "StrictModes no",
+                "UsePAM no",
+                "PermitRootLogin prohibit-password",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "MaxStartups 200",
+                "MaxSessions 50",
+                "LogLevel ERROR",
+                f"Subsystem sftp {SFTP_SERVER}",
+                "",
+            ]
+        )
+    )
+
+
+def start_sshd(host: TestHost, hide_paths: tuple[str, ...] = ()) -> None:
+    """Start (or restart) the host's sshd; wait until it accepts TCP on the public address.
+
+    ``hide_paths`` are directories masked by an empty directory in a private mount namespace of
+    this sshd and everything it starts: the honest way to make one host lack a package (e.g. its
+    Python has no TensorFlow) while hosts share the file system.
+    """
+    _kill_pid_file(host.pid_file)
+    host.pid_file.unlink(missing_ok=True)
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
+    sshd = [SSHD, "-f", str(host.sshd_config), "-E", str(host.sshd_log)]
+    if hide_paths:
+        empty = STATE_DIR / "empty"
+        empty.mkdir(exist_ok=True)
+        mounts = [["mount", "--bind", str(empty), path] for path in hide_paths]
+        # One argv for the mount namespace: mount each path, then exec sshd (no user values).
+        script = " && ".join(" ".join(m) for m in mounts) + " && exec " + " ".join(sshd)
+        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+    else:
+        argv = sshd
+    _ns(host.namespace, *argv)
+    _wait_for_port(host, 22)
+
+
+def _wait_for_port(host: TestHost, port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host.public_address, port), timeout=1.0):
+                return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                log = host.sshd_log.read_text() if host.sshd_log.exists() else ""
+                raise RuntimeError(f"sshd of {host.namespace} not reachable: {exc}\n{log}") from exc
+            time.sleep(0.05)
+
+
+def write_known_hosts(hosts: tuple[TestHost, ...], path: Path) -> None:
+    """A known_hosts file with every host's key under its public and private address."""
+    lines = []
+    for host in hosts:
+        key = Path(f"{host.host_key}.pub").read_text().split()
+        for address in (host.public_address, host.private_address):
+            lines.append(f"{address} {key[0]} {key[1]}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def setup(count: int = 3) -> TestHosts:
+    """Build ``count`` test hosts from scratch (removing leftovers first) and start their sshd."""
+    if not 1 <= count <= MAX_HOSTS:
+        raise ValueError(f"between 1 and {MAX_HOSTS} test hosts, not {count}")
+    teardown()
+    STATE_DIR.mkdir(parents=True)
+    client_key = STATE_DIR / "client_ed25519"
+    _keygen(client_key)
+    authorized_keys = STATE_DIR / "authorized_keys"
+    shutil.copy(f"{client_key}.pub", authorized_keys)
+    hosts = tuple(TestHost(i) for i in range(1, count + 1))
+    _make_bridges()
+    for host in hosts:
+        _keygen(host.host_key)
+        _make_namespace(host)
+        write_sshd_config(host, authorized_keys)
+        start_sshd(host)
+    known_hosts = STATE_DIR / "known_hosts"
+    write_known_hosts(hosts, known_hosts)
+    return TestHosts(hosts, STATE_DIR, client_key, known_hosts)
+
+
+def current() -> TestHosts | None:
+    """The test hosts left running by ``up`` (for the benchmark and manual runs), if any."""
+    indices = sorted(int(n[len(NS_PREFIX) :]) for n in _existing_namespaces())
+    client_key = STATE_DIR / "client_ed25519"
+    if not indices or not client_key.exists():
+        return None
+    hosts = tuple(TestHost(i) for i in indices)
+    return TestHosts(hosts, STATE_DIR, client_key, STATE_DIR / "known_hosts")
+
+
+def regenerate_host_key(host: TestHost) -> None:
+    """Give a host a new host key and restart its sshd: what a re-created VM looks like."""
+    _keygen(host.host_key)
+    start_sshd(host)
+
+
+def cut_launcher_link() -> None:
+    """Take the launcher's link to the public bridge down: packets to and from it vanish."""
+    _ip("link", "set", LAUNCHER_PEER, "down")
+
+
+def restore_launcher_link() -> None:
+    """Bring the launcher's link to the public bridge back up."""
+    _ip("link", "set", LAUNCHER_PEER, "up")
+
+
+def processes_in(host: TestHost, exclude_sshd: bool = True) -> list[str]:
+    """Command lines of the processes running in a host's namespace (sshd itself left out)."""
+    found = []
+    for pid in _namespace_pids(host.namespace):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if exclude_sshd and cmdline.startswith(("sshd:", SSHD)):
+            continue
+        found.append(f"{pid} {cmdline.strip()}")
+    return found
+
+
+def _main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("up", "down", "status"):
+        print("usage: ssh_hosts.py up [N] | down | status", file=sys.stderr)
+        return 2
+    if argv[0] == "down":
+        teardown()
+        return 0
+    if argv[0] == "status":
+        hosts = current()
+        if hosts is None:
+            print("no SSH test hosts")
+            return 1
+        for host in hosts.hosts:
+            print(f"{host.namespace} {host.public_address} {host.private_address}")
+        return 0
+    problem = missing_requirements()
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    hosts = setup(int(argv[1]) if len(argv) > 1 else 3)
+    for host in hosts.hosts:
+        print(f"{host.namespace} public {host.public_address} private {host.private_address}")
+    print(f"client key {hosts.client_key}\nknown_hosts {hosts.known_hosts}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
