@@ -1,0 +1,37 @@
+"""Local backend: every task on this machine, one agent subprocess per host of the plan.
+
+With the default hosts (just ``localhost``) that is one agent. A cluster file may list several
+loopback hosts (127.0.0.2, ...) to rehearse a multi-node layout on one machine: each gets an
+agent of its own, exactly as it would on separate nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from launchers.base import Backend, ProcessLink
+from tflaunch import procs
+from tflaunch.config import ClusterConfig
+from tflaunch.plan import Host, Plan, hosts_from_config
+from tflaunch.run import Run
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def hosts(self, config: ClusterConfig) -> list[Host]:
+        return hosts_from_config(config)
+
+    def start_agents(self, config: ClusterConfig, plan: Plan, run: Run) -> list[ProcessLink]:
+        links = []
+        for host in plan.hosts_with_tasks():
+            argv = [sys.executable, "-m", "tflaunch.agent", "--plan", str(run.plan_path),
+                    "--host", host.name, "--run-dir", str(run.dir)]
+            # The agent outlives a killed launcher just long enough to see its input close and
+            # tear its tasks down, so it is not tied to the launcher by the parent-death signal.
+            proc = procs.spawn(argv, os.environ, cwd=None, stdin=subprocess.PIPE, stderr=None,
+                               die_with_parent=False, text=True)
+            links.append(ProcessLink(host.name, proc))
+        return links

@@ -1,0 +1,3 @@
+from tflaunch.cli import main
+
+main()

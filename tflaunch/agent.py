@@ -1,0 +1,242 @@
+"""The agent: one per node. Starts that node's tasks, watches them, tears them down.
+
+It starts the node's PS first, waits until every PS port of the whole cluster accepts TCP
+connections (readiness, never a fixed sleep), then starts the node's chief, workers and evaluator.
+Each task's output is teed raw to its log file and reported upstream line by line. Upstream is a
+stream of JSON lines: events out (``started``, ``ready``, ``output``, ``exited``, ``error``, ...),
+commands in (``stop``, ``ping``). Told to stop, signalled, or losing its launcher (input closed,
+or no heartbeat within the timeout), it tears every task down: SIGTERM to the task's process group,
+the grace period, then SIGKILL.
+
+Run as ``python -m tflaunch.agent --plan plan.json --host NAME --run-dir DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from tflaunch import procs
+from tflaunch.plan import Plan, Task
+
+Emit = Callable[[dict[str, Any]], None]
+START_ORDER = (("ps",), ("chief", "worker", "evaluator"))
+
+
+class TaskProcess:
+    """One running task: its process group, the thread copying its output, its exit."""
+
+    def __init__(self, task: Task, proc: subprocess.Popen, log: IO[bytes], emit: Emit):
+        self.task, self.proc, self.log, self.emit = task, proc, log, emit
+        self.returncode: int | None = None
+        self.done = threading.Event()
+        self._reader = threading.Thread(target=self._copy_output, daemon=True)
+        self._reader.start()
+        threading.Thread(target=self._wait, daemon=True).start()
+
+    def _copy_output(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in iter(self.proc.stdout.readline, b""):
+            self.log.write(raw)
+            self.log.flush()
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            self.emit({"event": "output", "task": self.task.name, "line": line})
+
+    def _wait(self) -> None:
+        returncode = self.proc.wait()
+        # Children of the task die with it: nothing of its group outlives the leader.
+        procs.signal_group(self.proc.pid, signal.SIGKILL)
+        self._reader.join(timeout=2)
+        self.log.close()
+        self.returncode = procs.exit_code(returncode)
+        self.emit({"event": "exited", "task": self.task.name, "code": self.returncode})
+        self.done.set()
+
+
+class Agent:
+    """Runs the tasks of one host of a plan."""
+
+    def __init__(self, plan: Plan, host: str, run_dir: str | os.PathLike, emit: Emit):
+        self.plan, self.host, self.run_dir = plan, host, Path(run_dir)
+        self.tasks = plan.tasks_on(host)
+        self.emit = emit
+        self.running: dict[str, TaskProcess] = {}
+        self.stopping = threading.Event()
+        self.stop_reason = ""
+        self.grace = float(plan.supervision.get("grace_period", 5.0))
+
+    def stop(self, reason: str) -> None:
+        if not self.stopping.is_set():
+            self.stop_reason = reason
+            self.stopping.set()
+
+    def run(self) -> int:
+        """Start, supervise and finally tear down this host's tasks. Returns the agent's exit code."""
+        self.emit({"event": "agent_started", "pid": os.getpid(),
+                   "tasks": [t.name for t in self.tasks]})
+        try:
+            problem = self._preflight()
+            if problem:
+                self.emit({"event": "error", "code": 2, "message": problem})
+                return 2
+            for jobs in START_ORDER:
+                if jobs != START_ORDER[0] and not self._wait_for_ps():
+                    return 1
+                for task in self.tasks:
+                    if task.job in jobs and not self.stopping.is_set():
+                        self._start(task)
+            self.emit({"event": "host_started"})
+            while not self.stopping.is_set():
+                if all(t.done.is_set() for t in self.running.values()):
+                    break
+                self.stopping.wait(0.1)
+            return 0
+        finally:
+            self._teardown()
+            self.emit({"event": "agent_exit", "reason": self.stop_reason})
+
+    def _preflight(self) -> str | None:
+        """Check what would make a task fail at once: missing workdir or program, busy ports."""
+        for task in self.tasks:
+            if not os.path.isdir(task.workdir):
+                return f"{task.name}: the working directory {task.workdir} does not exist on {self.host}."
+            program = task.argv[0]
+            path = task.env.get("PATH", os.environ.get("PATH", ""))
+            found = (os.path.exists(os.path.join(task.workdir, program)) if os.sep in program
+                     else shutil.which(program, path=path))
+            if not found:
+                return (f"{task.name}: the program '{program}' was not found on {self.host} "
+                        f"(workdir {task.workdir}). Install it or fix program.argv.")
+            if task.port is not None and not procs.port_free(task.port):
+                return (f"{task.name}: port {task.port} on {self.host} is already in use. Stop what "
+                        "holds it (a leftover run? see 'tflaunch down') or change ports.")
+        return None
+
+    def _start(self, task: Task) -> None:
+        env = dict(os.environ)
+        env.update(task.env)
+        log = open(self.run_dir / task.log_name, "ab")  # noqa: SIM115 - closed by TaskProcess
+        proc = procs.spawn(task.argv, env, task.workdir)
+        self.running[task.name] = TaskProcess(task, proc, log, self.emit)
+        self.emit({"event": "started", "task": task.name, "pid": proc.pid,
+                   "log": str(self.run_dir / task.log_name)})
+
+    def _wait_for_ps(self) -> bool:
+        """Wait until every PS of the cluster accepts connections. False on timeout or stop."""
+        ps = [t for t in self.plan.tasks if t.job == "ps"]
+        if not ps or not any(t.job != "ps" for t in self.tasks):
+            return True
+        timeout = float(self.plan.supervision.get("ready_timeout", 120.0))
+        deadline = time.monotonic() + timeout
+        pending = {t.name: t for t in ps}
+        self.emit({"event": "waiting", "what": "PS ports", "tasks": sorted(pending)})
+        while pending and not self.stopping.is_set():
+            for name, task in list(pending.items()):
+                if procs.port_open(task.cluster_address, task.port, timeout=0.3):
+                    del pending[name]
+                    if task.host == self.host:
+                        self.emit({"event": "ready", "task": name})
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                missing = ", ".join(f"{n} at {pending[n].address}" for n in sorted(pending))
+                self.emit({"event": "error", "code": 1, "message":
+                           f"readiness timeout: after {timeout:g} s these PS still do not accept "
+                           f"connections: {missing}. Check their logs, or raise "
+                           "supervision.ready_timeout."})
+                return False
+            self.stopping.wait(0.2)
+        return not self.stopping.is_set()
+
+    def _teardown(self) -> None:
+        live = [t for t in self.running.values() if not t.done.is_set()]
+        if live:
+            self.emit({"event": "stopping", "tasks": [t.task.name for t in live],
+                       "reason": self.stop_reason})
+        threads = [threading.Thread(target=procs.terminate_group, args=(t.proc, self.grace))
+                   for t in live]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(self.grace + 10)
+        for task in self.running.values():
+            task.done.wait(timeout=5)
+
+
+class LineEmitter:
+    """Writes events as JSON lines to a stream, one whole line at a time across threads."""
+
+    def __init__(self, stream: IO[str], host: str):
+        self.stream, self.host = stream, host
+        self.lock = threading.Lock()
+        self.broken = False
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        event = {"time": round(time.time(), 3), "host": self.host, **event}
+        line = json.dumps(event) + "\n"
+        with self.lock:
+            if self.broken:
+                return
+            try:
+                self.stream.write(line)
+                self.stream.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                self.broken = True
+
+
+def listen(agent: Agent, stream: IO[str], heartbeat_timeout: float) -> None:
+    """Obey commands from upstream; a closed stream or a silent launcher stops the agent."""
+    last_heard = [time.monotonic()]
+
+    def watchdog() -> None:
+        while not agent.stopping.wait(1.0):
+            if heartbeat_timeout and time.monotonic() - last_heard[0] > heartbeat_timeout:
+                agent.stop(f"no word from the launcher for {heartbeat_timeout:g} s")
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    for line in iter(stream.readline, ""):
+        last_heard[0] = time.monotonic()
+        try:
+            command = json.loads(line)
+        except ValueError:
+            continue
+        if command.get("cmd") == "stop":
+            agent.stop(command.get("reason", "stopped by the launcher"))
+    agent.stop("the launcher's stream closed")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tflaunch.agent", description=__doc__)
+    parser.add_argument("--plan", required=True, help="plan.json written by the launcher")
+    parser.add_argument("--host", required=True, help="the host of the plan this agent runs")
+    parser.add_argument("--run-dir", required=True, help="where task logs go")
+    parser.add_argument("--heartbeat-timeout", type=float, default=None,
+                        help="stop when the launcher is silent this long (0: never)")
+    args = parser.parse_args(argv)
+    plan = Plan.from_dict(json.loads(Path(args.plan).read_text()))
+    Path(args.run_dir).mkdir(parents=True, exist_ok=True)
+    # Events own the real stdout; anything else printed here must not corrupt the stream.
+    events_out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    sys.stdout = sys.stderr
+    agent = Agent(plan, args.host, args.run_dir, LineEmitter(events_out, args.host))
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: agent.stop(f"signal {signum}"))
+    timeout = args.heartbeat_timeout
+    if timeout is None:
+        timeout = float(plan.supervision.get("heartbeat_timeout", 20.0))
+    threading.Thread(target=listen, args=(agent, sys.stdin, timeout), daemon=True).start()
+    return agent.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""The command line. Commands parse their arguments, call one function, and map domain errors to
+exit codes (2 for bad input, the cluster's own code for a failed run); nothing else lives here."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import click
+
+from tflaunch import __version__
+from tflaunch.config import ClusterConfig, config_schema, load_config
+from tflaunch.errors import TflaunchError
+from tflaunch.plan import Plan, make_plan, parse_task_name, tf_config
+from tflaunch.run import Run
+
+RENDER_FORMATS = ("tf_config", "cluster_spec", "env", "command")
+
+
+class CliGroup(click.Group):
+    """Turns domain errors into one-paragraph messages and exit codes (tracebacks with --debug)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except TflaunchError as err:
+            if ctx.obj and ctx.obj.get("debug"):
+                traceback.print_exc()
+            click.echo(f"tflaunch: error: {err}", err=True)
+            sys.exit(err.exit_code)
+
+
+@click.group(cls=CliGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tflaunch")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Run distributed TensorFlow clusters (PS, workers, chief, evaluator) from one YAML file,
+    locally, under Slurm, or on machines reached over SSH."""
+    ctx.obj = {"debug": debug}
+
+
+def _load_plan(path: str) -> tuple[ClusterConfig, Plan]:
+    from launchers import get_backend
+
+    config = load_config(path)
+    backend = get_backend(config.backend)
+    return config, make_plan(config, backend.hosts(config))
+
+
+@cli.command()
+@click.argument("cluster_file", type=click.Path(dir_okay=False))
+def validate(cluster_file: str) -> None:
+    """Check a cluster file and the plan it makes."""
+    config, plan = _load_plan(cluster_file)
+    click.echo(f"{cluster_file}: ok ({len(plan.tasks)} tasks on "
+               f"{len(plan.hosts_with_tasks())} host(s), backend {config.backend})")
+
+
+@cli.command()
+def schema() -> None:
+    """Print the JSON Schema of the cluster file format (for editors)."""
+    click.echo(json.dumps(config_schema(), indent=2))
+
+
+@cli.command()
+@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the whole plan as JSON.")
+def plan(cluster_file: str, as_json: bool) -> None:
+    """Show every task: role, host, address:port, GPUs, command."""
+    _, the_plan = _load_plan(cluster_file)
+    if as_json:
+        click.echo(json.dumps(the_plan.to_dict(), indent=2))
+        return
+    rows = [("TASK", "HOST", "ADDRESS", "GPUS", "COMMAND")]
+    for task in the_plan.tasks:
+        gpus = ",".join(task.gpus) if task.gpus else "-"
+        rows.append((task.name, task.host, task.address or "-", gpus, shlex.join(task.argv)))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for row in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[4])
+
+
+@cli.command()
+@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.option("--task", "task_name", required=True, help="The task, e.g. worker:1.")
+@click.option("--format", "fmt", type=click.Choice(RENDER_FORMATS), default="tf_config",
+              show_default=True, help="What to print.")
+def render(cluster_file: str, task_name: str, fmt: str) -> None:
+    """Print one task's view: its TF_CONFIG, the ClusterSpec, its environment or its command."""
+    parse_task_name(task_name)
+    _, the_plan = _load_plan(cluster_file)
+    task = the_plan.task(task_name)
+    if fmt == "tf_config":
+        click.echo(json.dumps(tf_config(the_plan, task), indent=2))
+    elif fmt == "cluster_spec":
+        click.echo(json.dumps({j: list(a) for j, a in the_plan.cluster.items()}, indent=2))
+    elif fmt == "env":
+        for key in sorted(task.env):
+            click.echo(f"export {key}={shlex.quote(task.env[key])}")
+    else:
+        click.echo(f"cd {shlex.quote(task.workdir)} && {shlex.join(task.argv)}")
+
+
+@cli.command()
+@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.option("--detach", is_flag=True, help="Return once the cluster is ready; print the run id.")
+@click.option("--run-dir", "run_root", default=None, help="Where run directories go (default: the file's run_dir).")
+@click.option("--run-id", default=None, hidden=True)
+@click.option("--attached-daemon", is_flag=True, hidden=True)
+def up(cluster_file: str, detach: bool, run_root: str | None, run_id: str | None,
+       attached_daemon: bool) -> None:
+    """Start the cluster, stream its output, and exit with its result."""
+    from launchers import get_backend
+    from tflaunch import runctl
+
+    config, the_plan = _load_plan(cluster_file)
+    backend = get_backend(config.backend)
+    run_root = run_root or config.run_dir
+    run = Run.create(run_root, config.name, run_id)
+    if attached_daemon:
+        the_plan = run.read_plan()  # the plan the foreground command resolved and showed
+    else:
+        run.write_plan(the_plan)
+        run.update_meta(run_id=run.id, name=config.name, backend=config.backend,
+                        cluster_file=str(Path(cluster_file).resolve()), state="created",
+                        created=time.time())
+    if detach:
+        timeout = config.supervision.ready_timeout + 60
+        runctl.spawn_detached(cluster_file, run, run_root, timeout)
+        click.echo(run.id)
+        return
+    outcome = backend.launch(config, the_plan, run)
+    sys.exit(outcome.code)
+
+
+def _open_run(run_id: str, run_root: str) -> Run:
+    return Run.open(run_root, run_id)
+
+
+run_dir_option = click.option("--run-dir", "run_root", default="runs", show_default=True,
+                              help="Where the run directories are.")
+
+
+@cli.command()
+@click.argument("run_id")
+@run_dir_option
+def status(run_id: str, run_root: str) -> None:
+    """Show a run's state and every task's state."""
+    from tflaunch import runctl
+
+    run = _open_run(run_id, run_root)
+    meta = run.read_meta()
+    click.echo(f"run {run.id}: {meta.get('state', 'unknown')} (backend {meta.get('backend')}"
+               + (f", exit code {meta['exit_code']}" if "exit_code" in meta else "") + ")")
+    rows = [("TASK", "HOST", "STATE", "PID", "EXIT")]
+    for s in runctl.task_states(run).values():
+        rows.append((s["task"], s["host"], s["state"], str(s["pid"] or "-"),
+                     "-" if s["code"] is None else str(s["code"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--task", "tasks", multiple=True, help="Only this task (repeatable), e.g. worker:1.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
+@run_dir_option
+def logs(run_id: str, tasks: tuple[str, ...], follow: bool, run_root: str) -> None:
+    """Print the logs of a run's tasks."""
+    from launchers import get_backend
+    from tflaunch import runctl
+
+    run = _open_run(run_id, run_root)
+    backend = get_backend(run.read_meta().get("backend", "local"))
+    for line in runctl.follow_logs(run, list(tasks), follow, lambda: backend.cluster_alive(run)):
+        click.echo(line)
+
+
+@cli.command()
+@click.argument("run_id")
+@run_dir_option
+def down(run_id: str, run_root: str) -> None:
+    """Stop a run: every task on every host."""
+    from launchers import get_backend
+
+    run = _open_run(run_id, run_root)
+    backend = get_backend(run.read_meta().get("backend", "local"))
+    grace = float(run.read_plan().supervision.get("grace_period", 5.0))
+    click.echo(backend.down(run, grace))
+
+
+def main() -> None:
+    cli(prog_name="tflaunch")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+"""The cluster file: YAML parsed once into frozen dataclasses.
+
+A cluster file says what runs (``program``), how many of each task (``roles``), where
+(``hosts``, ``placement``, ``ports``), how it is supervised (``supervision``), which backend starts
+it (``backend`` plus its ``slurm:`` or ``ssh:`` section) and where run state goes (``run_dir``).
+Every error names the file, the line and the key path, says what was expected and, for a typo,
+the nearest valid key. ``tflaunch schema`` prints the JSON Schema derived from these classes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from tflaunch import schema
+from tflaunch.errors import ConfigError
+from tflaunch.schema import field
+
+JOBS = ("ps", "chief", "worker", "evaluator")
+
+
+def _host_entry(raw: Any) -> Any:
+    """A host may be written as a bare name: ``- node1``."""
+    return {"name": raw} if isinstance(raw, str) else raw
+
+
+def _program_entry(raw: Any) -> Any:
+    """``program:`` may be written as the argv list alone."""
+    return {"argv": raw} if isinstance(raw, list) else raw
+
+
+@dataclass(frozen=True)
+class Program:
+    """What every task runs. Placeholders in argv: {job_name} {task_index} {ps_hosts}
+    {worker_hosts} {chief_hosts} {num_ps} {num_workers} {host} {port}; write {{ for a brace."""
+
+    argv: tuple[str, ...] = field(doc="the command as a list of arguments, e.g. [python, train.py]")
+    workdir: str = field(".", doc="directory the tasks run in (relative to the cluster file)")
+    env: Mapping[str, str] = field(factory=dict, doc="extra environment variables for every task")
+
+
+@dataclass(frozen=True)
+class Roles:
+    """How many tasks of each kind."""
+
+    ps: int = field(1, minimum=0, doc="parameter servers")
+    worker: int = field(2, minimum=0, doc="workers")
+    chief: int = field(0, minimum=0, doc="chief (0 or 1); without one, worker 0 is the chief")
+    evaluator: int = field(0, minimum=0, doc="evaluator (0 or 1); runs beside the training cluster")
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    """One machine. Written as a bare name or as a mapping."""
+
+    name: str = field(doc="host name; also the cluster address unless 'address' is given")
+    address: str | None = field(None, doc="address the tasks use to reach each other")
+    connect: str | None = field(None, doc="address the launcher connects to (ssh); default: address")
+    gpus: int = field(0, minimum=0, doc="number of GPUs on the host")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where tasks go on the hosts."""
+
+    ps: Literal["colocated", "dedicated"] = field(
+        "colocated", doc="colocated: PS i on worker host i; dedicated: one host per PS after the worker hosts")
+    ps_per_host: int | None = field(
+        None, minimum=1, doc="at most this many co-located PS per host; default: spread evenly over the worker hosts")
+    workers_per_host: int | None = field(
+        None, minimum=1, doc="worker slots per host (chief and evaluator take slots too); default: as few hosts as the GPUs allow, else spread evenly")
+    gpus_per_worker: int | None = field(
+        None, minimum=0, doc="GPUs per worker; default 1, or all of the host's GPUs with one worker per host")
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Base port of each job on each host; tasks on one host count up from it, skipping taken ports."""
+
+    ps: int = field(2230, minimum=1, doc="first PS port on a host")
+    worker: int = field(2220, minimum=1, doc="first worker port on a host")
+    chief: int = field(2210, minimum=1, doc="chief port (the evaluator needs none: it is not in the cluster)")
+
+
+@dataclass(frozen=True)
+class Supervision:
+    """How tasks are watched and stopped."""
+
+    ready_timeout: float = field(120.0, minimum=0, doc="seconds to wait for every PS port to accept connections")
+    grace_period: float = field(5.0, minimum=0, doc="seconds between SIGTERM and SIGKILL at teardown")
+    finish_timeout: float = field(
+        300.0, minimum=0, doc="seconds the other workers may run on after the chief finished successfully")
+    heartbeat: float = field(2.0, minimum=0.1, doc="seconds between launcher heartbeats to the agents")
+    heartbeat_timeout: float = field(
+        20.0, minimum=1, doc="an agent that hears nothing from its launcher this long tears its tasks down")
+    sample_interval: float = field(1.0, minimum=0, doc="seconds between resource samples (0: off)")
+
+
+@dataclass(frozen=True)
+class SlurmSection:
+    """Slurm settings (backend: slurm)."""
+
+    nodes: int | None = field(None, minimum=1, doc="number of nodes (default: as many as the plan needs)")
+    time: str | None = field(None, doc="walltime, e.g. 00:30:00")
+    partition: str | None = field(None, doc="partition")
+    account: str | None = field(None, doc="account")
+    qos: str | None = field(None, doc="quality of service")
+    constraint: str | None = field(None, doc="node constraint, e.g. gpu")
+    gpus_per_node: int | None = field(None, minimum=0, doc="GPUs per node (--gpus-per-node)")
+    gres: str | None = field(None, doc="generic resources (--gres), instead of gpus_per_node")
+    cpus_per_task: int | None = field(None, minimum=1, doc="CPUs per agent (one agent per node)")
+    mem: str | None = field(None, doc="memory per node, e.g. 32G")
+    options: tuple[str, ...] = field((), doc="extra sbatch options, e.g. ['--exclusive']")
+    setup: tuple[str, ...] = field((), doc="shell lines run before the step (module loads, activation), verbatim")
+    output: str | None = field(None, doc="sbatch --output path")
+    error: str | None = field(None, doc="sbatch --error path")
+    python: str = field("python3", doc="Python interpreter on the nodes")
+
+
+@dataclass(frozen=True)
+class Ec2Section:
+    """Discover hosts from EC2 (needs the aws extra: boto3)."""
+
+    region: str | None = field(None, doc="AWS region (default: the usual AWS environment)")
+    profile: str | None = field(None, doc="AWS profile")
+    filters: Mapping[str, str] = field(factory=dict, doc="EC2 filters, e.g. {'tag:cluster': 'tf'}")
+    instance_ids: tuple[str, ...] = field((), doc="instance ids")
+    endpoint_url: str | None = field(None, doc="EC2 API endpoint (for tests against a local stand-in)")
+    gpus: int = field(0, minimum=0, doc="GPUs per discovered instance")
+
+
+@dataclass(frozen=True)
+class SshSection:
+    """SSH settings (backend: ssh)."""
+
+    user: str | None = field(None, doc="remote user (default: the local user)")
+    identity_file: str | None = field(None, doc="private key file")
+    port: int = field(22, minimum=1, doc="SSH port")
+    connect_timeout: float = field(10.0, minimum=0.1, doc="seconds to connect to a host")
+    host_key_policy: Literal["strict", "accept-new"] = field(
+        "strict", doc="strict: known hosts only; accept-new: record unknown keys, refuse changed ones")
+    known_hosts: str = field("~/.ssh/known_hosts", doc="known_hosts file")
+    jump_host: str | None = field(None, doc="[user@]host[:port] to tunnel through")
+    public_ips_file: str | None = field(None, doc="file of connect addresses, one per line")
+    private_ips_file: str | None = field(None, doc="file of cluster addresses, line i = same host as public line i")
+    ec2: Ec2Section | None = field(None, doc="discover hosts from EC2")
+    gpus: int = field(0, minimum=0, doc="GPUs per host for hosts from files")
+    upload: tuple[str, ...] = field((), doc="files copied to each host's workdir before the start")
+    python: str = field("python3", doc="Python interpreter on the hosts")
+    remote_run_dir: str | None = field(None, doc="run directory on the hosts (default: the local run_dir path)")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """A distributed TensorFlow cluster: what runs, how many tasks, where, and how."""
+
+    program: Program = field(doc="what every task runs", coerce=_program_entry)
+    name: str = field("tflaunch", doc="cluster name; prefixes run ids")
+    backend: Literal["local", "slurm", "ssh"] = field("local", doc="how tasks are started")
+    roles: Roles = field(factory=Roles, doc="task counts")
+    hosts: tuple[HostEntry, ...] = field((), doc="machines (local default: localhost)", coerce=lambda v: [_host_entry(h) for h in v] if isinstance(v, list) else v)
+    placement: Placement = field(factory=Placement, doc="task placement")
+    ports: Ports = field(factory=Ports, doc="base ports")
+    supervision: Supervision = field(factory=Supervision, doc="supervision")
+    run_dir: str = field("runs", doc="where run directories go (relative to the working directory)")
+    slurm: SlurmSection = field(factory=SlurmSection, doc="Slurm backend settings")
+    ssh: SshSection = field(factory=SshSection, doc="SSH backend settings")
+    # Set by the loader, never read from the file.
+    source: str = dataclasses.field(default="<string>", compare=False, metadata={"internal": True})
+    base_dir: str = dataclasses.field(default=".", compare=False, metadata={"internal": True})
+
+    @property
+    def workdir(self) -> str:
+        """The program's working directory, resolved against the cluster file's folder."""
+        return os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(self.program.workdir)))
+
+
+
+def load_config(path: str | os.PathLike) -> ClusterConfig:
+    """Read and validate a cluster file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the cluster file ({err.strerror}). "
+                          "Check the path and its permissions.") from err
+    return parse_config(text, source=str(path), base_dir=str(path.resolve().parent))
+
+
+def parse_config(text: str, source: str = "<string>", base_dir: str = ".") -> ClusterConfig:
+    """Validate cluster-file text; errors are ConfigError naming source:line and the key path."""
+    data, positions = _load_yaml(text, source)
+    if data is None:
+        raise ConfigError(f"{source}: the cluster file is empty. It needs at least a 'program:' "
+                          "(see examples/local.yaml).")
+    try:
+        config = schema.read(ClusterConfig, data)
+    except schema.SchemaError as err:
+        raise ConfigError(_located(source, positions, err.path, err.message)) from None
+    config = dataclasses.replace(config, source=source, base_dir=base_dir)
+    _check(config, positions)
+    return config
+
+
+def _located(source: str, positions: Mapping[tuple, int], path: tuple, message: str) -> str:
+    line = _line_of(positions, path)
+    where = f"{source}:{line}" if line else source
+    return f"{where}: {schema.format_path(path)}: {message}."
+
+
+def _line_of(positions: Mapping[tuple, int], path: tuple) -> int | None:
+    while path:
+        if path in positions:
+            return positions[path]
+        path = path[:-1]
+    return positions.get((), None)
+
+
+def _check(config: ClusterConfig, positions: Mapping[tuple, int]) -> None:
+    """Cross-field rules that a per-field type cannot express."""
+
+    def fail(path: tuple, message: str) -> None:
+        raise ConfigError(_located(config.source, positions, path, message))
+
+    if not config.program.argv:
+        fail(("program", "argv"), "is empty; give the command to run, e.g. [python, train.py]")
+    roles = config.roles
+    if roles.chief > 1:
+        fail(("roles", "chief"), f"at most one chief, got {roles.chief}")
+    if roles.evaluator > 1:
+        fail(("roles", "evaluator"), f"at most one evaluator, got {roles.evaluator}")
+    if roles.worker + roles.chief == 0:
+        fail(("roles", "worker"), "the cluster needs at least one worker or a chief")
+    if roles.evaluator and not roles.chief:
+        fail(("roles", "evaluator"), "an evaluator needs a chief (set roles.chief: 1): "
+             "TF_CONFIG's evaluator watches the checkpoints the chief writes")
+    names = [h.name for h in config.hosts]
+    for i, name in enumerate(names):
+        if names.index(name) != i:
+            fail(("hosts", i, "name"), f"host '{name}' is listed twice")
+    if config.ssh.public_ips_file and not config.ssh.private_ips_file:
+        fail(("ssh", "private_ips_file"), "is required with public_ips_file (line i of each is one host)")
+
+
+def _load_yaml(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
+    """Parse YAML safely, also returning the line of every key path."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        problem = getattr(err, "problem", None) or str(err)
+        raise ConfigError(f"{where}: the cluster file is not valid YAML ({problem}). "
+                          "Check indentation and quoting around that line.") from None
+    finally:
+        loader.dispose()
+    positions: dict[tuple, int] = {}
+    if node is not None:
+        _record_positions(node, (), positions)
+    return data, positions
+
+
+def _record_positions(node: yaml.Node, path: tuple, out: dict[tuple, int]) -> None:
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = (path + (key_node.value,))
+            out[key] = key_node.start_mark.line + 1
+            _record_positions(value_node, key, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _record_positions(item, path + (i,), out)
+
+
+def config_schema() -> dict:
+    """The JSON Schema of the cluster file."""
+    return schema.json_schema(ClusterConfig, title="tflaunch cluster file")

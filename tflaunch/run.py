@@ -1,0 +1,119 @@
+"""Run state: one directory per ``tflaunch up``, so status, logs, down and report work later.
+
+``<run_dir>/<run-id>/`` holds ``plan.json`` (the resolved plan), ``run.json`` (backend, the
+coordinator's pid, state, exit code, and backend details such as a Slurm job id), ``events.jsonl``
+(task lifecycle events, one JSON object a line), one ``<job>-<index>.log`` per task, and whatever a
+backend adds (``job.sbatch``, ``samples.jsonl``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tflaunch.errors import RunNotFoundError
+from tflaunch.plan import Plan
+
+
+def new_run_id(name: str) -> str:
+    """``<name>-<YYYYmmdd-HHMMSS>-<4 hex>``: sortable by time, unique across concurrent starts."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name) or "run"
+    return f"{safe}-{stamp}-{secrets.token_hex(2)}"
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run directory and the files in it."""
+
+    id: str
+    dir: Path
+
+    @classmethod
+    def create(cls, root: str | os.PathLike, name: str, run_id: str | None = None) -> Run:
+        run_id = run_id or new_run_id(name)
+        path = Path(root).resolve() / run_id
+        path.mkdir(parents=True, exist_ok=True)
+        return cls(run_id, path)
+
+    @classmethod
+    def open(cls, root: str | os.PathLike, run_id: str) -> Run:
+        """Find a run by id (or a unique prefix of one, or a path to its directory)."""
+        as_path = Path(run_id)
+        if (as_path / "run.json").exists():
+            return cls(as_path.resolve().name, as_path.resolve())
+        root = Path(root)
+        if (root / run_id / "run.json").exists():
+            return cls(run_id, (root / run_id).resolve())
+        matches = sorted(p for p in root.glob(f"{run_id}*") if (p / "run.json").exists()) \
+            if root.is_dir() else []
+        if len(matches) == 1:
+            return cls(matches[0].name, matches[0].resolve())
+        known = ", ".join(p.name for p in list_runs(root)[-5:]) or "none"
+        what = "is ambiguous" if matches else "was not found"
+        raise RunNotFoundError(f"run '{run_id}' {what} under {root}/ (recent runs: {known}). "
+                               "Give the full run id, or --run-dir where the runs are kept.")
+
+    @property
+    def plan_path(self) -> Path:
+        return self.dir / "plan.json"
+
+    @property
+    def events_path(self) -> Path:
+        return self.dir / "events.jsonl"
+
+    @property
+    def meta_path(self) -> Path:
+        return self.dir / "run.json"
+
+    def log_path(self, log_name: str) -> Path:
+        return self.dir / log_name
+
+    def write_plan(self, plan: Plan) -> None:
+        _atomic_write(self.plan_path, json.dumps(plan.to_dict(), indent=2) + "\n")
+
+    def read_plan(self) -> Plan:
+        return Plan.from_dict(json.loads(self.plan_path.read_text()))
+
+    def read_meta(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.meta_path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def update_meta(self, **fields: Any) -> dict[str, Any]:
+        meta = self.read_meta()
+        meta.update(fields)
+        _atomic_write(self.meta_path, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        return meta
+
+    def events(self) -> Iterator[dict[str, Any]]:
+        try:
+            with self.events_path.open() as f:
+                for line in f:
+                    try:
+                        yield json.loads(line)
+                    except ValueError:
+                        continue  # a line cut short by a crash
+        except FileNotFoundError:
+            return
+
+
+def list_runs(root: str | os.PathLike) -> list[Path]:
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if (p / "run.json").exists()),
+                  key=lambda p: p.stat().st_mtime)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

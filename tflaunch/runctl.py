@@ -1,0 +1,140 @@
+"""Working with runs after the start: detaching, status, logs and down, from the run directory.
+
+A detached local or SSH run is an ordinary ``tflaunch up`` coordinator started in its own session
+with its output in ``console.log``; the foreground command returns once the events file says the
+cluster is ready. ``down`` signals that coordinator, which tears the cluster down as on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tflaunch import procs
+from tflaunch.errors import LaunchError
+from tflaunch.run import Run
+
+ENDED = ("succeeded", "failed", "stopped")
+
+
+def spawn_detached(config_path: str, run: Run, run_root: str, timeout: float) -> None:
+    """Start the coordinator of ``run`` in the background; return once the cluster is ready."""
+    argv = [sys.executable, "-m", "tflaunch", "up", str(config_path), "--run-dir", run_root,
+            "--run-id", run.id, "--attached-daemon"]
+    with open(run.dir / "console.log", "ab") as console:
+        proc = procs.spawn(argv, os.environ, cwd=os.getcwd(), stdout=console,
+                           stderr=subprocess.STDOUT, die_with_parent=False)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(e.get("event") == "cluster_ready" for e in run.events()):
+            return
+        if proc.poll() is not None:
+            tail = _tail(run.dir / "console.log", 20)
+            raise LaunchError(f"the detached run {run.id} ended before it was ready (exit code "
+                              f"{proc.returncode}). Its output:\n{tail}")
+        time.sleep(0.2)
+    raise LaunchError(f"the detached run {run.id} was not ready after {timeout:g} s; it keeps "
+                      f"trying: see 'tflaunch status {run.id}' or stop it with 'tflaunch down {run.id}'.")
+
+
+def coordinator_alive(run: Run) -> bool:
+    meta = run.read_meta()
+    pid = meta.get("coordinator_pid")
+    return bool(pid) and meta.get("state") not in ENDED and psutil.pid_exists(pid)
+
+
+def stop_local_coordinator(run: Run, grace: float) -> str:
+    """SIGTERM the run's coordinator and wait for its teardown; clean up leftovers if it is gone."""
+    meta = run.read_meta()
+    pid = meta.get("coordinator_pid")
+    if coordinator_alive(run):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace + 30
+        while time.monotonic() < deadline and coordinator_alive(run):
+            time.sleep(0.2)
+    leftovers = kill_leftover_tasks(run)
+    state = run.read_meta().get("state")
+    if state not in ENDED:
+        run.update_meta(state="stopped", ended=time.time())
+    extra = f"; killed {leftovers} leftover task process group(s)" if leftovers else ""
+    return f"run {run.id} is down (state: {run.read_meta().get('state')}){extra}"
+
+
+def kill_leftover_tasks(run: Run) -> int:
+    """SIGKILL the groups of this run's tasks still alive on this machine (a crashed coordinator)."""
+    killed = 0
+    for event in run.events():
+        if event.get("event") != "started" or not event.get("pid"):
+            continue
+        try:
+            proc = psutil.Process(event["pid"])
+            if proc.environ().get("TFLAUNCH_TASK") != event.get("task"):
+                continue  # the pid was reused by an unrelated process
+        except (psutil.Error, OSError):
+            continue
+        if procs.signal_group(event["pid"], signal.SIGKILL):
+            killed += 1
+    return killed
+
+
+def task_states(run: Run) -> dict[str, dict[str, Any]]:
+    """The last known state of every task of the run, from the plan and the events."""
+    plan = run.read_plan()
+    states = {t.name: {"task": t.name, "host": t.host, "state": "pending", "pid": None,
+                       "code": None, "started": None} for t in plan.tasks}
+    for event in run.events():
+        state = states.get(event.get("task", ""))
+        if state is None:
+            continue
+        kind = event.get("event")
+        if kind == "started":
+            state.update(state="running", pid=event.get("pid"), started=event.get("time"))
+        elif kind == "ready":
+            state["state"] = "ready"
+        elif kind == "exited":
+            state.update(state="exited", code=event.get("code"))
+    return states
+
+
+def follow_logs(run: Run, names: list[str], follow: bool, alive: Any) -> Iterator[str]:
+    """Lines of the named tasks' logs, prefixed; with ``follow``, until the run ends."""
+    plan = run.read_plan()
+    tasks = [plan.task(n) for n in names] if names else list(plan.tasks)
+    width = max(len(t.name) for t in tasks) + 2
+    handles: dict[str, Any] = {}
+    try:
+        while True:
+            quiet = True
+            for task in tasks:
+                handle = handles.get(task.name)
+                if handle is None:
+                    path = run.log_path(task.log_name)
+                    if not path.exists():
+                        continue
+                    handle = handles[task.name] = path.open("r", errors="replace")
+                for line in iter(handle.readline, ""):
+                    quiet = False
+                    prefix = f"{'[' + task.name + ']':<{width}} " if len(tasks) > 1 else ""
+                    yield prefix + line.rstrip("\n")
+            if not follow or (quiet and not alive()):
+                return
+            if quiet:
+                time.sleep(0.3)
+    finally:
+        for handle in handles.values():
+            handle.close()
+
+
+def _tail(path: Path, n: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no output)"

@@ -1,0 +1,236 @@
+"""Typed reading of plain YAML data into frozen dataclasses, and JSON Schema from the same classes.
+
+The cluster file format is defined once, as dataclasses in ``tflaunch.config``. This module turns
+the parsed YAML into those classes in one validation pass — unknown keys are errors, with the
+nearest valid key suggested — and derives the JSON Schema that ``tflaunch schema`` publishes, so
+the two can never disagree.
+
+Supported field types: str, int, float, bool, ``Literal[...]``, ``X | None``, ``tuple[X, ...]``,
+``dict[str, str]`` and nested dataclasses. A field's ``metadata`` may hold ``doc`` (a description),
+``minimum`` (for numbers) and ``coerce`` (a function applied to the raw value first, e.g. to accept
+a bare string where a mapping is expected).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, Union, get_args, get_origin
+
+# Position lookup: key path (tuple of str/int) -> 1-based line number in the source file.
+Positions = Mapping[tuple, int]
+
+
+class SchemaError(Exception):
+    """One invalid value: where it is (path) and what is wrong (message)."""
+
+    def __init__(self, path: tuple, message: str):
+        super().__init__(message)
+        self.path = path
+        self.message = message
+
+
+def format_path(path: tuple) -> str:
+    """``("hosts", 1, "gpus")`` -> ``hosts[1].gpus``."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def field(default: Any = dataclasses.MISSING, *, doc: str = "", minimum: float | None = None,
+          coerce: Callable[[Any], Any] | None = None, factory: Callable[[], Any] | None = None):
+    """A dataclass field carrying the documentation and checks the reader and schema use."""
+    meta = {"doc": doc, "minimum": minimum, "coerce": coerce}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if tp is type(None):
+        return "null"
+    if origin is Literal:
+        return " or ".join(repr(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(tp))
+    if origin is tuple:
+        return f"a list of {_type_name(get_args(tp)[0])}"
+    if origin in (dict, Mapping):
+        return "a mapping of names to strings"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(
+        tp, str(tp))
+
+
+def read(cls: type, data: Any, path: tuple = ()) -> Any:
+    """Build dataclass ``cls`` from plain data, or raise SchemaError at the first bad value."""
+    return _read_value(cls, data, path)
+
+
+def _read_dataclass(cls: type, data: Any, path: tuple) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SchemaError(path, f"expected a mapping, got {_describe(data)}")
+    hints = typing.get_type_hints(cls)
+    fields = _public_fields(cls)
+    for key in data:
+        if key not in fields:
+            raise SchemaError(path + (key,), _unknown_key_message(key, fields))
+    values = {}
+    for name, f in fields.items():
+        if name in data:
+            raw = data[name]
+            coerce = f.metadata.get("coerce")
+            if coerce is not None:
+                raw = coerce(raw)
+            values[name] = _read_value(hints[name], raw, path + (name,))
+            minimum = f.metadata.get("minimum")
+            if minimum is not None and values[name] is not None and values[name] < minimum:
+                raise SchemaError(path + (name,), f"must be at least {minimum}, got {values[name]}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise SchemaError(path + (name,), f"is required ({f.metadata.get('doc', '')})")
+    return cls(**values)
+
+
+def _public_fields(cls: type) -> dict[str, dataclasses.Field]:
+    """The fields a file may set (not those the loader fills in, marked ``internal``)."""
+    return {f.name: f for f in dataclasses.fields(cls) if f.init and not f.metadata.get("internal")}
+
+
+def _unknown_key_message(key: Any, fields: Mapping[str, Any]) -> str:
+    close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return f"unknown key '{key}': {hint}valid keys here are {', '.join(sorted(fields))}"
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "nothing (null)"
+    kind = {dict: "a mapping", list: "a list", str: "the string", bool: "the boolean"}.get(
+        type(value), type(value).__name__)
+    return f"{kind} {value!r}" if isinstance(value, (str, bool, int, float)) else kind
+
+
+def _read_value(tp: Any, value: Any, path: tuple) -> Any:
+    origin = get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return _read_dataclass(tp, value, path)
+    if origin in (Union, types.UnionType):
+        options = get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _read_value(option, value, path)
+            except SchemaError as err:
+                errors.append(err)
+        if len(errors) == 1:
+            raise errors[0]
+        raise SchemaError(path, f"expected {_type_name(tp)}, got {_describe(value)}")
+    if origin is Literal:
+        if value not in get_args(tp):
+            choices = ", ".join(repr(a) for a in get_args(tp))
+            close = difflib.get_close_matches(str(value), [str(a) for a in get_args(tp)], n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise SchemaError(path, f"expected one of {choices}, got {value!r}{hint}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise SchemaError(path, f"expected a list, got {_describe(value)}")
+        item_type = get_args(tp)[0]
+        return tuple(_read_value(item_type, item, path + (i,)) for i, item in enumerate(value))
+    if origin in (dict, Mapping):
+        if not isinstance(value, dict):
+            raise SchemaError(path, f"expected a mapping, got {_describe(value)}")
+        out = {}
+        for key, item in value.items():
+            if not isinstance(item, (str, int, float, bool)):
+                raise SchemaError(path + (str(key),), f"expected a string, got {_describe(item)}")
+            out[str(key)] = item if isinstance(item, str) else _scalar_text(item)
+        return types.MappingProxyType(out)
+    return _read_scalar(tp, value, path)
+
+
+def _scalar_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _read_scalar(tp: Any, value: Any, path: tuple) -> Any:
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    else:
+        raise TypeError(f"unsupported schema type {tp!r}")
+    raise SchemaError(path, f"expected {_type_name(tp)}, got {_describe(value)}")
+
+
+def json_schema(cls: type, title: str | None = None) -> dict:
+    """JSON Schema (draft 2020-12) of dataclass ``cls``, for editors."""
+    schema = _schema_of(cls)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    if title:
+        schema["title"] = title
+    return schema
+
+
+def _schema_of(tp: Any) -> dict:
+    origin = get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        props, required = {}, []
+        for f in _public_fields(tp).values():
+            prop = _schema_of(hints[f.name])
+            if f.metadata.get("doc"):
+                prop["description"] = f.metadata["doc"]
+            if f.metadata.get("minimum") is not None:
+                prop["minimum"] = f.metadata["minimum"]
+            if f.metadata.get("coerce") is not None and dataclasses.is_dataclass(hints[f.name]):
+                prop = {"anyOf": [prop, {"type": "string"}], "description": prop.get("description", "")}
+            if f.default is not dataclasses.MISSING and isinstance(f.default, (str, int, float, bool)):
+                prop["default"] = f.default
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                required.append(f.name)
+            props[f.name] = prop
+        out = {"type": "object", "properties": props, "additionalProperties": False}
+        if tp.__doc__:
+            out["description"] = " ".join(tp.__doc__.split())
+        if required:
+            out["required"] = required
+        return out
+    if origin in (Union, types.UnionType):
+        return {"anyOf": [_schema_of(a) for a in get_args(tp)]}
+    if origin is Literal:
+        return {"enum": list(get_args(tp))}
+    if origin is tuple:
+        item = get_args(tp)[0]
+        if dataclasses.is_dataclass(item):
+            return {"type": "array", "items": {"anyOf": [_schema_of(item), {"type": "string"}]}}
+        return {"type": "array", "items": _schema_of(item)}
+    if origin in (dict, Mapping):
+        return {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}}
+    if tp is type(None):
+        return {"type": "null"}
+    return {"type": {str: "string", int: "integer", float: "number", bool: "boolean"}[tp]}
