@@ -1,0 +1,581 @@
+"""Distributed MNIST, the case study: TensorFlow's "deep MNIST" net trained with between-graph
+replication on parameter servers, written TF1-style with ``tf.compat.v1``.
+
+Every task runs this same program; its role comes from the command line, as TF1-era launch scripts
+pass it::
+
+    python -m models.mnist --job_name worker --task_index 1 \\
+        --ps_hosts localhost:2230 --worker_hosts localhost:2220,localhost:2221
+
+or, when those flags are absent, from ``TF_CONFIG`` (read with ``TFConfigClusterResolver``).
+
+* ``ps`` tasks start a ``tf.distribute.Server`` and ``join()``: they never exit by themselves.
+* ``chief``/``worker`` tasks build the graph under ``replica_device_setter`` (variables on the PS,
+  compute on the task itself) and train with ``MonitoredTrainingSession`` until the shared global
+  step reaches ``--train_steps``. The chief (the ``chief`` task, else worker 0) initialises the
+  variables and reports ``test accuracy: X``; every training task reports ``train accuracy: X``
+  (the final shared model on up to 2000 training images) and ``steps/sec: Y`` (its own steps,
+  first step excluded as warm-up).
+* an ``evaluator`` task connects to PS 0 and evaluates the test set every ``--eval_interval_secs``
+  until the global step reaches ``--train_steps``, then exits 0.
+
+Two lifecycle rules keep a run from hanging (TF 2.x can otherwise leave a late non-chief worker
+waiting forever): every session's ``device_filters`` name only the PS and the task itself, so no
+task waits for another worker to be up (or still alive); and each training task increments a
+``workers_done`` counter on the PS when it has finished, while the chief keeps running (bounded by
+``--worker_wait_secs``) until every training task has done so. A launcher that stops the PS when
+the chief exits therefore never strands a slow worker.
+
+Exit codes: 0 success; 1 TensorFlow runtime failure or a timeout; 2 bad flags, cluster or data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow's C++ runtime loads
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+try:
+    from models import digits
+except ModuleNotFoundError:  # run as a script (python models/mnist.py): digits.py is a sibling
+    import digits  # type: ignore[no-redef]
+
+v1 = tf.compat.v1
+
+JOBS = ("ps", "worker", "chief", "evaluator")
+TRAINING_JOBS = ("chief", "worker")
+PLACEMENTS = ("round_robin",)
+TRAIN_EVAL_EXAMPLES = 2000
+EVAL_CHUNK = 500
+
+
+class UsageError(Exception):
+    """Bad flags or cluster description (exit 2); the message says what to fix."""
+
+
+class TaskTimeout(Exception):
+    """Another task did not do its part in time (exit 1); the message names the flag to raise."""
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mnist",
+        description="Distributed deep-MNIST training (between-graph replication, PS + workers).",
+    )
+    cluster = parser.add_argument_group("cluster (else TF_CONFIG)")
+    cluster.add_argument("--job_name", choices=JOBS, help="this task's job")
+    cluster.add_argument("--task_index", type=int, default=0, help="this task's index in its job")
+    cluster.add_argument("--ps_hosts", default="", help="comma-separated host:port list")
+    cluster.add_argument("--worker_hosts", default="", help="comma-separated host:port list")
+    cluster.add_argument("--chief_hosts", default="", help="comma-separated host:port (at most 1)")
+    train = parser.add_argument_group("training")
+    train.add_argument("--train_steps", type=_positive_int, default=300, help="global steps")
+    train.add_argument("--batch_size", type=_positive_int, default=50)
+    train.add_argument("--learning_rate", type=_positive_float, default=1e-3, help="Adam's")
+    train.add_argument("--dropout", type=float, default=0.0, help="dense-layer drop rate [0, 1)")
+    train.add_argument("--data_format", choices=("NHWC", "NCHW"), default="NHWC")
+    train.add_argument("--data_dir", help="MNIST IDX files or mnist.npz; default: sklearn digits")
+    train.add_argument("--seed", type=int, default=1)
+    train.add_argument("--log_every", type=_positive_int, default=20, help="local steps")
+    train.add_argument("--variable_placement", choices=PLACEMENTS, default="round_robin")
+    runtime = parser.add_argument_group("runtime")
+    runtime.add_argument("--intra_op_threads", type=_positive_int, default=1)
+    runtime.add_argument("--inter_op_threads", type=_positive_int, default=2)
+    runtime.add_argument("--op_timeout_secs", type=_positive_float, default=120.0)
+    runtime.add_argument("--startup_timeout_secs", type=_positive_float, default=300.0)
+    runtime.add_argument("--worker_wait_secs", type=_positive_float, default=300.0)
+    runtime.add_argument("--eval_interval_secs", type=_positive_float, default=10.0)
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    if not 0.0 <= args.dropout < 1.0:
+        raise UsageError(f"--dropout is a drop rate in [0, 1), got {args.dropout}")
+    return args
+
+
+# ----------------------------------------------------------------------------- cluster
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """The cluster (job -> host:port list) and which task this process is."""
+
+    cluster: dict[str, list[str]]
+    job_name: str
+    task_index: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.job_name}:{self.task_index}"
+
+    @property
+    def is_chief(self) -> bool:
+        if "chief" in self.cluster:
+            return self.job_name == "chief"
+        return self.job_name == "worker" and self.task_index == 0
+
+    @property
+    def training_tasks(self) -> int:
+        return sum(len(self.cluster.get(job, [])) for job in TRAINING_JOBS)
+
+    @property
+    def device(self) -> str:
+        return f"/job:{self.job_name}/task:{self.task_index}"
+
+
+def _host_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def cluster_from_flags(args: argparse.Namespace) -> ClusterInfo | None:
+    """The cluster from ``--job_name/--ps_hosts/...``, or None when no cluster flag is given."""
+    jobs = {"ps": args.ps_hosts, "worker": args.worker_hosts, "chief": args.chief_hosts}
+    if args.job_name is None and not any(jobs.values()):
+        return None
+    if args.job_name is None:
+        raise UsageError("--ps_hosts/--worker_hosts were given without --job_name")
+    cluster = {job: _host_list(text) for job, text in jobs.items() if _host_list(text)}
+    return _checked(ClusterInfo(cluster, args.job_name, args.task_index), "the command line")
+
+
+def cluster_from_tf_config(environ: Mapping[str, str]) -> ClusterInfo | None:
+    """The cluster from ``TF_CONFIG`` via ``TFConfigClusterResolver``, or None when unset."""
+    if not environ.get("TF_CONFIG", "").strip():
+        return None
+    saved = os.environ.get("TF_CONFIG")
+    os.environ["TF_CONFIG"] = environ["TF_CONFIG"]  # the resolver reads only os.environ
+    try:
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        spec = resolver.cluster_spec().as_dict()
+        job_name, task_index = resolver.task_type, resolver.task_id
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise UsageError(f"TF_CONFIG is not valid: {exc}") from exc
+    finally:
+        if saved is None:
+            os.environ.pop("TF_CONFIG", None)
+        else:
+            os.environ["TF_CONFIG"] = saved
+    if job_name is None:
+        raise UsageError('TF_CONFIG has no "task": {"type": ..., "index": ...}')
+    cluster = {job: list(addresses) for job, addresses in spec.items()}
+    return _checked(ClusterInfo(cluster, str(job_name), int(task_index or 0)), "TF_CONFIG")
+
+
+def _checked(info: ClusterInfo, origin: str) -> ClusterInfo:
+    if info.job_name not in JOBS:
+        raise UsageError(f"{origin}: unknown job {info.job_name!r}; expected one of {JOBS}")
+    if not info.cluster.get("ps"):
+        raise UsageError(f"{origin}: the cluster has no ps task; give at least one PS address")
+    if not info.training_tasks:
+        raise UsageError(f"{origin}: the cluster has no worker or chief task")
+    if len(info.cluster.get("chief", [])) > 1:
+        raise UsageError(f"{origin}: at most one chief, got {len(info.cluster['chief'])}")
+    tasks = len(info.cluster.get(info.job_name, []))
+    if info.job_name != "evaluator" and not 0 <= info.task_index < tasks:
+        raise UsageError(
+            f"{origin}: task {info.name} does not exist; job {info.job_name!r} has {tasks} "
+            f"address(es), so the index must be 0..{tasks - 1}"
+        )
+    return info
+
+
+def resolve_cluster(args: argparse.Namespace, environ: Mapping[str, str]) -> ClusterInfo:
+    """Flags win; TF_CONFIG otherwise; one of the two is required."""
+    info = cluster_from_flags(args) or cluster_from_tf_config(environ)
+    if info is None:
+        raise UsageError(
+            "no cluster: pass --job_name, --task_index, --ps_hosts and --worker_hosts "
+            "(comma-separated host:port lists), or set TF_CONFIG"
+        )
+    return info
+
+
+def check_data_format(data_format: str, gpus: Sequence[object]) -> None:
+    if data_format == "NCHW" and not gpus:
+        raise UsageError(
+            "--data_format NCHW needs a GPU: TensorFlow's CPU convolutions support only NHWC, "
+            "and no GPU is visible here; use --data_format NHWC"
+        )
+
+
+# ----------------------------------------------------------------------------- model and graph
+
+
+@dataclass(frozen=True)
+class Handles:
+    """The tensors and ops of one task's graph."""
+
+    graph: tf.Graph
+    images: tf.Tensor
+    labels: tf.Tensor
+    drop_rate: tf.Tensor
+    loss: tf.Tensor
+    accuracy: tf.Tensor
+    num_correct: tf.Tensor
+    global_step: tf.Variable
+    workers_done: tf.Variable
+    mark_done: tf.Operation
+    uninitialized: tf.Tensor
+    train_op: tf.Operation | None
+
+
+def _weights(name: str, shape: list[int]) -> tf.Variable:
+    fan_in = int(np.prod(shape[:-1]))
+    init = v1.truncated_normal_initializer(stddev=float(np.sqrt(2.0 / fan_in)))  # He et al.
+    return v1.get_variable(name, shape, initializer=init)
+
+
+def _biases(name: str, size: int) -> tf.Variable:
+    return v1.get_variable(name, [size], initializer=v1.constant_initializer(0.1))
+
+
+def _conv_pool(name: str, x: tf.Tensor, channels_in: int, channels_out: int, fmt: str) -> tf.Tensor:
+    """5x5 convolution, ReLU, 2x2 max-pool: one block of the deep MNIST net."""
+    with v1.variable_scope(name):
+        kernel = _weights("weights", [5, 5, channels_in, channels_out])  # HWIO in either format
+        x = tf.nn.conv2d(x, kernel, strides=1, padding="SAME", data_format=fmt)
+        x = tf.nn.relu(tf.nn.bias_add(x, _biases("biases", channels_out), data_format=fmt))
+        return tf.nn.max_pool2d(x, ksize=2, strides=2, padding="SAME", data_format=fmt)
+
+
+def _dense(name: str, x: tf.Tensor, size_in: int, size_out: int) -> tf.Tensor:
+    with v1.variable_scope(name):
+        return tf.matmul(x, _weights("weights", [size_in, size_out])) + _biases("biases", size_out)
+
+
+def deep_mnist(images: tf.Tensor, data_format: str, drop_rate: tf.Tensor) -> tf.Tensor:
+    """TensorFlow's deep MNIST net: conv 5x5x32, conv 5x5x64 (each ReLU + 2x2 max-pool),
+    dense 1024 (ReLU), dropout, dense 10. ``images`` are NHWC; logits come out [N, 10].
+    The variables are the same for both data formats, so NCHW and NHWC tasks can share them."""
+    x = images if data_format == "NHWC" else tf.transpose(images, [0, 3, 1, 2])
+    x = _conv_pool("conv1", x, 1, 32, data_format)
+    x = _conv_pool("conv2", x, 32, 64, data_format)
+    if data_format == "NCHW":
+        x = tf.transpose(x, [0, 2, 3, 1])  # flatten in NHWC order either way
+    x = tf.reshape(x, [-1, 7 * 7 * 64])
+    x = tf.nn.relu(_dense("fc1", x, 7 * 7 * 64, 1024))
+    x = tf.nn.dropout(x, rate=drop_rate)
+    return _dense("fc2", x, 1024, digits.NUM_CLASSES)
+
+
+def build_graph(
+    info: ClusterInfo, args: argparse.Namespace, compute_device: str, data_format: str, train: bool
+) -> Handles:
+    """One replica's graph: variables spread over the PS by ``replica_device_setter``, compute on
+    ``compute_device``. The creation order is the same for every task (so round-robin placement
+    agrees); the optimizer's slots come last, so an evaluator graph without them still matches."""
+    graph = tf.Graph()
+    with graph.as_default():
+        v1.set_random_seed(args.seed)
+        setter = v1.train.replica_device_setter(
+            cluster=tf.train.ClusterSpec(info.cluster), worker_device=compute_device
+        )
+        # tf.device rejects device functions in TF2; the compat.v1 form applies them.
+        with v1.device(setter):
+            global_step = v1.train.get_or_create_global_step()
+            workers_done = v1.get_variable(
+                "workers_done", [], tf.int64, initializer=v1.zeros_initializer(), trainable=False
+            )
+            images = v1.placeholder(tf.float32, [None, 28, 28, 1], name="images")
+            labels = v1.placeholder(tf.int64, [None], name="labels")
+            drop_rate = v1.placeholder_with_default(0.0, [], name="drop_rate")
+            logits = deep_mnist(images, data_format, drop_rate)
+            loss = tf.reduce_mean(
+                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+            )
+            correct = tf.cast(tf.equal(tf.argmax(logits, 1), labels), tf.float32)
+            train_op = None
+            if train:
+                optimizer = v1.train.AdamOptimizer(args.learning_rate)
+                train_op = optimizer.minimize(loss, global_step=global_step)
+            uninitialized = v1.report_uninitialized_variables()
+            uninitialized.mark_used()  # only some roles run it; silence tf_should_use
+            handles = Handles(
+                graph=graph,
+                images=images,
+                labels=labels,
+                drop_rate=drop_rate,
+                loss=loss,
+                accuracy=tf.reduce_mean(correct),
+                num_correct=tf.reduce_sum(correct),
+                global_step=global_step,
+                workers_done=workers_done,
+                mark_done=v1.assign_add(workers_done, 1).op,
+                uninitialized=uninitialized,
+                train_op=train_op,
+            )
+    return handles
+
+
+def session_config(args: argparse.Namespace, device_filters: Sequence[str]) -> v1.ConfigProto:
+    """Small thread pools (several TF processes share a few cores), a per-operation timeout so no
+    run blocks forever, and device filters so a session only waits for the PS and this task."""
+    return v1.ConfigProto(
+        device_filters=list(device_filters),
+        intra_op_parallelism_threads=args.intra_op_threads,
+        inter_op_parallelism_threads=args.inter_op_threads,
+        operation_timeout_in_ms=int(args.op_timeout_secs * 1000),
+    )
+
+
+def start_server(info: ClusterInfo, args: argparse.Namespace) -> tf.distribute.Server:
+    threads = v1.ConfigProto(
+        intra_op_parallelism_threads=args.intra_op_threads,
+        inter_op_parallelism_threads=args.inter_op_threads,
+    )
+    spec = tf.train.ClusterSpec(
+        {job: info.cluster[job] for job in ("ps", *TRAINING_JOBS) if job in info.cluster}
+    )
+    return tf.distribute.Server(
+        spec, job_name=info.job_name, task_index=info.task_index, config=threads
+    )
+
+
+# ----------------------------------------------------------------------------- tasks
+
+
+def say(info: ClusterInfo, message: str) -> None:
+    print(f"{info.name}: {message}", flush=True)
+
+
+def evaluate(sess: v1.Session, h: Handles, images: np.ndarray, labels: np.ndarray) -> float:
+    """Accuracy of the current shared model, in chunks to bound memory."""
+    correct = 0.0
+    for start in range(0, len(labels), EVAL_CHUNK):
+        feed = {
+            h.images: images[start : start + EVAL_CHUNK],
+            h.labels: labels[start : start + EVAL_CHUNK],
+        }
+        correct += float(sess.run(h.num_correct, feed_dict=feed))
+    return correct / max(len(labels), 1)
+
+
+def batches(
+    images: np.ndarray, labels: np.ndarray, batch_size: int, rng: np.random.RandomState
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Endless shuffled mini-batches, a fresh permutation every epoch."""
+    batch_size = min(batch_size, len(labels))
+    while True:
+        order = rng.permutation(len(labels))
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            chosen = order[start : start + batch_size]
+            yield images[chosen], labels[chosen]
+
+
+def run_ps(info: ClusterInfo, args: argparse.Namespace) -> int:
+    server = start_server(info, args)
+    say(info, f"serving at {info.cluster['ps'][info.task_index]} ({server.target})")
+    server.join()  # a PS never exits by itself; the launcher stops it
+    return 0
+
+
+def train_loop(
+    info: ClusterInfo,
+    args: argparse.Namespace,
+    data: digits.DigitData,
+    h: Handles,
+    target: str,
+    config: v1.ConfigProto,
+) -> float:
+    """Train until the global step reaches --train_steps; return this task's steps/sec."""
+    rng = np.random.RandomState(args.seed * 1000 + _task_rank(info))
+    stream = batches(data.train_images, data.train_labels, args.batch_size, rng)
+    hooks = [v1.train.StopAtStepHook(last_step=args.train_steps)]
+    steps, first_done, last_done = 0, 0.0, 0.0
+    window = [0.0, 0.0, 0, time.monotonic()]  # loss sum, accuracy sum, steps, start
+    with (
+        h.graph.as_default(),
+        v1.train.MonitoredTrainingSession(
+            master=target,
+            is_chief=info.is_chief,
+            hooks=hooks,
+            config=config,
+            save_checkpoint_secs=None,
+            save_summaries_steps=None,
+            save_summaries_secs=None,
+            log_step_count_steps=0,
+            max_wait_secs=int(args.startup_timeout_secs),
+            stop_grace_period_secs=5,
+        ) as sess,
+    ):
+        # A read lets StopAtStepHook stop a task that arrives after training ended, before it
+        # applies one more update.
+        global_step = sess.run(h.global_step)
+        say(info, f"session ready at global step {global_step}")
+        while not sess.should_stop():
+            x, y = next(stream)
+            feed = {h.images: x, h.labels: y, h.drop_rate: args.dropout}
+            _, loss, accuracy, global_step = sess.run(
+                [h.train_op, h.loss, h.accuracy, h.global_step], feed_dict=feed
+            )
+            steps += 1
+            last_done = time.monotonic()
+            if steps == 1:
+                first_done = last_done
+            window[0] += loss
+            window[1] += accuracy
+            window[2] += 1
+            if steps % args.log_every == 0:
+                now = time.monotonic()
+                say(
+                    info,
+                    f"step {steps} (global {global_step}): loss {window[0] / window[2]:.4f}, "
+                    f"train accuracy (batch mean) {window[1] / window[2]:.4f}, "
+                    f"{window[2] / (now - window[3]):.2f} steps/sec",
+                )
+                window = [0.0, 0.0, 0, now]
+    if steps < 2:
+        return 0.0
+    return (steps - 1) / max(last_done - first_done, 1e-9)
+
+
+def _task_rank(info: ClusterInfo) -> int:
+    """0 for the chief, then the workers: distinct per training task (seeds the batch order)."""
+    if info.job_name == "worker" and "chief" in info.cluster:
+        return info.task_index + 1
+    return info.task_index
+
+
+def run_training(info: ClusterInfo, args: argparse.Namespace, data: digits.DigitData) -> int:
+    server = start_server(info, args)
+    h = build_graph(info, args, info.device, args.data_format, train=True)
+    config = session_config(args, ["/job:ps", info.device])
+    say(
+        info,
+        f"{data.describe()}; training to global step {args.train_steps} with "
+        f"{info.training_tasks} training task(s) and {len(info.cluster['ps'])} PS"
+        + (" (chief)" if info.is_chief else ""),
+    )
+    if not info.is_chief:
+        # MonitoredTrainingSession re-checks a not-yet-initialised model only every 30 s; poll
+        # here first so a worker starting before the chief's initialisation loses no time.
+        with v1.Session(server.target, graph=h.graph, config=config) as sess:
+            wait_until_initialized(info, args, sess, h)
+    rate = train_loop(info, args, data, h, server.target, config)
+    with v1.Session(server.target, graph=h.graph, config=config) as sess:
+        sess.run(h.mark_done)
+        sample = slice(0, TRAIN_EVAL_EXAMPLES)
+        train_accuracy = evaluate(sess, h, data.train_images[sample], data.train_labels[sample])
+        print(f"train accuracy: {train_accuracy:.4f}", flush=True)
+        print(f"steps/sec: {rate:.2f}", flush=True)
+        if not info.is_chief:
+            return 0
+        test_accuracy = evaluate(sess, h, data.test_images, data.test_labels)
+        print(f"test accuracy: {test_accuracy:.4f}", flush=True)
+        return wait_for_workers(info, args, sess, h)
+
+
+def wait_for_workers(
+    info: ClusterInfo, args: argparse.Namespace, sess: v1.Session, h: Handles
+) -> int:
+    """Keep the chief alive until every training task has finished (bounded), so a launcher that
+    stops the PS when the chief exits never strands a slower worker."""
+    deadline = time.monotonic() + args.worker_wait_secs
+    announced = False
+    while True:
+        done = int(sess.run(h.workers_done))
+        if done >= info.training_tasks:
+            say(info, f"all {info.training_tasks} training task(s) finished")
+            return 0
+        if time.monotonic() >= deadline:
+            raise TaskTimeout(
+                f"only {done} of {info.training_tasks} training tasks finished within "
+                f"--worker_wait_secs={args.worker_wait_secs:g}; the others are stuck or died, "
+                "see their logs"
+            )
+        if not announced:
+            say(info, f"waiting for {info.training_tasks - done} training task(s) to finish")
+            announced = True
+        time.sleep(0.5)
+
+
+def wait_until_initialized(
+    info: ClusterInfo, args: argparse.Namespace, sess: v1.Session, h: Handles
+) -> None:
+    """Poll (bounded by --startup_timeout_secs) until the chief has initialised the model."""
+    deadline = time.monotonic() + args.startup_timeout_secs
+    while len(sess.run(h.uninitialized)):
+        if time.monotonic() >= deadline:
+            raise TaskTimeout(
+                "the chief did not initialise the model within "
+                f"--startup_timeout_secs={args.startup_timeout_secs:g}; is it running?"
+            )
+        time.sleep(0.2)
+
+
+def run_evaluator(info: ClusterInfo, args: argparse.Namespace, data: digits.DigitData) -> int:
+    """Evaluate the shared model on the test set every --eval_interval_secs until training ends.
+
+    The evaluator is not part of the training cluster, so it uses PS 0 as its session master and
+    runs the (small) evaluation there, always NHWC since a PS computes on its CPU."""
+    h = build_graph(info, args, "/job:ps/task:0", "NHWC", train=False)
+    config = session_config(args, ["/job:ps"])
+    with v1.Session(f"grpc://{info.cluster['ps'][0]}", graph=h.graph, config=config) as sess:
+        wait_until_initialized(info, args, sess, h)
+        while True:
+            global_step = int(sess.run(h.global_step))
+            accuracy = evaluate(sess, h, data.test_images, data.test_labels)
+            say(info, f"global step {global_step}: test-set accuracy {accuracy:.4f}")
+            if global_step >= args.train_steps:
+                return 0
+            time.sleep(args.eval_interval_secs)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    name = "mnist"
+    try:
+        args = parse_args(argv)
+        info = resolve_cluster(args, os.environ)
+        name = info.name
+        if info.job_name == "ps":
+            return run_ps(info, args)
+        if info.job_name in TRAINING_JOBS:
+            check_data_format(args.data_format, tf.config.list_physical_devices("GPU"))
+        data = digits.load_data(args.data_dir)
+        if info.job_name == "evaluator":
+            return run_evaluator(info, args, data)
+        return run_training(info, args, data)
+    except (UsageError, digits.DataError) as exc:
+        print(f"{name}: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except TaskTimeout as exc:
+        print(f"{name}: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except tf.errors.OpError as exc:
+        print(
+            f"{name}: error: TensorFlow {type(exc).__name__}: {exc.message}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
