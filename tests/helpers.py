@@ -1,0 +1,115 @@
+"""Helpers for tests that run real clusters: free ports, cluster files, process-table checks."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKE_TASK = Path(__file__).resolve().parent / "programs" / "fake_task.py"
+
+
+def free_port_base(span: int = 20) -> int:
+    """A base port with ``span`` free ports above it (tests never use the default 2220/2230)."""
+    for _ in range(200):
+        base = random.randint(20000, 45000)
+        if all(_free(base + i) for i in range(span)):
+            return base
+    raise RuntimeError("no free port range found")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def write_cluster(path: Path, program: dict, **overrides) -> Path:
+    """Write a local cluster file on free ports; ``overrides`` are top-level keys."""
+    base = free_port_base()
+    data = {"name": "test", "backend": "local", "program": program,
+            "roles": {"ps": 1, "worker": 2},
+            "ports": {"ps": base, "worker": base + 10, "chief": base + 8},
+            "supervision": {"grace_period": 2, "ready_timeout": 60},
+            "run_dir": str(path.parent / "runs")}
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def fake_cluster(tmp_path: Path, env: dict | None = None, **overrides) -> Path:
+    program = {"argv": [sys.executable, str(FAKE_TASK)],
+               "env": {"TEST_MARKER": str(tmp_path), **(env or {})}}
+    return write_cluster(tmp_path / "cluster.yaml", program, **overrides)
+
+
+def tflaunch(*args: str, cwd: Path | None = None, timeout: float = 120,
+             env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tflaunch", *args], cwd=cwd, text=True,
+                          capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def start_tflaunch(*args: str, cwd: Path | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tflaunch", *args], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def processes_mentioning(marker: str) -> list[psutil.Process]:
+    """Live processes whose command line mentions ``marker`` or whose TEST_MARKER it is
+    (tasks of ``fake_cluster`` carry it in their environment, and so do their children)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if marker in cmdline or proc.environ().get("TEST_MARKER") == marker:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_until_gone(marker: str, timeout: float = 10.0) -> list[psutil.Process]:
+    """Wait for every process mentioning ``marker`` to end; return those still alive."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = processes_mentioning(marker)
+        if not left:
+            return []
+        time.sleep(0.2)
+    return processes_mentioning(marker)
+
+
+def read_until(stream, needle: str, timeout: float) -> str:
+    """Read lines from ``stream`` until one contains ``needle``; return what was read."""
+    import selectors
+
+    seen = []
+    sel = selectors.DefaultSelector()
+    sel.register(stream, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sel.select(timeout=0.2):
+            line = stream.readline()
+            if not line:
+                break
+            seen.append(line)
+            if needle in line:
+                return "".join(seen)
+    raise AssertionError(f"'{needle}' not seen within {timeout} s; got:\n{''.join(seen)}")

@@ -1,0 +1,49 @@
+"""A stand-in task without TensorFlow, for fast tests of supervision.
+
+Reads its role from TF_CONFIG like a real task. A PS listens on its port (after PS_DELAY seconds)
+and serves forever. A worker checks that every PS accepts connections, prints what it sees, runs
+WORK_SECONDS (worker i: WORK_SECONDS + i * WORK_STEP), and exits with FAIL_CODE if its index is
+FAIL_INDEX. SPAWN_CHILD=1 makes every task start a long-sleeping child of its own.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+config = json.loads(os.environ["TF_CONFIG"])
+job, index = config["task"]["type"], config["task"]["index"]
+print(f"{job}:{index} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}", flush=True)
+if os.environ.get("SPAWN_CHILD") == "1":
+    child = subprocess.Popen(["sleep", "1000"])
+    print(f"child pid {child.pid}", flush=True)
+
+if job == "ps":
+    time.sleep(float(os.environ.get("PS_DELAY", "0")))
+    host, port = config["cluster"]["ps"][index].rsplit(":", 1)
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((host, int(port)))
+    server.listen()
+    print("serving", flush=True)
+    while True:
+        connection, _ = server.accept()
+        connection.close()
+
+reachable = []
+for address in config["cluster"].get("ps", []):
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+        reachable.append(True)
+    except OSError:
+        reachable.append(False)
+print(f"all ps reachable at start: {all(reachable)}", flush=True)
+time.sleep(float(os.environ.get("WORK_SECONDS", "1")) + index * float(os.environ.get("WORK_STEP", "0")))
+print("done", flush=True)
+if str(index) == os.environ.get("FAIL_INDEX") and job == "worker":
+    sys.exit(int(os.environ.get("FAIL_CODE", "3")))
+if job == "worker" and os.environ.get("HANG_INDEX") == str(index):
+    time.sleep(1000)
