@@ -177,7 +177,12 @@ class ClusterConfig:
 
     @property
     def workdir(self) -> str:
-        """The program's working directory, resolved against the cluster file's folder."""
+        """The program's working directory, resolved against the cluster file's folder.
+
+        With backend ssh it is a path on the hosts (absolute, ``~/...``, or relative to the remote
+        home directory) and is resolved there by the SSH backend, not on this machine."""
+        if self.backend == "ssh":
+            return os.path.normpath(self.program.workdir)
         return os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(self.program.workdir)))
 
 

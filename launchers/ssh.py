@@ -1,0 +1,342 @@
+"""SSH backend: one agent per host, started over paramiko, its event stream carried back.
+
+The launcher connects to every host's *connect* (public) address in parallel, while the plan wires
+the cluster on *cluster* (private) addresses. Before anything starts anywhere it resolves each
+host's working and run directories, uploads the files ``ssh.upload`` lists (SFTP), and runs the
+pre-flight check (:mod:`launchers.ssh_preflight`), printing one table. Then it writes the plan into
+each host's run directory and starts ``python -m tflaunch.agent`` there over an SSH channel without
+a PTY; the channel's stdout is the agent's JSON-lines event stream and its stdin carries the
+coordinator's commands and heartbeats.
+
+No orphans: a channel without a PTY does not kill its remote process, and sshd notices a cut link
+only after TCP gives up, so the agent itself stops its tasks when its input closes *or* when no
+heartbeat arrived for ``supervision.heartbeat_timeout`` seconds. The launcher in turn probes every
+connection (an SSH global request, like ``ServerAliveInterval``) and reports a host whose
+connection stopped answering as lost, which fails the run.
+
+Per-task logs stay in the host's run directory (``<remote run dir>/<run id>/<host>/``) and are
+copied into the local run directory when the run ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import posixpath
+import queue
+import re
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+from launchers.base import Backend, StreamLink
+from launchers.ssh_connect import (
+    Connection,
+    SshOptions,
+    close_all,
+    connect_all,
+    parallel,
+    remote_command,
+)
+from launchers.ssh_preflight import format_table, raise_on_problems, run_preflight
+from launchers.ssh_sources import resolve_hosts
+from tflaunch.config import ClusterConfig
+from tflaunch.coordinator import Outcome
+from tflaunch.errors import LaunchError, TflaunchError
+from tflaunch.plan import Host, Plan
+from tflaunch.run import Run
+
+
+def _safe_name(name: str) -> str:
+    """A host name usable as one path component (names come from user files)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "host"
+
+
+def remote_path(home: str, path: str) -> str:
+    """A path on the host: ``~``/relative paths are under the remote home directory."""
+    if path == "~":
+        return home
+    if path.startswith("~/"):
+        path = path[2:]
+    return posixpath.normpath(posixpath.join(home, path))
+
+
+def sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
+    """``mkdir -p`` over SFTP."""
+    parts = [p for p in path.split("/") if p]
+    current = "/" if path.startswith("/") else ""
+    for part in parts:
+        current = posixpath.join(current, part)
+        try:
+            sftp.stat(current)
+        except OSError:
+            sftp.mkdir(current)
+
+
+@dataclasses.dataclass
+class HostPaths:
+    """Where things live on one host."""
+
+    workdir: str
+    run_dir: str
+
+
+class SshLink(StreamLink):
+    """An agent's event stream over an SSH channel, with a liveness probe of the connection."""
+
+    def __init__(
+        self,
+        host: str,
+        conn: Connection,
+        channel: paramiko.Channel,
+        heartbeat: float,
+        timeout: float,
+    ):
+        super().__init__(host, channel.makefile("r"), channel.makefile_stdin("w"))
+        self.conn, self.channel = conn, channel
+        self.heartbeat, self.timeout = heartbeat, timeout
+        self._closed = threading.Event()
+
+    def start_reader(self, sink: queue.Queue) -> None:
+        super().start_reader(sink)
+        threading.Thread(target=self._pump_stderr, args=(sink,), daemon=True).start()
+        threading.Thread(target=self._probe, args=(sink,), daemon=True).start()
+
+    def _pump_stderr(self, sink: queue.Queue) -> None:
+        """The agent's stderr (Python warnings, a crash) shown as the agent's own output."""
+        with contextlib.suppress(OSError, ValueError, EOFError):
+            for line in self.channel.makefile_stderr("r"):
+                sink.put(
+                    (
+                        self.host,
+                        {"event": "output", "task": f"agent@{self.host}", "line": line.rstrip()},
+                    )
+                )
+
+    def _probe(self, sink: queue.Queue) -> None:
+        """Report the host lost when the connection stops answering for ``timeout`` seconds."""
+        transport = self.conn.transport
+
+        def ask(answered: threading.Event) -> None:
+            with contextlib.suppress(Exception):  # any outcome but silence is an answer
+                transport.global_request("keepalive@openssh.com", wait=True)
+            answered.set()
+
+        while not self._closed.wait(self.heartbeat):
+            answered = threading.Event()
+            threading.Thread(target=ask, args=(answered,), daemon=True).start()
+            if not answered.wait(self.timeout) and not self._closed.is_set():
+                sink.put(
+                    (
+                        self.host,
+                        {
+                            "event": "error",
+                            "code": 1,
+                            "message": f"the SSH connection to {self.conn.address} stopped "
+                            f"answering for {self.timeout:g} s (link lost); its agent "
+                            "stops its tasks when its heartbeat times out",
+                        },
+                    )
+                )
+                sink.put((self.host, {"event": "link_closed"}))
+                self.conn.close()  # unblocks the reader
+                return
+
+    def close(self, timeout: float) -> None:
+        """Close the agent's input (it tears down), wait up to ``timeout``, then the channel."""
+        self._closed.set()
+        super().close(timeout)
+        deadline = time.monotonic() + timeout
+        while not self.channel.exit_status_ready() and time.monotonic() < deadline:
+            if self.channel.closed:
+                break
+            time.sleep(0.05)
+        self.channel.close()
+
+
+class SshBackend(Backend):
+    name = "ssh"
+
+    def __init__(self) -> None:
+        self.connections: dict[str, Connection] = {}
+        self.paths: dict[str, HostPaths] = {}
+        self.out = sys.stderr
+
+    def hosts(self, config: ClusterConfig) -> list[Host]:
+        return [
+            Host(h.name, h.cluster_address, h.connect_address, tuple(str(i) for i in range(h.gpus)))
+            for h in resolve_hosts(config)
+        ]
+
+    # ---- launch ---------------------------------------------------------------------------
+
+    def launch(self, config: ClusterConfig, plan: Plan, run: Run, on_ready: Any = None) -> Outcome:
+        try:
+            return super().launch(config, plan, run, on_ready)
+        except TflaunchError as err:
+            run.update_meta(
+                state="failed", exit_code=err.exit_code, ended=time.time(), message=str(err)
+            )
+            raise
+        finally:
+            try:
+                self._collect_logs(plan, run)
+            finally:
+                close_all(self.connections.values())
+                self.connections.clear()
+
+    def start_agents(self, config: ClusterConfig, plan: Plan, run: Run) -> list[SshLink]:
+        """Connect, prepare and check every host; only if all pass, start one agent on each."""
+        options = SshOptions.from_section(config.ssh, config.base_dir)
+        hosts = plan.hosts_with_tasks()
+        self._say(f"connecting to {len(hosts)} host(s) as {options.user}")
+        self.connections = connect_all([(h.name, h.connect_address) for h in hosts], options)
+        for conn in self.connections.values():
+            for note in conn.notes:
+                self._say(note)
+        self.paths = self._prepare(config, run)
+        workdirs = {name: p.workdir for name, p in self.paths.items()}
+        reports = run_preflight(self.connections, plan, config.ssh.python, workdirs)
+        self._say("pre-flight:\n" + format_table(reports, plan))
+        raise_on_problems(reports)
+        return self._start(config, plan, run)
+
+    def _prepare(self, config: ClusterConfig, run: Run) -> dict[str, HostPaths]:
+        """Resolve each host's workdir and run dir; create the run dir; upload listed files."""
+        uploads = [Path(config.base_dir) / os.path.expanduser(f) for f in config.ssh.upload]
+        for path in uploads:
+            if not path.is_file():
+                raise LaunchError(
+                    f"ssh.upload: {path} is not a file here; list files relative "
+                    "to the cluster file."
+                )
+        run_base = config.ssh.remote_run_dir or config.run_dir
+
+        def prepare(conn: Connection) -> HostPaths:
+            with conn.sftp() as sftp:
+                home = sftp.normalize(".")
+                paths = HostPaths(
+                    workdir=remote_path(home, config.workdir),
+                    run_dir=remote_path(
+                        home, posixpath.join(run_base, run.id, _safe_name(conn.name))
+                    ),
+                )
+                sftp_makedirs(sftp, paths.run_dir)
+                if uploads:
+                    sftp_makedirs(sftp, paths.workdir)
+                    for path in uploads:
+                        sftp.put(str(path), posixpath.join(paths.workdir, path.name))
+            return paths
+
+        results = parallel(prepare, self.connections.values())
+        failures = [f"{c.name}: {err}" for c, _, err in results if err is not None]
+        if failures:
+            raise LaunchError(
+                "cannot prepare the hosts (SFTP); nothing was started.\n  " + "\n  ".join(failures)
+            )
+        if uploads:
+            self._say(f"uploaded {', '.join(p.name for p in uploads)} to every host's workdir")
+        return {c.name: paths for c, paths, _ in results}
+
+    def _host_plan(self, plan: Plan, host: str) -> Plan:
+        """The plan as the host runs it: its tasks' workdir resolved on the host."""
+        workdir = self.paths[host].workdir
+        tasks = tuple(
+            dataclasses.replace(t, workdir=workdir) if t.host == host else t for t in plan.tasks
+        )
+        return dataclasses.replace(plan, tasks=tasks)
+
+    def _start(self, config: ClusterConfig, plan: Plan, run: Run) -> list[SshLink]:
+        heartbeat = float(plan.supervision.get("heartbeat", 2.0))
+        timeout = float(plan.supervision.get("heartbeat_timeout", 20.0))
+        python = config.ssh.python
+
+        def start(conn: Connection) -> SshLink:
+            paths = self.paths[conn.name]
+            plan_path = posixpath.join(paths.run_dir, "plan.json")
+            with conn.sftp() as sftp, sftp.open(plan_path, "w") as out:
+                out.write(json.dumps(self._host_plan(plan, conn.name).to_dict()))
+            argv = [
+                python,
+                "-m",
+                "tflaunch.agent",
+                "--plan",
+                plan_path,
+                "--host",
+                conn.name,
+                "--run-dir",
+                paths.run_dir,
+                "--heartbeat-timeout",
+                f"{timeout:g}",
+            ]
+            channel = conn.start(remote_command(argv))
+            return SshLink(conn.name, conn, channel, heartbeat, timeout)
+
+        results = parallel(start, self.connections.values())
+        links = [link for _, link, err in results if err is None]
+        failures = [f"{c.name}: {err}" for c, _, err in results if err is not None]
+        if failures:
+            for link in links:
+                link.send({"cmd": "stop", "reason": "another host failed to start"})
+                link.close(timeout=10)
+            raise LaunchError("cannot start the agents:\n  " + "\n  ".join(failures))
+        run.update_meta(ssh_hosts={name: dataclasses.asdict(p) for name, p in self.paths.items()})
+        return links
+
+    def _collect_logs(self, plan: Plan, run: Run) -> None:
+        """Copy every task's log from its host's run dir into the local run dir."""
+        if not self.paths:
+            return
+
+        def fetch(conn: Connection) -> list[str]:
+            copied = []
+            with conn.sftp() as sftp:
+                for task in plan.tasks_on(conn.name):
+                    remote = posixpath.join(self.paths[conn.name].run_dir, task.log_name)
+                    local = run.log_path(task.log_name)
+                    with contextlib.suppress(FileNotFoundError):
+                        if _same_file(remote, local):
+                            continue
+                        sftp.get(remote, str(local))
+                        copied.append(task.log_name)
+            return copied
+
+        live = [
+            c
+            for c in self.connections.values()
+            if c.client.get_transport() is not None and c.transport.is_active()
+        ]
+        results = parallel(fetch, live)
+        for conn, _, err in results:
+            if err is not None:
+                self._say(f"could not copy the logs of {conn.name}: {err}")
+        lost = sorted(set(self.connections) - {c.name for c in live})
+        if lost:
+            self._say(
+                f"logs of {', '.join(lost)} stay on the host(s): the connection was lost "
+                f"(see {', '.join(self.paths[n].run_dir for n in lost)})"
+            )
+
+    def _say(self, message: str) -> None:
+        self.out.write(f"[tflaunch] {message}\n")
+        self.out.flush()
+
+
+def _same_file(remote: str, local: Path) -> bool:
+    """On a shared file system the host's log may be the local file itself: never copy onto it."""
+    try:
+        return os.path.samefile(remote, local)
+    except OSError:
+        return False
+
+
+def host_paths(run: Run) -> Mapping[str, Mapping[str, str]]:
+    """The remote directories a run used, from its run.json."""
+    return run.read_meta().get("ssh_hosts", {})

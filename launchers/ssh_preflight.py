@@ -1,0 +1,259 @@
+"""Pre-flight: check every host in parallel before anything starts anywhere, print one table.
+
+On each host a small Python program (run by the configured ``ssh.python``) reports: its Python
+version, whether tflaunch imports, the TensorFlow version (found without importing TensorFlow,
+which would cost seconds per host), the GPUs ``nvidia-smi`` lists (none without it), whether the
+planned ports can be bound, whether the cluster address is one of the host's own, and whether the
+working directory and the program exist. Any problem on any host is one LaunchError (exit 2)
+listing every problem, raised before a single agent is started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from launchers.ssh_connect import Connection, parallel, remote_command
+from tflaunch.errors import LaunchError
+from tflaunch.plan import Plan
+
+# Runs on the host; its only input is one JSON argument, its only output one JSON line.
+PROBE = r"""
+import importlib.util, json, os, shutil, socket, subprocess, sys
+req = json.loads(sys.argv[1])
+out = {"python": sys.version.split()[0], "problems": []}
+
+def has_module(name, path=None):
+    old = list(sys.path)
+    if path:
+        sys.path.insert(0, path)
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    finally:
+        sys.path[:] = old
+    # An empty directory is a namespace package: not an installed module.
+    return spec is not None and spec.origin not in (None, "namespace")
+
+try:
+    import tflaunch
+    out["tflaunch"] = getattr(tflaunch, "__version__", "?")
+except Exception as err:
+    out["tflaunch"] = None
+    out["problems"].append("tflaunch does not import with %s (%s: %s); install it there "
+                           "(pip install tflaunch)" % (sys.executable, type(err).__name__, err))
+
+out["tensorflow"] = None
+if has_module("tensorflow"):
+    from importlib import metadata
+    for dist in ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly",
+                 "tensorflow-macos", "intel-tensorflow"):
+        try:
+            out["tensorflow"] = metadata.version(dist)
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    else:
+        out["tensorflow"] = "unknown version"
+
+try:
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=20)
+    out["gpus"] = len([l for l in smi.stdout.splitlines() if l.strip()]) if smi.returncode == 0 else 0
+except (OSError, subprocess.SubprocessError):
+    out["gpus"] = 0
+
+try:
+    probe = socket.socket()
+    probe.bind((req["address"], 0))
+    probe.close()
+except OSError as err:
+    out["problems"].append("the cluster address %s is not an address of this host (%s); "
+                           "use its private address" % (req["address"], err.strerror))
+
+busy = []
+for port in req["ports"]:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("", port))
+    except OSError:
+        busy.append(port)
+    finally:
+        sock.close()
+out["busy_ports"] = busy
+
+workdir = os.path.abspath(os.path.expanduser(req["workdir"]))
+out["workdir"] = workdir
+argv = req["argv"]
+if not os.path.isdir(workdir):
+    out["program"] = None
+    out["problems"].append("the working directory %s does not exist" % workdir)
+else:
+    os.chdir(workdir)
+    program = argv[0]
+    found = os.path.exists(program) if os.sep in program else shutil.which(program)
+    out["program"] = program if found else None
+    if not found:
+        out["problems"].append("the program %r is not found in %s" % (program, workdir))
+    elif os.path.basename(program).startswith("python") and len(argv) > 1:
+        if argv[1] == "-m" and len(argv) > 2:
+            if not has_module(argv[2], workdir):
+                out["program"] = None
+                out["problems"].append("module %s is not found from %s" % (argv[2], workdir))
+            else:
+                out["program"] = "-m " + argv[2]
+        elif not argv[1].startswith("-"):
+            if not os.path.isfile(argv[1]):
+                out["program"] = None
+                out["problems"].append("the script %s is not in %s" % (argv[1], workdir))
+            else:
+                out["program"] = argv[1]
+print(json.dumps(out))
+"""
+
+
+@dataclasses.dataclass
+class HostReport:
+    """What pre-flight found on one host, and every problem with it."""
+
+    host: str
+    connect_address: str
+    cluster_address: str
+    facts: dict[str, Any]
+    problems: list[str]
+
+
+def probe_request(plan: Plan, host: str, workdir: str) -> dict[str, Any]:
+    """The probe's input for one host: its cluster address, planned ports, workdir, program."""
+    tasks = plan.tasks_on(host)
+    return {
+        "address": plan.host(host).cluster_address,
+        "ports": sorted({t.port for t in tasks if t.port is not None}),
+        "workdir": workdir,
+        "argv": list(tasks[0].argv) if tasks else [],
+    }
+
+
+def _check_host(
+    conn: Connection, plan: Plan, python: str, workdir: str, timeout: float
+) -> HostReport:
+    host = plan.host(conn.name)
+    request = probe_request(plan, conn.name, workdir)
+    report = HostReport(conn.name, host.connect_address, host.cluster_address, {}, [])
+    result = conn.run(remote_command([python, "-c", PROBE, json.dumps(request)]), timeout=timeout)
+    if result.exit_status != 0:
+        detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        if result.exit_status == 127:
+            detail = f"'{python}' is not found there; set ssh.python to its Python interpreter"
+        report.problems.append(f"the pre-flight probe failed (exit {result.exit_status}): {detail}")
+        return report
+    try:
+        facts = json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        report.problems.append(f"the pre-flight probe printed no result: {result.stdout[-200:]!r}")
+        return report
+    report.facts = facts
+    report.problems.extend(facts.get("problems", []))
+    _judge(report, plan, python)
+    return report
+
+
+def _judge(report: HostReport, plan: Plan, python: str) -> None:
+    """Turn the facts into problems: TensorFlow missing, ports busy, too few GPUs."""
+    facts = report.facts
+    tasks = plan.tasks_on(report.host)
+    if not facts.get("tensorflow"):
+        report.problems.append(
+            f"TensorFlow is not installed for {python} (pip install tensorflow there, or set "
+            "ssh.python to the interpreter that has it)"
+        )
+    for port in facts.get("busy_ports", []):
+        users = ", ".join(t.name for t in tasks if t.port == port)
+        report.problems.append(
+            f"port {port} (planned for {users}) is already in use; stop what holds it "
+            f"(ss -ltnp 'sport = :{port}') or change the base ports under 'ports:'"
+        )
+    wanted = sorted({int(g) for t in tasks for g in t.gpus if g.isdigit()})
+    if wanted and wanted[-1] >= int(facts.get("gpus", 0)):
+        report.problems.append(
+            f"the plan uses GPU(s) {', '.join(map(str, wanted))} but nvidia-smi lists "
+            f"{facts.get('gpus', 0)}; fix the host's 'gpus' in the cluster file"
+        )
+
+
+def run_preflight(
+    connections: Mapping[str, Connection],
+    plan: Plan,
+    python: str,
+    workdirs: Mapping[str, str],
+    timeout: float = 60.0,
+) -> list[HostReport]:
+    """Check every host with tasks in parallel; a connection error is that host's problem."""
+
+    def check(name: str) -> HostReport:
+        return _check_host(connections[name], plan, python, workdirs[name], timeout)
+
+    reports = []
+    for name, report, err in parallel(check, [h.name for h in plan.hosts_with_tasks()]):
+        if err is not None:
+            host = plan.host(name)
+            report = HostReport(name, host.connect_address, host.cluster_address, {}, [str(err)])
+        reports.append(report)
+    return reports
+
+
+COLUMNS = (
+    "HOST",
+    "CONNECT",
+    "CLUSTER",
+    "PYTHON",
+    "TFLAUNCH",
+    "TENSORFLOW",
+    "GPUS",
+    "PORTS",
+    "PROGRAM",
+    "CHECK",
+)
+
+
+def _row(report: HostReport, plan: Plan) -> tuple[str, ...]:
+    facts = report.facts
+    ports = sorted({t.port for t in plan.tasks_on(report.host) if t.port is not None})
+    busy = set(facts.get("busy_ports", []))
+    port_text = ",".join(f"{p}{'(busy)' if p in busy else ''}" for p in ports) or "-"
+    return (
+        report.host,
+        report.connect_address,
+        report.cluster_address,
+        facts.get("python") or "?",
+        facts.get("tflaunch") or "MISSING",
+        facts.get("tensorflow") or "MISSING",
+        str(facts.get("gpus", "?")),
+        port_text if facts else "?",
+        facts.get("program") or "MISSING",
+        "ok" if not report.problems else f"{len(report.problems)} problem(s)",
+    )
+
+
+def format_table(reports: Sequence[HostReport], plan: Plan) -> str:
+    """One table, one row per host."""
+    rows = [COLUMNS, *(_row(r, plan) for r in reports)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def raise_on_problems(reports: Sequence[HostReport]) -> None:
+    """One LaunchError naming every problem on every host, or nothing."""
+    problems = [f"{r.host} ({r.connect_address}): {p}" for r in reports for p in r.problems]
+    if problems:
+        raise LaunchError(
+            f"pre-flight failed on {len({r.host for r in reports if r.problems})} of "
+            f"{len(reports)} hosts; nothing was started.\n  " + "\n  ".join(problems)
+        )
