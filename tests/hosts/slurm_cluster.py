@@ -20,6 +20,7 @@ Namespaces, the bridge, /etc/hosts lines and daemons outlive the process that ma
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -189,10 +190,8 @@ def _kill_pids(pids: list[int], grace_s: float = 5.0) -> None:
         time.sleep(0.1)
         alive = [p for p in alive if _exists(p)]
     for pid in alive:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _exists(pid: int) -> bool:
@@ -201,10 +200,8 @@ def _exists(pid: int) -> bool:
     except ProcessLookupError:
         return False
     # Reap if it is our child (daemons started by this process after fork).
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
     return Path(f"/proc/{pid}").exists() and _state(pid) != "Z"
 
 
@@ -219,10 +216,8 @@ def _our_daemon_pids() -> list[int]:
     """Daemons of this cluster: listed in our pid files or started with our config/key paths."""
     pids = set()
     for path in _pid_files():
-        try:
+        with contextlib.suppress(OSError, ValueError, IndexError):
             pids.add(int(path.read_text().split()[0]))
-        except (OSError, ValueError, IndexError):
-            pass
     marker = str(STATE_DIR).encode()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
