@@ -35,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 STATE_DIR = Path(os.environ.get("TFL_SSH_STATE_DIR", "/tmp/tfl-ssh-hosts"))
 NS_PREFIX = "tfl-ssh-host"
 PUBLIC_BRIDGE = "tfl-ssh-pub"
@@ -374,6 +376,21 @@ def _main(argv: list[str]) -> int:
         print(f"{host.namespace} public {host.public_address} private {host.private_address}")
     print(f"client key {hosts.client_key}\nknown_hosts {hosts.known_hosts}")
     return 0
+
+
+@pytest.fixture(scope="session")
+def ssh_test_hosts():
+    """Three test hosts for the whole test session, removed after it (skips without root)."""
+    from tests.conftest import skip_or_fail
+
+    problem = missing_requirements()
+    if problem:
+        skip_or_fail(problem)
+    hosts = setup(3)
+    try:
+        yield hosts
+    finally:
+        teardown()
 
 
 if __name__ == "__main__":
