@@ -285,10 +285,18 @@ def _explain(err: BaseException, name: str, address: str, port: int, options: Ss
             "ssh.user and ssh.identity_file, and the key in the host's authorized_keys."
         )
     if isinstance(err, paramiko.ssh_exception.NoValidConnectionsError):
+        errnos = {e.errno for e in err.errors.values() if isinstance(e, OSError)}
+        if errnos & {errno.EHOSTUNREACH, errno.ENETUNREACH}:
+            return (
+                f"{where}: unreachable (no route to host). Check the address: the launcher "
+                "must use the public (connect) address, or set ssh.jump_host."
+            )
         return (
             f"{where}: connection refused. Is sshd running there, on port {port}? Check "
             "ssh.port and the firewall / security group."
         )
+    if isinstance(err, UnicodeError):
+        return f"{where}: '{address}' is not a valid host name or address; check the host list."
     if isinstance(err, socket.gaierror):
         return f"{where}: cannot resolve the host name ({err.strerror}); check the address."
     if isinstance(err, (socket.timeout, TimeoutError)):
@@ -332,7 +340,7 @@ def connect(
             auth_timeout=options.connect_timeout,
             sock=sock,
         )
-    except (paramiko.SSHException, OSError, _UnknownHostKey) as err:
+    except (paramiko.SSHException, OSError, UnicodeError, _UnknownHostKey) as err:
         client.close()
         raise LaunchError(_explain(err, name, address, options.port, options)) from err
     return Connection(name, address, client, notes, via=jump)
