@@ -6,13 +6,11 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-import time
 import traceback
-from pathlib import Path
 
 import click
 
-from tflaunch import __version__
+from tflaunch import __version__, launch
 from tflaunch.config import ClusterConfig, config_schema, load_config
 from tflaunch.errors import TflaunchError
 from tflaunch.plan import Plan, make_plan, parse_task_name, tf_config
@@ -118,17 +116,14 @@ def up(cluster_file: str, detach: bool, run_root: str | None, run_id: str | None
     from launchers import get_backend
     from tflaunch import runctl
 
-    config, the_plan = _load_plan(cluster_file)
+    config = load_config(cluster_file)
     backend = get_backend(config.backend)
     run_root = run_root or config.run_dir
-    run = Run.create(run_root, config.name, run_id)
     if attached_daemon:
+        run = Run.open(run_root, run_id)
         the_plan = run.read_plan()  # the plan the foreground command resolved and showed
     else:
-        run.write_plan(the_plan)
-        run.update_meta(run_id=run.id, name=config.name, backend=config.backend,
-                        cluster_file=str(Path(cluster_file).resolve()), state="created",
-                        created=time.time())
+        the_plan, run = launch.prepare(config, run_root, run_id, cluster_file)
     if detach:
         timeout = config.supervision.ready_timeout + 60
         runctl.spawn_detached(cluster_file, run, run_root, timeout)
