@@ -32,8 +32,10 @@ Exit codes: 0 success; 1 TensorFlow runtime failure or a timeout; 2 bad flags, c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -65,6 +67,48 @@ class TaskTimeout(Exception):
     """Another task did not do its part in time (exit 1); the message names the flag to raise."""
 
 
+class Watchdog:
+    """Ends the process with exit code 1 when a phase outlasts its deadline.
+
+    TensorFlow's session creation waits for every task its device filters name, with no timeout
+    (``operation_timeout_in_ms`` does not cover it), and MonitoredSession answers a lost PS by
+    re-creating its session, which then waits the same way: a PS that is down or gone would hang
+    a worker forever. Blocking calls run inside ``watchdog.phase(...)``; a daemon thread enforces
+    the deadline.
+    """
+
+    def __init__(self, task: str) -> None:
+        self._task = task
+        self._lock = threading.Lock()
+        self._current: tuple[str, float, str, float] | None = None  # what, secs, flag, deadline
+        threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
+
+    @contextlib.contextmanager
+    def phase(self, what: str, seconds: float, flag: str) -> Iterator[None]:
+        with self._lock:
+            outer, self._current = self._current, (what, seconds, flag, time.monotonic() + seconds)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._current = outer
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(0.25)
+            with self._lock:
+                current = self._current
+            if current is not None and time.monotonic() > current[3]:
+                what, seconds, flag, _ = current
+                print(
+                    f"{self._task}: error: {what} did not finish within {seconds:g} s ({flag}); "
+                    "are the PS up and reachable, and the chief running?",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                os._exit(1)
+
+
 # ----------------------------------------------------------------------------- command line
 
 
@@ -92,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     runtime = parser.add_argument_group("runtime")
     runtime.add_argument("--intra_op_threads", type=_positive_int, default=1)
     runtime.add_argument("--inter_op_threads", type=_positive_int, default=2)
-    runtime.add_argument("--op_timeout_secs", type=_positive_float, default=120.0)
+    runtime.add_argument("--op_timeout_secs", type=_positive_float, default=60.0)
     runtime.add_argument("--startup_timeout_secs", type=_positive_float, default=300.0)
     runtime.add_argument("--worker_wait_secs", type=_positive_float, default=300.0)
     runtime.add_argument("--eval_interval_secs", type=_positive_float, default=10.0)
@@ -401,59 +445,60 @@ def train_loop(
     args: argparse.Namespace,
     data: digits.DigitData,
     h: Handles,
-    target: str,
-    config: v1.ConfigProto,
+    sess: v1.train.MonitoredSession,
+    watchdog: Watchdog,
 ) -> float:
-    """Train until the global step reaches --train_steps; return this task's steps/sec."""
+    """Train until the global step reaches --train_steps; return this task's steps/sec
+    (the first step, which carries the graph set-up, excluded)."""
     rng = np.random.RandomState(args.seed * 1000 + _task_rank(info))
     stream = batches(data.train_images, data.train_labels, args.batch_size, rng)
-    hooks = [v1.train.StopAtStepHook(last_step=args.train_steps)]
     steps, first_done, last_done = 0, 0.0, 0.0
     window = [0.0, 0.0, 0, time.monotonic()]  # loss sum, accuracy sum, steps, start
-    with (
-        h.graph.as_default(),
-        v1.train.MonitoredTrainingSession(
-            master=target,
-            is_chief=info.is_chief,
-            hooks=hooks,
-            config=config,
-            save_checkpoint_secs=None,
-            save_summaries_steps=None,
-            save_summaries_secs=None,
-            log_step_count_steps=0,
-            max_wait_secs=int(args.startup_timeout_secs),
-            stop_grace_period_secs=5,
-        ) as sess,
-    ):
-        # A read lets StopAtStepHook stop a task that arrives after training ended, before it
-        # applies one more update.
-        global_step = sess.run(h.global_step)
-        say(info, f"session ready at global step {global_step}")
-        while not sess.should_stop():
-            x, y = next(stream)
-            feed = {h.images: x, h.labels: y, h.drop_rate: args.dropout}
+    while not sess.should_stop():
+        x, y = next(stream)
+        feed = {h.images: x, h.labels: y, h.drop_rate: args.dropout}
+        with watchdog.phase("a training step", args.op_timeout_secs, "--op_timeout_secs"):
             _, loss, accuracy, global_step = sess.run(
                 [h.train_op, h.loss, h.accuracy, h.global_step], feed_dict=feed
             )
-            steps += 1
-            last_done = time.monotonic()
-            if steps == 1:
-                first_done = last_done
-            window[0] += loss
-            window[1] += accuracy
-            window[2] += 1
-            if steps % args.log_every == 0:
-                now = time.monotonic()
-                say(
-                    info,
-                    f"step {steps} (global {global_step}): loss {window[0] / window[2]:.4f}, "
-                    f"train accuracy (batch mean) {window[1] / window[2]:.4f}, "
-                    f"{window[2] / (now - window[3]):.2f} steps/sec",
-                )
-                window = [0.0, 0.0, 0, now]
+        steps += 1
+        last_done = time.monotonic()
+        if steps == 1:
+            first_done = last_done
+        window = [window[0] + loss, window[1] + accuracy, window[2] + 1, window[3]]
+        if steps % args.log_every == 0:
+            say(
+                info,
+                f"step {steps} (global {global_step}): loss {window[0] / window[2]:.4f}, "
+                f"train accuracy (batch mean) {window[1] / window[2]:.4f}, "
+                f"{window[2] / (last_done - window[3]):.2f} steps/sec",
+            )
+            window = [0.0, 0.0, 0, last_done]
     if steps < 2:
         return 0.0
     return (steps - 1) / max(last_done - first_done, 1e-9)
+
+
+def open_training_session(
+    info: ClusterInfo, args: argparse.Namespace, h: Handles, target: str, config: v1.ConfigProto
+) -> v1.train.MonitoredSession:
+    """MonitoredTrainingSession stopping at --train_steps; no checkpoints or summaries."""
+    sess = v1.train.MonitoredTrainingSession(
+        master=target,
+        is_chief=info.is_chief,
+        hooks=[v1.train.StopAtStepHook(last_step=args.train_steps)],
+        config=config,
+        save_checkpoint_secs=None,
+        save_summaries_steps=None,
+        save_summaries_secs=None,
+        log_step_count_steps=0,
+        max_wait_secs=int(args.startup_timeout_secs),
+        stop_grace_period_secs=5,
+    )
+    # A read lets StopAtStepHook stop a task that arrives after training ended before it applies
+    # one more update.
+    say(info, f"session ready at global step {sess.run(h.global_step)}")
+    return sess
 
 
 def _task_rank(info: ClusterInfo) -> int:
@@ -463,7 +508,9 @@ def _task_rank(info: ClusterInfo) -> int:
     return info.task_index
 
 
-def run_training(info: ClusterInfo, args: argparse.Namespace, data: digits.DigitData) -> int:
+def run_training(
+    info: ClusterInfo, args: argparse.Namespace, data: digits.DigitData, watchdog: Watchdog
+) -> int:
     server = start_server(info, args)
     h = build_graph(info, args, info.device, args.data_format, train=True)
     config = session_config(args, ["/job:ps", info.device])
@@ -473,34 +520,48 @@ def run_training(info: ClusterInfo, args: argparse.Namespace, data: digits.Digit
         f"{info.training_tasks} training task(s) and {len(info.cluster['ps'])} PS"
         + (" (chief)" if info.is_chief else ""),
     )
+    connecting = f"connecting to the PS at {','.join(info.cluster['ps'])}"
+    waiting = f"{connecting} and waiting for the chief to initialise the model"
+    startup, op_timeout = "--startup_timeout_secs", "--op_timeout_secs"
     if not info.is_chief:
         # MonitoredTrainingSession re-checks a not-yet-initialised model only every 30 s; poll
         # here first so a worker starting before the chief's initialisation loses no time.
-        with v1.Session(server.target, graph=h.graph, config=config) as sess:
+        with (
+            watchdog.phase(waiting, args.startup_timeout_secs, startup),
+            v1.Session(server.target, graph=h.graph, config=config) as sess,
+        ):
             wait_until_initialized(info, args, sess, h)
-    rate = train_loop(info, args, data, h, server.target, config)
+    with h.graph.as_default():
+        with watchdog.phase(waiting, args.startup_timeout_secs, startup):
+            training = open_training_session(info, args, h, server.target, config)
+        with training:
+            rate = train_loop(info, args, data, h, training, watchdog)
     with v1.Session(server.target, graph=h.graph, config=config) as sess:
-        sess.run(h.mark_done)
+        with watchdog.phase(connecting, args.startup_timeout_secs, startup):
+            sess.run(h.mark_done)
         sample = slice(0, TRAIN_EVAL_EXAMPLES)
-        train_accuracy = evaluate(sess, h, data.train_images[sample], data.train_labels[sample])
+        with watchdog.phase("evaluating on the training set", args.op_timeout_secs, op_timeout):
+            train_accuracy = evaluate(sess, h, data.train_images[sample], data.train_labels[sample])
         print(f"train accuracy: {train_accuracy:.4f}", flush=True)
         print(f"steps/sec: {rate:.2f}", flush=True)
         if not info.is_chief:
             return 0
-        test_accuracy = evaluate(sess, h, data.test_images, data.test_labels)
+        with watchdog.phase("evaluating on the test set", args.op_timeout_secs, op_timeout):
+            test_accuracy = evaluate(sess, h, data.test_images, data.test_labels)
         print(f"test accuracy: {test_accuracy:.4f}", flush=True)
-        return wait_for_workers(info, args, sess, h)
+        return wait_for_workers(info, args, sess, h, watchdog)
 
 
 def wait_for_workers(
-    info: ClusterInfo, args: argparse.Namespace, sess: v1.Session, h: Handles
+    info: ClusterInfo, args: argparse.Namespace, sess: v1.Session, h: Handles, watchdog: Watchdog
 ) -> int:
     """Keep the chief alive until every training task has finished (bounded), so a launcher that
     stops the PS when the chief exits never strands a slower worker."""
     deadline = time.monotonic() + args.worker_wait_secs
     announced = False
     while True:
-        done = int(sess.run(h.workers_done))
+        with watchdog.phase("reading workers_done", args.op_timeout_secs, "--op_timeout_secs"):
+            done = int(sess.run(h.workers_done))
         if done >= info.training_tasks:
             say(info, f"all {info.training_tasks} training task(s) finished")
             return 0
@@ -530,7 +591,9 @@ def wait_until_initialized(
         time.sleep(0.2)
 
 
-def run_evaluator(info: ClusterInfo, args: argparse.Namespace, data: digits.DigitData) -> int:
+def run_evaluator(
+    info: ClusterInfo, args: argparse.Namespace, data: digits.DigitData, watchdog: Watchdog
+) -> int:
     """Evaluate the shared model on the test set every --eval_interval_secs until training ends.
 
     The evaluator is not part of the training cluster, so it uses PS 0 as its session master and
@@ -538,10 +601,13 @@ def run_evaluator(info: ClusterInfo, args: argparse.Namespace, data: digits.Digi
     h = build_graph(info, args, "/job:ps/task:0", "NHWC", train=False)
     config = session_config(args, ["/job:ps"])
     with v1.Session(f"grpc://{info.cluster['ps'][0]}", graph=h.graph, config=config) as sess:
-        wait_until_initialized(info, args, sess, h)
+        waiting = f"connecting to PS 0 at {info.cluster['ps'][0]} and waiting for the model"
+        with watchdog.phase(waiting, args.startup_timeout_secs, "--startup_timeout_secs"):
+            wait_until_initialized(info, args, sess, h)
         while True:
-            global_step = int(sess.run(h.global_step))
-            accuracy = evaluate(sess, h, data.test_images, data.test_labels)
+            with watchdog.phase("evaluating", args.op_timeout_secs, "--op_timeout_secs"):
+                global_step = int(sess.run(h.global_step))
+                accuracy = evaluate(sess, h, data.test_images, data.test_labels)
             say(info, f"global step {global_step}: test-set accuracy {accuracy:.4f}")
             if global_step >= args.train_steps:
                 return 0
@@ -559,9 +625,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if info.job_name in TRAINING_JOBS:
             check_data_format(args.data_format, tf.config.list_physical_devices("GPU"))
         data = digits.load_data(args.data_dir)
+        watchdog = Watchdog(name)
         if info.job_name == "evaluator":
-            return run_evaluator(info, args, data)
-        return run_training(info, args, data)
+            return run_evaluator(info, args, data, watchdog)
+        return run_training(info, args, data, watchdog)
     except (UsageError, digits.DataError) as exc:
         print(f"{name}: error: {exc}", file=sys.stderr, flush=True)
         return 2
