@@ -112,6 +112,8 @@ class SlurmSection:
     account: str | None = field(None, doc="account")
     qos: str | None = field(None, doc="quality of service")
     constraint: str | None = field(None, doc="node constraint, e.g. gpu")
+    ps_constraint: str | None = field(
+        None, doc="node constraint of dedicated PS nodes (their own job component), e.g. mc")
     gpus_per_node: int | None = field(None, minimum=0, doc="GPUs per node (--gpus-per-node)")
     gres: str | None = field(None, doc="generic resources (--gres), instead of gpus_per_node")
     cpus_per_task: int | None = field(None, minimum=1, doc="CPUs per agent (one agent per node)")
