@@ -1,0 +1,188 @@
+"""TF2 runner of the benchmark: a ``tf.function`` step, alone or under MultiWorkerMirroredStrategy.
+
+Single process (no cluster): variables on ``--local_parameter_device``, plain SGD or momentum
+updates inside the step. ``collective_all_reduce``: the model, optimizer slots and step run under
+``MultiWorkerMirroredStrategy`` on the chief and worker tasks (PS tasks, if the cluster has any,
+are left out of its cluster); gradients of all workers are summed by one batched collective
+all-reduce per step and every worker applies the same averaged update (synchronous training).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+
+import tensorflow as tf
+
+from models.benchmark import ClusterInfo, Timing, images_per_sec, log, timed_loop
+from models.nets import get_model_spec
+from models.tfrecords import list_shards, make_dataset
+
+
+class Optimizer:
+    """SGD or momentum with slots made at construction, so they are mirrored like the weights."""
+
+    def __init__(
+        self, kind: str, learning_rate: float, momentum: float, variables: Sequence[tf.Variable]
+    ) -> None:
+        self.learning_rate = learning_rate
+        self.momentum = momentum if kind == "momentum" else None
+        self.slots = [
+            tf.Variable(tf.zeros_like(v), trainable=False, name="momentum")
+            for v in variables
+            if self.momentum is not None
+        ]
+
+    def update(self, var: tf.Variable, grad: tf.Tensor, slot: tf.Variable | None = None):
+        """One variable's update (also the per-device function of ``extended.update``)."""
+        if slot is None:
+            return var.assign_sub(self.learning_rate * grad)
+        accum = slot.assign(self.momentum * slot + grad)
+        return var.assign_sub(self.learning_rate * accum)
+
+    def apply(self, grads: Sequence[tf.Tensor], variables: Sequence[tf.Variable]) -> None:
+        slots = self.slots or [None] * len(variables)
+        for var, grad, slot in zip(variables, grads, slots, strict=True):
+            self.update(var, grad, slot)
+
+
+def loss_fn(model: tf.Module, images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    logits = model(images, training=True)
+    return tf.reduce_mean(
+        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    )
+
+
+def synthetic_batch(args: argparse.Namespace) -> tuple[tf.Variable, tf.Variable]:
+    """One fixed random batch kept in (non-trainable) variables, as tf_cnn_benchmarks does."""
+    s = args.image_size
+    shape = [args.batch_size, 3, s, s] if args.data_format == "NCHW" else [args.batch_size, s, s, 3]
+    images = tf.Variable(tf.random.uniform(shape, -1.0, 1.0), trainable=False, name="images")
+    labels = tf.Variable(
+        tf.random.uniform([args.batch_size], 0, args.num_classes, dtype=tf.int32),
+        trainable=False,
+        name="labels",
+    )
+    return images, labels
+
+
+def single_step(args: argparse.Namespace) -> Callable[[], tf.Tensor]:
+    """The training step of a single process: read a batch, gradients, update."""
+    device = "/device:GPU:0" if args.local_parameter_device == "gpu" else "/device:CPU:0"
+    spec = get_model_spec(args.model)
+    with tf.device(device):
+        model = spec.build(args.num_classes, args.data_format)
+        variables = model.trainable_variables
+        optimizer = Optimizer(args.optimizer, args.learning_rate, args.momentum, variables)
+    next_batch = _batches(args, num_shards=1, shard_index=0)
+
+    @tf.function
+    def step() -> tf.Tensor:
+        images, labels = next_batch()
+        with tf.GradientTape() as tape:
+            loss = loss_fn(model, images, labels)
+        optimizer.apply(tape.gradient(loss, variables), variables)
+        return loss
+
+    return step
+
+
+def _batches(args: argparse.Namespace, num_shards: int, shard_index: int):
+    """A callable giving the next (images, labels): synthetic variables or a tf.data iterator."""
+    if args.data_dir is None:
+        images, labels = synthetic_batch(args)
+        return lambda: (images.read_value(), labels.read_value())
+    ds = make_dataset(
+        list_shards(args.data_dir),
+        args.batch_size,
+        args.image_size,
+        args.data_format,
+        num_shards,
+        shard_index,
+    )
+    iterator = iter(ds)
+    return lambda: next(iterator)
+
+
+def collective_step(
+    args: argparse.Namespace, strategy: tf.distribute.Strategy, rank: int, num_workers: int
+) -> Callable[[], tf.Tensor]:
+    """The synchronous all-reduce step under MultiWorkerMirroredStrategy."""
+    spec = get_model_spec(args.model)
+    with strategy.scope():
+        model = spec.build(args.num_classes, args.data_format)
+        variables = model.trainable_variables
+        optimizer = Optimizer(args.optimizer, args.learning_rate, args.momentum, variables)
+    next_batch = _batches(args, num_workers, rank)
+    extended = strategy.extended
+
+    def grads_fn(images: tf.Tensor, labels: tf.Tensor):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(model, images, labels)
+        return loss, tape.gradient(loss, variables)
+
+    @tf.function
+    def step() -> tf.Tensor:
+        images, labels = next_batch()
+        loss, grads = strategy.run(grads_fn, args=(images, labels))
+        mean = tf.distribute.ReduceOp.MEAN
+        reduced = extended.batch_reduce_to(mean, list(zip(grads, variables, strict=True)))
+        slots = optimizer.slots or [None] * len(variables)
+        for var, grad, slot in zip(variables, reduced, slots, strict=True):
+            extra = (slot,) if slot is not None else ()
+            extended.update(var, optimizer.update, args=(grad, *extra), group=False)
+        return strategy.reduce(mean, loss, axis=None)
+
+    return step
+
+
+def _make_strategy(info: ClusterInfo) -> tf.distribute.Strategy:
+    jobs = {job: hosts for job, hosts in info.cluster.items() if job in ("chief", "worker")}
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(jobs), task_type=info.job, task_id=info.index, rpc_layer="grpc"
+    )
+    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+
+
+def _set_threads(args: argparse.Namespace) -> None:
+    if args.num_intra_threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.num_intra_threads)
+    if args.num_inter_threads:
+        tf.config.threading.set_inter_op_parallelism_threads(args.num_inter_threads)
+
+
+def run_worker(args: argparse.Namespace, info: ClusterInfo | None) -> tuple[Timing, float]:
+    """Run the timed loop; return this worker's timing and the total images/sec of all workers."""
+    _set_threads(args)
+    if info is None:
+        step = single_step(args)
+        timing = _loop(args, step, barrier=lambda: None)
+        return timing, images_per_sec(args.batch_size, timing)
+    strategy = _make_strategy(info)
+    log(f"collective_all_reduce: worker {info.rank} of {info.num_workers}, PS tasks unused")
+    step = collective_step(args, strategy, info.rank, info.num_workers)
+
+    @tf.function
+    def sum_over_workers(value: tf.Tensor) -> tf.Tensor:
+        per_replica = strategy.run(tf.identity, args=(value,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    def barrier() -> None:  # an all-reduce that every worker has to join
+        sum_over_workers(tf.constant(1.0, tf.float64))
+
+    timing = _loop(args, step, barrier)
+    rate = images_per_sec(args.batch_size, timing)
+    total = sum_over_workers(tf.constant(rate, tf.float64))
+    return timing, float(total)
+
+
+def _loop(args: argparse.Namespace, step: Callable[[], tf.Tensor], barrier) -> Timing:
+    return timed_loop(
+        step,
+        args.num_warmup_batches,
+        args.num_batches,
+        args.batch_size,
+        args.display_every,
+        barrier,
+        log,
+    )

@@ -1,0 +1,253 @@
+"""TF1 between-graph runner of the benchmark: ``parameter_server`` and ``distributed_replicated``.
+
+Each worker builds its own ``tf.compat.v1`` graph and talks to the PS tasks through a session on
+its ``tf.distribute.Server``. Variables created under ``replica_device_setter`` land on the PS
+tasks; every worker builds the model in the same order, so the graphs agree on names and places.
+Worker 0 (the chief) initialises the PS variables; the others wait for it (bounded), as
+``tf.compat.v1.train.Supervisor`` did.
+
+Coordination state on PS 0: a barrier counter (workers arrive after warm-up and wait for all, so
+the timed windows overlap) and a per-worker vector of measured images/sec (summed for the
+``total images/sec`` line, which every worker prints).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from contextlib import nullcontext
+
+import tensorflow as tf
+
+from models.benchmark import (
+    BenchmarkError,
+    ClusterInfo,
+    Timing,
+    images_per_sec,
+    log,
+    timed_loop,
+)
+from models.nets import get_model_spec
+from models.tfrecords import list_shards, make_dataset
+
+v1 = tf.compat.v1
+
+WAIT_DEADLINE_S = 600.0  # longest wait for the chief's initialisation or the other workers
+POLL_S = 0.05
+
+
+def _session_config(args: argparse.Namespace, info: ClusterInfo) -> v1.ConfigProto:
+    own = f"/job:{info.job}/task:{info.index}"
+    return v1.ConfigProto(
+        device_filters=["/job:ps", own],
+        intra_op_parallelism_threads=args.num_intra_threads,
+        inter_op_parallelism_threads=args.num_inter_threads,
+    )
+
+
+def _server(args: argparse.Namespace, info: ClusterInfo) -> tf.distribute.Server:
+    return tf.distribute.Server(
+        tf.train.ClusterSpec(info.cluster),
+        job_name=info.job,
+        task_index=info.index,
+        config=_session_config(args, info),
+        start=True,
+    )
+
+
+def run_ps(args: argparse.Namespace, info: ClusterInfo) -> None:
+    """Serve variables until stopped (the launcher stops PS tasks once the workers are done)."""
+    server = _server(args, info)
+    role = (
+        "idle: collective_all_reduce does not use PS tasks"
+        if args.variable_update == "collective_all_reduce"
+        else "serving variables"
+    )
+    log(f"ps:{info.index} {role}; joining")
+    server.join()
+
+
+def _ps_strategy(args: argparse.Namespace, info: ClusterInfo):
+    """The ``ps_strategy`` for replica_device_setter (models/placement.py), or None: round robin."""
+    if args.variable_placement is None:
+        return None
+    from models import placement
+
+    if args.variable_placement == "partitioned" and args.variable_update != "parameter_server":
+        raise BenchmarkError(
+            "--variable_placement partitioned shards the variables on the PS, which only "
+            "--variable_update parameter_server supports (distributed_replicated keeps whole "
+            "local copies); choose round_robin, greedy or lpt."
+        )
+    spec = get_model_spec(args.model)
+    try:
+        return placement.ps_strategy_for_model(
+            args.variable_placement,
+            info.num_ps,
+            lambda: spec.build(args.num_classes, args.data_format),
+        )
+    except ValueError as exc:
+        raise BenchmarkError(str(exc)) from None
+
+
+def _inputs(args: argparse.Namespace, info: ClusterInfo):
+    """Images and labels on this worker: a fixed synthetic batch (local variables) or tf.data."""
+    if args.data_dir is None:
+        s = args.image_size
+        nchw = args.data_format == "NCHW"
+        shape = [args.batch_size, 3, s, s] if nchw else [args.batch_size, s, s, 3]
+        local = [v1.GraphKeys.LOCAL_VARIABLES]
+        images = v1.Variable(
+            tf.random.uniform(shape, -1.0, 1.0), trainable=False, collections=local, name="images"
+        )
+        labels = v1.Variable(
+            tf.random.uniform([args.batch_size], 0, args.num_classes, dtype=tf.int32),
+            trainable=False,
+            collections=local,
+            name="labels",
+        )
+        return images.read_value(), labels.read_value()
+    ds = make_dataset(
+        list_shards(args.data_dir),
+        args.batch_size,
+        args.image_size,
+        args.data_format,
+        info.num_workers,
+        info.rank,
+    )
+    return v1.data.make_one_shot_iterator(ds).get_next()
+
+
+def _optimizer(args: argparse.Namespace) -> v1.train.Optimizer:
+    if args.optimizer == "momentum":
+        return v1.train.MomentumOptimizer(args.learning_rate, args.momentum)
+    return v1.train.GradientDescentOptimizer(args.learning_rate)
+
+
+def _loss(model: tf.Module, images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    logits = model(images, training=True)
+    return tf.reduce_mean(
+        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    )
+
+
+class _Graph:
+    """The ops one worker runs: init, the training step, and the coordination variables."""
+
+    def __init__(self, args: argparse.Namespace, info: ClusterInfo) -> None:
+        worker_device = f"/job:{info.job}/task:{info.index}"
+        cluster = tf.train.ClusterSpec(info.cluster)
+        ps_strategy = _ps_strategy(args, info)
+        setter = v1.train.replica_device_setter(
+            worker_device=worker_device, cluster=cluster, ps_strategy=ps_strategy
+        )
+        scope = ps_strategy.variable_scope() if ps_strategy is not None else nullcontext()
+        spec = get_model_spec(args.model)
+        with v1.device("/job:ps/task:0"):
+            self.barrier = tf.Variable(0, name="bench_barrier", dtype=tf.int64)
+            self.rates = tf.Variable(tf.zeros([info.num_workers], tf.float64), name="bench_rates")
+            self.arrive = self.barrier.assign_add(1)
+            self.rate_in = v1.placeholder(tf.float64, [])
+            self.report = v1.scatter_update(self.rates, [info.rank], [self.rate_in])
+        with v1.device(setter), scope:
+            master = spec.build(args.num_classes, args.data_format)
+        with v1.device(worker_device + "/device:CPU:0"):
+            images, labels = _inputs(args, info)
+        optimizer = _optimizer(args)
+        if args.variable_update == "parameter_server":
+            with v1.device(setter):
+                self.loss = _loss(master, images, labels)
+                grads = tf.gradients(self.loss, master.trainable_variables)
+                updates = v1.get_collection(v1.GraphKeys.UPDATE_OPS)
+                with tf.control_dependencies(updates):
+                    self.train_op = optimizer.apply_gradients(
+                        zip(grads, master.trainable_variables, strict=True)
+                    )
+            self.local_init = v1.local_variables_initializer()
+        else:
+            self._build_replicated(args, worker_device, spec, master, images, labels, optimizer)
+        self.shared_vars = [v for v in v1.global_variables() if v.device.startswith("/job:ps")]
+        self.shared_init = v1.variables_initializer(self.shared_vars)
+        self.uninitialized = (
+            v1.report_uninitialized_variables(self.shared_vars) if info.rank > 0 else None
+        )
+
+    def _build_replicated(self, args, worker_device, spec, master, images, labels, optimizer):
+        """Local copy for compute; gradients go to the master copy; values come back."""
+        local_device = "GPU:0" if args.local_parameter_device == "gpu" else "CPU:0"
+        with v1.device(f"{worker_device}/device:{local_device}"):
+            replica = spec.build(args.num_classes, args.data_format)
+            self.loss = _loss(replica, images, labels)
+            grads = tf.gradients(self.loss, replica.trainable_variables)
+        updates = v1.get_collection(v1.GraphKeys.UPDATE_OPS)
+        with tf.control_dependencies(updates):
+            apply = optimizer.apply_gradients(zip(grads, master.trainable_variables, strict=True))
+        with tf.control_dependencies([apply]):
+            pulls = [
+                local.assign(shared)
+                for local, shared in zip(
+                    replica.trainable_variables, master.trainable_variables, strict=True
+                )
+            ]
+        self.train_op = tf.group(*pulls)
+        refresh = [
+            local.assign(shared)
+            for local, shared in zip(replica.variables, master.variables, strict=True)
+        ]
+        local_vars = list(replica.variables) + v1.local_variables()
+        with tf.control_dependencies([v1.variables_initializer(local_vars)]):
+            self.local_init = tf.group(*refresh)
+
+
+def _wait(condition, what: str) -> None:
+    deadline = time.monotonic() + WAIT_DEADLINE_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise BenchmarkError(f"gave up after {WAIT_DEADLINE_S:.0f} s waiting for {what}.")
+        time.sleep(POLL_S)
+
+
+def run_worker(args: argparse.Namespace, info: ClusterInfo) -> tuple[Timing, float]:
+    """Build this worker's graph, initialise, run the timed loop, exchange the rates."""
+    if info.num_ps == 0:
+        raise BenchmarkError(
+            f"--variable_update {args.variable_update} needs at least one PS task in the "
+            "cluster; add PS tasks or use --variable_update collective_all_reduce."
+        )
+    server = _server(args, info)
+    graph = tf.Graph()
+    with graph.as_default():
+        ops = _Graph(args, info)
+    graph.finalize()
+    with v1.Session(server.target, graph=graph, config=_session_config(args, info)) as sess:
+        if info.rank == 0:
+            sess.run(ops.shared_init)
+        else:
+            _wait(lambda: len(sess.run(ops.uninitialized)) == 0, "the chief to initialise")
+        sess.run(ops.local_init)
+        log(
+            f"{args.variable_update}: worker {info.rank} of {info.num_workers}, "
+            f"{info.num_ps} PS, {len(ops.shared_vars)} variables on PS"
+        )
+        fetches = [ops.train_op, ops.loss]
+
+        def step() -> float:
+            return sess.run(fetches)[1]
+
+        def barrier() -> None:
+            sess.run(ops.arrive)
+            _wait(lambda: sess.run(ops.barrier) >= info.num_workers, "all workers to warm up")
+
+        timing = timed_loop(
+            step,
+            args.num_warmup_batches,
+            args.num_batches,
+            args.batch_size,
+            args.display_every,
+            barrier,
+            log,
+        )
+        sess.run(ops.report, {ops.rate_in: images_per_sec(args.batch_size, timing)})
+        _wait(lambda: (sess.run(ops.rates) > 0).all(), "the other workers' figures")
+        total = float(sess.run(ops.rates).sum())
+    return timing, total

@@ -1,0 +1,236 @@
+"""models.benchmark: pure parts, flag errors, tiny single-process runs, and 1 PS + 2 workers
+through `tflaunch up` for every variable update (slow)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from models.benchmark import (
+    PLACEMENTS,
+    BenchmarkError,
+    ClusterInfo,
+    perf_line,
+    perf_stats,
+    resolve_cluster,
+    should_display,
+    timed_loop,
+)
+from tests.helpers import tflaunch, wait_until_gone, write_cluster
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRESS = re.compile(r"^\d+\timages/sec: [\d.]+ \+/- [\d.]+ \(jitter = [\d.]+\)$", re.M)
+TOTAL = re.compile(r"^total images/sec: ([\d.]+)$", re.M)
+TINY = ["--model", "inception3", "--image_size", "75", "--batch_size", "2"]
+
+
+# --- pure parts --------------------------------------------------------------------------------
+
+
+def test_cluster_from_flags() -> None:
+    info = resolve_cluster("worker", 1, "h:1,h:2", "h:3,h:4,h:5", None)
+    assert info == ClusterInfo({"ps": ["h:1", "h:2"], "worker": ["h:3", "h:4", "h:5"]}, "worker", 1)
+    assert (info.num_ps, info.num_workers, info.rank, info.is_worker) == (2, 3, 1, True)
+
+
+def test_cluster_from_tf_config_puts_the_chief_first() -> None:
+    tf_config = json.dumps(
+        {
+            "cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"], "ps": ["p:1"]},
+            "task": {"type": "worker", "index": 1},
+        }
+    )
+    info = resolve_cluster(None, 0, None, None, tf_config)
+    assert info.workers == [("chief", 0), ("worker", 0), ("worker", 1)]
+    assert info.rank == 2
+    assert resolve_cluster(None, 0, None, None, None) is None
+
+
+def test_flags_win_over_tf_config() -> None:
+    tf_config = json.dumps({"cluster": {"worker": ["x:1"]}, "task": {"type": "worker", "index": 0}})
+    info = resolve_cluster("ps", 0, "h:1", "h:2", tf_config)
+    assert info.job == "ps" and info.cluster["worker"] == ["h:2"]
+
+
+@pytest.mark.parametrize(
+    ("tf_config", "message"),
+    [
+        ("{not json", "not a valid cluster description"),
+        ('{"cluster": {"worker": ["a:1"]}}', "not a valid cluster description"),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}}', "not in"),
+        ('{"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 0}}', "no worker"),
+    ],
+)
+def test_bad_cluster_descriptions(tf_config: str, message: str) -> None:
+    with pytest.raises(BenchmarkError, match=message):
+        resolve_cluster(None, 0, None, None, tf_config)
+
+
+def test_perf_stats_as_tf_cnn_benchmarks() -> None:
+    # Rates 10, 20, 20 images/sec at batch 10: mean over times, std error and 1.4826 * MAD.
+    mean, uncertainty, jitter = perf_stats(10, [1.0, 0.5, 0.5])
+    assert mean == pytest.approx(10 / (2 / 3))
+    assert uncertainty == pytest.approx(4.714045 / 3**0.5, rel=1e-6)
+    assert jitter == 0.0
+    assert perf_line(7, 10, [1.0, 0.5, 0.5]) == "7\timages/sec: 15.0 +/- 2.7 (jitter = 0.0)"
+
+
+def test_display_first_and_every_nth_step() -> None:
+    assert [s for s in range(1, 31) if should_display(s, 10)] == [1, 10, 20, 30]
+    assert [s for s in range(1, 4) if should_display(s, 0)] == [1]
+
+
+def test_timed_loop_times_only_the_steps_after_the_barrier() -> None:
+    events: list[str] = []
+    lines: list[str] = []
+    counter = iter(range(100))
+
+    def step() -> float:
+        events.append("step")
+        return float(next(counter))
+
+    timing = timed_loop(step, 2, 5, 4, 2, lambda: events.append("barrier"), lines.append)
+    assert events == ["step", "step", "barrier"] + ["step"] * 5
+    assert (len(timing.warmup_times), len(timing.step_times)) == (2, 5)
+    assert timing.elapsed >= sum(timing.step_times)
+    assert timing.final_loss == 6.0
+    assert [line.split("\t")[0] for line in lines] == ["Step", "1", "2", "4"]
+
+
+def test_placement_choices_are_the_placement_modules() -> None:
+    from models.placement_math import STRATEGIES
+
+    assert PLACEMENTS == STRATEGIES
+
+
+# --- flag errors (exit 2, one message) -----------------------------------------------------------
+
+pytest.importorskip("tensorflow")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "vgg16"], "unknown --model 'vgg16'"),
+        (["--model", "inception3", "--image_size", "64"], "smallest input it accepts is 75x75"),
+        (["--batch_size", "0"], "--batch_size must be at least 1"),
+        (["--data_format", "NCHW"], "NCHW needs a GPU"),
+        (["--data_dir", "/nonexistent/dir"], "no TFRecord shards"),
+    ],
+)
+def test_bad_flags_exit_2_with_a_message(argv, message, capsys) -> None:
+    import tensorflow as tf
+
+    from models.benchmark import main
+
+    if "NCHW" in argv and tf.config.list_physical_devices("GPU"):
+        pytest.skip("a GPU is visible: NCHW is allowed here")
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_graph_modes_refuse_a_cluster_without_ps(capsys, monkeypatch) -> None:
+    from models.benchmark import main
+
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        json.dumps(
+            {"cluster": {"worker": ["localhost:1"]}, "task": {"type": "worker", "index": 0}}
+        ),
+    )
+    assert main([*TINY, "--variable_update", "parameter_server"]) == 2
+    assert "needs at least one PS task" in capsys.readouterr().err
+
+
+# --- tiny single-process runs ----------------------------------------------------------------------
+
+
+def _run_single(extra: list[str], tmp_path: Path, capsys) -> dict:
+    from models.benchmark import main
+
+    result = tmp_path / "result.json"
+    argv = [*TINY, "--num_batches", "3", "--num_warmup_batches", "1", "--display_every", "2"]
+    assert main([*argv, *extra, "--result_json", str(result)]) == 0
+    out = capsys.readouterr().out
+    assert len(PROGRESS.findall(out)) == 2  # steps 1 and 2
+    (total,) = TOTAL.findall(out)
+    document = json.loads(result.read_text())
+    assert float(total) == pytest.approx(document["images_per_sec"]["total"], rel=1e-3)
+    assert len(document["timing"]["step_times"]) == 3
+    assert document["cluster"] == {"num_ps": 0, "num_workers": 1, "task": "local"}
+    assert document["timing"]["final_loss"] > 0
+    return document
+
+
+def test_single_process_synthetic(tmp_path, capsys) -> None:
+    document = _run_single(["--optimizer", "momentum"], tmp_path, capsys)
+    assert document["settings"]["data_dir"] is None
+
+
+@pytest.fixture(scope="module")
+def tfrecord_dir(tmp_path_factory) -> Path:
+    from models.tfrecords import list_shards, write_dataset
+
+    out = tmp_path_factory.mktemp("tfrecords")
+    write_dataset(str(out), num_images=12, image_size=80, num_classes=5, num_shards=3)
+    assert [Path(p).name for p in list_shards(str(out))] == [
+        "train-00000-of-00003",
+        "train-00001-of-00003",
+        "train-00002-of-00003",
+    ]
+    return out
+
+
+def test_tfrecords_round_trip(tfrecord_dir) -> None:
+    from models.tfrecords import list_shards, make_dataset
+
+    images, labels = next(iter(make_dataset(list_shards(str(tfrecord_dir)), 4, 75)))
+    assert images.shape == (4, 75, 75, 3)
+    assert float(images.numpy().min()) >= -1.0 and float(images.numpy().max()) <= 1.0
+    assert set(labels.numpy().tolist()) <= {1, 2, 3, 4, 5}
+
+
+def test_single_process_tfrecords(tfrecord_dir, tmp_path, capsys) -> None:
+    document = _run_single(["--data_dir", str(tfrecord_dir)], tmp_path, capsys)
+    assert document["settings"]["data_dir"] == str(tfrecord_dir)
+
+
+# --- 1 PS + 2 workers through `tflaunch up` (slow) ---------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("real_data", [False, True], ids=["synthetic", "tfrecords"])
+@pytest.mark.parametrize(
+    "variable_update", ["parameter_server", "distributed_replicated", "collective_all_reduce"]
+)
+def test_cluster_through_tflaunch_up(variable_update, real_data, tfrecord_dir, tmp_path) -> None:
+    argv = [sys.executable, "-m", "models.benchmark", *TINY, "--num_batches", "2"]
+    argv += ["--num_warmup_batches", "1", "--variable_update", variable_update]
+    argv += ["--result_json", str(tmp_path / "{job_name}-{task_index}.json")]
+    if real_data:
+        argv += ["--data_dir", str(tfrecord_dir)]
+    program = {"argv": argv, "env": {"TEST_MARKER": str(tmp_path)}}
+    cluster = write_cluster(
+        tmp_path / "cluster.yaml",
+        program,
+        roles={"ps": 1, "worker": 2},
+        supervision={"ready_timeout": 240},
+    )
+    result = tflaunch("up", str(cluster), cwd=ROOT, timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    totals = {
+        worker: float(m.group(1))
+        for worker in ("worker:0", "worker:1")
+        for m in re.finditer(rf"^\[{worker}\] total images/sec: ([\d.]+)$", result.stdout, re.M)
+    }
+    assert set(totals) == {"worker:0", "worker:1"}
+    # Every worker prints the same total: the sum of both workers' own figures.
+    docs = [json.loads((tmp_path / f"worker-{i}.json").read_text()) for i in (0, 1)]
+    own = sum(d["images_per_sec"]["worker"] for d in docs)
+    assert totals["worker:0"] == totals["worker:1"] == pytest.approx(own, abs=0.01)
+    assert all(d["cluster"]["num_workers"] == 2 and d["cluster"]["num_ps"] == 1 for d in docs)
+    assert wait_until_gone(str(tmp_path)) == []
