@@ -108,6 +108,25 @@ class Backend(ABC):
                         exit_code=outcome.code, ended=time.time(), message=outcome.message)
         return outcome
 
+    def detach(self, config: ClusterConfig, plan: Plan, run: Run, cluster_file: str,
+               run_root: str) -> str:
+        """Start the run in the background; return what ``up --detach`` prints (the run id).
+
+        Default: a detached local coordinator, returning once the cluster is ready. Slurm
+        returns once the job is submitted."""
+        from tflaunch import runctl
+
+        runctl.spawn_detached(cluster_file, run, run_root, config.supervision.ready_timeout + 60)
+        return run.id
+
+    def dry_run(self, config: ClusterConfig, plan: Plan, run: Run) -> str:
+        """What ``up --dry-run`` prints, starting nothing: the plan, or what would be submitted."""
+        return json.dumps(plan.to_dict(), indent=2)
+
+    def describe(self, run: Run) -> list[str]:
+        """Extra lines for ``tflaunch status`` (e.g. the Slurm job's state); none by default."""
+        return []
+
     def down(self, run: Run, grace: float) -> str:
         """Stop a detached run; returns what was done. Default: signal its local coordinator."""
         from tflaunch import runctl

@@ -230,7 +230,7 @@ def follow(run: Run, job_id: str, out: IO[str] = sys.stdout, err: IO[str] = sys.
                 _slurm(["scancel", job_id], check=False)
             if cancelled_at is not None and time.monotonic() - cancelled_at > 120:
                 break  # Slurm is slow to confirm; the job was cancelled all the same
-            if state.state == "PENDING" and said != state.reason:
+            if state.state == "PENDING" and state.reason not in ("None", "", said):
                 said = state.reason
                 _say(out, f"job {job_id} is pending ({state.reason})")
             time.sleep(POLL_SECONDS)
@@ -245,7 +245,8 @@ def _outcome(run: Run, job_id: str, state: JobState, signum: int | None, err: IO
     meta = run.read_meta()
     if meta.get("state") in ENDED_RUN_STATES and "exit_code" in meta and state.state != "TIMEOUT":
         code = int(meta["exit_code"])
-        return Outcome(code, meta.get("message", ""), interrupted=meta.get("state") == "stopped")
+        stopped = meta.get("state") == "stopped" or bool(meta.get("cancel_requested"))
+        return Outcome(code, meta.get("message", ""), interrupted=stopped)
     if signum is not None:
         code, message = 128 + signum, f"Slurm job {job_id} was cancelled"
     elif state.state == "COMPLETED" and state.exit_code == 0:
@@ -345,6 +346,16 @@ class SlurmBackend(Backend):
         job_id = self.submit(config, run)
         return follow(run, job_id)
 
+    def detach(
+        self, config: ClusterConfig, plan: Plan, run: Run, cluster_file: str, run_root: str
+    ) -> str:
+        """Submit and return: the job runs on without the login node."""
+        self.submit(config, run, out=sys.stderr)
+        return run.id
+
+    def dry_run(self, config: ClusterConfig, plan: Plan, run: Run) -> str:
+        return self.render(config, run)
+
     def cluster_alive(self, run: Run) -> bool:
         job_id = run.read_meta().get("job_id")
         return bool(job_id) and not job_state(str(job_id)).ended
@@ -371,15 +382,20 @@ class SlurmBackend(Backend):
             )
         state = job_state(str(job_id))
         if not state.ended:
+            # Slurm signals every process of the step at once, so tasks may report their SIGTERM
+            # before the coordinator does: the marker says the run was stopped, not failed.
+            run.update_meta(cancel_requested=time.time())
             _slurm(["scancel", str(job_id)])
             deadline = time.monotonic() + grace + 60
             while not state.ended and time.monotonic() < deadline:
                 time.sleep(POLL_SECONDS)
                 state = job_state(str(job_id))
         meta = run.read_meta()
-        if meta.get("state") not in ENDED_RUN_STATES:
+        if meta.get("cancel_requested") and meta.get("state") != "succeeded":
             run.update_meta(
-                state="stopped", ended=time.time(), message=f"cancelled with scancel {job_id}"
+                state="stopped",
+                ended=meta.get("ended") or time.time(),
+                message=f"cancelled with tflaunch down (scancel {job_id})",
             )
         if not state.ended:
             return f"run {run.id}: Slurm job {job_id} was cancelled but is still {state.state}"

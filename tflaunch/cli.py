@@ -7,6 +7,7 @@ import json
 import shlex
 import sys
 import traceback
+from pathlib import Path
 
 import click
 
@@ -14,7 +15,7 @@ from tflaunch import __version__, launch
 from tflaunch.config import ClusterConfig, config_schema, load_config
 from tflaunch.errors import TflaunchError
 from tflaunch.plan import Plan, make_plan, parse_task_name, tf_config
-from tflaunch.run import Run
+from tflaunch.run import Run, new_run_id
 
 RENDER_FORMATS = ("tf_config", "cluster_spec", "env", "command")
 
@@ -108,26 +109,30 @@ def render(cluster_file: str, task_name: str, fmt: str) -> None:
 @click.argument("cluster_file", type=click.Path(dir_okay=False))
 @click.option("--detach", is_flag=True, help="Return once the cluster is ready; print the run id.")
 @click.option("--run-dir", "run_root", default=None, help="Where run directories go (default: the file's run_dir).")
+@click.option("--dry-run", is_flag=True,
+              help="Print what would be started (Slurm: the job script) and start nothing.")
 @click.option("--run-id", default=None, hidden=True)
 @click.option("--attached-daemon", is_flag=True, hidden=True)
-def up(cluster_file: str, detach: bool, run_root: str | None, run_id: str | None,
-       attached_daemon: bool) -> None:
+def up(cluster_file: str, detach: bool, run_root: str | None, dry_run: bool,
+       run_id: str | None, attached_daemon: bool) -> None:
     """Start the cluster, stream its output, and exit with its result."""
     from launchers import get_backend
-    from tflaunch import runctl
 
     config = load_config(cluster_file)
     backend = get_backend(config.backend)
     run_root = run_root or config.run_dir
+    if dry_run:
+        the_plan = make_plan(config, backend.hosts(config))
+        run_id = run_id or new_run_id(config.name)
+        click.echo(backend.dry_run(config, the_plan, Run(run_id, Path(run_root).resolve() / run_id)))
+        return
     if attached_daemon:
         run = Run.open(run_root, run_id)
         the_plan = run.read_plan()  # the plan the foreground command resolved and showed
     else:
         the_plan, run = launch.prepare(config, run_root, run_id, cluster_file)
     if detach:
-        timeout = config.supervision.ready_timeout + 60
-        runctl.spawn_detached(cluster_file, run, run_root, timeout)
-        click.echo(run.id)
+        click.echo(backend.detach(config, the_plan, run, cluster_file, run_root))
         return
     outcome = backend.launch(config, the_plan, run)
     sys.exit(outcome.code)
@@ -146,12 +151,15 @@ run_dir_option = click.option("--run-dir", "run_root", default="runs", show_defa
 @run_dir_option
 def status(run_id: str, run_root: str) -> None:
     """Show a run's state and every task's state."""
+    from launchers import get_backend
     from tflaunch import runctl
 
     run = _open_run(run_id, run_root)
     meta = run.read_meta()
     click.echo(f"run {run.id}: {meta.get('state', 'unknown')} (backend {meta.get('backend')}"
                + (f", exit code {meta['exit_code']}" if "exit_code" in meta else "") + ")")
+    for line in get_backend(meta.get("backend", "local")).describe(run):
+        click.echo(line)
     rows = [("TASK", "HOST", "STATE", "PID", "EXIT")]
     for s in runctl.task_states(run).values():
         rows.append((s["task"], s["host"], s["state"], str(s["pid"] or "-"),
