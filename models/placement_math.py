@@ -277,3 +277,17 @@ def _best_exchange(
 def _check_num_ps(num_ps: int) -> None:
     if num_ps < 1:
         raise ValueError(f"the number of parameter servers must be at least 1, not {num_ps}")
+
+
+def summary(placement: Placement) -> dict[str, object]:
+    """A placement's figures as plain data (for JSON output and tables)."""
+    loads = placement.bytes_per_ps
+    return {
+        "strategy": placement.strategy,
+        "num_ps": placement.num_ps,
+        "max_over_mean": placement.max_over_mean,
+        "largest_bytes": max(loads),
+        "mean_bytes": placement.total_bytes / placement.num_ps,
+        "bytes_per_ps": list(loads),
+        "pieces": len(placement.assignment),
+    }

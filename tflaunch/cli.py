@@ -198,6 +198,11 @@ def down(run_id: str, run_root: str) -> None:
     click.echo(backend.down(run, grace))
 
 
+from tflaunch.placement_cmd import placement  # noqa: E402
+
+cli.add_command(placement)
+
+
 def main() -> None:
     cli(prog_name="tflaunch")
 
