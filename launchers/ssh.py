@@ -149,10 +149,15 @@ class SshLink(StreamLink):
                 self.conn.close()  # unblocks the reader
                 return
 
+    def send(self, command: dict[str, Any]) -> None:
+        with contextlib.suppress(EOFError, OSError, paramiko.SSHException):
+            super().send(command)  # a lost connection is reported by the probe and the reader
+
     def close(self, timeout: float) -> None:
         """Close the agent's input (it tears down), wait up to ``timeout``, then the channel."""
         self._closed.set()
-        super().close(timeout)
+        with contextlib.suppress(EOFError, OSError, ValueError, paramiko.SSHException):
+            super().close(timeout)
         deadline = time.monotonic() + timeout
         while not self.channel.exit_status_ready() and time.monotonic() < deadline:
             if self.channel.closed:

@@ -27,11 +27,14 @@ import contextlib
 import dataclasses
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -246,25 +249,39 @@ def write_sshd_config(host: TestHost, authorized_keys: Path) -> None:
 def start_sshd(host: TestHost, hide_paths: tuple[str, ...] = ()) -> None:
     """Start (or restart) the host's sshd; wait until it accepts TCP on the public address.
 
-    ``hide_paths`` are directories masked by an empty directory in a private mount namespace of
-    this sshd and everything it starts: the honest way to make one host lack a package (e.g. its
-    Python has no TensorFlow) while hosts share the file system.
+    ``hide_paths`` vanish for this sshd and everything it starts: in a private mount namespace,
+    each parent directory is overlaid with a layer of whiteouts for them (overlayfs), so on this
+    host they do not exist at all. The honest way to make one host lack a package (its Python has
+    no TensorFlow: ``import tensorflow`` raises ModuleNotFoundError) while hosts share one file
+    system.
     """
     _kill_pid_file(host.pid_file)
     host.pid_file.unlink(missing_ok=True)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
     sshd = [SSHD, "-f", str(host.sshd_config), "-E", str(host.sshd_log)]
-    if hide_paths:
-        empty = STATE_DIR / "empty"
-        empty.mkdir(exist_ok=True)
-        mounts = [["mount", "--bind", str(empty), path] for path in hide_paths]
-        # One argv for the mount namespace: mount each path, then exec sshd (no user values).
-        script = " && ".join(" ".join(m) for m in mounts) + " && exec " + " ".join(sshd)
+    mounts = []
+    for parent, names in _group_by_parent(hide_paths).items():
+        whiteouts = Path(tempfile.mkdtemp(prefix=f"whiteouts-{host.name}-", dir=STATE_DIR))
+        for name in names:
+            os.mknod(whiteouts / name, 0o600 | stat.S_IFCHR, os.makedev(0, 0))
+        options = f"lowerdir={whiteouts}:{parent}"
+        mounts.append(f"mount -t overlay overlay -o {shlex.quote(options)} {shlex.quote(parent)}")
+    if mounts:
+        # Test-host plumbing of fixed paths (not user values), run in its own mount namespace.
+        script = " && ".join([*mounts, "exec " + shlex.join(sshd)])
         argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
     else:
         argv = sshd
     _ns(host.namespace, *argv)
     _wait_for_port(host, 22)
+
+
+def _group_by_parent(paths: tuple[str, ...]) -> dict[str, list[str]]:
+    grouped: dict[str, list[str]] = {}
+    for path in paths:
+        parent, name = os.path.split(os.path.normpath(path))
+        grouped.setdefault(parent, []).append(name)
+    return grouped
 
 
 def _wait_for_port(host: TestHost, port: int, timeout: float = 10.0) -> None:
