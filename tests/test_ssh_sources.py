@@ -206,3 +206,37 @@ def test_launchers_import_without_boto3_or_tensorflow():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_aws_example_plans_one_gpu_workers_and_gpu_less_colocated_ps(ec2_endpoint, aws_env):
+    import dataclasses
+
+    from tflaunch.config import load_config
+    from tflaunch.plan import make_plan
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "aws.yaml"
+    cfg = load_config(example)
+    section = cfg.ssh.ec2
+    launch_instances(ec2_endpoint, section.region, 4, {"cluster": "tf-bench"})
+    ec2 = dataclasses.replace(section, endpoint_url=ec2_endpoint)
+    cfg = dataclasses.replace(cfg, ssh=dataclasses.replace(cfg.ssh, ec2=ec2))
+    hosts = SshBackend().hosts(cfg)
+    plan = make_plan(cfg, hosts)
+    assert len(hosts) == 4
+    for i, host in enumerate(hosts):
+        ps, worker = plan.task(f"ps:{i}"), plan.task(f"worker:{i}")
+        assert ps.host == worker.host == host.name  # PS i co-located on worker host i
+        assert ps.env["CUDA_VISIBLE_DEVICES"] == ""  # the PS never sees the GPU
+        assert worker.env["CUDA_VISIBLE_DEVICES"] == "0"
+        assert worker.cluster_address == host.cluster_address != host.connect_address
+    files = dataclasses.replace(
+        cfg.ssh,
+        ec2=None,
+        public_ips_file="hosts/public_ips.txt",
+        private_ips_file="hosts/private_ips.txt",
+        gpus=1,
+    )
+    from_files = make_plan(
+        dataclasses.replace(cfg, ssh=files), SshBackend().hosts(dataclasses.replace(cfg, ssh=files))
+    )
+    assert from_files.cluster["ps"][0] == "172.31.5.11:2230"
