@@ -202,6 +202,10 @@ from tflaunch.placement_cmd import placement  # noqa: E402
 
 cli.add_command(placement)
 
+from tflaunch.bench import bench_command  # noqa: E402
+
+cli.add_command(bench_command)
+
 
 def main() -> None:
     cli(prog_name="tflaunch")

@@ -1,0 +1,520 @@
+"""``tflaunch bench SWEEP.yaml``: throughput sweeps that reproduce the CSCS tables.
+
+A sweep file names a cluster file whose program is a tf_cnn_benchmarks-style benchmark (one that
+accepts ``--variable_update`` and ``--data_dir`` and prints ``total images/sec: X``, such as
+``python -m models.benchmark``) and the grid to run it on::
+
+    name: inception3-local
+    cluster: bench-local.yaml        # relative to the sweep file; its roles are overridden
+    workers: [1, 2]
+    ps: [1, 2]                       # default: 1 .. workers; counts above the workers skipped
+    variable_updates: [parameter_server, distributed_replicated]
+    data: [synthetic, real]          # real appends --data_dir DATA_DIR
+    data_dir: /data/imagenet-tfrecords
+    repeats: 5
+    output_dir: bench-inception3     # default: bench-<name>, relative to the sweep file
+
+Every grid point (workers x PS x variable update x data) runs ``repeats`` times through the
+cluster file's own backend (``tflaunch.launch``: the same path as ``tflaunch up``), repeat-major
+(all points once, then all again) so slow drifts of the machine spread over every point. The
+img/s of a run is the ``total images/sec`` line of worker 0 (or the chief): for models.benchmark,
+the sum of the workers' own images/sec. ``collective_all_reduce`` uses no PS and runs once per
+worker count with 0 PS.
+
+Output: the CSCS table (Num PSs, Num workers, Variable Update, Real Data, Img/s: the mean over
+the repeats), the best row per worker count and data kind with scaling efficiency
+(img/s / (workers x the best one-worker img/s)), and I/O overhead (synthetic - real) / synthetic;
+``results.csv``, ``results.json`` and PNG plots in the output directory. Each run's output goes
+to ``<output_dir>/logs/``, its run directory to ``<output_dir>/runs/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import json
+import math
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from tflaunch.errors import ConfigError
+
+VARIABLE_UPDATES = ("parameter_server", "distributed_replicated", "collective_all_reduce")
+DATA_KINDS = ("synthetic", "real")
+SWEEP_KEYS = (
+    "name",
+    "cluster",
+    "workers",
+    "ps",
+    "variable_updates",
+    "data",
+    "data_dir",
+    "repeats",
+    "output_dir",
+)
+RESERVED_FLAGS = ("--variable_update", "--data_dir")
+TOTAL_LINE = re.compile(r"^\[(?:worker|chief):0\] total images/sec: ([0-9.]+)\s*$", re.M)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A parsed sweep file; paths are absolute."""
+
+    name: str
+    cluster: Path
+    workers: tuple[int, ...]
+    ps: tuple[int, ...] | None  # None: 1 .. workers
+    variable_updates: tuple[str, ...]
+    data: tuple[str, ...]
+    data_dir: Path | None
+    repeats: int
+    output_dir: Path
+
+
+@dataclass(frozen=True, order=True)
+class Point:
+    """One grid point."""
+
+    workers: int
+    ps: int
+    variable_update: str
+    real_data: bool
+
+    @property
+    def label(self) -> str:
+        data = "real" if self.real_data else "synthetic"
+        return f"{self.workers} workers, {self.ps} PS, {self.variable_update}, {data}"
+
+    @property
+    def slug(self) -> str:
+        data = "real" if self.real_data else "syn"
+        return f"w{self.workers}-ps{self.ps}-{self.variable_update}-{data}"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One run of one grid point: img/s, or None if the run failed."""
+
+    point: Point
+    repeat: int
+    images_per_sec: float | None
+    exit_code: int
+    run_id: str
+
+
+@dataclass(frozen=True)
+class Row:
+    """A grid point's repeats, averaged."""
+
+    point: Point
+    mean: float | None
+    stdev: float | None
+    runs: int
+    failed: int
+
+
+# --- the sweep file --------------------------------------------------------------------------
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read and check a sweep file; ConfigError says which key is wrong and what to write."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the sweep file ({err.strerror}).") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err}).") from None
+    return parse_sweep(data, path)
+
+
+def parse_sweep(data: Any, source: Path) -> Sweep:
+    """Check the sweep mapping read from ``source`` (relative paths resolve against its folder)."""
+
+    def fail(key: str, message: str) -> ConfigError:
+        return ConfigError(f"{source}: {key}: {message}")
+
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: a sweep file is a mapping with at least 'cluster' and 'workers'."
+        )
+    unknown = sorted(set(data) - set(SWEEP_KEYS))
+    if unknown:
+        raise fail(unknown[0], f"unknown key; the keys are {', '.join(SWEEP_KEYS)}.")
+    base = source.resolve().parent
+    if "cluster" not in data or "workers" not in data:
+        raise ConfigError(f"{source}: 'cluster' (a cluster file) and 'workers' are required.")
+    workers = _counts(data["workers"], "workers", fail)
+    ps = None if data.get("ps", "all") == "all" else _counts(data["ps"], "ps", fail)
+    updates = _choices(
+        data.get("variable_updates", ["parameter_server"]),
+        VARIABLE_UPDATES,
+        "variable_updates",
+        fail,
+    )
+    kinds = _choices(data.get("data", ["synthetic"]), DATA_KINDS, "data", fail)
+    data_dir = data.get("data_dir")
+    if "real" in kinds and not data_dir:
+        raise fail("data_dir", "'data: [real]' needs data_dir, a folder of ImageNet TFRecords.")
+    repeats = data.get("repeats", 5)
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise fail("repeats", f"expected a whole number of at least 1, not {repeats!r}.")
+    name = str(data.get("name", source.stem))
+    return Sweep(
+        name=name,
+        cluster=base / str(data["cluster"]),
+        workers=workers,
+        ps=ps,
+        variable_updates=updates,
+        data=kinds,
+        data_dir=(base / str(data_dir)) if data_dir else None,
+        repeats=repeats,
+        output_dir=base / str(data.get("output_dir", f"bench-{name}")),
+    )
+
+
+def _counts(value: Any, key: str, fail: Callable[[str, str], ConfigError]) -> tuple[int, ...]:
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 1 for i in items
+    ):
+        raise fail(
+            key, f"expected a list of whole numbers of at least 1, e.g. [1, 2, 4], not {value!r}."
+        )
+    return tuple(sorted(set(items)))
+
+
+def _choices(value: Any, valid: Sequence[str], key: str, fail) -> tuple[str, ...]:
+    items = value if isinstance(value, list) else [value]
+    bad = [i for i in items if i not in valid]
+    if bad or not items:
+        raise fail(key, f"{bad[0] if bad else value!r} is not one of {', '.join(valid)}.")
+    return tuple(dict.fromkeys(items))
+
+
+# --- the grid --------------------------------------------------------------------------------
+
+
+def grid(sweep: Sweep) -> list[Point]:
+    """Every point: workers x PS counts (1..workers, or the listed ones up to the workers) x
+    variable updates x data kinds; collective_all_reduce once per worker count, with 0 PS."""
+    points = []
+    for workers in sweep.workers:
+        ps_counts = [p for p in (sweep.ps or range(1, workers + 1)) if p <= workers]
+        for update in sweep.variable_updates:
+            for kind in sweep.data:
+                counts = [0] if update == "collective_all_reduce" else ps_counts
+                points += [Point(workers, p, update, kind == "real") for p in counts]
+    return points
+
+
+def point_argv(base_argv: Sequence[str], point: Point, data_dir: Path | None) -> tuple[str, ...]:
+    """The program's argv for a point: the base argv plus the variable update and data flags."""
+    reserved = [a for a in base_argv if a.split("=")[0] in RESERVED_FLAGS]
+    if reserved:
+        raise ConfigError(
+            f"the cluster file's program already passes {reserved[0]}; tflaunch bench sets "
+            f"{' and '.join(RESERVED_FLAGS)} for each grid point, so remove it from program.argv."
+        )
+    argv = [*base_argv, "--variable_update", point.variable_update]
+    if point.real_data:
+        argv += ["--data_dir", str(data_dir)]
+    return tuple(argv)
+
+
+def parse_total(output: str) -> float | None:
+    """Worker 0's (or the chief's) ``total images/sec`` from a run's prefixed output."""
+    match = TOTAL_LINE.search(output)
+    return float(match.group(1)) if match else None
+
+
+# --- aggregation -----------------------------------------------------------------------------
+
+
+def aggregate(measurements: Iterable[Measurement]) -> list[Row]:
+    """Mean and standard deviation over the successful repeats of each point, sorted."""
+    by_point: dict[Point, list[Measurement]] = {}
+    for m in measurements:
+        by_point.setdefault(m.point, []).append(m)
+    rows = []
+    for point in sorted(by_point):
+        values = [m.images_per_sec for m in by_point[point] if m.images_per_sec is not None]
+        rows.append(
+            Row(
+                point,
+                statistics.fmean(values) if values else None,
+                statistics.stdev(values) if len(values) > 1 else None,
+                len(by_point[point]),
+                len(by_point[point]) - len(values),
+            )
+        )
+    return rows
+
+
+def best_rows(rows: Iterable[Row]) -> dict[tuple[bool, int], Row]:
+    """(real_data, workers) -> the row with the highest mean img/s."""
+    best: dict[tuple[bool, int], Row] = {}
+    for row in rows:
+        if row.mean is None:
+            continue
+        key = (row.point.real_data, row.point.workers)
+        if key not in best or row.mean > best[key].mean:  # type: ignore[operator]
+            best[key] = row
+    return best
+
+
+def efficiency(best: Mapping[tuple[bool, int], Row]) -> dict[tuple[bool, int], float]:
+    """Scaling efficiency: best img/s at W workers / (W x best img/s at 1 worker), per data kind."""
+    out = {}
+    for (real, workers), row in best.items():
+        one = best.get((real, 1))
+        if one is not None and one.mean:
+            out[(real, workers)] = row.mean / (workers * one.mean)  # type: ignore[operator]
+    return out
+
+
+def io_overhead(best: Mapping[tuple[bool, int], Row]) -> dict[int, float]:
+    """(synthetic - real) / synthetic of the best rows, per worker count having both."""
+    out = {}
+    for (real, workers), row in best.items():
+        if real or (True, workers) not in best:
+            continue
+        synthetic, actual = row.mean, best[(True, workers)].mean
+        out[workers] = (synthetic - actual) / synthetic  # type: ignore[operator]
+    return out
+
+
+# --- reports ---------------------------------------------------------------------------------
+
+
+def _fmt(value: float | None, spec: str = ".1f") -> str:
+    return "failed" if value is None else format(value, spec)
+
+
+def table(rows: Sequence[Row]) -> str:
+    """The CSCS table: one line per grid point."""
+    head = f"{'Num PSs':>7}  {'Num workers':>11}  {'Variable Update':<22}  {'Real Data':<9}  {'Img/s':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        p = r.point
+        spread = f" +/- {r.stdev:.1f}" if r.stdev is not None else ""
+        failed = f" ({r.failed}/{r.runs} failed)" if r.failed else ""
+        lines.append(
+            f"{p.ps:>7}  {p.workers:>11}  {p.variable_update:<22}  "
+            f"{str(p.real_data):<9}  {_fmt(r.mean):>9}{spread}{failed}"
+        )
+    return "\n".join(lines)
+
+
+def best_table(rows: Sequence[Row]) -> str:
+    """The best row per worker count and data kind, with efficiency and I/O overhead."""
+    best = best_rows(rows)
+    eff = efficiency(best)
+    head = (
+        f"{'Num workers':>11}  {'Real Data':<9}  {'Num PSs':>7}  {'Variable Update':<22}  "
+        f"{'Img/s':>9}  {'Efficiency':>10}"
+    )
+    lines = ["Best per worker count", head, "-" * len(head)]
+    for key in sorted(best, key=lambda k: (k[1], k[0])):
+        row = best[key]
+        e = f"{100 * eff[key]:.1f} %" if key in eff else "-"
+        lines.append(
+            f"{row.point.workers:>11}  {str(row.point.real_data):<9}  {row.point.ps:>7}  "
+            f"{row.point.variable_update:<22}  {_fmt(row.mean):>9}  {e:>10}"
+        )
+    overhead = io_overhead(best)
+    if overhead:
+        parts = ", ".join(f"{w} workers {100 * o:.1f} %" for w, o in sorted(overhead.items()))
+        lines += ["", f"I/O overhead (synthetic - real) / synthetic: {parts}"]
+    return "\n".join(lines)
+
+
+def write_csv(path: Path, rows: Sequence[Row]) -> None:
+    best = {id(r) for r in best_rows(rows).values()}
+    eff = efficiency(best_rows(rows))
+    with path.open("w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(
+            [
+                "num_ps",
+                "num_workers",
+                "variable_update",
+                "real_data",
+                "img_per_sec",
+                "stdev",
+                "runs",
+                "failed",
+                "best",
+                "efficiency",
+            ]
+        )
+        for r in rows:
+            p = r.point
+            key = (p.real_data, p.workers)
+            is_best = id(r) in best
+            out.writerow(
+                [
+                    p.ps,
+                    p.workers,
+                    p.variable_update,
+                    p.real_data,
+                    _num(r.mean),
+                    _num(r.stdev),
+                    r.runs,
+                    r.failed,
+                    is_best,
+                    _num(eff.get(key)) if is_best else "",
+                ]
+            )
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None or math.isnan(value) else f"{value:.3f}"
+
+
+def results_document(sweep: Sweep, measurements: Sequence[Measurement]) -> dict:
+    rows = aggregate(measurements)
+    best = best_rows(rows)
+    eff = efficiency(best)
+    return {
+        "sweep": {
+            k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(sweep).items()
+        },
+        "measurements": [dataclasses.asdict(m) for m in measurements],
+        "rows": [dataclasses.asdict(r) for r in rows],
+        "best": [
+            {**dataclasses.asdict(row), "efficiency": eff.get(key)}
+            for key, row in sorted(best.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+        ],
+        "io_overhead": {str(w): o for w, o in io_overhead(best).items()},
+    }
+
+
+# --- running ---------------------------------------------------------------------------------
+
+
+Runner = Callable[[Point, int], Measurement]
+
+
+def run_sweep(
+    sweep: Sweep, runner: Runner, points: Sequence[Point], echo: Callable[[str], None]
+) -> list[Measurement]:
+    """Every point ``repeats`` times, repeat-major, with a progress line per run."""
+    total = len(points) * sweep.repeats
+    measurements: list[Measurement] = []
+    started = time.monotonic()
+    for repeat in range(1, sweep.repeats + 1):
+        for point in points:
+            done = len(measurements)
+            echo(f"[{done + 1}/{total}] {point.label}, repeat {repeat}/{sweep.repeats} ...")
+            m = runner(point, repeat)
+            measurements.append(m)
+            elapsed = time.monotonic() - started
+            left = elapsed / (done + 1) * (total - done - 1)
+            result = (
+                f"{m.images_per_sec:.2f} img/s"
+                if m.images_per_sec
+                else f"FAILED (exit {m.exit_code})"
+            )
+            echo(
+                f"[{done + 1}/{total}] {result}  run {m.run_id}  "
+                f"({_clock(elapsed)} elapsed, ~{_clock(left)} left)"
+            )
+    return measurements
+
+
+def _clock(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def cluster_runner(sweep: Sweep) -> Runner:
+    """Runs a point through the cluster file's backend, as ``tflaunch up`` does."""
+    from tflaunch import launch
+    from tflaunch.config import load_config
+
+    base = load_config(sweep.cluster)
+    logs = sweep.output_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+
+    def run(point: Point, repeat: int) -> Measurement:
+        argv = point_argv(base.program.argv, point, sweep.data_dir)
+        config = dataclasses.replace(
+            base,
+            name=f"{base.name}-{point.slug}",
+            roles=dataclasses.replace(base.roles, ps=point.ps, worker=point.workers),
+            program=dataclasses.replace(base.program, argv=argv),
+        )
+        log_path = logs / f"{point.slug}-r{repeat}.log"
+        with log_path.open("w") as out, contextlib.redirect_stdout(out):
+            run_, outcome = launch.run_cluster(config, str(sweep.output_dir / "runs"))
+        value = parse_total(log_path.read_text()) if outcome.code == 0 else None
+        return Measurement(point, repeat, value, outcome.code, run_.id)
+
+    return run
+
+
+def write_outputs(sweep: Sweep, measurements: Sequence[Measurement]) -> list[Path]:
+    """results.csv, results.json and the PNG plots; returns the paths written."""
+    from tflaunch.bench_plot import plot_results
+
+    out = sweep.output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    rows = aggregate(measurements)
+    write_csv(out / "results.csv", rows)
+    (out / "results.json").write_text(json.dumps(results_document(sweep, measurements), indent=1))
+    return [out / "results.csv", out / "results.json", *plot_results(rows, out, sweep.name)]
+
+
+def run_bench(
+    sweep_file: str, repeats: int | None, dry_run: bool, echo: Callable[[str], None]
+) -> int:
+    """The body of ``tflaunch bench``: run, report, write; exit code 0 unless every run failed."""
+    sweep = load_sweep(sweep_file)
+    if repeats is not None:
+        sweep = dataclasses.replace(sweep, repeats=repeats)
+    points = grid(sweep)
+    echo(
+        f"sweep {sweep.name}: {len(points)} grid points x {sweep.repeats} repeats "
+        f"= {len(points) * sweep.repeats} runs of {sweep.cluster}"
+    )
+    if dry_run:
+        for point in points:
+            echo(f"  {point.label}")
+        return 0
+    if "real" in sweep.data and not (sweep.data_dir and sweep.data_dir.is_dir()):
+        raise ConfigError(
+            f"{sweep_file}: data_dir {sweep.data_dir} is not a directory. Point it at ImageNet "
+            "TFRecords, or write a small set with `python -m models.tfrecords --out DIR`."
+        )
+    measurements = run_sweep(sweep, cluster_runner(sweep), points, echo)
+    rows = aggregate(measurements)
+    echo("")
+    echo(table(rows))
+    echo("")
+    echo(best_table(rows))
+    echo("")
+    for path in write_outputs(sweep, measurements):
+        echo(f"wrote {path}")
+    return 0 if any(m.images_per_sec is not None for m in measurements) else 1
+
+
+@click.command("bench")
+@click.argument("sweep_file", type=click.Path(dir_okay=False))
+@click.option(
+    "--repeats", type=click.IntRange(min=1), default=None, help="Override the sweep file's repeats."
+)
+@click.option("--dry-run", is_flag=True, help="List the grid points; run nothing.")
+def bench_command(sweep_file: str, repeats: int | None, dry_run: bool) -> None:
+    """Run a throughput sweep (workers x PS x variable updates x data) and report it."""
+    sys.exit(run_bench(sweep_file, repeats, dry_run, click.echo))

@@ -1,0 +1,106 @@
+"""PNG plots of a ``tflaunch bench`` sweep (matplotlib, imported only when plotting).
+
+``images_per_sec.png``: img/s against workers, synthetic data beside real data; one line per
+variable update (its best PS count at each worker count), the best row's PS count written at
+each point, and a dashed ideal line (one-worker best x workers).
+``efficiency.png``: scaling efficiency of the best rows against workers, synthetic beside real,
+with 100 % dashed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from tflaunch.errors import TflaunchError
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise TflaunchError(
+            "plots need matplotlib; install it (pip install 'tflaunch[tf]') or read results.csv."
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _kinds(rows: Sequence) -> list[bool]:
+    return sorted({r.point.real_data for r in rows})
+
+
+def plot_results(rows: Sequence, out_dir: Path, title: str) -> list[Path]:
+    """Write the two plots; returns their paths (none if no run succeeded)."""
+    from tflaunch.bench import best_rows, efficiency
+
+    if not any(r.mean is not None for r in rows):
+        return []
+    plt = _pyplot()
+    kinds = _kinds(rows)
+    best = best_rows(rows)
+    eff = efficiency(best)
+    workers = sorted({r.point.workers for r in rows})
+    paths = [out_dir / "images_per_sec.png", out_dir / "efficiency.png"]
+
+    fig, axes = plt.subplots(
+        1, len(kinds), figsize=(5.5 * len(kinds), 4.2), squeeze=False, sharey=True
+    )
+    for ax, real in zip(axes[0], kinds, strict=True):
+        for update in sorted({r.point.variable_update for r in rows}):
+            series = _best_per_workers(rows, real, update)
+            if series:
+                xs = sorted(series)
+                ax.plot(xs, [series[w] for w in xs], marker="o", label=update)
+        one = best.get((real, 1))
+        if one is not None:
+            ax.plot(workers, [one.mean * w for w in workers], "k--", lw=1, label="ideal (linear)")
+        for (kind, w), row in best.items():
+            if kind == real:
+                ax.annotate(
+                    f"{row.point.ps} PS",
+                    (w, row.mean),
+                    textcoords="offset points",
+                    xytext=(4, -12),
+                    fontsize=8,
+                )
+        ax.set_title(f"{'real' if real else 'synthetic'} data")
+        ax.set_xlabel("workers")
+        ax.set_xticks(workers)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("images/sec (mean over repeats)")
+    fig.suptitle(f"{title}: throughput")
+    fig.tight_layout()
+    fig.savefig(paths[0], dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(
+        1, len(kinds), figsize=(5.5 * len(kinds), 4.2), squeeze=False, sharey=True
+    )
+    for ax, real in zip(axes[0], kinds, strict=True):
+        xs = sorted(w for (kind, w) in eff if kind == real)
+        ax.plot(xs, [100 * eff[(real, w)] for w in xs], marker="o", label="best row")
+        ax.axhline(100, color="k", ls="--", lw=1)
+        ax.set_title(f"{'real' if real else 'synthetic'} data")
+        ax.set_xlabel("workers")
+        ax.set_xticks(workers)
+        ax.set_ylim(0, 110)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("scaling efficiency (%)")
+    fig.suptitle(f"{title}: img/s at W workers / (W x img/s at 1 worker)")
+    fig.tight_layout()
+    fig.savefig(paths[1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def _best_per_workers(rows: Sequence, real: bool, update: str) -> dict[int, float]:
+    series: dict[int, float] = {}
+    for r in rows:
+        p = r.point
+        if p.real_data == real and p.variable_update == update and r.mean is not None:
+            series[p.workers] = max(series.get(p.workers, 0.0), r.mean)
+    return series
