@@ -46,15 +46,16 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 try:
-    from models import digits
+    from models import digits, placement
 except ModuleNotFoundError:  # run as a script (python models/mnist.py): digits.py is a sibling
     import digits  # type: ignore[no-redef]
+    import placement  # type: ignore[no-redef]
 
 v1 = tf.compat.v1
 
 JOBS = ("ps", "worker", "chief", "evaluator")
 TRAINING_JOBS = ("chief", "worker")
-PLACEMENTS = ("round_robin",)
+PLACEMENTS = ("round_robin", "greedy", "lpt", "partitioned")  # models/placement.py
 TRAIN_EVAL_EXAMPLES = 2000
 EVAL_CHUNK = 500
 
@@ -338,11 +339,19 @@ def build_graph(
     graph = tf.Graph()
     with graph.as_default():
         v1.set_random_seed(args.seed)
+        ps_strategy = placement.ps_strategy_for_model(
+            args.variable_placement,
+            len(info.cluster["ps"]),
+            lambda: deep_mnist(v1.placeholder(tf.float32, [None, 28, 28, 1]), data_format, 0.0),
+        )
         setter = v1.train.replica_device_setter(
-            cluster=tf.train.ClusterSpec(info.cluster), worker_device=compute_device
+            cluster=tf.train.ClusterSpec(info.cluster),
+            worker_device=compute_device,
+            ps_strategy=ps_strategy,
         )
         # tf.device rejects device functions in TF2; the compat.v1 form applies them.
-        with v1.device(setter):
+        # variable_scope() shards large variables for --variable_placement partitioned.
+        with v1.device(setter), ps_strategy.variable_scope():
             global_step = v1.train.get_or_create_global_step()
             workers_done = v1.get_variable(
                 "workers_done", [], tf.int64, initializer=v1.zeros_initializer(), trainable=False

@@ -42,8 +42,9 @@ def test_defaults_and_flag_validation():
     with pytest.raises(SystemExit) as exit_info:
         mnist.parse_args(["--train_steps", "0"])
     assert exit_info.value.code == 2
+    assert mnist.parse_args(["--variable_placement", "partitioned"]).variable_placement
     with pytest.raises(SystemExit):
-        mnist.parse_args(["--variable_placement", "greedy"])  # not wired in yet: refused
+        mnist.parse_args(["--variable_placement", "random"])
     with pytest.raises(SystemExit):
         mnist.parse_args(["--data_format", "NCWH"])
     with pytest.raises(mnist.UsageError, match="drop rate"):

@@ -306,3 +306,42 @@ def test_two_ps_cluster_places_each_variable_where_the_strategy_chose_and_trains
     assert report["accuracy"] > 0.9
     assert wait_until_gone(str(tmp_path)) == []
     assert math.isfinite(report["last_loss"])
+
+
+def test_mnist_graph_follows_each_strategy_and_its_evaluator_agrees():
+    pytest.importorskip("tensorflow")
+    from models import mnist
+
+    cluster = {"ps": ["h:1", "h:2"], "worker": ["h:3"]}
+    for strategy in ("greedy", "lpt", "partitioned"):
+        args = mnist.parse_args(["--variable_placement", strategy])
+        trainer = mnist.build_graph(
+            mnist.ClusterInfo(cluster, "worker", 0), args, "/job:worker/task:0", "NHWC", True
+        )
+        evaluator = mnist.build_graph(
+            mnist.ClusterInfo(cluster, "evaluator", 0), args, "/job:ps/task:0", "NHWC", False
+        )
+        devices = [_ps_bytes(h.graph) for h in (trainer, evaluator)]
+        assert devices[1] == {name: devices[0][name] for name in devices[1]}, strategy
+        loads = [0, 0]
+        for task, nbytes in devices[0].values():
+            loads[task] += nbytes
+        if strategy == "partitioned":  # fc1/weights (12.8 of 13.1 MB) is split over both PS
+            assert max(loads) * 2 / sum(loads) <= 1.05
+            assert {devices[0][n][0] for n in devices[0] if n.startswith("fc1/weights/part_")} == {
+                0,
+                1,
+            }
+        else:  # whole variables cannot balance it: fc1/weights alone is 98% of the bytes
+            assert max(loads) * 2 / sum(loads) > 1.9
+
+
+def _ps_bytes(graph) -> dict[str, tuple[int, int]]:
+    """Variable op name -> (PS task, bytes) for every variable in ``graph``."""
+    from models.placement import op_nbytes
+
+    return {
+        op.name: (int(op.device.rsplit(":", 1)[1]), op_nbytes(op))
+        for op in graph.get_operations()
+        if op.type == "VarHandleOp"
+    }
