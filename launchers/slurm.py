@@ -227,6 +227,7 @@ def follow(run: Run, job_id: str, out: IO[str] = sys.stdout, err: IO[str] = sys.
             if caught and cancelled_at is None:
                 cancelled_at = time.monotonic()
                 _say(err, f"{signal.Signals(caught[0]).name}: cancelling Slurm job {job_id}")
+                run.update_meta(cancel_requested=time.time())
                 _slurm(["scancel", job_id], check=False)
             if cancelled_at is not None and time.monotonic() - cancelled_at > 120:
                 break  # Slurm is slow to confirm; the job was cancelled all the same
@@ -245,8 +246,10 @@ def _outcome(run: Run, job_id: str, state: JobState, signum: int | None, err: IO
     meta = run.read_meta()
     if meta.get("state") in ENDED_RUN_STATES and "exit_code" in meta and state.state != "TIMEOUT":
         code = int(meta["exit_code"])
-        stopped = meta.get("state") == "stopped" or bool(meta.get("cancel_requested"))
-        return Outcome(code, meta.get("message", ""), interrupted=stopped)
+        if meta.get("cancel_requested") and meta["state"] == "failed":
+            # Slurm's SIGTERM reached some task before the coordinator: still a cancel.
+            meta = run.update_meta(state="stopped", message=f"Slurm job {job_id} was cancelled")
+        return Outcome(code, meta.get("message", ""), interrupted=meta["state"] == "stopped")
     if signum is not None:
         code, message = 128 + signum, f"Slurm job {job_id} was cancelled"
     elif state.state == "COMPLETED" and state.exit_code == 0:

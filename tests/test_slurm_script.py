@@ -24,6 +24,7 @@ from launchers.slurm_script import (
     render_sbatch,
     requested_gpus,
 )
+from tests.helpers import tflaunch
 from tflaunch.config import parse_config
 from tflaunch.errors import ConfigError, PlanError
 
@@ -273,3 +274,53 @@ def test_gpu_count_from_gres(gres, count) -> None:
 def test_bad_gres_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="gpu:TYPE:N"):
         requested_gpus(config(slurm={"gres": "gpu:p100"}))
+
+
+# --- the command line, before anything reaches Slurm -------------------------------------------
+
+
+def _write(tmp_path: Path, **sections) -> Path:
+    data = {
+        "name": "mnist",
+        "backend": "slurm",
+        "program": MNIST,
+        "run_dir": str(tmp_path / "runs"),
+    }
+    data.update(sections)
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_dry_run_prints_the_script_and_submits_nothing(tmp_path) -> None:
+    path = _write(tmp_path, roles={"ps": 1, "worker": 3}, slurm={"time": "00:10:00"})
+    result = tflaunch("up", "--dry-run", str(path), env={"PATH": "/nonexistent"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("#!/bin/bash\n")
+    assert "#SBATCH --nodes=3" in result.stdout and "#SBATCH --time=00:10:00" in result.stdout
+    assert not (tmp_path / "runs").exists()  # no run directory, and no sbatch on PATH to call
+
+
+def test_too_few_nodes_is_exit_2_with_the_counts_before_submission(tmp_path) -> None:
+    path = _write(
+        tmp_path,
+        roles={"ps": 1, "worker": 4},
+        placement={"workers_per_host": 1},
+        slurm={"nodes": 3},
+    )
+    result = tflaunch("up", str(path), env={"PATH": "/nonexistent"})
+    assert result.returncode == 2
+    assert (
+        "too few nodes: 4 worker task(s)" in result.stderr and "slurm.nodes is 3" in result.stderr
+    )
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_plan_shows_placeholder_nodes(tmp_path) -> None:
+    path = _write(tmp_path, roles={"ps": 2, "worker": 3}, placement={"ps": "dedicated"})
+    result = tflaunch("plan", str(path))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("ps:1") and "slurm-node5" in line for line in lines)
+    assert any(line.startswith("worker:0") and "slurm-node1" in line for line in lines)

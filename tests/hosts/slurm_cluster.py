@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -46,6 +47,7 @@ HOSTS_BEGIN = "# BEGIN tflaunch slurm test cluster"
 HOSTS_END = "# END tflaunch slurm test cluster"
 REQUIRED_PROGRAMS = ("ip", "munged", "slurmctld", "slurmd", "scontrol", "sinfo", "sbatch", "srun")
 READY_TIMEOUT_S = 60.0
+LOCK_FILE = Path("/tmp/tfl-slurm.lock")
 
 
 @dataclass(frozen=True)
@@ -401,6 +403,36 @@ def is_up() -> bool:
         and len(states) == NODE_COUNT
         and all(s.rstrip("*") in ("idle", "mix", "alloc") for s in states)
     )
+
+
+@contextlib.contextmanager
+def session(lock_timeout_s: float = 1800.0) -> Iterator[Path]:
+    """The cluster for one test session or benchmark: exclusive, up, ``SLURM_CONF`` set, down.
+
+    A file lock serialises concurrent users on this machine (two pytest sessions would otherwise
+    tear down each other's cluster); the second waits up to ``lock_timeout_s``.
+    """
+    with LOCK_FILE.open("w") as lock:
+        deadline = time.monotonic() + lock_timeout_s
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the Slurm test cluster is busy ({LOCK_FILE})") from None
+                time.sleep(1)
+        previous = os.environ.get("SLURM_CONF")
+        up()
+        os.environ["SLURM_CONF"] = str(conf_path())
+        try:
+            yield conf_path()
+        finally:
+            if previous is None:
+                os.environ.pop("SLURM_CONF", None)
+            else:
+                os.environ["SLURM_CONF"] = previous
+            down()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,355 @@
+"""The Slurm backend end to end on a real Slurm cluster (three slurmd in network namespaces).
+
+``tflaunch up`` submits from the root namespace (the "login node"); the job's agents run in the
+node namespaces. Fast stand-in tasks (tests/programs/fake_task.py) cover supervision; the
+done-when runs use the real distributed MNIST (models/mnist.py) with few steps.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from tests.conftest import skip_or_fail
+from tests.helpers import FAKE_TASK, ROOT, free_port_base, processes_mentioning, tflaunch
+from tests.hosts import slurm_cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+REPORT_ENV = Path(__file__).parent / "programs" / "report_env.py"
+NASTY = "a'; echo foo"
+MNIST_STEPS = "30"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    reason = slurm_cluster.missing_requirements()
+    if reason:
+        skip_or_fail(reason)
+    with slurm_cluster.session() as conf:
+        yield conf
+
+
+def write_cluster(
+    tmp_path: Path,
+    argv: list[str],
+    roles: dict,
+    env: dict | None = None,
+    name: str = "slurm-test",
+    **sections,
+) -> Path:
+    base = free_port_base()
+    data = {
+        "name": name,
+        "backend": "slurm",
+        "program": {
+            "argv": argv,
+            "workdir": str(ROOT),
+            "env": {"TEST_MARKER": str(tmp_path), **(env or {})},
+        },
+        "roles": roles,
+        "ports": {"ps": base, "worker": base + 10, "chief": base + 8},
+        "supervision": {"grace_period": 3, "ready_timeout": 120},
+        "run_dir": str(tmp_path / "runs"),
+        "slurm": {"python": sys.executable},
+    }
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value}
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def fake(tmp_path: Path, roles: dict, env: dict | None = None, **sections) -> Path:
+    return write_cluster(tmp_path, [sys.executable, str(FAKE_TASK)], roles, env, **sections)
+
+
+def mnist(tmp_path: Path, roles: dict, **sections) -> Path:
+    argv = [
+        sys.executable,
+        str(REPORT_ENV),
+        sys.executable,
+        "-m",
+        "models.mnist",
+        "--job_name",
+        "{job_name}",
+        "--task_index",
+        "{task_index}",
+        "--ps_hosts",
+        "{ps_hosts}",
+        "--worker_hosts",
+        "{worker_hosts}",
+        "--train_steps",
+        MNIST_STEPS,
+        "--log_every",
+        "10",
+    ]
+    return write_cluster(tmp_path, argv, roles, name="mnist", **sections)
+
+
+def the_run(tmp_path: Path, root: Path | None = None) -> Path:
+    (run,) = [p for p in (root or tmp_path / "runs").iterdir() if (p / "run.json").exists()]
+    return run
+
+
+def leftovers(marker: str) -> list[str]:
+    """Task, agent and coordinator processes of this test still alive on any node."""
+    return [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in processes_mentioning(marker)]
+
+
+def wait_gone(marker: str, timeout: float = 15.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and leftovers(marker):
+        time.sleep(0.3)
+    return leftovers(marker)
+
+
+def check_tasks_got_their_planned_tf_config(run: Path) -> None:
+    plan = json.loads((run / "plan.json").read_text())
+    assert {h["name"] for h in plan["hosts"]} == {"node1", "node2", "node3"}
+    for task in plan["tasks"]:
+        log = (run / task["log_name"]).read_text()
+        reported = [
+            line.split("=", 1)[1]
+            for line in log.splitlines()
+            if line.startswith("REPORT_ENV TF_CONFIG=")
+        ]
+        planned = json.loads(task["env"]["TF_CONFIG"])
+        assert [json.loads(r) for r in reported] == [planned], task["log_name"]
+        assert planned["task"] == {"type": task["job"], "index": task["index"]}
+        for addresses in planned["cluster"].values():
+            assert all(a.split(":")[0] in ("node1", "node2", "node3") for a in addresses)
+
+
+# --- done-when: real MNIST -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ps", [1, 2])
+def test_mnist_colocated_ps_three_workers_succeeds(cluster, tmp_path, ps) -> None:
+    path = mnist(tmp_path, {"ps": ps, "worker": 3})
+    result = tflaunch("up", str(path), timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "submitted Slurm job" in result.stdout
+    assert "[worker:0] test accuracy:" in result.stdout
+    run = the_run(tmp_path)
+    names = {f"ps-{i}.log" for i in range(ps)} | {f"worker-{i}.log" for i in range(3)}
+    assert names <= {p.name for p in run.iterdir()}
+    check_tasks_got_their_planned_tf_config(run)
+    plan = json.loads((run / "plan.json").read_text())
+    hosts = {t["job"] + str(t["index"]): t["host"] for t in plan["tasks"]}
+    assert [hosts[f"worker{i}"] for i in range(3)] == ["node1", "node2", "node3"]
+    assert [hosts[f"ps{i}"] for i in range(ps)] == ["node1", "node2"][:ps]
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["state"] == "succeeded" and meta["exit_code"] == 0
+    assert wait_gone(str(tmp_path)) == []
+
+
+def test_mnist_dedicated_ps_runs_as_heterogeneous_job(cluster, tmp_path) -> None:
+    path = mnist(tmp_path, {"ps": 1, "worker": 2}, placement={"ps": "dedicated"})
+    result = tflaunch("up", str(path), timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run = the_run(tmp_path)
+    assert "#SBATCH hetjob" in (run / "job.sbatch").read_text()
+    assert "--het-group=0,1" in (run / "job.sbatch").read_text()
+    plan = json.loads((run / "plan.json").read_text())
+    hosts = {t["job"] + str(t["index"]): t["host"] for t in plan["tasks"]}
+    assert hosts == {"worker0": "node1", "worker1": "node2", "ps0": "node3"}
+    check_tasks_got_their_planned_tf_config(run)
+    assert wait_gone(str(tmp_path)) == []
+
+
+# --- supervision with stand-in tasks ---------------------------------------------------------------
+
+
+def test_worker_killed_on_node2_ends_the_job_within_10s(cluster, tmp_path) -> None:
+    path = fake(tmp_path, {"ps": 1, "worker": 3}, {"WORK_SECONDS": "120", "SPAWN_CHILD": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tflaunch", "up", str(path)],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        worker = _wait_started(tmp_path, "worker:1", timeout=60)
+        assert worker["host"] == "node2"
+        killed_at = time.monotonic()
+        psutil.Process(worker["pid"]).kill()
+        out, err = proc.communicate(timeout=30)
+        elapsed = time.monotonic() - killed_at
+    finally:
+        proc.kill()
+    assert elapsed < 10, elapsed
+    assert proc.returncode == 137
+    report = out + err
+    assert "worker:1 on node2 exited with code 137 (SIGKILL)" in report
+    assert report.count("worker:1 on node2 exited") == 1  # one failure report
+    assert "worker-1.log" in report
+    meta = json.loads((the_run(tmp_path) / "run.json").read_text())
+    assert meta["state"] == "failed" and meta["exit_code"] == 137
+    assert wait_gone(str(tmp_path)) == []
+
+
+def _wait_started(tmp_path: Path, task: str, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = tmp_path / "runs"
+        for events in runs.glob("*/events.jsonl") if runs.exists() else []:
+            for line in events.read_text().splitlines():
+                event = json.loads(line)
+                if event.get("event") == "started" and event.get("task") == task:
+                    return event
+        time.sleep(0.2)
+    raise AssertionError(f"{task} did not start within {timeout} s")
+
+
+def test_detach_status_logs_down_leave_no_task_on_any_node(cluster, tmp_path) -> None:
+    path = fake(tmp_path, {"ps": 2, "worker": 3}, {"WORK_SECONDS": "300", "SPAWN_CHILD": "1"})
+    result = tflaunch("up", "--detach", str(path))
+    assert result.returncode == 0, result.stderr
+    run_id = result.stdout.strip()
+    assert "submitted Slurm job" in result.stderr
+    for task in ("ps:0", "ps:1", "worker:0", "worker:1", "worker:2"):
+        _wait_started(tmp_path, task, timeout=60)
+    runs = str(tmp_path / "runs")
+    status = tflaunch("status", "--run-dir", runs, run_id)
+    assert status.returncode == 0, status.stderr
+    assert "RUNNING (nodes node[1-3])" in status.stdout
+    tasks = [p for p in processes_mentioning(str(tmp_path)) if "TFLAUNCH_TASK" in p.environ()]
+    assert len(tasks) >= 10  # 5 tasks, each with a child of its own
+    logs = tflaunch("logs", "--run-dir", runs, run_id)
+    assert "[worker:2] worker:2 CUDA_VISIBLE_DEVICES=''" in logs.stdout
+
+    down = tflaunch("down", "--run-dir", runs, run_id)
+    assert down.returncode == 0, down.stderr
+    assert "is down" in down.stdout and "CANCELLED" in down.stdout
+    # Slurm reports the job ended only after its processes are gone: no wait needed here.
+    assert leftovers(str(tmp_path)) == []
+    for node in slurm_cluster.NODES:
+        in_node = [psutil.Process(pid) for pid in _namespace_pids(node.netns)]
+        assert {p.name() for p in in_node if p.is_running()} == {"slurmd"}, node.name
+    meta = json.loads((the_run(tmp_path) / "run.json").read_text())
+    assert meta["state"] == "stopped"
+
+
+def _namespace_pids(netns: str) -> list[int]:
+    out = subprocess.run(
+        ["ip", "netns", "pids", netns], capture_output=True, text=True, timeout=10, check=True
+    ).stdout
+    return [
+        int(p)
+        for p in out.split()
+        if psutil.pid_exists(int(p)) and psutil.Process(int(p)).status() != psutil.STATUS_ZOMBIE
+    ]
+
+
+def test_workers_get_the_gpus_slurm_gave_their_node(cluster, tmp_path) -> None:
+    # Another job holds GPUs 0 and 1 of every node, so Slurm gives this one 2 and 3.
+    holder = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--nodes=3",
+            "--gpus-per-node=2",
+            "--output=/dev/null",
+            "--wrap=sleep 300",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.strip()
+    try:
+        _wait_running(holder)
+        path = fake(
+            tmp_path,
+            {"ps": 1, "worker": 2},
+            {"WORK_SECONDS": "0.5"},
+            placement={"workers_per_host": 2},
+            slurm={"nodes": 1, "gpus_per_node": 2},
+        )
+        result = tflaunch("up", str(path), timeout=120)
+    finally:
+        subprocess.run(["scancel", holder], timeout=30, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[worker:0] worker:0 CUDA_VISIBLE_DEVICES='2'" in result.stdout
+    assert "[worker:1] worker:1 CUDA_VISIBLE_DEVICES='3'" in result.stdout
+    assert "[ps:0]     ps:0 CUDA_VISIBLE_DEVICES=''" in result.stdout
+    plan = json.loads((the_run(tmp_path) / "plan.json").read_text())
+    assert {t["job"] + str(t["index"]): t["gpus"] for t in plan["tasks"]} == {
+        "ps0": [],
+        "worker0": ["2"],
+        "worker1": ["3"],
+    }
+
+
+def _wait_running(job_id: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+        if state == "RUNNING":
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} did not start")
+
+
+def test_nasty_names_and_paths_reach_slurm_and_the_shell_intact(cluster, tmp_path) -> None:
+    weird = tmp_path / NASTY
+    weird.mkdir()
+    path = fake(
+        weird,
+        {"ps": 1, "worker": 1},
+        {"WORK_SECONDS": "0.2"},
+        slurm={"options": [f"--comment={NASTY} # \\ not a comment"]},
+    )
+    data = yaml.safe_load(path.read_text())
+    data["name"] = NASTY
+    path.write_text(yaml.safe_dump(data))
+    result = tflaunch("up", str(path), timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run = the_run(weird)
+    assert (run / "worker-0.log").read_text().splitlines()[-1] == "done"
+    # had the run directory's quote escaped the srun line, bash would have run `echo foo`
+    job_output = next(run.glob("slurm-*.out")).read_text()
+    assert "foo" not in job_output.splitlines()
+    job_id = json.loads((run / "run.json").read_text())["job_id"]
+    jobs = json.loads(
+        subprocess.run(
+            ["squeue", "--json", "--states=all"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    )["jobs"]
+    (job,) = [j for j in jobs if str(j["job_id"]) == job_id]
+    assert job["name"] == NASTY
+    assert job["comment"] == f"{NASTY} # \\ not a comment"
+
+
+def test_cancelled_while_following_stops_the_job(cluster, tmp_path) -> None:
+    path = fake(tmp_path, {"ps": 1, "worker": 2}, {"WORK_SECONDS": "300"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tflaunch", "up", str(path)],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_started(tmp_path, "worker:1", timeout=60)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode in (130, 143), out + err
+    assert "cancelling Slurm job" in err
+    assert wait_gone(str(tmp_path)) == []
