@@ -10,16 +10,28 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
 from launchers.base import Backend, ProcessLink
 from tflaunch import procs
 from tflaunch.config import ClusterConfig
+from tflaunch.coordinator import Outcome
 from tflaunch.plan import Host, Plan, hosts_from_config
 from tflaunch.run import Run
 
 
 class LocalBackend(Backend):
     name = "local"
+
+    def launch(self, config: ClusterConfig, plan: Plan, run: Run, on_ready: Any = None) -> Outcome:
+        """As every backend; with ``up --terminals`` (in the run's meta) windows show the tasks."""
+        kind = run.read_meta().get("terminals")
+        if not kind:
+            return super().launch(config, plan, run, on_ready)
+        from launchers.terminals import open_terminals
+
+        with open_terminals(kind, plan, run):
+            return super().launch(config, plan, run, on_ready)
 
     def hosts(self, config: ClusterConfig) -> list[Host]:
         return hosts_from_config(config)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tflaunch import procs
+from tflaunch.monitor import Sampler
 from tflaunch.plan import Plan, Task
 
 Emit = Callable[[dict[str, Any]], None]
@@ -84,6 +85,7 @@ class Agent:
         """Start, supervise and finally tear down this host's tasks. Returns the agent's exit code."""
         self.emit({"event": "agent_started", "pid": os.getpid(),
                    "tasks": [t.name for t in self.tasks]})
+        sampler = Sampler.from_supervision(self.plan.supervision, self._task_pids, self.emit)
         try:
             problem = self._preflight()
             if problem:
@@ -103,7 +105,12 @@ class Agent:
             return 0
         finally:
             self._teardown()
+            if sampler:
+                sampler.stop()  # after the teardown: the last sample holds all the traffic
             self.emit({"event": "agent_exit", "reason": self.stop_reason})
+
+    def _task_pids(self) -> dict[str, int]:
+        return {name: t.proc.pid for name, t in list(self.running.items()) if not t.done.is_set()}
 
     def _preflight(self) -> str | None:
         """Check what would make a task fail at once: missing workdir or program, busy ports."""
@@ -134,8 +141,8 @@ class Agent:
     def _wait_for_ps(self) -> bool:
         """Wait until every PS of the cluster accepts connections. False on timeout or stop."""
         ps = [t for t in self.plan.tasks if t.job == "ps"]
-        if not ps or not any(t.job != "ps" for t in self.tasks):
-            return True
+        if not ps:
+            return True  # (a PS-only node waits too: it reports its PS ready, for cluster_ready)
         timeout = float(self.plan.supervision.get("ready_timeout", 120.0))
         deadline = time.monotonic() + timeout
         pending = {t.name: t for t in ps}

@@ -113,14 +113,21 @@ def render(cluster_file: str, task_name: str, fmt: str) -> None:
               help="Print what would be started (Slurm: the job script) and start nothing.")
 @click.option("--run-id", default=None, hidden=True)
 @click.option("--attached-daemon", is_flag=True, hidden=True)
+@click.option("--terminals", type=click.Choice(["tmux", "xterm", "gnome-terminal"]), default=None,
+              help="Local backend: one window per task showing its output (tmux: headless, "
+                   "see 'tflaunch attach').")
 def up(cluster_file: str, detach: bool, run_root: str | None, dry_run: bool,
-       run_id: str | None, attached_daemon: bool) -> None:
+       run_id: str | None, attached_daemon: bool, terminals: str | None) -> None:
     """Start the cluster, stream its output, and exit with its result."""
     from launchers import get_backend
 
     config = load_config(cluster_file)
     backend = get_backend(config.backend)
     run_root = run_root or config.run_dir
+    if terminals:
+        from launchers.terminals import check as check_terminals
+
+        check_terminals(terminals, config.backend)
     if dry_run:
         the_plan = make_plan(config, backend.hosts(config))
         run_id = run_id or new_run_id(config.name)
@@ -131,6 +138,8 @@ def up(cluster_file: str, detach: bool, run_root: str | None, dry_run: bool,
         the_plan = run.read_plan()  # the plan the foreground command resolved and showed
     else:
         the_plan, run = launch.prepare(config, run_root, run_id, cluster_file)
+    if terminals:
+        run.update_meta(terminals=terminals)  # the local backend opens the windows
     if detach:
         click.echo(backend.detach(config, the_plan, run, cluster_file, run_root))
         return
@@ -149,10 +158,20 @@ run_dir_option = click.option("--run-dir", "run_root", default="runs", show_defa
 @cli.command()
 @click.argument("run_id")
 @run_dir_option
-def status(run_id: str, run_root: str) -> None:
-    """Show a run's state and every task's state."""
+@click.option("--watch", is_flag=True, help="Redraw every --interval seconds until the run ends.")
+@click.option("--interval", type=float, default=2.0, show_default=True,
+              help="Seconds between redraws with --watch.")
+@click.pass_context
+def status(ctx: click.Context, run_id: str, run_root: str, watch: bool, interval: float) -> None:
+    """Show a run's state and every task's state, pid, CPU %, memory (RSS) and uptime."""
+    if watch:
+        from tflaunch.report import watch_status
+
+        run = _open_run(run_id, run_root)
+        watch_status(run, interval, lambda: ctx.invoke(status, run_id=run_id, run_root=run_root))
+        return
     from launchers import get_backend
-    from tflaunch import runctl
+    from tflaunch.report import task_table
 
     run = _open_run(run_id, run_root)
     meta = run.read_meta()
@@ -160,13 +179,8 @@ def status(run_id: str, run_root: str) -> None:
                + (f", exit code {meta['exit_code']}" if "exit_code" in meta else "") + ")")
     for line in get_backend(meta.get("backend", "local")).describe(run):
         click.echo(line)
-    rows = [("TASK", "HOST", "STATE", "PID", "EXIT")]
-    for s in runctl.task_states(run).values():
-        rows.append((s["task"], s["host"], s["state"], str(s["pid"] or "-"),
-                     "-" if s["code"] is None else str(s["code"])))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    for line in task_table(run):
+        click.echo(line)
 
 
 @cli.command()
@@ -205,6 +219,28 @@ cli.add_command(placement)
 from tflaunch.bench import bench_command  # noqa: E402
 
 cli.add_command(bench_command)
+
+
+@cli.command()
+@click.argument("run_id")
+@run_dir_option
+@click.option("--out", "out_dir", default=None, help="Where to write (default: the run directory).")
+def report(run_id: str, run_root: str, out_dir: str | None) -> None:
+    """Plot CPU, packets and memory over time from a run's samples, and print a summary table."""
+    from tflaunch.report import make_report
+
+    text, files = make_report(_open_run(run_id, run_root), out_dir)
+    click.echo(text + "\nwrote " + ", ".join(str(f) for f in files))
+
+
+@cli.command()
+@click.argument("run_id")
+@run_dir_option
+def attach(run_id: str, run_root: str) -> None:
+    """Open the tmux session of a run started with 'up --terminals tmux'."""
+    from launchers.terminals import attach as attach_session
+
+    attach_session(_open_run(run_id, run_root))
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
+from tflaunch.monitor import SampleLog
 from tflaunch.plan import Plan
 from tflaunch.run import Run
 
@@ -84,6 +85,7 @@ class Coordinator:
         self.started_at = time.monotonic()
         self.width = max(len(n) for n in self.tasks) + 2
         self._events_file = run.events_path.open("a")
+        self._samples = SampleLog(run.dir)  # resource samples: samples-<host>.jsonl, not events
         self._signal: int | None = None
         sup = plan.supervision
         self.heartbeat = float(sup.get("heartbeat", 2.0))
@@ -117,6 +119,7 @@ class Coordinator:
         finally:
             self._restore_signal_handlers(previous)
             self._events_file.close()
+            self._samples.close()
         self._print_end()
         return self.outcome
 
@@ -140,6 +143,9 @@ class Coordinator:
         kind = event.get("event")
         if kind == "output":
             self._print_output(event.get("task", "?"), event.get("line", ""))
+            return
+        if kind == "sample":
+            self._samples.write(host, event)
             return
         if kind in _EVENTS_KEPT:
             self._record({"host": host, **event})

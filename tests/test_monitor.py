@@ -1,0 +1,306 @@
+"""Resource sampling: process trees with their children, the node, the sampler thread, the files,
+and a real 1 PS + 2 worker run (stand-in tasks) that leaves samples for every task and node."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from tests.helpers import FAKE_TASK, tflaunch, wait_until_gone, write_cluster
+from tflaunch.monitor import (
+    NET_FIELDS,
+    SampleLog,
+    Sampler,
+    TreeSampler,
+    is_task_process,
+    latest_samples,
+    process_tree,
+    read_samples,
+)
+
+TRAFFIC_TASK = Path(__file__).resolve().parent / "programs" / "traffic_task.py"
+
+
+def spawn_python(code: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
+                            stdin=subprocess.PIPE, text=True)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        child.kill()
+    proc.kill()
+    proc.wait(timeout=5)
+
+
+def cpu_seconds(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def test_process_tree_holds_children_and_grandchildren():
+    parent = spawn_python("""
+        import subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c",
+            "import subprocess, time; subprocess.Popen(['sleep', '60']); print('up', flush=True); time.sleep(60)"],
+            stdout=sys.stdout)
+        time.sleep(60)
+        """)
+    try:
+        assert parent.stdout.readline().strip() == "up"
+        trees, parents = process_tree([parent.pid])
+        expected = {parent.pid} | {c.pid for c in psutil.Process(parent.pid).children(recursive=True)}
+        assert set(trees[parent.pid]) == expected and len(expected) == 3
+        assert parents[parent.pid] == psutil.Process().pid
+    finally:
+        kill_tree(parent)
+
+
+def test_tree_cpu_includes_a_busy_child_and_memory_and_threads_add_up():
+    parent = spawn_python("""
+        import subprocess, sys, time
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        print("up", flush=True)
+        time.sleep(60)
+        """)
+    try:
+        assert parent.stdout.readline().strip() == "up"
+        (child,) = psutil.Process(parent.pid).children()
+        sampler = TreeSampler()
+        first = sampler.sample({"task": parent.pid})
+        assert first["tasks"]["task"]["cpu_percent"] is None  # no interval yet
+        before = cpu_seconds(child.pid) + cpu_seconds(parent.pid)
+        started = time.time()
+        time.sleep(1.0)
+        sample = sampler.sample({"task": parent.pid})["tasks"]["task"]
+        used = cpu_seconds(child.pid) + cpu_seconds(parent.pid) - before
+        expected = 100 * used / (time.time() - started)
+        assert sample["procs"] == 2
+        assert sample["cpu_percent"] > 5  # the busy child, not the sleeping parent
+        assert abs(sample["cpu_percent"] - expected) < max(5.0, 0.2 * expected)
+        rss = sum(psutil.Process(p).memory_info().rss for p in (parent.pid, child.pid))
+        assert abs(sample["rss"] - rss) < 2 * 1024 * 1024
+        assert sample["threads"] == psutil.Process(parent.pid).num_threads() + child.num_threads()
+    finally:
+        kill_tree(parent)
+
+
+def test_a_short_lived_child_between_samples_counts_once():
+    """A child that burns 0.4 s and is reaped: counted while it lives or after, never twice."""
+    parent = spawn_python("""
+        import subprocess, sys, time
+        input()
+        subprocess.run([sys.executable, "-c",
+            "import time\\nend = time.process_time() + 0.4\\nwhile time.process_time() < end: pass"])
+        print("reaped", flush=True)
+        time.sleep(60)
+        """)
+    try:
+        sampler = TreeSampler()
+        sampler.sample({"task": parent.pid})
+        start_cpu = cpu_seconds(parent.pid)
+        parent.stdin.write("go\n")
+        parent.stdin.flush()
+        total, last = 0.0, time.time()
+        reaped = threading.Event()
+        threading.Thread(target=lambda: (parent.stdout.readline(), reaped.set()), daemon=True).start()
+        deadline = time.monotonic() + 30
+        while not reaped.is_set() and time.monotonic() < deadline:
+            time.sleep(0.1)
+            sample = sampler.sample({"task": parent.pid})
+            total += sample["tasks"]["task"]["cpu_percent"] / 100 * (sample["time"] - last)
+            last = sample["time"]
+        time.sleep(0.1)
+        sample = sampler.sample({"task": parent.pid})
+        total += sample["tasks"]["task"]["cpu_percent"] / 100 * (sample["time"] - last)
+        times = psutil.Process(parent.pid).cpu_times()
+        child_cpu = times.children_user + times.children_system
+        assert 0.35 < child_cpu < 1.0
+        expected = child_cpu + cpu_seconds(parent.pid) - start_cpu
+        assert abs(total - expected) < 0.1, (total, expected)
+    finally:
+        kill_tree(parent)
+
+
+def test_node_sample_has_cpu_memory_and_counters_of_every_interface():
+    sampler = TreeSampler()
+    assert sampler.sample({})["node"]["cpu_percent"] is None
+    time.sleep(0.2)
+    node = sampler.sample({})["node"]
+    assert 0 <= node["cpu_percent"] <= 100
+    assert 0 < node["mem_used"] < node["mem_total"]
+    assert set(node["net"]) == set(psutil.net_io_counters(pernic=True))
+    assert all(set(counts) == set(NET_FIELDS) for counts in node["net"].values())
+    assert node["net"]["lo"]["bytes_sent"] <= psutil.net_io_counters(pernic=True)["lo"].bytes_sent
+
+
+def test_ended_task_drops_out_of_the_sample():
+    sampler = TreeSampler()
+    proc = subprocess.Popen(["sleep", "60"])
+    assert "t" in sampler.sample({"t": proc.pid})["tasks"]
+    proc.kill()
+    proc.wait()
+    assert sampler.sample({"t": proc.pid})["tasks"] == {}
+
+
+def test_sampler_thread_samples_at_once_at_its_interval_and_once_more_when_stopped():
+    events, lock = [], threading.Lock()
+
+    def emit(event):
+        with lock:
+            events.append((time.monotonic(), event))
+
+    started = time.monotonic()
+    sampler = Sampler(0.2, dict, emit)
+    sampler.start()
+    time.sleep(1.05)
+    stopping = time.monotonic()
+    sampler.stop()
+    assert time.monotonic() - stopping < 1
+    assert all(e["event"] == "sample" for _, e in events)
+    assert events[0][0] - started < 0.2
+    assert 5 <= len(events) <= 8
+    assert events[-1][0] >= stopping  # the final sample
+    assert sampler.cpu_seconds > 0
+
+
+def test_sample_interval_zero_turns_sampling_off():
+    assert Sampler.from_supervision({"sample_interval": 0}, dict, lambda e: None) is None
+
+
+def test_sample_log_roundtrip_and_a_line_cut_short(tmp_path):
+    log = SampleLog(tmp_path)
+    for i in range(3):
+        log.write("node-a", {"event": "sample", "time": 10.0 + i, "node": {"cpu_percent": i},
+                             "tasks": {"ps:0": {"pid": 5, "rss": i}}})
+    log.write("node/b", {"event": "sample", "time": 11.5, "node": {}, "tasks": {}})
+    log.close()
+    with (tmp_path / "samples-node-a.jsonl").open("a") as f:
+        f.write('{"time": 99, "host": "node-a", "no')  # a crash mid-line
+    samples = read_samples(tmp_path)
+    assert [s["time"] for s in samples["node-a"]] == [10.0, 11.0, 12.0]
+    assert samples["node/b"][0]["host"] == "node/b"
+    assert (tmp_path / "samples-node_b.jsonl").exists()
+    latest = latest_samples(tmp_path)
+    assert latest["node-a"]["tasks"]["ps:0"]["rss"] == 2 and latest["node/b"]["time"] == 11.5
+
+
+def test_is_task_process_checks_task_name_and_tf_config():
+    env = {"TFLAUNCH_TASK": "worker:3", "TF_CONFIG": '{"x": 1}'}
+    proc = subprocess.Popen(["sleep", "60"], env=env)
+    try:
+        time.sleep(0.1)
+        assert is_task_process(proc.pid, "worker:3", '{"x": 1}')
+        assert not is_task_process(proc.pid, "worker:3", '{"x": 2}')  # another run's worker:3
+        assert not is_task_process(proc.pid, "worker:1", '{"x": 1}')
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not is_task_process(proc.pid, "worker:3", '{"x": 1}')
+
+
+def traffic_cluster(tmp_path: Path, traffic_bytes: int, **env: str) -> Path:
+    """1 PS on node-b and 2 workers on node-a: two agents, two loopback addresses."""
+    program = {"argv": [sys.executable, str(TRAFFIC_TASK)],
+               "env": {"TEST_MARKER": str(tmp_path), "TRAFFIC_BYTES": str(traffic_bytes), **env}}
+    return write_cluster(tmp_path / "cluster.yaml", program,
+                         hosts=[{"name": "node-a", "address": "127.0.0.1"},
+                                {"name": "node-b", "address": "127.0.0.2"}],
+                         placement={"ps": "dedicated"}, supervision={"sample_interval": 0.2})
+
+
+def test_ps_and_two_workers_leave_samples_for_every_task_and_node(tmp_path):
+    cluster = traffic_cluster(tmp_path, 1_000_000, ALLOC_MB="40", BURN_SECONDS="0.5",
+                              HOLD_SECONDS="1")
+    result = tflaunch("up", str(cluster))
+    assert result.returncode == 0, result.stdout + result.stderr
+    (run,) = (tmp_path / "runs").iterdir()
+    samples = read_samples(run)
+    assert set(samples) == {"node-a", "node-b"}
+    hosts = {"ps:0": "node-b", "worker:0": "node-a", "worker:1": "node-a"}
+    for task, host in hosts.items():
+        seen = [s["tasks"][task] for s in samples[host] if task in s["tasks"]]
+        assert len(seen) >= 3, task
+        assert all(u["rss"] > 5_000_000 and u["threads"] >= 1 for u in seen)
+        assert not any(task in s["tasks"] for h, ss in samples.items() if h != host for s in ss)
+    workers = [s["tasks"]["worker:0"] for s in samples["node-a"] if "worker:0" in s["tasks"]]
+    assert max(u["rss"] for u in workers) > 40 * 1024 * 1024  # the 40 MB ballast
+    assert max(u["procs"] for u in workers) == 2  # the burning child, counted in its tree
+    for records in samples.values():
+        assert records[0]["tasks"] == {} and records[-1]["tasks"] == {}  # before and after
+        assert all("lo" in r["node"]["net"] for r in records)
+    events = (run / "events.jsonl").read_text()
+    assert '"sample"' not in events  # samples have their own files
+    assert wait_until_gone(str(tmp_path)) == []
+
+
+def test_sampling_off_writes_no_samples(tmp_path):
+    program = {"argv": [sys.executable, str(FAKE_TASK)], "env": {"WORK_SECONDS": "0.2"}}
+    cluster = write_cluster(tmp_path / "cluster.yaml", program, supervision={"sample_interval": 0})
+    assert tflaunch("up", str(cluster)).returncode == 0
+    (run,) = (tmp_path / "runs").iterdir()
+    assert not list(run.glob("samples-*"))
+    report = tflaunch("report", str(run))
+    assert report.returncode == 2
+    assert "has no resource samples" in report.stderr and "sample_interval" in report.stderr
+
+
+def test_status_shows_live_cpu_rss_and_uptime_then_watch_ends_with_the_run(tmp_path):
+    cluster = traffic_cluster(tmp_path, 0, BURN_SECONDS="3", HOLD_SECONDS="3")
+    runs = str(tmp_path / "runs")
+    started = tflaunch("up", str(cluster), "--detach")
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.strip()
+    try:
+        status = tflaunch("status", run_id, "--run-dir", runs)
+        lines = status.stdout.splitlines()
+        header = next(line for line in lines if line.startswith("TASK"))
+        assert header.split() == ["TASK", "HOST", "STATE", "PID", "CPU%", "RSS", "UPTIME", "EXIT"]
+        rows = {line.split()[0]: line.split() for line in lines if line.startswith(("ps:", "worker:"))}
+        for task in ("ps:0", "worker:0", "worker:1"):
+            row = rows[task]
+            assert row[2] in ("running", "ready")
+            assert float(row[4]) >= 0 and float(row[5]) > 5 and row[6] == "MiB"
+            assert row[7].endswith("s")
+        watch = tflaunch("status", run_id, "--run-dir", runs, "--watch", "--interval", "0.5",
+                         timeout=60)
+        assert watch.returncode == 0
+        assert watch.stdout.count(f"run {run_id}:") >= 2
+        assert f"run {run_id}: succeeded" in watch.stdout.split("TASK")[-2]
+    finally:
+        tflaunch("down", run_id, "--run-dir", runs)
+    assert wait_until_gone(str(tmp_path)) == []
+
+
+def test_status_of_a_task_elsewhere_comes_from_the_latest_sample(tmp_path):
+    """A task whose pid is not that task on this machine (another node): the samples speak."""
+    program = {"argv": [sys.executable, str(FAKE_TASK)]}
+    cluster = write_cluster(tmp_path / "cluster.yaml", program, roles={"ps": 1, "worker": 1})
+    plan = json.loads(tflaunch("plan", "--json", str(cluster)).stdout)
+    run = tmp_path / "runs" / "remote-run"
+    run.mkdir(parents=True)
+    (run / "plan.json").write_text(json.dumps(plan))
+    (run / "run.json").write_text(json.dumps({"state": "running", "backend": "local"}))
+    now = time.time()
+    events = [{"event": "started", "task": "ps:0", "pid": 1, "time": now - 75},
+              {"event": "ready", "task": "ps:0", "time": now - 74},
+              {"event": "started", "task": "worker:0", "pid": 1, "time": now - 70},
+              {"event": "exited", "task": "worker:0", "code": 0, "time": now - 1}]
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    log = SampleLog(run)
+    log.write("localhost", {"time": now - 2, "node": {}, "tasks": {
+        "ps:0": {"pid": 1, "cpu_percent": 12.5, "rss": 300 * 1024 * 1024, "threads": 9}}})
+    log.close()
+    status = tflaunch("status", "remote-run", "--run-dir", str(tmp_path / "runs"))
+    assert status.returncode == 0, status.stderr
+    rows = {line.split()[0]: line.split() for line in status.stdout.splitlines()
+            if line.startswith(("ps:", "worker:"))}
+    assert rows["ps:0"][2:] == ["ready", "1", "12.5", "300.0", "MiB", "1m15s", "-"]
+    assert rows["worker:0"][2:] == ["exited", "1", "-", "-", "-", "0"]
