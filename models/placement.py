@@ -11,7 +11,9 @@ The arithmetic lives in :mod:`models.placement_math` (no TensorFlow); this modul
 - :func:`partition_variables`, a variable-creator scope that splits large trainable variables into
   TensorFlow partitioned variables (``<name>/part_<i>``) along the axis
   :func:`models.placement_math.split_axis` chooses, sliced as ``tf.compat.v1.get_variable`` with a
-  partitioner would slice them. Works for ``tf.Variable`` (the tf.Module models) in graph mode.
+  partitioner would slice them. Works for ``tf.Variable`` (the tf.Module models) and
+  ``tf.compat.v1.get_variable`` (models/mnist.py) in graph mode; tf.Module's
+  ``trainable_variables`` lists the shards, and checkpoints store the whole variable.
 - :func:`ps_strategy_for_model` (a strategy by name) and :func:`variable_placement` (the device
   setter and the strategy's variable scope in one), what a program enters around model
   construction.
@@ -31,8 +33,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.core.framework import node_def_pb2
 
-# Not exported under tf.*: the class tf.compat.v1.get_variable returns for partitioned variables,
-# and the op types replica_device_setter sends to the PS (so to the ps_strategy), kept identical.
+# Not exported under tf.*: the class tf.compat.v1.get_variable returns for partitioned variables.
 from tensorflow.python.ops.variables import PartitionedVariable
 
 from models import placement_math as pm

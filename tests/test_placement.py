@@ -192,6 +192,7 @@ def test_the_cli_module_does_not_import_tensorflow():
 # ----------------------------------------------------------------------------- TensorFlow graphs
 
 
+@pytest.mark.slow  # builds Keras's InceptionV3 eagerly (24M parameters initialised): ~10 s
 def test_fixture_matches_keras_and_models_inception():
     pytest.importorskip("tensorflow")
     sys.path.insert(0, str(DATA))
