@@ -229,8 +229,8 @@ def report(run_id: str, run_root: str, out_dir: str | None) -> None:
     """Plot CPU, packets and memory over time from a run's samples, and print a summary table."""
     from tflaunch.report import make_report
 
-    text, files = make_report(_open_run(run_id, run_root), out_dir)
-    click.echo(text + "\nwrote " + ", ".join(str(f) for f in files))
+    _, files = make_report(_open_run(run_id, run_root), out_dir, show=click.echo)
+    click.echo("wrote " + ", ".join(str(f) for f in files))
 
 
 @cli.command()

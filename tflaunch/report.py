@@ -331,9 +331,15 @@ def plot(usage: Usage, out_dir: Path, title: str) -> list[Path]:
 
 
 def make_report(
-    run: Run, out_dir: str | os.PathLike | None = None, plots: bool = True
+    run: Run,
+    out_dir: str | os.PathLike | None = None,
+    plots: bool = True,
+    show: Callable[[str], Any] | None = None,
 ) -> tuple[str, list[Path]]:
-    """Write summary.txt, summary.json and the plots of ``run``; return the text and the files."""
+    """Write summary.txt, summary.json and the plots of ``run``; return the text and the files.
+
+    ``show`` gets the summary text as soon as it is written, before the (slower) plots.
+    """
     hosts = read_samples(run.dir)
     if not hosts:
         raise TflaunchError(
@@ -349,6 +355,8 @@ def make_report(
     (out / "summary.txt").write_text(text)
     (out / "summary.json").write_text(json.dumps(data, indent=2) + "\n")
     files = [out / "summary.txt", out / "summary.json"]
+    if show:
+        show(text)
     if plots:
         files += plot(usage, out, run.id)
     return text, files
