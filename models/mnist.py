@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--worker_hosts", default="", help="comma-separated host:port list")
     cluster.add_argument("--chief_hosts", default="", help="comma-separated host:port (at most 1)")
     train = parser.add_argument_group("training")
-    train.add_argument("--train_steps", type=_positive_int, default=300, help="global steps")
+    train.add_argument("--train_steps", type=_positive_int, default=200, help="global steps")
     train.add_argument("--batch_size", type=_positive_int, default=50)
     train.add_argument("--learning_rate", type=_positive_float, default=1e-3, help="Adam's")
     train.add_argument("--dropout", type=float, default=0.0, help="dense-layer drop rate [0, 1)")

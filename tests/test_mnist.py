@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_defaults_and_flag_validation():
     args = mnist.parse_args([])
-    assert (args.train_steps, args.batch_size, args.data_format) == (300, 50, "NHWC")
+    assert (args.train_steps, args.batch_size, args.data_format) == (200, 50, "NHWC")
     assert args.variable_placement == "round_robin" and args.data_dir is None
     with pytest.raises(SystemExit) as exit_info:
         mnist.parse_args(["--train_steps", "0"])
