@@ -310,7 +310,7 @@ class SlurmBackend(Backend):
 
     def render(self, config: ClusterConfig, run: Run) -> str:
         """The job script of ``run`` (the run directory need not exist yet)."""
-        cluster_file = config.source
+        cluster_file = str(Path(config.source).resolve())
         inputs = ScriptInputs(run_id=run.id, run_dir=str(run.dir), cluster_file=cluster_file)
         return render_sbatch(config, layout(config), inputs)
 
@@ -322,7 +322,7 @@ class SlurmBackend(Backend):
         (run.dir / SNAPSHOT_FILE).write_text(snapshot)
         setup = {
             "run_id": run.id,
-            "cluster_file": config.source,
+            "cluster_file": str(Path(config.source).resolve()),
             "base_dir": config.base_dir,
             "job_name": config.name,
             "output": config.slurm.output,

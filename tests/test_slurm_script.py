@@ -324,3 +324,26 @@ def test_plan_shows_placeholder_nodes(tmp_path) -> None:
     lines = result.stdout.splitlines()
     assert any(line.startswith("ps:1") and "slurm-node5" in line for line in lines)
     assert any(line.startswith("worker:0") and "slurm-node1" in line for line in lines)
+
+
+def test_daint_example_renders_the_cscs_job(tmp_path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    result = tflaunch(
+        "up",
+        "--dry-run",
+        "--run-dir",
+        str(tmp_path / "runs"),
+        str(root / "examples" / "daint.yaml"),
+    )
+    assert result.returncode == 0, result.stderr
+    for line in (
+        "#SBATCH --nodes=8",
+        "#SBATCH --constraint=gpu",
+        "#SBATCH --gres=gpu:1",
+        "module load daint-gpu",
+    ):
+        assert line in result.stdout.splitlines()
+    plan = tflaunch("plan", str(root / "examples" / "daint.yaml"))
+    assert "--data_format NCHW" in plan.stdout and "--batch_size 64" in plan.stdout
+    assert sum(line.startswith("worker:") for line in plan.stdout.splitlines()) == 8
+    assert sum(line.startswith("ps:") for line in plan.stdout.splitlines()) == 2

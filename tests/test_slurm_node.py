@@ -1,0 +1,124 @@
+"""Inside the allocation: hosts and GPUs from Slurm's environment, and the agents' hello check.
+
+These are the pure parts of launchers/slurm_node.py; the end-to-end tests run them under Slurm.
+The environments below are what Slurm sets in a step (values seen on the test cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from pathlib import Path
+
+import yaml
+
+from launchers.slurm_node import (
+    Node,
+    _read_hello,
+    allocation_hosts,
+    allocation_nodes,
+    node_gpu_ids,
+)
+from launchers.slurm_script import Layout, layout
+from tflaunch.config import parse_config
+from tflaunch.plan import Host
+from tflaunch.run import Run
+
+
+def config(**sections):
+    data = {"name": "t", "backend": "slurm", "program": ["python3", "train.py"]}
+    data.update(sections)
+    return parse_config(yaml.safe_dump(data), source="cluster.yaml", base_dir="/tmp")
+
+
+def node(cfg, env: dict, name: str) -> Node:
+    job = layout(cfg)
+    _, ps_nodes = allocation_nodes(env, job)
+    return Node(
+        config=cfg,
+        job=job,
+        run=Run("r", Path("/tmp/r")),
+        name=name,
+        procid=0,
+        job_id="7",
+        gpu_ids=node_gpu_ids(env, job, name in ps_nodes),
+        env=env,
+    )
+
+
+def test_gpu_ids_come_from_slurm() -> None:
+    job = Layout(1, 0, 2)
+    assert node_gpu_ids({"CUDA_VISIBLE_DEVICES": "2,3"}, job, ps_node=False) == ("2", "3")
+    assert node_gpu_ids({"CUDA_VISIBLE_DEVICES": ""}, job, ps_node=False) == ()
+    assert node_gpu_ids({}, job, ps_node=False) == ("0", "1")  # Slurm set nothing: all of them
+    assert node_gpu_ids({"CUDA_VISIBLE_DEVICES": "0"}, job, ps_node=True) == ()
+
+
+def test_hosts_from_the_node_list_in_slurm_order() -> None:
+    env = {"SLURM_JOB_NODELIST": "nid0[0007-0009]"}
+    hosts = allocation_hosts(env, Layout(3, 0, 1), {"nid00008": ("1",)})
+    assert hosts == [
+        Host("nid00007", "nid00007", "nid00007", ("0",)),
+        Host("nid00008", "nid00008", "nid00008", ("1",)),
+        Host("nid00009", "nid00009", "nid00009", ("0",)),
+    ]
+
+
+def test_workers_split_the_gpus_slurm_gave_their_node() -> None:
+    cfg = config(
+        roles={"ps": 1, "worker": 4}, placement={"workers_per_host": 2}, slurm={"gpus_per_node": 2}
+    )
+    env = {"SLURM_JOB_NODELIST": "gpu-[1-2]", "CUDA_VISIBLE_DEVICES": "2,3"}
+    plan = node(cfg, env, "gpu-2").plan()
+    gpus = {t.name: (t.host, t.env["CUDA_VISIBLE_DEVICES"]) for t in plan.tasks}
+    assert gpus["worker:2"] == ("gpu-2", "2") and gpus["worker:3"] == ("gpu-2", "3")
+    assert gpus["ps:0"] == ("gpu-1", "")
+
+
+def test_every_node_plans_the_same_cluster() -> None:
+    cfg = config(roles={"ps": 2, "worker": 3}, slurm={"gpus_per_node": 1})
+    plans = [
+        node(cfg, {"SLURM_JOB_NODELIST": "n[1-3]", "CUDA_VISIBLE_DEVICES": cvd}, name).plan()
+        for name, cvd in (("n1", "0"), ("n2", "3"), ("n3", "1"))
+    ]
+    assert plans[0].cluster == plans[1].cluster == plans[2].cluster
+    tf_configs = [{t.name: t.env["TF_CONFIG"] for t in p.tasks} for p in plans]
+    assert tf_configs[0] == tf_configs[1] == tf_configs[2]
+    # each node's own worker gets that node's GPU
+    assert [p.task(f"worker:{i}").gpus for i, p in enumerate(plans)] == [("0",), ("3",), ("1",)]
+
+
+def test_heterogeneous_job_puts_ps_on_the_ps_component() -> None:
+    cfg = config(
+        roles={"ps": 1, "worker": 2}, placement={"ps": "dedicated"}, slurm={"gpus_per_node": 1}
+    )
+    env = {
+        "SLURM_JOB_NODELIST": "node[1-3]",
+        "SLURM_JOB_NODELIST_HET_GROUP_0": "node[2-3]",
+        "SLURM_JOB_NODELIST_HET_GROUP_1": "node1",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    plan = node(cfg, env, "node1").plan()
+    assert {t.name: t.host for t in plan.tasks} == {
+        "ps:0": "node1",
+        "worker:0": "node2",
+        "worker:1": "node3",
+    }
+    assert plan.task("ps:0").env["CUDA_VISIBLE_DEVICES"] == ""
+    assert plan.task("worker:0").gpus == ("0",)
+
+
+def _hello(line: bytes, token: str, waiting: set[str]):
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        threading.Thread(target=theirs.sendall, args=(line,)).start()
+        return _read_hello(ours, token, waiting)
+
+
+def test_hello_needs_the_token_and_an_expected_node() -> None:
+    good = json.dumps({"hello": "node2", "token": "s3cret", "gpu_ids": ["1"]}).encode() + b"\n"
+    assert _hello(good, "s3cret", {"node2"})["gpu_ids"] == ["1"]
+    assert _hello(good, "other", {"node2"}) is None
+    assert _hello(good, "s3cret", {"node3"}) is None
+    assert _hello(b"not json\n", "s3cret", {"node2"}) is None
