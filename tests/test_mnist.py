@@ -414,7 +414,7 @@ def test_flags_cluster_of_1_ps_and_2_workers_learns_the_digits(tmp_path):
 def test_tf_config_cluster_with_chief_evaluator_and_a_worker_that_starts_after_training(tmp_path):
     ps, chief, worker = (f"localhost:{port}" for port in _free_ports(3))
     cluster = {"chief": [chief], "worker": [worker], "ps": [ps]}
-    argv = ["--train_steps=30", "--log_every=10", "--eval_interval_secs=1"]
+    argv = ["--train_steps=30", "--log_every=10", "--eval_interval_secs=3"]
     tasks = Tasks(tmp_path)
     try:
         for job in ("ps", "chief", "evaluator"):
