@@ -41,6 +41,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow's C++ runtime loads
+STARTED = time.monotonic()  # before importing TensorFlow: reported times include that import
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -543,8 +544,15 @@ def run_training(
     with h.graph.as_default():
         with watchdog.phase(waiting, args.startup_timeout_secs, startup):
             training = open_training_session(info, args, h, server.target, config)
+        training_started = time.monotonic()
         with training:
             rate = train_loop(info, args, data, h, training, watchdog)
+        say(
+            info,
+            f"training ended {time.monotonic() - STARTED:.1f} s after start "
+            f"(set-up {training_started - STARTED:.1f} s, training "
+            f"{time.monotonic() - training_started:.1f} s)",
+        )
     with v1.Session(server.target, graph=h.graph, config=config) as sess:
         with watchdog.phase(connecting, args.startup_timeout_secs, startup):
             sess.run(h.mark_done)
