@@ -30,7 +30,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -180,25 +180,44 @@ class SshBackend(Backend):
             for h in resolve_hosts(config)
         ]
 
-    # ---- launch ---------------------------------------------------------------------------
+    # ---- attached runs: the launcher is the coordinator ------------------------------------
 
     def launch(self, config: ClusterConfig, plan: Plan, run: Run, on_ready: Any = None) -> Outcome:
         try:
             return super().launch(config, plan, run, on_ready)
         except TflaunchError as err:
-            run.update_meta(
-                state="failed", exit_code=err.exit_code, ended=time.time(), message=str(err)
-            )
+            _record_failure(run, err)
             raise
         finally:
             try:
-                self._collect_logs(plan, run)
+                self._fetch_logs(plan, run)
             finally:
-                close_all(self.connections.values())
-                self.connections.clear()
+                self._disconnect()
 
     def start_agents(self, config: ClusterConfig, plan: Plan, run: Run) -> list[SshLink]:
         """Connect, prepare and check every host; only if all pass, start one agent on each."""
+        self._connect_and_check(config, plan, run)
+        heartbeat = float(plan.supervision.get("heartbeat", 2.0))
+        timeout = float(plan.supervision.get("heartbeat_timeout", 20.0))
+
+        def start(conn: Connection) -> SshLink:
+            argv = self._agent_argv(config, conn.name, timeout)
+            return SshLink(conn.name, conn, conn.start(remote_command(argv)), heartbeat, timeout)
+
+        results = parallel(start, self.connections.values())
+        links = [link for _, link, err in results if err is None]
+        failures = [f"{c.name}: {err}" for c, _, err in results if err is not None]
+        if failures:
+            for link in links:
+                link.send({"cmd": "stop", "reason": "another host failed to start"})
+                link.close(timeout=10)
+            raise LaunchError("cannot start the agents:\n  " + "\n  ".join(failures))
+        return links
+
+    def _connect_and_check(
+        self, config: ClusterConfig, plan: Plan, run: Run, extra: Mapping[str, str] | None = None
+    ) -> None:
+        """Connect in parallel, prepare directories and uploads, pre-flight, write host plans."""
         options = SshOptions.from_section(config.ssh, config.base_dir)
         hosts = plan.hosts_with_tasks()
         self._say(f"connecting to {len(hosts)} host(s) as {options.user}")
@@ -211,7 +230,12 @@ class SshBackend(Backend):
         reports = run_preflight(self.connections, plan, config.ssh.python, workdirs)
         self._say("pre-flight:\n" + format_table(reports, plan))
         raise_on_problems(reports)
-        return self._start(config, plan, run)
+        self._write_host_plans(plan, extra)
+        run.update_meta(
+            ssh_hosts={name: dataclasses.asdict(p) for name, p in self.paths.items()},
+            ssh_options=dataclasses.asdict(options),
+            ssh_python=config.ssh.python,
+        )
 
     def _prepare(self, config: ClusterConfig, run: Run) -> dict[str, HostPaths]:
         """Resolve each host's workdir and run dir; create the run dir; upload listed files."""
@@ -250,76 +274,49 @@ class SshBackend(Backend):
             self._say(f"uploaded {', '.join(p.name for p in uploads)} to every host's workdir")
         return {c.name: paths for c, paths, _ in results}
 
-    def _host_plan(self, plan: Plan, host: str) -> Plan:
-        """The plan as the host runs it: its tasks' workdir resolved on the host."""
-        workdir = self.paths[host].workdir
-        tasks = tuple(
-            dataclasses.replace(t, workdir=workdir) if t.host == host else t for t in plan.tasks
-        )
-        return dataclasses.replace(plan, tasks=tasks)
+    def _write_host_plans(self, plan: Plan, extra: Mapping[str, str] | None = None) -> None:
+        """Each host's plan.json (its tasks' workdir resolved there) and any extra files."""
 
-    def _start(self, config: ClusterConfig, plan: Plan, run: Run) -> list[SshLink]:
-        heartbeat = float(plan.supervision.get("heartbeat", 2.0))
-        timeout = float(plan.supervision.get("heartbeat_timeout", 20.0))
-        python = config.ssh.python
-
-        def start(conn: Connection) -> SshLink:
+        def write(conn: Connection) -> None:
             paths = self.paths[conn.name]
-            plan_path = posixpath.join(paths.run_dir, "plan.json")
-            with conn.sftp() as sftp, sftp.open(plan_path, "w") as out:
-                out.write(json.dumps(self._host_plan(plan, conn.name).to_dict()))
-            argv = [
-                python,
-                "-m",
-                "tflaunch.agent",
-                "--plan",
-                plan_path,
-                "--host",
-                conn.name,
-                "--run-dir",
-                paths.run_dir,
-                "--heartbeat-timeout",
-                f"{timeout:g}",
-            ]
-            channel = conn.start(remote_command(argv))
-            return SshLink(conn.name, conn, channel, heartbeat, timeout)
+            workdir = paths.workdir
+            tasks = tuple(
+                dataclasses.replace(t, workdir=workdir) if t.host == conn.name else t
+                for t in plan.tasks
+            )
+            files = {"plan.json": json.dumps(dataclasses.replace(plan, tasks=tasks).to_dict())}
+            files.update(extra or {})
+            with conn.sftp() as sftp:
+                for name, text in files.items():
+                    with sftp.open(posixpath.join(paths.run_dir, name), "w") as out:
+                        out.chmod(0o600)
+                        out.write(text)
 
-        results = parallel(start, self.connections.values())
-        links = [link for _, link, err in results if err is None]
-        failures = [f"{c.name}: {err}" for c, _, err in results if err is not None]
-        if failures:
-            for link in links:
-                link.send({"cmd": "stop", "reason": "another host failed to start"})
-                link.close(timeout=10)
-            raise LaunchError("cannot start the agents:\n  " + "\n  ".join(failures))
-        run.update_meta(ssh_hosts={name: dataclasses.asdict(p) for name, p in self.paths.items()})
-        return links
+        for conn, _, err in parallel(write, self.connections.values()):
+            if err is not None:
+                raise LaunchError(f"{conn.name}: cannot write the run files there ({err}).")
 
-    def _collect_logs(self, plan: Plan, run: Run) -> None:
-        """Copy every task's log from its host's run dir into the local run dir."""
+    def _agent_argv(self, config: ClusterConfig, host: str, heartbeat_timeout: float) -> list[str]:
+        run_dir = self.paths[host].run_dir
+        return [
+            config.ssh.python, "-m", "tflaunch.agent",
+            "--plan", posixpath.join(run_dir, "plan.json"),
+            "--host", host,
+            "--run-dir", run_dir,
+            "--heartbeat-timeout", f"{heartbeat_timeout:g}",
+        ]  # fmt: skip
+
+    def _fetch_logs(self, plan: Plan, run: Run) -> None:
+        """Bring every task's log (what is new of it) from its host into the local run dir."""
         if not self.paths:
             return
-
-        def fetch(conn: Connection) -> list[str]:
-            copied = []
-            with conn.sftp() as sftp:
-                for task in plan.tasks_on(conn.name):
-                    remote = posixpath.join(self.paths[conn.name].run_dir, task.log_name)
-                    local = run.log_path(task.log_name)
-                    with contextlib.suppress(FileNotFoundError):
-                        if _same_file(remote, local):
-                            continue
-                        sftp.get(remote, str(local))
-                        copied.append(task.log_name)
-            return copied
-
-        live = [
-            c
-            for c in self.connections.values()
-            if c.client.get_transport() is not None and c.transport.is_active()
-        ]
-        results = parallel(fetch, live)
-        for conn, _, err in results:
+        live = [c for c in self.connections.values() if _is_active(c)]
+        files = {
+            c.name: [(posixpath.join(self.paths[c.name].run_dir, t.log_name),
+                      run.log_path(t.log_name)) for t in plan.tasks_on(c.name)]
+            for c in live
+        }  # fmt: skip
+        for conn, _, err in parallel(lambda c: fetch_new_bytes(c, files[c.name]), live):
             if err is not None:
                 self._say(f"could not copy the logs of {conn.name}: {err}")
         lost = sorted(set(self.connections) - {c.name for c in live})
@@ -329,19 +326,96 @@ class SshBackend(Backend):
                 f"(see {', '.join(self.paths[n].run_dir for n in lost)})"
             )
 
+    def _disconnect(self) -> None:
+        close_all(self.connections.values())
+        self.connections.clear()
+
     def _say(self, message: str) -> None:
         self.out.write(f"[tflaunch] {message}\n")
         self.out.flush()
 
+    # ---- detached runs: the coordinator runs on the first host -----------------------------
+
+    def detach(
+        self, config: ClusterConfig, plan: Plan, run: Run, cluster_file: str, run_root: str
+    ) -> str:
+        """``up --detach``: the run lives on the hosts; the laptop may disconnect."""
+        self.launch_detached(config, plan, run)
+        return run.id
+
+    def describe(self, run: Run) -> list[str]:
+        """For ``status``: refresh a detached run from its hosts first; say where it runs."""
+        meta = run.read_meta()
+        if not meta.get("detached"):
+            return []
+        self.refresh(run)
+        return [
+            f"detached: coordinator on {meta.get('ssh_coordinator')} "
+            f"(pid {meta.get('ssh_coordinator_pid')})"
+        ]
+
+    def launch_detached(self, config: ClusterConfig, plan: Plan, run: Run) -> None:
+        """Start a run that survives the launcher's disconnection; return once it is ready."""
+        from launchers import ssh_runs
+
+        try:
+            ssh_runs.start_detached(self, config, plan, run)
+        except TflaunchError as err:
+            _record_failure(run, err)
+            raise
+        finally:
+            self._disconnect()
+
+    def refresh(self, run: Run) -> None:
+        """Bring a detached run's events, state and logs from the hosts into the run dir."""
+        from launchers import ssh_runs
+
+        if run.read_meta().get("detached"):
+            ssh_runs.refresh(self, run)
+
+    def cluster_alive(self, run: Run) -> bool:
+        if not run.read_meta().get("detached"):
+            return super().cluster_alive(run)
+        self.refresh(run)
+        return run.read_meta().get("state") not in ("succeeded", "failed", "stopped")
+
+    def down(self, run: Run, grace: float) -> str:
+        from launchers import ssh_runs
+
+        if not run.read_meta().get("detached"):
+            return super().down(run, grace)
+        return ssh_runs.down(self, run, grace)
+
+
+def _record_failure(run: Run, err: TflaunchError) -> None:
+    run.update_meta(state="failed", exit_code=err.exit_code, ended=time.time(), message=str(err))
+
+
+def _is_active(conn: Connection) -> bool:
+    transport = conn.client.get_transport()
+    return transport is not None and transport.is_active()
+
+
+def fetch_new_bytes(conn: Connection, files: Sequence[tuple[str, Path]]) -> None:
+    """Append what each remote file has beyond its local copy (logs only ever grow)."""
+    with conn.sftp() as sftp:
+        for remote, local in files:
+            if _same_file(remote, local):
+                continue  # a shared file system: the host's file is the local one
+            try:
+                size = sftp.stat(remote).st_size or 0
+            except FileNotFoundError:
+                continue
+            have = local.stat().st_size if local.exists() else 0
+            if size <= have:
+                continue
+            with sftp.open(remote, "rb") as source, local.open("ab") as target:
+                source.seek(have)
+                target.write(source.read(size - have))
+
 
 def _same_file(remote: str, local: Path) -> bool:
-    """On a shared file system the host's log may be the local file itself: never copy onto it."""
     try:
         return os.path.samefile(remote, local)
     except OSError:
         return False
-
-
-def host_paths(run: Run) -> Mapping[str, Mapping[str, str]]:
-    """The remote directories a run used, from its run.json."""
-    return run.read_meta().get("ssh_hosts", {})

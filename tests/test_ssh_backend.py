@@ -173,6 +173,15 @@ def test_sigint_leaves_no_task_on_any_host(ssh_test_hosts, tmp_path):
     assert wait_hosts_clean(ssh_test_hosts, max(1.0, 30 - (time.monotonic() - stopped_at))) == []
 
 
+def test_killed_launcher_leaves_no_task_on_any_host(ssh_test_hosts, tmp_path):
+    cluster = ssh_cluster(tmp_path, ssh_test_hosts, env={"WORK_SECONDS": "120"})
+    proc, _ = start_and_wait_ready(cluster)
+    proc.kill()  # SIGKILL: no teardown by the launcher; the agents see their input close
+    killed_at = time.monotonic()
+    proc.communicate(timeout=10)
+    assert wait_hosts_clean(ssh_test_hosts, max(1.0, 30 - (time.monotonic() - killed_at))) == []
+
+
 def test_cut_link_leaves_no_task_on_any_host(ssh_test_hosts, tmp_path):
     cluster = ssh_cluster(tmp_path, ssh_test_hosts, env={"WORK_SECONDS": "120"})
     proc, _ = start_and_wait_ready(cluster)

@@ -195,6 +195,8 @@ def logs(run_id: str, tasks: tuple[str, ...], follow: bool, run_root: str) -> No
 
     run = _open_run(run_id, run_root)
     backend = get_backend(run.read_meta().get("backend", "local"))
+    if hasattr(backend, "refresh"):
+        backend.refresh(run)  # a run that lives elsewhere (detached ssh) is brought here first
     for line in runctl.follow_logs(run, list(tasks), follow, lambda: backend.cluster_alive(run)):
         click.echo(line)
 

@@ -1,0 +1,155 @@
+"""Seconds from ``tflaunch up`` to "cluster ready" on 3 and 8 SSH test hosts, next to the cost of
+one TensorFlow import measured in the same run.
+
+Each host is a network namespace with its own sshd (tests/hosts/ssh_hosts.py; needs root). For
+every host count the launch is timed with two programs:
+
+* ``fake``: a stand-in task without TensorFlow (tests/programs/fake_task.py): the launcher's own
+  cost — parallel connect, pre-flight, plan upload, agent start, PS readiness;
+* ``mnist``: the real distributed MNIST (models/mnist.py): what a user waits for, dominated by
+  every task importing TensorFlow and starting its server (on this machine's shared cores).
+
+The cluster has one worker per host and 2 PS; once ready it is stopped with SIGINT. Figures are
+medians over ``--repeats`` launches. Usage (as root)::
+
+    python benchmarks/ssh_latency.py [--repeats 3] [--hosts 3 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.hosts import ssh_hosts  # noqa: E402
+
+FAKE_TASK = ROOT / "tests" / "programs" / "fake_task.py"
+
+
+def tf_import_seconds(repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import tensorflow"], check=True, capture_output=True)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def cluster_file(work: Path, hosts: ssh_hosts.TestHosts, count: int, program: str) -> Path:
+    base = random.randint(30000, 44000)
+    if program == "fake":
+        argv, workdir = [sys.executable, str(FAKE_TASK)], str(work)
+        env = {"WORK_SECONDS": "600"}
+    else:
+        argv = [sys.executable, "-m", "models.mnist", "--train_steps", "100000"]
+        workdir, env = str(ROOT), {}
+    data = {
+        "name": f"bench-{program}-{count}",
+        "backend": "ssh",
+        "program": {"argv": argv, "workdir": workdir, "env": env},
+        "roles": {"ps": 2, "worker": count},
+        "placement": {"workers_per_host": 1},
+        "ports": {"ps": base, "worker": base + 100},
+        "supervision": {"grace_period": 2, "ready_timeout": 300},
+        "run_dir": str(work / "runs"),
+        "hosts": [
+            {"name": h.name, "connect": h.public_address, "address": h.private_address}
+            for h in hosts.hosts[:count]
+        ],
+        "ssh": {
+            "user": "root",
+            "identity_file": str(hosts.client_key),
+            "known_hosts": str(hosts.known_hosts),
+            "python": sys.executable,
+            "remote_run_dir": str(work / "remote"),
+        },
+    }
+    path = work / f"{program}-{count}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def time_to_ready(cluster: Path, hosts: ssh_hosts.TestHosts) -> float:
+    """Seconds from starting ``tflaunch up`` to its "cluster ready" line; then stop the run."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tflaunch", "up", str(cluster)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    ready = None
+    stderr = ""
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "[tflaunch] cluster ready" in line:
+                ready = time.perf_counter() - started
+                break
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, stderr = proc.communicate(timeout=10)
+    if ready is None:
+        raise RuntimeError(f"{cluster.name}: the run ended before it was ready:\n{stderr[-3000:]}")
+    deadline = time.monotonic() + 30
+    while any(ssh_hosts.processes_in(h) for h in hosts.hosts) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return ready
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--hosts", type=int, nargs="+", default=[3, 8])
+    args = parser.parse_args()
+    problem = ssh_hosts.missing_requirements()
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    hosts = ssh_hosts.setup(max(args.hosts))
+    work = Path(tempfile.mkdtemp(prefix="tfl-ssh-bench-"))
+    try:
+        tf_import = tf_import_seconds(args.repeats)
+        print(
+            f"one TensorFlow import (python -c 'import tensorflow'), median of {args.repeats}: "
+            f"{tf_import:.2f} s"
+        )
+        print(
+            f"{'hosts':>5}  {'tasks':>5}  {'program':<7}  {'up -> ready (median)':>20}  "
+            f"{'runs':<24}  {'/ TF import':>10}"
+        )
+        for count in args.hosts:
+            for program in ("fake", "mnist"):
+                cluster = cluster_file(work, hosts, count, program)
+                runs = [time_to_ready(cluster, hosts) for _ in range(args.repeats)]
+                median = statistics.median(runs)
+                shown = ", ".join(f"{r:.2f}" for r in runs)
+                print(
+                    f"{count:>5}  {count + 2:>5}  {program:<7}  {median:>18.2f} s  "
+                    f"{shown:<24}  {median / tf_import:>9.1f}x",
+                    flush=True,
+                )
+    finally:
+        ssh_hosts.teardown()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
