@@ -380,6 +380,21 @@ class Tasks:
                 proc.wait(timeout=5)
 
 
+def _digits_as_mnist_files(directory: Path) -> Path:
+    """scikit-learn's digits written as gzipped MNIST IDX files (uint8, 28x28)."""
+    directory.mkdir()
+    data = digits.load_data(None)
+    files = {
+        "train-images-idx3-ubyte": np.round(data.train_images[..., 0] * 255),
+        "train-labels-idx1-ubyte": data.train_labels,
+        "t10k-images-idx3-ubyte": np.round(data.test_images[..., 0] * 255),
+        "t10k-labels-idx1-ubyte": data.test_labels,
+    }
+    for name, array in files.items():
+        (directory / f"{name}.gz").write_bytes(gzip.compress(_idx_bytes(array)))
+    return directory
+
+
 def _accuracy(log: str, what: str) -> float:
     found = re.findall(rf"^{what} accuracy: ([0-9.]+)$", log, flags=re.MULTILINE)
     assert len(found) == 1, f"expected one '{what} accuracy:' line in:\n{log[-3000:]}"
@@ -414,7 +429,13 @@ def test_flags_cluster_of_1_ps_and_2_workers_learns_the_digits(tmp_path):
 def test_tf_config_cluster_with_chief_evaluator_and_a_worker_that_starts_after_training(tmp_path):
     ps, chief, worker = (f"localhost:{port}" for port in _free_ports(3))
     cluster = {"chief": [chief], "worker": [worker], "ps": [ps]}
-    argv = ["--train_steps=30", "--log_every=10", "--eval_interval_secs=3"]
+    data_dir = _digits_as_mnist_files(tmp_path / "mnist")  # the --data_dir path, end to end
+    argv = [
+        "--train_steps=30",
+        "--log_every=10",
+        "--eval_interval_secs=3",
+        f"--data_dir={data_dir}",
+    ]
     tasks = Tasks(tmp_path)
     try:
         for job in ("ps", "chief", "evaluator"):
@@ -431,5 +452,6 @@ def test_tf_config_cluster_with_chief_evaluator_and_a_worker_that_starts_after_t
         assert "all 2 training task(s) finished" in tasks.log("chief")
         assert 0.0 <= _accuracy(tasks.log("chief"), "test") <= 1.0
         assert re.search(r"evaluator:0: global step 3\d: test-set accuracy", tasks.log("evaluator"))
+        assert f"MNIST IDX files in {data_dir}: 1497 train / 300 test images" in tasks.log("chief")
     finally:
         tasks.stop()
