@@ -113,34 +113,56 @@ def _wait_status_code(status: int) -> int:
 
 
 def job_state(job_id: str) -> JobState:
-    """The job's state from ``squeue --json``, else ``sacct``; GONE if neither knows it."""
+    """The job's state from squeue (JSON, or its plain format before Slurm 21.08), else sacct
+    (where accounting exists); GONE when none of them knows the job any more."""
+    return _squeue_json_state(job_id) or _squeue_format_state(job_id) or _sacct_state(job_id)
+
+
+def _squeue_json_state(job_id: str) -> JobState | None:
     result = _slurm(["squeue", "--json", "--states=all", f"--jobs={job_id}"], check=False)
-    if result.returncode == 0:
-        try:
-            jobs = json.loads(result.stdout).get("jobs", [])
-        except ValueError:
-            jobs = []
-        for job in jobs:  # 22.05 lists every job whatever --jobs says: pick ours (component 0)
-            if str(job.get("job_id")) == job_id:
-                code = job.get("exit_code")
-                if isinstance(code, dict):  # Slurm 23.02+: {"status": ..., "return_code": ...}
-                    code = (
-                        code.get("return_code", {}).get("number")
-                        if isinstance(code.get("return_code"), dict)
-                        else code.get("return_code")
-                    )
-                    exit_code = code if isinstance(code, int) else None
-                else:
-                    exit_code = _wait_status_code(code) if isinstance(code, int) else None
-                state = job.get("job_state")
-                state = state[0] if isinstance(state, list) and state else state
-                return JobState(
-                    str(state),
-                    exit_code,
-                    str(job.get("state_reason", "")),
-                    str(job.get("nodes", "")),
-                )
-    return _sacct_state(job_id)
+    if result.returncode != 0:
+        return None
+    try:
+        jobs = json.loads(result.stdout).get("jobs", [])
+    except ValueError:
+        return None
+    for job in jobs:  # 22.05 lists every job whatever --jobs says: pick ours (component 0)
+        if str(job.get("job_id")) == job_id:
+            state = job.get("job_state")
+            state = state[0] if isinstance(state, list) and state else state
+            return JobState(
+                str(state),
+                _json_exit_code(job.get("exit_code")),
+                str(job.get("state_reason", "")),
+                str(job.get("nodes", "")),
+            )
+    return None
+
+
+def _json_exit_code(code: Any) -> int | None:
+    if isinstance(code, int):  # Slurm 21.08-22.05: the batch script's wait status
+        return _wait_status_code(code)
+    if isinstance(code, dict):  # Slurm 23.02+: {"status": ..., "return_code": {"number": N}}
+        number = code.get("return_code")
+        number = number.get("number") if isinstance(number, dict) else number
+        return number if isinstance(number, int) else None
+    return None
+
+
+def _squeue_format_state(job_id: str) -> JobState | None:
+    """squeue's plain format: state, reason and nodes only (no exit code, no user text)."""
+    result = _slurm(
+        ["squeue", "-h", "--states=all", f"--jobs={job_id}", "-o", "%T|%r|%N"], check=False
+    )
+    line = (
+        result.stdout.strip().splitlines()[0]
+        if result.returncode == 0 and result.stdout.strip()
+        else ""
+    )
+    if not line:
+        return None
+    state, reason, nodes = (line.split("|") + ["", ""])[:3]
+    return JobState(state, None, reason, nodes)
 
 
 def _sacct_state(job_id: str) -> JobState:
