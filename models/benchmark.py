@@ -284,6 +284,14 @@ def validate(args: argparse.Namespace) -> None:
         check_data_format(args.data_format)
     except DataFormatError as exc:
         raise BenchmarkError(str(exc)) from None
+    if args.local_parameter_device == "gpu":
+        import tensorflow as tf
+
+        if not tf.config.list_physical_devices("GPU"):
+            raise BenchmarkError(
+                "--local_parameter_device gpu, but no GPU is visible to this process; "
+                "use --local_parameter_device cpu."
+            )
     if args.data_dir is not None:
         from models.tfrecords import list_shards
 

@@ -119,6 +119,7 @@ pytest.importorskip("tensorflow")
         (["--model", "inception3", "--image_size", "64"], "smallest input it accepts is 75x75"),
         (["--batch_size", "0"], "--batch_size must be at least 1"),
         (["--data_format", "NCHW"], "NCHW needs a GPU"),
+        (["--local_parameter_device", "gpu"], "no GPU is visible"),
         (["--data_dir", "/nonexistent/dir"], "no TFRecord shards"),
     ],
 )
@@ -127,7 +128,7 @@ def test_bad_flags_exit_2_with_a_message(argv, message, capsys) -> None:
 
     from models.benchmark import main
 
-    if "NCHW" in argv and tf.config.list_physical_devices("GPU"):
+    if ("NCHW" in argv or "gpu" in argv) and tf.config.list_physical_devices("GPU"):
         pytest.skip("a GPU is visible: NCHW is allowed here")
     assert main(argv) == 2
     assert message in capsys.readouterr().err
