@@ -196,6 +196,9 @@ def coordinate(node: Node) -> int:
     expected = {h.name for h in first_plan.hosts_with_tasks()} - {node.name}
     timeout = float(first_plan.supervision.get("ready_timeout", 120.0))
     started = time.monotonic()
+    if expected:
+        print(f"[tflaunch] waiting up to {timeout:g} s for the agents on "
+              f"{hostlist.compress(sorted(expected))} to connect to {node.name}", flush=True)
     with socket.create_server(("", 0), backlog=max(16, len(expected))) as server:
         token = secrets.token_hex(16)
         _publish(node, server.getsockname()[1], token)

@@ -287,7 +287,7 @@ def plot(usage: Usage, out_dir: Path, title: str) -> list[Path]:
             ax.grid(alpha=0.3)
             if subtitles:
                 ax.set_title(subtitles[i], fontsize=10)
-            ax.legend(fontsize=8, loc="upper right")
+            ax.legend(fontsize=8, loc="best")
         axes[-1, 0].set_xlabel("seconds since the run's first sample")
         fig.suptitle(f"{what} — {title}", fontsize=11)
         fig.tight_layout()
@@ -416,9 +416,12 @@ def watch_status(run: Run, interval: float, show: Callable[[], None]) -> None:
 
     try:
         while True:
+            ended = (
+                run.read_meta().get("state") in ENDED
+            )  # before drawing: the last screen shows the end
             click.clear()
             show()
-            if run.read_meta().get("state") in ENDED:
+            if ended:
                 return
             time.sleep(max(0.2, interval))
     except KeyboardInterrupt:

@@ -32,6 +32,9 @@ def spawn_detached(config_path: str, run: Run, run_root: str, timeout: float) ->
     with open(run.dir / "console.log", "ab") as console:
         proc = procs.spawn(argv, os.environ, cwd=os.getcwd(), stdout=console,
                            stderr=subprocess.STDOUT, die_with_parent=False)
+    sys.stderr.write(f"[tflaunch] run {run.id} is starting in the background; waiting up to "
+                     f"{timeout:g} s for every task to start and every PS to accept connections "
+                     f"(its output: {run.dir / 'console.log'})\n")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if any(e.get("event") == "cluster_ready" for e in run.events()):
