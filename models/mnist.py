@@ -16,15 +16,22 @@ or, when those flags are absent, from ``TF_CONFIG`` (read with ``TFConfigCluster
   variables and reports ``test accuracy: X``; every training task reports ``train accuracy: X``
   (the final shared model on up to 2000 training images) and ``steps/sec: Y`` (its own steps,
   first step excluded as warm-up).
-* an ``evaluator`` task connects to PS 0 and evaluates the test set every ``--eval_interval_secs``
-  until the global step reaches ``--train_steps``, then exits 0.
+* an ``evaluator`` task (not part of the training cluster) uses PS 0 as its session master and
+  evaluates the test set every ``--eval_interval_secs`` and once more when the global step reaches
+  ``--train_steps``; then it exits 0. It prints ``test-set accuracy`` (not the chief's line).
 
-Two lifecycle rules keep a run from hanging (TF 2.x can otherwise leave a late non-chief worker
-waiting forever): every session's ``device_filters`` name only the PS and the task itself, so no
-task waits for another worker to be up (or still alive); and each training task increments a
-``workers_done`` counter on the PS when it has finished, while the chief keeps running (bounded by
-``--worker_wait_secs``) until every training task has done so. A launcher that stops the PS when
-the chief exits therefore never strands a slow worker.
+What keeps a run from hanging (TF 2.x can otherwise leave a late non-chief worker waiting forever):
+
+* every session's ``device_filters`` name only the PS and the task itself, so no task waits for
+  another worker to be up (or still alive);
+* each training task increments a ``workers_done`` counter on the PS when it has finished, and the
+  chief keeps running (bounded by ``--worker_wait_secs``) until every training task has done so: a
+  launcher that stops the PS when the chief exits never strands a slow worker, and a worker that
+  starts after training ended finds the PS, reads the final step and stops without an update;
+* non-chief workers poll for the chief's initialisation five times a second instead of
+  MonitoredTrainingSession's 30 s sleep;
+* a watchdog thread bounds what TensorFlow leaves unbounded (session creation against a PS that is
+  down, MonitoredSession re-creating its session after losing a PS) and exits 1 with a message.
 
 Exit codes: 0 success; 1 TensorFlow runtime failure or a timeout; 2 bad flags, cluster or data.
 """
@@ -136,12 +143,32 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--log_every", type=_positive_int, default=20, help="local steps")
     train.add_argument("--variable_placement", choices=PLACEMENTS, default="round_robin")
     runtime = parser.add_argument_group("runtime")
-    runtime.add_argument("--intra_op_threads", type=_positive_int, default=1)
-    runtime.add_argument("--inter_op_threads", type=_positive_int, default=2)
-    runtime.add_argument("--op_timeout_secs", type=_positive_float, default=60.0)
-    runtime.add_argument("--startup_timeout_secs", type=_positive_float, default=300.0)
-    runtime.add_argument("--worker_wait_secs", type=_positive_float, default=300.0)
-    runtime.add_argument("--eval_interval_secs", type=_positive_float, default=10.0)
+    runtime.add_argument("--intra_op_threads", type=_positive_int, default=1, help="per process")
+    runtime.add_argument("--inter_op_threads", type=_positive_int, default=2, help="per process")
+    runtime.add_argument(
+        "--op_timeout_secs",
+        type=_positive_float,
+        default=60.0,
+        help="bound on one training step or evaluation; then exit 1",
+    )
+    runtime.add_argument(
+        "--startup_timeout_secs",
+        type=_positive_float,
+        default=300.0,
+        help="bound on reaching the PS and the chief's initialisation; then exit 1",
+    )
+    runtime.add_argument(
+        "--worker_wait_secs",
+        type=_positive_float,
+        default=300.0,
+        help="how long the chief waits for the other training tasks to finish; then exit 1",
+    )
+    runtime.add_argument(
+        "--eval_interval_secs",
+        type=_positive_float,
+        default=10.0,
+        help="evaluator: seconds between test-set evaluations",
+    )
     return parser
 
 
