@@ -12,8 +12,10 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.helpers import FAKE_TASK, tflaunch, wait_until_gone, write_cluster
+from tests.hosts import ssh_hosts
 from tflaunch.monitor import (
     NET_FIELDS,
     SampleLog,
@@ -25,6 +27,7 @@ from tflaunch.monitor import (
     read_samples,
 )
 
+ssh_test_hosts = ssh_hosts.ssh_test_hosts  # the session fixture (skips without root)
 TRAFFIC_TASK = Path(__file__).resolve().parent / "programs" / "traffic_task.py"
 
 
@@ -304,3 +307,29 @@ def test_status_of_a_task_elsewhere_comes_from_the_latest_sample(tmp_path):
             if line.startswith(("ps:", "worker:"))}
     assert rows["ps:0"][2:] == ["ready", "1", "12.5", "300.0", "MiB", "1m15s", "-"]
     assert rows["worker:0"][2:] == ["exited", "1", "-", "-", "-", "0"]
+
+
+@pytest.mark.slow
+@pytest.mark.ssh
+def test_ssh_agents_sample_their_own_nodes_and_samples_reach_the_launcher(ssh_test_hosts,
+                                                                          tmp_path):
+    """Agents on SSH test hosts (network namespaces): each host's samples arrive in the local
+    run directory, with that host's tasks and the counters of its own interfaces."""
+    from tests.test_ssh_backend import ssh_cluster, wait_hosts_clean
+
+    cluster = ssh_cluster(tmp_path, ssh_test_hosts, env={"WORK_SECONDS": "2"},
+                          supervision={"sample_interval": 0.3})
+    result = tflaunch("up", str(cluster), timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (run,) = (tmp_path / "runs").iterdir()
+    plan = json.loads((run / "plan.json").read_text())
+    samples = read_samples(run)
+    assert set(samples) == {t["host"] for t in plan["tasks"]}
+    root_interfaces = set(psutil.net_io_counters(pernic=True))
+    for host, records in samples.items():
+        sampled = {name for r in records for name in r["tasks"]}
+        assert sampled == {f"{t['job']}:{t['index']}" for t in plan["tasks"] if t["host"] == host}
+        interfaces = set(records[-1]["node"]["net"])
+        assert "lo" in interfaces and interfaces != root_interfaces  # the host's own namespace
+        assert not (tmp_path / "remote" / run.name / host / f"samples-{host}.jsonl").exists()
+    assert wait_hosts_clean(ssh_test_hosts, 10) == []
