@@ -122,6 +122,11 @@ def main() -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
+    with ssh_hosts.exclusive():  # no test session tears the hosts down under the benchmark
+        return _measure(args)
+
+
+def _measure(args: argparse.Namespace) -> int:
     hosts = ssh_hosts.setup(max(args.hosts))
     work = Path(tempfile.mkdtemp(prefix="tfl-ssh-bench-"))
     try:

@@ -132,6 +132,27 @@ def test_cluster_runs_on_private_addresses_and_logs_come_back(ssh_test_hosts, tm
     assert wait_hosts_clean(ssh_test_hosts, 10) == []
 
 
+def test_cluster_through_a_jump_host(ssh_test_hosts, tmp_path):
+    """Hosts known by their private addresses only, reached through host 1 (ProxyJump)."""
+    jump = ssh_test_hosts.host(1)
+    cluster = ssh_cluster(
+        tmp_path, ssh_test_hosts, roles={"ps": 1, "worker": 2},
+        ssh={"jump_host": f"root@{jump.public_address}:22"},
+    )  # fmt: skip
+    data = yaml.safe_load(cluster.read_text())
+    data["hosts"] = [
+        {"name": h.name, "connect": h.private_address, "address": h.private_address}
+        for h in ssh_test_hosts.hosts[1:]
+    ]
+    cluster.write_text(yaml.safe_dump(data))
+    result = tflaunch("up", str(cluster), timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "host2  198.18.2.12  198.18.2.12" in result.stderr  # pre-flight row, via the jump
+    assert "[worker:1] all ps reachable at start: True" in result.stdout
+    assert (only_run(tmp_path) / "worker-1.log").read_text().splitlines()[-1] == "done"
+    assert wait_hosts_clean(ssh_test_hosts, 10) == []
+
+
 def start_and_wait_ready(cluster: Path) -> tuple[subprocess.Popen, Path]:
     proc = start_tflaunch("up", str(cluster))
     read_until(proc.stdout, "cluster ready", timeout=60)

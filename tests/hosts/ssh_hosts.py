@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import os
 import re
 import shlex
@@ -36,11 +37,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 STATE_DIR = Path(os.environ.get("TFL_SSH_STATE_DIR", "/tmp/tfl-ssh-hosts"))
+LOCK_FILE = Path("/tmp/tfl-ssh-hosts.lock")
 NS_PREFIX = "tfl-ssh-host"
 PUBLIC_BRIDGE = "tfl-ssh-pub"
 PRIVATE_BRIDGE = "tfl-ssh-priv"
@@ -159,6 +162,20 @@ def _kill_and_wait(pid: int, grace: float = 3.0) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+def _kill_all(pids: list[int], grace: float = 2.0) -> None:
+    """SIGTERM every pid, wait up to ``grace`` seconds for all of them, SIGKILL the rest."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while pids and time.monotonic() < deadline:
+        pids = [p for p in pids if os.path.exists(f"/proc/{p}")]
+        time.sleep(0.05)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def _namespace_pids(namespace: str) -> list[int]:
     out = _ip("netns", "pids", namespace, check=False).stdout
     return [int(p) for p in out.split() if p.isdigit()]
@@ -171,16 +188,26 @@ def teardown() -> None:
             _kill_pid_file(pid_file)
     for namespace in _existing_namespaces():
         # Anything still running in the namespace (sshd children, stray tasks) goes with it.
-        for pid in _namespace_pids(namespace):
-            _kill_and_wait(pid, grace=1.0)
+        _kill_all(_namespace_pids(namespace))
         _ip("netns", "delete", namespace, check=False)
     _ip("route", "delete", "unreachable", PRIVATE_NETWORK, check=False)
     for link in (LAUNCHER_VETH, PUBLIC_BRIDGE, PRIVATE_BRIDGE):
         _ip("link", "delete", link, check=False)
-    out = _ip("-o", "link", "show", check=False).stdout
-    for leftover in re.findall(r"^\d+: (tfl-s[pv]\d+)[@:]", out, flags=re.M):
-        _ip("link", "delete", leftover, check=False)
+    # Deleting a namespace destroys its veths asynchronously: wait until they are gone, so that
+    # a set-up right after does not meet a half-deleted link of the same name.
+    deadline = time.monotonic() + 10
+    while (leftovers := _leftover_links()) and time.monotonic() < deadline:
+        for link in leftovers:
+            _ip("link", "delete", link, check=False)
+        time.sleep(0.1)
     shutil.rmtree(STATE_DIR, ignore_errors=True)
+
+
+def _leftover_links() -> list[str]:
+    out = _ip("-o", "link", "show", check=False).stdout
+    names = (LAUNCHER_VETH, LAUNCHER_PEER, PUBLIC_BRIDGE, PRIVATE_BRIDGE)
+    found = re.findall(r"^\d+: ([\w.-]+)[@:]", out, flags=re.M)
+    return [n for n in found if n in names or re.fullmatch(r"tfl-s[pv]\d+", n)]
 
 
 def _keygen(path: Path) -> None:
@@ -395,19 +422,50 @@ def _main(argv: list[str]) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def exclusive(timeout: float = 1800.0) -> Iterator[None]:
+    """Hold the test hosts for this process: other test sessions or benchmarks on the machine
+    wait here instead of tearing down hosts that are in use."""
+    with LOCK_FILE.open("a") as lock:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the SSH test hosts stayed busy ({LOCK_FILE})") from None
+                time.sleep(1.0)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+_session_hosts: list[TestHosts] = []
+
+
 @pytest.fixture(scope="session")
-def ssh_test_hosts():
-    """Three test hosts for the whole test session, removed after it (skips without root)."""
+def ssh_test_hosts() -> Iterator[TestHosts]:
+    """Three test hosts for the whole test session, removed after it (skips without root).
+
+    Test modules each import this fixture; the first to run builds the hosts (holding the lock)
+    and the others share them."""
     from tests.conftest import skip_or_fail
 
+    if _session_hosts:
+        yield _session_hosts[0]
+        return
     problem = missing_requirements()
     if problem:
         skip_or_fail(problem)
-    hosts = setup(3)
-    try:
-        yield hosts
-    finally:
-        teardown()
+    with exclusive():
+        _session_hosts.append(setup(3))
+        try:
+            yield _session_hosts[0]
+        finally:
+            _session_hosts.clear()
+            teardown()
 
 
 if __name__ == "__main__":
