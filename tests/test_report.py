@@ -112,7 +112,7 @@ def test_report_of_a_real_run_agrees_with_the_interface_counters(tmp_path):
 
 def test_report_without_matplotlib_writes_the_summary_and_says_what_to_install(tmp_path):
     """matplotlib missing (a laptop without the plotting extra): shadowed by a package that fails."""
-    cluster = traffic_cluster(tmp_path, 0)
+    cluster = traffic_cluster(tmp_path, 0, HOLD_SECONDS="1")  # sampled a few times
     assert tflaunch("up", str(cluster)).returncode == 0
     (run,) = (tmp_path / "runs").iterdir()
     shadow = tmp_path / "shadow" / "matplotlib"
