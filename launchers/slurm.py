@@ -37,7 +37,7 @@ from launchers.slurm_node import SETUP_FILE, SNAPSHOT_FILE
 from launchers.slurm_script import Layout, ScriptInputs, layout, render_sbatch
 from tflaunch.config import ClusterConfig
 from tflaunch.coordinator import Outcome
-from tflaunch.errors import LaunchError
+from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.plan import Host, Plan
 from tflaunch.run import Run
 
@@ -322,6 +322,12 @@ class SlurmBackend(Backend):
     name = "slurm"
 
     def hosts(self, config: ClusterConfig) -> list[Host]:
+        if config.hosts:
+            raise ConfigError(
+                f"{config.source}: backend slurm takes its nodes from the allocation, so 'hosts:' "
+                "does not apply; remove it and set slurm.nodes (or leave that out to get as "
+                "many nodes as the plan needs)."
+            )
         return placeholder_hosts(layout(config))
 
     def start_agents(self, config: ClusterConfig, plan: Plan, run: Run) -> list:

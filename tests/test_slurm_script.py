@@ -347,3 +347,10 @@ def test_daint_example_renders_the_cscs_job(tmp_path) -> None:
     assert "--data_format NCHW" in plan.stdout and "--batch_size 64" in plan.stdout
     assert sum(line.startswith("worker:") for line in plan.stdout.splitlines()) == 8
     assert sum(line.startswith("ps:") for line in plan.stdout.splitlines()) == 2
+
+
+def test_hosts_section_is_refused_for_slurm(tmp_path) -> None:
+    path = _write(tmp_path, hosts=["nid00001", "nid00002"])
+    result = tflaunch("validate", str(path))
+    assert result.returncode == 2
+    assert "takes its nodes from the allocation" in result.stderr
