@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,9 +114,17 @@ def _wait_status_code(status: int) -> int:
 
 
 def job_state(job_id: str) -> JobState:
-    """The job's state from squeue (JSON, or its plain format before Slurm 21.08), else sacct
-    (where accounting exists); GONE when none of them knows the job any more."""
-    return _squeue_json_state(job_id) or _squeue_format_state(job_id) or _sacct_state(job_id)
+    """The job's state from squeue, else sacct (where accounting exists); GONE when neither
+    knows the job any more.
+
+    Polling uses squeue's plain format, filtered to the job and cheap; the JSON form (Slurm
+    21.08+), which also carries the exit code, is read once the job has ended — in 22.05 it lists
+    every job of the cluster whatever ``--jobs`` says.
+    """
+    plain = _squeue_format_state(job_id)
+    if plain is not None and not plain.ended:
+        return plain
+    return _squeue_json_state(job_id) or plain or _sacct_state(job_id)
 
 
 def _squeue_json_state(job_id: str) -> JobState | None:
@@ -259,6 +268,7 @@ def follow(run: Run, job_id: str, out: IO[str] = sys.stdout, err: IO[str] = sys.
             time.sleep(POLL_SECONDS)
     finally:
         _restore_signals(previous)
+    time.sleep(POLL_SECONDS)  # the last lines may reach a shared file system a little late
     for tail in tails:
         tail.pump(final=True)
     return _outcome(run, job_id, state, caught[0] if caught else None, err)
@@ -295,8 +305,6 @@ def _outcome(run: Run, job_id: str, state: JobState, signum: int | None, err: IO
 
 
 def _catch_signals(caught: list[int]) -> dict[int, Any]:
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return {}
     previous = {}
