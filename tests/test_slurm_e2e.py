@@ -222,8 +222,8 @@ def test_detach_status_logs_down_leave_no_task_on_any_node(cluster, tmp_path) ->
     status = tflaunch("status", "--run-dir", runs, run_id)
     assert status.returncode == 0, status.stderr
     assert "RUNNING (nodes node[1-3])" in status.stdout
-    tasks = [p for p in processes_mentioning(str(tmp_path)) if "TFLAUNCH_TASK" in p.environ()]
-    assert len(tasks) >= 10  # 5 tasks, each with a child of its own
+    # 5 tasks on 3 nodes, each with a child of its own (started just after the task itself)
+    assert _wait_task_processes(str(tmp_path), 10) >= 10
     logs = tflaunch("logs", "--run-dir", runs, run_id)
     assert "[worker:2] worker:2 CUDA_VISIBLE_DEVICES=''" in logs.stdout
 
@@ -237,6 +237,20 @@ def test_detach_status_logs_down_leave_no_task_on_any_node(cluster, tmp_path) ->
         assert {p.name() for p in in_node if p.is_running()} == {"slurmd"}, node.name
     meta = json.loads((the_run(tmp_path) / "run.json").read_text())
     assert meta["state"] == "stopped"
+
+
+def _wait_task_processes(marker: str, count: int, timeout: float = 15) -> int:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = 0
+        for proc in processes_mentioning(marker):
+            try:
+                found += "TFLAUNCH_TASK" in proc.environ()
+            except psutil.Error:
+                continue
+        if found >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
 
 
 def _namespace_pids(netns: str) -> list[int]:
