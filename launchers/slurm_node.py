@@ -197,8 +197,11 @@ def coordinate(node: Node) -> int:
     timeout = float(first_plan.supervision.get("ready_timeout", 120.0))
     started = time.monotonic()
     if expected:
-        print(f"[tflaunch] waiting up to {timeout:g} s for the agents on "
-              f"{hostlist.compress(sorted(expected))} to connect to {node.name}", flush=True)
+        print(
+            f"[tflaunch] waiting up to {timeout:g} s for the agents on "
+            f"{hostlist.compress(sorted(expected))} to connect to {node.name}",
+            flush=True,
+        )
     with socket.create_server(("", 0), backlog=max(16, len(expected))) as server:
         token = secrets.token_hex(16)
         _publish(node, server.getsockname()[1], token)
@@ -282,7 +285,7 @@ def _read_hello(sock: socket.socket, token: str, waiting: set[str]) -> dict[str,
         hello = json.loads(data)
     except (OSError, ValueError):
         return None
-    if not isinstance(hello, dict) or hello.get("token") != token:
+    if not isinstance(hello, dict) or not secrets.compare_digest(str(hello.get("token")), token):
         return None
     return hello if hello.get("hello") in waiting else None
 
