@@ -185,6 +185,7 @@ def down(backend: SshBackend, run: Run, grace: float) -> str:
     """Stop the coordinator (it tears the cluster down), then any agent of the run still left."""
     _connect(backend, run)
     try:
+        refresh(backend, run)  # the agents' pids are in the coordinator's events
         meta = run.read_meta()
         conn = backend.connections[meta["ssh_coordinator"]]
         interpreter = meta.get("ssh_python", "python3")
