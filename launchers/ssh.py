@@ -376,8 +376,11 @@ class SshBackend(Backend):
     def cluster_alive(self, run: Run) -> bool:
         if not run.read_meta().get("detached"):
             return super().cluster_alive(run)
+        ended_before = run.read_meta().get("state") in ("succeeded", "failed", "stopped")
         self.refresh(run)
-        return run.read_meta().get("state") not in ("succeeded", "failed", "stopped")
+        # Alive for one more round after the end was copied, so that readers (logs -f) get the
+        # last lines this refresh brought.
+        return not ended_before
 
     def down(self, run: Run, grace: float) -> str:
         from launchers import ssh_runs
