@@ -107,6 +107,7 @@ def options(hosts, tmp_path: Path, **changes) -> SshOptions:
     return SshOptions(**{**base.__dict__, **changes})
 
 
+@pytest.mark.slow
 @pytest.mark.ssh
 def test_parallel_connect_and_run(ssh_test_hosts, tmp_path):
     hosts = ssh_test_hosts.hosts
@@ -121,6 +122,7 @@ def test_parallel_connect_and_run(ssh_test_hosts, tmp_path):
         close_all(conns.values())
 
 
+@pytest.mark.slow
 @pytest.mark.ssh
 def test_unknown_host_key_is_refused_with_how_to_accept(ssh_test_hosts, tmp_path):
     host = ssh_test_hosts.host(1)
@@ -139,6 +141,7 @@ def test_unknown_host_key_is_refused_with_how_to_accept(ssh_test_hosts, tmp_path
     assert empty.read_text() == ""
 
 
+@pytest.mark.slow
 @pytest.mark.ssh
 def test_accept_new_records_then_strict_accepts(ssh_test_hosts, tmp_path):
     host = ssh_test_hosts.host(2)
@@ -154,6 +157,7 @@ def test_accept_new_records_then_strict_accepts(ssh_test_hosts, tmp_path):
     assert len(known.read_text().splitlines()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.ssh
 def test_changed_host_key_is_refused_even_with_accept_new(ssh_test_hosts, tmp_path):
     host = ssh_test_hosts.host(3)
@@ -173,6 +177,7 @@ def test_changed_host_key_is_refused_even_with_accept_new(ssh_test_hosts, tmp_pa
         ssh_hosts.write_known_hosts(ssh_test_hosts.hosts, ssh_test_hosts.known_hosts)
 
 
+@pytest.mark.slow
 @pytest.mark.ssh
 def test_wrong_key_unreachable_and_refused_hosts(ssh_test_hosts, tmp_path):
     host = ssh_test_hosts.host(1)
@@ -195,6 +200,7 @@ def test_wrong_key_unreachable_and_refused_hosts(ssh_test_hosts, tmp_path):
         connect(host.name, host.public_address, options(ssh_test_hosts, tmp_path, port=2))
 
 
+@pytest.mark.slow
 @pytest.mark.ssh
 def test_connect_all_names_every_failing_host(ssh_test_hosts, tmp_path):
     hosts = [(h.name, h.public_address) for h in ssh_test_hosts.hosts] + [("ghost", "198.18.1.19")]
@@ -204,6 +210,7 @@ def test_connect_all_names_every_failing_host(ssh_test_hosts, tmp_path):
     assert "ghost (198.18.1.19:22)" in str(err.value)
 
 
+@pytest.mark.slow
 @pytest.mark.ssh
 def test_hostile_host_value_starts_nothing(ssh_test_hosts, tmp_path):
     tag = uuid.uuid4().hex
@@ -214,6 +221,7 @@ def test_hostile_host_value_starts_nothing(ssh_test_hosts, tmp_path):
     assert not Path(f"/tmp/pwned-{tag}").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.ssh
 def test_jump_host_reaches_private_addresses(ssh_test_hosts, tmp_path):
     """The launcher has no route to 198.18.2.0/24; through host 1 it reaches host 2 there."""
