@@ -46,8 +46,12 @@ time.sleep(1000)
 
 
 def start_tasks(count: int) -> list[subprocess.Popen]:
-    tasks = [subprocess.Popen([sys.executable, "-c", TASK], stdout=subprocess.PIPE, text=True,
-                              start_new_session=True) for _ in range(count)]
+    tasks = [
+        subprocess.Popen(
+            [sys.executable, "-c", TASK], stdout=subprocess.PIPE, text=True, start_new_session=True
+        )
+        for _ in range(count)
+    ]
     for task in tasks:
         task.stdout.readline()
     return tasks
@@ -140,21 +144,31 @@ def main() -> None:
 
     share = 100 * sampler_cpu / args.duration
     floor = 100 * baseline / args.duration
-    print(f"machine: {len(psutil.pids())} processes, {len(psutil.net_io_counters(pernic=True))} "
-          f"network interfaces, {psutil.cpu_count()} CPUs")
-    print(f"sampled: {args.tasks} tasks = {processes} processes, {threads} threads; "
-          f"interval {args.interval:g} s for {args.duration:g} s ({emitted} samples emitted, "
-          f"{len(line)} bytes each)")
-    print(f"sampler thread CPU: {sampler_cpu * 1000:.1f} ms over {args.duration:g} s = "
-          f"{share:.3f} % of one core")
+    print(
+        f"machine: {len(psutil.pids())} processes, {len(psutil.net_io_counters(pernic=True))} "
+        f"network interfaces, {psutil.cpu_count()} CPUs"
+    )
+    print(
+        f"sampled: {args.tasks} tasks = {processes} processes, {threads} threads; "
+        f"interval {args.interval:g} s for {args.duration:g} s ({emitted} samples emitted, "
+        f"{len(line)} bytes each)"
+    )
+    print(
+        f"sampler thread CPU: {sampler_cpu * 1000:.1f} ms over {args.duration:g} s = "
+        f"{share:.3f} % of one core"
+    )
     print(f"idle 1 Hz thread (baseline): {baseline * 1000:.2f} ms = {floor:.4f} % of one core")
-    print(f"per sample (median of {args.repeats}): {per_sample:.2f} ms CPU — process scan "
-          f"{scan:.2f} ms, node {node:.2f} ms, JSON {encode:.2f} ms; at 1 Hz that is "
-          f"{per_sample / 10:.3f} % of one core")
+    print(
+        f"per sample (median of {args.repeats}): {per_sample:.2f} ms CPU — process scan "
+        f"{scan:.2f} ms, node {node:.2f} ms, JSON {encode:.2f} ms; every {args.interval:g} s "
+        f"that is {per_sample / (10 * args.interval):.3f} % of one core"
+    )
     print(f"coordinator, per sample stored (parse + write): {store:.3f} ms CPU")
     verdict = "within" if share <= 1.0 else "ABOVE"
-    print(f"result: sampling at {1 / args.interval:g} Hz with {args.tasks} tasks costs "
-          f"{share:.3f} % of one core, {verdict} the 1 % budget")
+    print(
+        f"result: sampling at {1 / args.interval:g} Hz with {args.tasks} tasks costs "
+        f"{share:.3f} % of one core, {verdict} the 1 % budget"
+    )
 
 
 if __name__ == "__main__":
