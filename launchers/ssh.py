@@ -46,6 +46,7 @@ from launchers.ssh_connect import (
     remote_command,
 )
 from launchers.ssh_preflight import format_table, raise_on_problems, run_preflight
+from launchers.ssh_preflight import warnings as preflight_warnings
 from launchers.ssh_sources import resolve_hosts
 from tflaunch.config import ClusterConfig
 from tflaunch.coordinator import Outcome
@@ -229,6 +230,8 @@ class SshBackend(Backend):
         workdirs = {name: p.workdir for name, p in self.paths.items()}
         reports = run_preflight(self.connections, plan, config.ssh.python, workdirs)
         self._say("pre-flight:\n" + format_table(reports, plan))
+        for warning in preflight_warnings(reports):
+            self._say(f"warning: {warning}")
         raise_on_problems(reports)
         self._write_host_plans(plan, extra)
         run.update_meta(

@@ -125,6 +125,7 @@ class HostReport:
     cluster_address: str
     facts: dict[str, Any]
     problems: list[str]
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
 
 def probe_request(plan: Plan, host: str, workdir: str) -> dict[str, Any]:
@@ -182,6 +183,12 @@ def _judge(report: HostReport, plan: Plan, python: str) -> None:
         report.problems.append(
             f"the plan uses GPU(s) {', '.join(map(str, wanted))} but nvidia-smi lists "
             f"{facts.get('gpus', 0)}; fix the host's 'gpus' in the cluster file"
+        )
+    host_gpus = int(facts.get("gpus", 0))
+    if host_gpus and not plan.host(report.host).gpu_ids:
+        report.warnings.append(
+            f"nvidia-smi lists {host_gpus} GPU(s) but the cluster file gives the host none, so "
+            "its tasks run on CPU; set its 'gpus' to use them"
         )
 
 
@@ -247,6 +254,11 @@ def format_table(reports: Sequence[HostReport], plan: Plan) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in rows
     )
+
+
+def warnings(reports: Sequence[HostReport]) -> list[str]:
+    """What is worth knowing but does not stop the run (GPUs the plan leaves unused)."""
+    return [f"{r.host}: {w}" for r in reports for w in r.warnings]
 
 
 def raise_on_problems(reports: Sequence[HostReport]) -> None:

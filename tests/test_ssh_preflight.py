@@ -95,6 +95,12 @@ def report(plan, host: str, **facts) -> HostReport:
 def test_judgement_names_tensorflow_busy_ports_and_gpus(tmp_path):
     plan = plan_for(tmp_path, ["python3", "train.py"], gpus=1)
     assert report(plan, "a", gpus=1).problems == []
+    unused = report(plan, "b", gpus=2)  # host b is given no GPUs in the cluster file
+    assert unused.problems == []
+    assert unused.warnings == [
+        "nvidia-smi lists 2 GPU(s) but the cluster file gives the host "
+        "none, so its tasks run on CPU; set its 'gpus' to use them"
+    ]
     missing_tf = report(plan, "a", gpus=1, tensorflow=None).problems
     assert missing_tf[0].startswith("TensorFlow is not installed for python3")
     port = plan.task("worker:0").port
@@ -109,6 +115,12 @@ def test_judgement_names_tensorflow_busy_ports_and_gpus(tmp_path):
         "the plan uses GPU(s) 0 but nvidia-smi lists 0; fix the host's 'gpus' in the cluster file"
     ]
     assert report(plan, "a", gpus=1).problems == []
+    unused = report(plan, "b", gpus=2)  # host b is given no GPUs in the cluster file
+    assert unused.problems == []
+    assert unused.warnings == [
+        "nvidia-smi lists 2 GPU(s) but the cluster file gives the host "
+        "none, so its tasks run on CPU; set its 'gpus' to use them"
+    ]
 
 
 def test_table_and_one_error_for_all_problems(tmp_path):

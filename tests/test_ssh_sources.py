@@ -190,6 +190,11 @@ def test_ec2_no_match_and_no_region_are_clear_errors(ec2_endpoint, aws_env):
         discover_ec2(Ec2Section(endpoint_url=ec2_endpoint))
 
 
+def test_ec2_unknown_profile_is_a_config_error(aws_env):
+    with pytest.raises(ConfigError, match="ssh.ec2.profile: .*no-such-profile"):
+        discover_ec2(Ec2Section(region="eu-west-1", profile="no-such-profile"))
+
+
 def test_ec2_without_boto3_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "boto3", None)  # what an installation without the extra sees
     with pytest.raises(ConfigError, match=r"pip install 'tflaunch\[aws\]'"):
