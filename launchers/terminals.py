@@ -148,7 +148,7 @@ def _open_tmux(terminals: Terminals, run: Run, windows: list[tuple[str, list[str
 
 def _open_windows(terminals: Terminals, run: Run, windows: list[tuple[str, list[str]]]) -> None:
     for name, cmd in windows:
-        title = f"{name} — {run.id}"
+        title = f"{name} | {run.id}"
         if terminals.kind == "xterm":
             argv = ["xterm", "-T", title, "-e", *cmd]
         else:  # --wait: the client lives as long as its window, so teardown can reap it

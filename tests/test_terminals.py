@@ -154,6 +154,58 @@ def test_attach_opens_the_session_in_a_terminal(tmp_path, tmux_env):
     assert gone.returncode == 2 and "is gone: the run has ended" in gone.stderr
 
 
+@pytest.fixture
+def x_display():
+    """A headless X server (Xvfb) on a free display number, for real xterm windows."""
+    if not (shutil.which("Xvfb") and shutil.which("xterm") and shutil.which("xwininfo")):
+        skip_or_fail("Xvfb, xterm and xwininfo (packages xvfb, xterm, x11-utils) are needed")
+    read_end, write_end = os.pipe()
+    server = subprocess.Popen(["Xvfb", "-displayfd", str(write_end), "-nolisten", "tcp",
+                               "-screen", "0", "1280x1024x24"], pass_fds=(write_end,),
+                              stderr=subprocess.DEVNULL)
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end) as numbers:
+            display = f":{numbers.readline().strip()}"
+        yield display
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def window_titles(display: str) -> list[str]:
+    tree = subprocess.run(["xwininfo", "-root", "-tree", "-display", display],
+                          capture_output=True, text=True, timeout=10).stdout
+    return [line.split('"')[1] for line in tree.splitlines() if line.count('"') >= 2]
+
+
+def test_xterm_windows_follow_each_task_and_close_after_the_run(tmp_path, x_display):
+    cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "5"})
+    proc = subprocess.Popen([sys.executable, "-m", "tflaunch", "up", str(cluster), "--terminals",
+                             "xterm"], env={**os.environ, "DISPLAY": x_display}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        read_until(proc.stdout, "cluster ready", timeout=30)
+        run = run_of(tmp_path)
+        titles = wait_for(lambda: [t for t in window_titles(x_display) if run.id in t], 15,
+                          "three xterm windows")
+        assert sorted(t.split(" | ")[0] for t in titles) == ["ps:0", "worker:0", "worker:1"]
+        xterms = [p for p in psutil.process_iter(["name", "environ"])
+                  if p.info["name"] == "xterm" and (p.info["environ"] or {}).get("DISPLAY")
+                  == x_display]
+        followed = sorted(c.cmdline()[-1] for x in xterms for c in x.children())
+        assert followed == sorted(str(run.dir / log) for log in
+                                  ("ps-0.log", "worker-0.log", "worker-1.log"))
+        proc.wait(timeout=60)
+        assert proc.returncode == 0, proc.stderr.read()
+    finally:
+        proc.kill()
+    assert wait_until_gone(str(tmp_path), timeout=15) == []
+    wait_for(lambda: not [t for t in window_titles(x_display) if run.id in t], 10,
+             "the windows to close")
+    assert not [x for x in xterms if x.is_running() and x.status() != psutil.STATUS_ZOMBIE]
+
+
 def test_attach_to_a_run_without_terminals_is_bad_input(tmp_path):
     cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "0.1"})
     assert tflaunch("up", str(cluster)).returncode == 0
