@@ -401,7 +401,8 @@ def _main(argv: list[str]) -> int:
         print("usage: ssh_hosts.py up [N] | down | status", file=sys.stderr)
         return 2
     if argv[0] == "down":
-        teardown()
+        with exclusive():  # never under a test session or benchmark that is using them
+            teardown()
         return 0
     if argv[0] == "status":
         hosts = current()
@@ -415,7 +416,8 @@ def _main(argv: list[str]) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
-    hosts = setup(int(argv[1]) if len(argv) > 1 else 3)
+    with exclusive():
+        hosts = setup(int(argv[1]) if len(argv) > 1 else 3)
     for host in hosts.hosts:
         print(f"{host.namespace} public {host.public_address} private {host.private_address}")
     print(f"client key {hosts.client_key}\nknown_hosts {hosts.known_hosts}")
