@@ -108,6 +108,12 @@ def assert_nothing_started(tmp_path: Path, hosts) -> None:
 
 
 def test_cluster_runs_on_private_addresses_and_logs_come_back(ssh_test_hosts, tmp_path):
+    route = subprocess.run(
+        ["ip", "route", "get", ssh_test_hosts.host(2).private_address],
+        capture_output=True,
+        text=True,
+    )
+    assert route.returncode != 0  # the launcher has no route to the private network
     cluster = ssh_cluster(tmp_path, ssh_test_hosts)
     result = tflaunch("up", str(cluster), timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
