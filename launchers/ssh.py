@@ -234,6 +234,10 @@ class SshBackend(Backend):
             self._say(f"warning: {warning}")
         raise_on_problems(reports)
         self._write_host_plans(plan, extra)
+        resolved = tuple(
+            dataclasses.replace(t, workdir=self.paths[t.host].workdir) for t in plan.tasks
+        )
+        run.write_plan(dataclasses.replace(plan, tasks=resolved))  # what the hosts run
         run.update_meta(
             ssh_hosts={name: dataclasses.asdict(p) for name, p in self.paths.items()},
             ssh_options=dataclasses.asdict(options),

@@ -128,6 +128,7 @@ def test_cluster_runs_on_private_addresses_and_logs_come_back(ssh_test_hosts, tm
         assert addresses and all(a.startswith("198.18.2.") for a in addresses)
         assert "198.18.1." not in json.dumps(task)  # public addresses only to connect
     assert all(a.startswith("198.18.2.") for addrs in plan["cluster"].values() for a in addrs)
+    assert {t["workdir"] for t in plan["tasks"]} == {str(tmp_path / "work")}
     for task in plan["tasks"]:
         local_log = run / task["log_name"]
         host_dir = tmp_path / "remote" / run.name / task["host"]

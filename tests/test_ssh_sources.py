@@ -245,3 +245,18 @@ def test_aws_example_plans_one_gpu_workers_and_gpu_less_colocated_ps(ec2_endpoin
         dataclasses.replace(cfg, ssh=files), SshBackend().hosts(dataclasses.replace(cfg, ssh=files))
     )
     assert from_files.cluster["ps"][0] == "172.31.5.11:2230"
+
+
+def test_ssh_workdir_is_a_path_on_the_hosts(tmp_path):
+    from launchers.ssh import remote_path
+
+    cfg = config(tmp_path, "hosts: [a]\n")
+    assert cfg.workdir == "."  # not resolved against this machine's folders
+    home_relative = parse_config(
+        "program: {argv: [python3, t.py], workdir: ~/proj/../run}\nbackend: ssh\nhosts: [a]\n"
+    )
+    assert home_relative.workdir == "~/run"
+    assert remote_path("/home/ubuntu", cfg.workdir) == "/home/ubuntu"
+    assert remote_path("/home/ubuntu", home_relative.workdir) == "/home/ubuntu/run"
+    assert remote_path("/home/ubuntu", "/data/x/") == "/data/x"
+    assert remote_path("/home/ubuntu", "~") == "/home/ubuntu"
