@@ -1,9 +1,9 @@
 """The launcher's side of detached SSH runs: start them, refresh them, bring them down.
 
 A detached run's coordinator and agents live on the hosts (:mod:`launchers.ssh_detach`); the local
-run directory mirrors them. ``refresh`` appends what is new of the coordinator's events and every
-task's log, and copies the run's state, so ``tflaunch status`` and ``logs [-f]`` read local files as
-for any run. ``down`` signals the coordinator (which tears the cluster down as on Ctrl-C) and then
+run directory mirrors them. ``refresh`` appends what is new of the coordinator's events, resource
+samples and console and of every task's log, and copies the run's state, so ``tflaunch status``
+and ``logs [-f]`` read local files as for any run. ``down`` signals the coordinator (which tears the cluster down as on Ctrl-C) and then
 makes sure no agent of the run is left on any host.
 """
 
@@ -166,7 +166,11 @@ def refresh(backend: SshBackend, run: Run) -> None:
         coordinator = meta["ssh_coordinator"]
         conn = backend.connections[coordinator]
         remote_dir = backend.paths[coordinator].run_dir
-        fetch_new_bytes(conn, [(posixpath.join(remote_dir, "events.jsonl"), run.events_path)])
+        with conn.sftp() as sftp:
+            mirrored = ["events.jsonl", "console.log"] + [
+                n for n in sftp.listdir(remote_dir) if n.startswith("samples-")
+            ]
+        fetch_new_bytes(conn, [(posixpath.join(remote_dir, n), run.dir / n) for n in mirrored])
         remote_meta = json.loads(_read_remote(conn, posixpath.join(remote_dir, "run.json")) or "{}")
         copied: dict[str, Any] = {
             k: remote_meta[k]

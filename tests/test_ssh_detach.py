@@ -42,7 +42,9 @@ def test_detached_run_finishes_without_the_launcher(ssh_test_hosts, tmp_path):
     assert "[worker:2] done" in logs.stdout and "[worker:0] done" in logs.stdout
     status = cli(tmp_path, "status", run_id)
     assert f"run {run_id}: succeeded" in status.stdout
-    assert (tmp_path / "runs" / run_id / "worker-1.log").read_text().splitlines()[-1] == "done"
+    run_dir = tmp_path / "runs" / run_id
+    assert (run_dir / "worker-1.log").read_text().splitlines()[-1] == "done"
+    assert "succeeded: 5 tasks on 3 host(s)" in (run_dir / "console.log").read_text()
     assert wait_hosts_clean(ssh_test_hosts, 15) == []
 
 
