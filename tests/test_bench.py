@@ -109,7 +109,7 @@ def test_point_argv_adds_flags_and_refuses_reserved_ones() -> None:
 def test_parse_total_takes_worker_0_or_the_chief() -> None:
     out = "[worker:1] total images/sec: 5.00\n[worker:0] total images/sec: 12.34\n"
     assert parse_total(out) == 12.34
-    assert parse_total("[chief:0] total images/sec: 7.5\n") == 7.5
+    assert parse_total("[chief:0]   total images/sec: 7.5\n") == 7.5  # prefixes are padded
     assert parse_total("[worker:0] images/sec: 3.0 +/- 0.1 (jitter = 0.0)\n") is None
 
 

@@ -226,7 +226,7 @@ def test_cluster_through_tflaunch_up(variable_update, real_data, tfrecord_dir, t
     totals = {
         worker: float(m.group(1))
         for worker in ("worker:0", "worker:1")
-        for m in re.finditer(rf"^\[{worker}\] total images/sec: ([\d.]+)$", result.stdout, re.M)
+        for m in re.finditer(rf"^\[{worker}\]\s+total images/sec: ([\d.]+)$", result.stdout, re.M)
     }
     assert set(totals) == {"worker:0", "worker:1"}
     # Every worker prints the same total: the sum of both workers' own figures.

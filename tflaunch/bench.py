@@ -63,7 +63,7 @@ SWEEP_KEYS = (
     "output_dir",
 )
 RESERVED_FLAGS = ("--variable_update", "--data_dir")
-TOTAL_LINE = re.compile(r"^\[(?:worker|chief):0\] total images/sec: ([0-9.]+)\s*$", re.M)
+TOTAL_LINE = re.compile(r"^\[(?:worker|chief):0\]\s+total images/sec: ([0-9.]+)\s*$", re.M)
 
 
 @dataclass(frozen=True)
