@@ -34,6 +34,7 @@ from tflaunch.errors import LaunchError
 
 T = TypeVar("T")
 _KNOWN_HOSTS_LOCK = threading.Lock()
+CHANNEL_WINDOW = 64 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,8 +177,12 @@ class Connection:
         return transport
 
     def start(self, command: str) -> paramiko.Channel:
-        """Start a command (built by :func:`remote_command`) and return its channel, no PTY."""
-        channel = self.transport.open_session(timeout=30)
+        """Start a command (built by :func:`remote_command`) and return its channel, no PTY.
+
+        The channel's window is large (64 MiB) so that, when the link is cut, sshd keeps taking
+        the agent's output for a long while: the agent then never blocks writing an event before
+        its heartbeat timeout tears its tasks down."""
+        channel = self.transport.open_session(window_size=CHANNEL_WINDOW, timeout=30)
         channel.exec_command(command)
         return channel
 

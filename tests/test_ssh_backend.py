@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -225,6 +226,49 @@ def test_cut_link_leaves_no_task_on_any_host(ssh_test_hosts, tmp_path):
         ssh_hosts.restore_launcher_link()
         if proc.poll() is None:
             proc.kill()
+
+
+CHATTY_TASK = """
+import json, os, socket, threading, time
+config = json.loads(os.environ["TF_CONFIG"])
+job, index = config["task"]["type"], config["task"]["index"]
+if job == "ps":
+    host, port = config["cluster"]["ps"][index].rsplit(":", 1)
+    server = socket.create_server((host, int(port)))
+    threading.Thread(target=lambda: [server.accept()[0].close() for _ in iter(int, 1)],
+                     daemon=True).start()
+line = f"{job}:{index} " + "x" * 1000
+while True:  # about 1 MB/s of output per task
+    for _ in range(100):
+        print(line, flush=True)
+    time.sleep(0.1)
+"""
+
+
+def test_cut_link_with_chatty_tasks_leaves_no_task(ssh_test_hosts, tmp_path):
+    """Output keeps flowing towards a launcher that is gone: the agent must not block on it."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "chatty.py").write_text(CHATTY_TASK)
+    cluster = ssh_cluster(
+        tmp_path, ssh_test_hosts, ssh={"upload": []},
+        program={"argv": [sys.executable, "chatty.py"], "workdir": str(work)},
+    )  # fmt: skip
+    proc, _ = start_and_wait_ready(cluster)
+    drain = [threading.Thread(target=lambda s=s: [None for _ in s], daemon=True)
+             for s in (proc.stdout, proc.stderr)]  # fmt: skip
+    for thread in drain:
+        thread.start()
+    try:
+        time.sleep(3)
+        ssh_hosts.cut_launcher_link()
+        cut_at = time.monotonic()
+        assert wait_hosts_clean(ssh_test_hosts, 30) == []
+        assert time.monotonic() - cut_at < 30
+    finally:
+        ssh_hosts.restore_launcher_link()
+        proc.kill()
+        proc.wait(timeout=30)
 
 
 # ---- pre-flight: one clear error, exit 2, nothing started anywhere --------------------------
