@@ -35,6 +35,7 @@ import csv
 import dataclasses
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -179,7 +180,7 @@ def parse_sweep(data: Any, source: Path) -> Sweep:
         data=kinds,
         data_dir=(base / str(data_dir)) if data_dir else None,
         repeats=repeats,
-        output_dir=base / str(data.get("output_dir", f"bench-{name}")),
+        output_dir=Path(os.path.normpath(base / str(data.get("output_dir", f"bench-{name}")))),
     )
 
 

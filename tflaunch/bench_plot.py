@@ -83,6 +83,15 @@ def plot_results(rows: Sequence, out_dir: Path, title: str) -> list[Path]:
     for ax, real in zip(axes[0], kinds, strict=True):
         xs = sorted(w for (kind, w) in eff if kind == real)
         ax.plot(xs, [100 * eff[(real, w)] for w in xs], marker="o", label="best row")
+        for w in xs:
+            row = best[(real, w)]
+            ax.annotate(
+                f"{row.point.ps} PS, {row.point.variable_update}",
+                (w, 100 * eff[(real, w)]),
+                textcoords="offset points",
+                xytext=(-40, -14),
+                fontsize=8,
+            )
         ax.axhline(100, color="k", ls="--", lw=1)
         ax.set_title(f"{'real' if real else 'synthetic'} data")
         ax.set_xlabel("workers")
