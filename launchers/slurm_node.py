@@ -321,7 +321,8 @@ def join(node: Node) -> int:
         )
         return 1
     sock.settimeout(None)
-    agent = Agent(plan, node.name, node.run.dir, LineEmitter(writer, node.name))
+    emitter = LineEmitter(writer, node.name)
+    agent = Agent(plan, node.name, node.run.dir, emitter)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, _frame: agent.stop(f"signal {signum}"))
     heartbeat = float(plan.supervision.get("heartbeat_timeout", 20.0))
@@ -329,6 +330,7 @@ def join(node: Node) -> int:
     try:
         return agent.run()
     finally:
+        emitter.close()
         try:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -181,24 +182,59 @@ class Agent:
 
 
 class LineEmitter:
-    """Writes events as JSON lines to a stream, one whole line at a time across threads."""
+    """Writes events as JSON lines to a stream from a thread of its own.
 
-    def __init__(self, stream: IO[str], host: str):
-        self.stream, self.host = stream, host
-        self.lock = threading.Lock()
+    Emitting never blocks the agent: a stalled stream (a cut SSH link whose window is full) must
+    not hold up supervision or teardown. Lifecycle events always queue; output lines beyond
+    ``max_pending`` waiting ones are dropped — they are in the task's log anyway — and a note
+    says how many. ``close`` flushes what is queued, with a deadline.
+    """
+
+    def __init__(self, stream: IO[str], host: str, max_pending: int = 20000):
+        self.stream, self.host, self.max_pending = stream, host, max_pending
         self.broken = False
+        self.dropped = 0
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._writer = threading.Thread(target=self._write_lines, daemon=True)
+        self._writer.start()
 
     def __call__(self, event: dict[str, Any]) -> None:
-        event = {"time": round(time.time(), 3), "host": self.host, **event}
-        line = json.dumps(event) + "\n"
-        with self.lock:
-            if self.broken:
+        if self.broken:
+            return
+        if event.get("event") == "output":
+            if self._queue.qsize() >= self.max_pending:
+                self.dropped += 1
                 return
+            if self.dropped:
+                note = (f"[tflaunch: {self.dropped} output lines not sent upstream while the "
+                        "link was slow; the task's log has them]")
+                self.dropped = 0
+                self._put({"event": "output", "task": event.get("task"), "line": note})
+        self._put(event)
+
+    def _put(self, event: dict[str, Any]) -> None:
+        event = {"time": round(time.time(), 3), "host": self.host, **event}
+        self._queue.put(json.dumps(event) + "\n")
+
+    def _write_lines(self) -> None:
+        for line in iter(self._queue.get, None):
+            if self.broken:
+                continue
             try:
                 self.stream.write(line)
-                self.stream.flush()
-            except (BrokenPipeError, OSError, ValueError):
+                if self._queue.empty():
+                    self.stream.flush()
+            except (OSError, ValueError):
                 self.broken = True
+        try:
+            self.stream.flush()
+        except (OSError, ValueError):
+            self.broken = True
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Send what is queued (waiting at most ``timeout`` seconds), then stop the writer."""
+        self._queue.put(None)
+        self._writer.join(timeout)
 
 
 def listen(agent: Agent, stream: IO[str], heartbeat_timeout: float) -> None:
@@ -235,14 +271,18 @@ def main(argv: list[str] | None = None) -> int:
     # Events own the real stdout; anything else printed here must not corrupt the stream.
     events_out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     sys.stdout = sys.stderr
-    agent = Agent(plan, args.host, args.run_dir, LineEmitter(events_out, args.host))
+    emitter = LineEmitter(events_out, args.host)
+    agent = Agent(plan, args.host, args.run_dir, emitter)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, _frame: agent.stop(f"signal {signum}"))
     timeout = args.heartbeat_timeout
     if timeout is None:
         timeout = float(plan.supervision.get("heartbeat_timeout", 20.0))
     threading.Thread(target=listen, args=(agent, sys.stdin, timeout), daemon=True).start()
-    return agent.run()
+    try:
+        return agent.run()
+    finally:
+        emitter.close()
 
 
 if __name__ == "__main__":
