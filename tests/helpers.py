@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import queue
 import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -96,20 +98,36 @@ def wait_until_gone(marker: str, timeout: float = 10.0) -> list[psutil.Process]:
     return processes_mentioning(marker)
 
 
-def read_until(stream, needle: str, timeout: float) -> str:
-    """Read lines from ``stream`` until one contains ``needle``; return what was read."""
-    import selectors
+_line_queues: dict[int, queue.Queue] = {}
 
+
+def read_until(stream, needle: str, timeout: float) -> str:
+    """Read lines from ``stream`` until one contains ``needle``; return what was read.
+
+    A thread per stream does the reading (a select() on a buffered text stream misses lines
+    already in its buffer), so repeated calls on one stream see every line exactly once.
+    """
+    lines = _line_queues.get(id(stream))
+    if lines is None:
+        lines = _line_queues[id(stream)] = queue.Queue()
+
+        def pump() -> None:
+            for line in iter(stream.readline, ""):
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
     seen = []
-    sel = selectors.DefaultSelector()
-    sel.register(stream, selectors.EVENT_READ)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if sel.select(timeout=0.2):
-            line = stream.readline()
-            if not line:
-                break
-            seen.append(line)
-            if needle in line:
-                return "".join(seen)
+        try:
+            line = lines.get(timeout=max(0.0, min(0.2, deadline - time.monotonic())))
+        except queue.Empty:
+            continue
+        if line is None:
+            lines.put(None)
+            break
+        seen.append(line)
+        if needle in line:
+            return "".join(seen)
     raise AssertionError(f"'{needle}' not seen within {timeout} s; got:\n{''.join(seen)}")

@@ -111,7 +111,9 @@ class Agent:
             self.emit({"event": "agent_exit", "reason": self.stop_reason})
 
     def _task_pids(self) -> dict[str, int]:
-        return {name: t.proc.pid for name, t in list(self.running.items()) if not t.done.is_set()}
+        # returncode is set the moment the task is reaped, before its output is drained.
+        return {name: t.proc.pid for name, t in list(self.running.items())
+                if t.proc.returncode is None and not t.done.is_set()}
 
     def _preflight(self) -> str | None:
         """Check what would make a task fail at once: missing workdir or program, busy ports."""

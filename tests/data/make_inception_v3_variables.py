@@ -21,6 +21,9 @@ def keras_inception_v3_document() -> dict:
 
     from models.placement import created_variables
 
+    # Keras numbers layer names per process ("conv2d_94"): start from a clean slate so the
+    # names do not depend on which models this process built before.
+    tf.keras.backend.clear_session()
     specs = created_variables(lambda: tf.keras.applications.InceptionV3(weights=None, classes=1000))
     return {
         "source": "tf.keras.applications.InceptionV3(weights=None, classes=1000), trainable "
