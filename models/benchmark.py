@@ -121,6 +121,8 @@ def resolve_cluster(
             ) from None
     else:
         return None
+    if info.job == "evaluator":  # TF_CONFIG lists no evaluator job; it has no part here
+        return info
     if info.job not in info.cluster or not 0 <= info.index < len(info.cluster[info.job]):
         raise BenchmarkError(
             f"task {info.job}:{info.index} is not in the cluster {info.cluster}; check "

@@ -50,6 +50,18 @@ def test_cluster_from_tf_config_puts_the_chief_first() -> None:
     assert resolve_cluster(None, 0, None, None, None) is None
 
 
+def test_an_evaluator_has_no_part(capsys) -> None:
+    from models.benchmark import run
+
+    tf_config = json.dumps(
+        {"cluster": {"worker": ["w:1"]}, "task": {"type": "evaluator", "index": 0}}
+    )
+    info = resolve_cluster(None, 0, None, None, tf_config)
+    assert (info.job, info.is_worker) == ("evaluator", False)
+    assert run(None, info) == 0  # type: ignore[arg-type]
+    assert "has no part in the benchmark" in capsys.readouterr().out
+
+
 def test_flags_win_over_tf_config() -> None:
     tf_config = json.dumps({"cluster": {"worker": ["x:1"]}, "task": {"type": "worker", "index": 0}})
     info = resolve_cluster("ps", 0, "h:1", "h:2", tf_config)
