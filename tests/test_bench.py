@@ -184,6 +184,22 @@ def test_run_sweep_is_repeat_major_with_progress(tmp_path) -> None:
     assert "1.50 img/s" in lines[1] and "left)" in lines[1]
 
 
+def test_an_interrupted_sweep_keeps_the_finished_runs(tmp_path) -> None:
+    from tflaunch.bench import SweepInterrupted
+
+    sweep = _sweep(tmp_path, workers=[1])
+    done: list[Measurement] = []
+
+    def runner(point: Point, repeat: int) -> Measurement:
+        if repeat == 2:
+            raise SweepInterrupted(130)
+        return Measurement(point, repeat, 2.0, 0, "r")
+
+    with pytest.raises(SweepInterrupted):
+        run_sweep(sweep, runner, [Point(1, 1, "parameter_server", False)], lambda _: None, done)
+    assert [m.repeat for m in done] == [1]
+
+
 def test_outputs_csv_json_and_pngs(tmp_path) -> None:
     pytest.importorskip("matplotlib")
     sweep = _sweep(tmp_path, output_dir="out")

@@ -407,12 +407,27 @@ def results_document(sweep: Sweep, measurements: Sequence[Measurement]) -> dict:
 Runner = Callable[[Point, int], Measurement]
 
 
+class SweepInterrupted(Exception):
+    """A run was stopped by a signal (Ctrl-C, SIGTERM): the sweep stops, with this exit code."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"interrupted (exit {code})")
+        self.code = code
+
+
 def run_sweep(
-    sweep: Sweep, runner: Runner, points: Sequence[Point], echo: Callable[[str], None]
+    sweep: Sweep,
+    runner: Runner,
+    points: Sequence[Point],
+    echo: Callable[[str], None],
+    measurements: list[Measurement] | None = None,
 ) -> list[Measurement]:
-    """Every point ``repeats`` times, repeat-major, with a progress line per run."""
+    """Every point ``repeats`` times, repeat-major, with a progress line per run.
+
+    Measurements are appended to ``measurements`` as they come, so that a caller still has the
+    finished runs when the runner raises :class:`SweepInterrupted`."""
     total = len(points) * sweep.repeats
-    measurements: list[Measurement] = []
+    measurements = [] if measurements is None else measurements
     started = time.monotonic()
     for repeat in range(1, sweep.repeats + 1):
         for point in points:
@@ -459,6 +474,8 @@ def cluster_runner(sweep: Sweep) -> Runner:
         log_path = logs / f"{point.slug}-r{repeat}.log"
         with log_path.open("w") as out, contextlib.redirect_stdout(out):
             run_, outcome = launch.run_cluster(config, str(sweep.output_dir / "runs"))
+        if outcome.interrupted:
+            raise SweepInterrupted(outcome.code)
         value = parse_total(log_path.read_text()) if outcome.code == 0 else None
         return Measurement(point, repeat, value, outcome.code, run_.id)
 
@@ -498,7 +515,15 @@ def run_bench(
             f"{sweep_file}: data_dir {sweep.data_dir} is not a directory. Point it at ImageNet "
             "TFRecords, or write a small set with `python -m models.tfrecords --out DIR`."
         )
-    measurements = run_sweep(sweep, cluster_runner(sweep), points, echo)
+    measurements: list[Measurement] = []
+    interrupted = None
+    try:
+        run_sweep(sweep, cluster_runner(sweep), points, echo, measurements)
+    except SweepInterrupted as stop:
+        interrupted = stop.code
+        echo(f"sweep interrupted after {len(measurements)} runs; reporting those")
+    if not measurements:
+        return interrupted or 1
     rows = aggregate(measurements)
     echo("")
     echo(table(rows))
@@ -507,6 +532,8 @@ def run_bench(
     echo("")
     for path in write_outputs(sweep, measurements):
         echo(f"wrote {path}")
+    if interrupted is not None:
+        return interrupted
     return 0 if any(m.images_per_sec is not None for m in measurements) else 1
 
 
