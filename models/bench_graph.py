@@ -27,7 +27,7 @@ from models.benchmark import (
     log,
     timed_loop,
 )
-from models.nets import get_model_spec
+from models.nets import ModelSpec, get_model_spec
 from models.tfrecords import list_shards, make_dataset
 
 v1 = tf.compat.v1
@@ -172,7 +172,16 @@ class _Graph:
             v1.report_uninitialized_variables(self.shared_vars) if info.rank > 0 else None
         )
 
-    def _build_replicated(self, args, worker_device, spec, master, images, labels, optimizer):
+    def _build_replicated(
+        self,
+        args: argparse.Namespace,
+        worker_device: str,
+        spec: ModelSpec,
+        master: tf.Module,
+        images: tf.Tensor,
+        labels: tf.Tensor,
+        optimizer: v1.train.Optimizer,
+    ) -> None:
         """Local copy for compute; gradients go to the master copy; values come back."""
         local_device = "GPU:0" if args.local_parameter_device == "gpu" else "CPU:0"
         with v1.device(f"{worker_device}/device:{local_device}"):
