@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import psutil
@@ -98,7 +99,8 @@ def wait_until_gone(marker: str, timeout: float = 10.0) -> list[psutil.Process]:
     return processes_mentioning(marker)
 
 
-_line_queues: dict[int, queue.Queue] = {}
+# Keyed by the stream itself (weakly): an id() could be reused by a later stream.
+_line_queues: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def read_until(stream, needle: str, timeout: float) -> str:
@@ -107,9 +109,9 @@ def read_until(stream, needle: str, timeout: float) -> str:
     A thread per stream does the reading (a select() on a buffered text stream misses lines
     already in its buffer), so repeated calls on one stream see every line exactly once.
     """
-    lines = _line_queues.get(id(stream))
+    lines = _line_queues.get(stream)
     if lines is None:
-        lines = _line_queues[id(stream)] = queue.Queue()
+        lines = _line_queues[stream] = queue.Queue()
 
         def pump() -> None:
             for line in iter(stream.readline, ""):
