@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import os
 import shutil
 import signal
@@ -32,6 +31,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+try:
+    from tests.hosts import hostlock
+except ModuleNotFoundError:  # run as a script: python tests/hosts/<this file>.py
+    import hostlock  # type: ignore[no-redef]
 
 STATE_DIR = Path(os.environ.get("TFL_SLURM_DIR", "/tmp/tfl-slurm"))
 BRIDGE = "tfl-slurm-br"
@@ -412,16 +416,7 @@ def session(lock_timeout_s: float = 1800.0) -> Iterator[Path]:
     A file lock serialises concurrent users on this machine (two pytest sessions would otherwise
     tear down each other's cluster); the second waits up to ``lock_timeout_s``.
     """
-    with LOCK_FILE.open("w") as lock:
-        deadline = time.monotonic() + lock_timeout_s
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the Slurm test cluster is busy ({LOCK_FILE})") from None
-                time.sleep(1)
+    with hostlock.exclusive(LOCK_FILE, "the Slurm test cluster", lock_timeout_s):
         previous = os.environ.get("SLURM_CONF")
         up()
         os.environ["SLURM_CONF"] = str(conf_path())

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import os
 import re
 import shlex
@@ -41,6 +40,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+try:
+    from tests.hosts import hostlock
+except ModuleNotFoundError:  # run as a script: python tests/hosts/<this file>.py
+    import hostlock  # type: ignore[no-redef]
 
 STATE_DIR = Path(os.environ.get("TFL_SSH_STATE_DIR", "/tmp/tfl-ssh-hosts"))
 LOCK_FILE = Path("/tmp/tfl-ssh-hosts.lock")
@@ -428,20 +432,8 @@ def _main(argv: list[str]) -> int:
 def exclusive(timeout: float = 1800.0) -> Iterator[None]:
     """Hold the test hosts for this process: other test sessions or benchmarks on the machine
     wait here instead of tearing down hosts that are in use."""
-    with LOCK_FILE.open("a") as lock:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the SSH test hosts stayed busy ({LOCK_FILE})") from None
-                time.sleep(1.0)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with hostlock.exclusive(LOCK_FILE, "the SSH test hosts", timeout):
+        yield
 
 
 _session_hosts: list[TestHosts] = []
