@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_base() -> int:
-    for base in range(31000, 60000, 50):
+    for base in range(21000, 32000, 50):  # below the ephemeral range (32768-)
         ok = True
         for port in range(base, base + 20):
             with socket.socket() as s:

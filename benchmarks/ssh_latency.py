@@ -48,7 +48,7 @@ def tf_import_seconds(repeats: int) -> float:
 
 
 def cluster_file(work: Path, hosts: ssh_hosts.TestHosts, count: int, program: str) -> Path:
-    base = random.randint(30000, 44000)
+    base = random.randint(20000, 32000)  # below the ephemeral range (32768-)
     if program == "fake":
         argv, workdir = [sys.executable, str(FAKE_TASK)], str(work)
         env = {"WORK_SECONDS": "600"}

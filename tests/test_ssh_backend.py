@@ -36,7 +36,7 @@ def ssh_cluster(
     known = tmp_path / "known_hosts"
     if not known.exists():
         shutil.copy(hosts.known_hosts, known)
-    base = random.randint(30000, 44000)
+    base = random.randint(20000, 32000)  # below the ephemeral range (32768-)
     data = {
         "name": name,
         "backend": "ssh",
