@@ -25,6 +25,7 @@ computes the same plan, so all agree on where each variable lives.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -67,15 +68,16 @@ def op_nbytes(op: Any) -> int:
     return op_spec(op).nbytes
 
 
-class PsStrategy:
+class PsStrategy(abc.ABC):
     """A ``ps_strategy`` for replica_device_setter: called with each PS op, returns a task index.
 
     ``variable_scope()`` is what to enter, beside the device setter, while the variables are
     created: nothing, except for the partitioned strategy, which shards large variables there.
     """
 
+    @abc.abstractmethod
     def __call__(self, op: Any) -> int:
-        raise NotImplementedError
+        """The PS task index for ``op``."""
 
     def variable_scope(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
@@ -125,8 +127,9 @@ class _BookkeepingStrategy(PsStrategy):
         self.loads[task] += op_nbytes(op)
         return task
 
+    @abc.abstractmethod
     def _choose(self, op: Any) -> int:
-        raise NotImplementedError
+        """The task for an op that does not follow a colocation target."""
 
     def _least_loaded(self) -> int:
         return min(range(len(self.loads)), key=lambda i: (self.loads[i], i))
