@@ -18,6 +18,7 @@ from typing import Any
 from launchers.ssh_connect import Connection, parallel, remote_command
 from tflaunch.errors import LaunchError
 from tflaunch.plan import Plan
+from tflaunch.text import aligned
 
 # Runs on the host; its only input is one JSON argument, its only output one JSON line.
 PROBE = r"""
@@ -249,11 +250,7 @@ def _row(report: HostReport, plan: Plan) -> tuple[str, ...]:
 def format_table(reports: Sequence[HostReport], plan: Plan) -> str:
     """One table, one row per host."""
     rows = [COLUMNS, *(_row(r, plan) for r in reports)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
+    return "\n".join(aligned(rows))
 
 
 def warnings(reports: Sequence[HostReport]) -> list[str]:

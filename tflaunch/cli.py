@@ -16,6 +16,7 @@ from tflaunch.config import ClusterConfig, config_schema, load_config
 from tflaunch.errors import TflaunchError
 from tflaunch.plan import Plan, make_plan, parse_task_name, tf_config
 from tflaunch.run import Run, new_run_id
+from tflaunch.text import aligned
 
 RENDER_FORMATS = ("tf_config", "cluster_spec", "env", "command")
 
@@ -79,9 +80,8 @@ def plan(cluster_file: str, as_json: bool) -> None:
     for task in the_plan.tasks:
         gpus = ",".join(task.gpus) if task.gpus else "-"
         rows.append((task.name, task.host, task.address or "-", gpus, shlex.join(task.argv)))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    for row in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[4])
+    for line in aligned(rows):
+        click.echo(line)
 
 
 @cli.command()

@@ -26,6 +26,7 @@ from typing import Any
 from tflaunch.errors import TflaunchError
 from tflaunch.monitor import NET_FIELDS, read_samples
 from tflaunch.run import Run
+from tflaunch.text import aligned
 
 PLOTS = ("cpu_per_node.png", "packets_per_node.png", "memory_per_task.png", "cpu_per_task.png")
 MIB = 1024 * 1024
@@ -201,7 +202,7 @@ def format_summary(run_id: str, data: dict[str, Any]) -> str:
                 str(t["threads_peak"]),
             )
         )
-    lines += _table(rows) + [""]
+    lines += aligned(rows) + [""]
     rows = [
         ("NODE", "CPU% MEAN", "CPU% PEAK", "MEM PEAK", "SENT", "RECEIVED", "PKTS SENT", "PKTS RECV")
     ]
@@ -218,7 +219,7 @@ def format_summary(run_id: str, data: dict[str, Any]) -> str:
                 str(n["packets_recv"]),
             )
         )
-    lines += _table(rows) + ["", "bytes per interface (those that moved any):"]
+    lines += aligned(rows) + ["", "bytes per interface (those that moved any):"]
     for host, n in data["nodes"].items():
         for nic, c in n["interfaces"].items():
             lines.append(
@@ -226,13 +227,6 @@ def format_summary(run_id: str, data: dict[str, Any]) -> str:
                 f" received {c['bytes_recv']} B ({c['packets_recv']} packets)"
             )
     return "\n".join(lines) + "\n"
-
-
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    ]
 
 
 def _round(value: float | None, digits: int = 1) -> float | None:
@@ -405,7 +399,7 @@ def task_table(run: Run) -> list[str]:
                 "-" if s["code"] is None else str(s["code"]),
             )
         )
-    return _table(rows)
+    return aligned(rows)
 
 
 def watch_status(run: Run, interval: float, show: Callable[[], None]) -> None:
