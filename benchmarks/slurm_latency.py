@@ -31,6 +31,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.helpers import mnist_argv  # noqa: E402
 from tests.hosts import slurm_cluster  # noqa: E402
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
@@ -38,21 +39,7 @@ FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 
 def cluster_file(work: Path, workload: str, train_steps: int) -> Path:
     if workload == "mnist":
-        argv = [
-            sys.executable,
-            "-m",
-            "models.mnist",
-            "--job_name",
-            "{job_name}",
-            "--task_index",
-            "{task_index}",
-            "--ps_hosts",
-            "{ps_hosts}",
-            "--worker_hosts",
-            "{worker_hosts}",
-            "--train_steps",
-            str(train_steps),
-        ]
+        argv = mnist_argv(sys.executable, "--train_steps", str(train_steps))
         env = {}
     else:
         argv = [sys.executable, str(ROOT / "tests" / "programs" / "fake_task.py")]

@@ -41,6 +41,12 @@ def _free(port: int) -> bool:
             return False
 
 
+def mnist_argv(python: str = sys.executable, *extra: str) -> list[str]:
+    """``models.mnist`` with the TF1-style cluster placeholders, as examples/local.yaml runs it."""
+    return [python, "-m", "models.mnist", "--job_name", "{job_name}", "--task_index",
+            "{task_index}", "--ps_hosts", "{ps_hosts}", "--worker_hosts", "{worker_hosts}", *extra]
+
+
 def write_cluster(path: Path, program: dict, **overrides) -> Path:
     """Write a local cluster file on free ports; ``overrides`` are top-level keys."""
     base = free_port_base()

@@ -19,7 +19,14 @@ import pytest
 import yaml
 
 from tests.conftest import skip_or_fail
-from tests.helpers import FAKE_TASK, ROOT, free_port_base, processes_mentioning, tflaunch
+from tests.helpers import (
+    FAKE_TASK,
+    ROOT,
+    free_port_base,
+    mnist_argv,
+    processes_mentioning,
+    tflaunch,
+)
 from tests.hosts import slurm_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -73,25 +80,8 @@ def fake(tmp_path: Path, roles: dict, env: dict | None = None, **sections) -> Pa
 
 
 def mnist(tmp_path: Path, roles: dict, **sections) -> Path:
-    argv = [
-        sys.executable,
-        str(REPORT_ENV),
-        sys.executable,
-        "-m",
-        "models.mnist",
-        "--job_name",
-        "{job_name}",
-        "--task_index",
-        "{task_index}",
-        "--ps_hosts",
-        "{ps_hosts}",
-        "--worker_hosts",
-        "{worker_hosts}",
-        "--train_steps",
-        MNIST_STEPS,
-        "--log_every",
-        "10",
-    ]
+    argv = [sys.executable, str(REPORT_ENV),
+            *mnist_argv(sys.executable, "--train_steps", MNIST_STEPS, "--log_every", "10")]
     return write_cluster(tmp_path, argv, roles, name="mnist", **sections)
 
 

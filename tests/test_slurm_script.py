@@ -24,26 +24,14 @@ from launchers.slurm_script import (
     render_sbatch,
     requested_gpus,
 )
-from tests.helpers import tflaunch
+from tests.helpers import mnist_argv, tflaunch
 from tflaunch.config import parse_config
 from tflaunch.errors import ConfigError, PlanError
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
 NASTY = "a'; echo foo"
 
-MNIST = [
-    "python3",
-    "-m",
-    "models.mnist",
-    "--job_name",
-    "{job_name}",
-    "--task_index",
-    "{task_index}",
-    "--ps_hosts",
-    "{ps_hosts}",
-    "--worker_hosts",
-    "{worker_hosts}",
-]
+MNIST = mnist_argv("python3")
 
 
 def config(**sections):
