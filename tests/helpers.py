@@ -97,6 +97,20 @@ def processes_mentioning(marker: str) -> list[psutil.Process]:
     return found
 
 
+def assert_kill_ends_cluster(proc: subprocess.Popen, marker: str, task: str = "worker:1",
+                             within: float = 5.0) -> None:
+    """SIGKILL ``task`` (a local task of the run ``proc`` launched) and check that the whole
+    cluster ends within ``within`` seconds, with exit 137 and a report naming the task."""
+    (victim,) = [p for p in processes_mentioning(marker)
+                 if p.environ().get("TFLAUNCH_TASK") == task]
+    killed_at = time.monotonic()
+    victim.kill()
+    proc.wait(timeout=within + 10)
+    assert time.monotonic() - killed_at < within
+    assert proc.returncode == 137
+    assert f"{task} on localhost exited with code 137 (SIGKILL)" in proc.stderr.read()
+
+
 def wait_until_gone(marker: str, timeout: float = 10.0) -> list[psutil.Process]:
     """Wait for every process mentioning ``marker`` to end; return those still alive."""
     deadline = time.monotonic() + timeout
