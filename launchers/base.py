@@ -123,6 +123,11 @@ class Backend(ABC):
         """What ``up --dry-run`` prints, starting nothing: the plan, or what would be submitted."""
         return json.dumps(plan.to_dict(), indent=2)
 
+    def refresh(self, run: Run) -> None:
+        """Bring a run that lives elsewhere (a detached SSH run) up to date in the local run
+        directory; a run whose files are already here needs nothing."""
+        return None
+
     def describe(self, run: Run) -> list[str]:
         """Extra lines for ``tflaunch status`` (e.g. the Slurm job's state); none by default."""
         return []

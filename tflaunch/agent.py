@@ -113,7 +113,7 @@ class Agent:
     def _task_pids(self) -> dict[str, int]:
         # returncode is set the moment the task is reaped, before its output is drained.
         return {name: t.proc.pid for name, t in list(self.running.items())
-                if t.proc.returncode is None and not t.done.is_set()}
+                if t.proc.returncode is None}
 
     def _preflight(self) -> str | None:
         """Check what would make a task fail at once: missing workdir or program, busy ports."""

@@ -12,8 +12,10 @@ from pathlib import Path
 import click
 
 from tflaunch import __version__, launch
+from tflaunch.bench import bench_command
 from tflaunch.config import ClusterConfig, config_schema, load_config
 from tflaunch.errors import TflaunchError
+from tflaunch.placement_cmd import placement
 from tflaunch.plan import Plan, make_plan, parse_task_name, tf_config
 from tflaunch.run import Run, new_run_id
 from tflaunch.text import aligned
@@ -147,8 +149,11 @@ def up(cluster_file: str, detach: bool, run_root: str | None, dry_run: bool,
     sys.exit(outcome.code)
 
 
-def _open_run(run_id: str, run_root: str) -> Run:
-    return Run.open(run_root, run_id)
+def _backend_of(run: Run):
+    """The backend that started ``run`` (runs record it in run.json)."""
+    from launchers import get_backend
+
+    return get_backend(run.read_meta().get("backend", "local"))
 
 
 run_dir_option = click.option("--run-dir", "run_root", default="runs", show_default=True,
@@ -167,17 +172,16 @@ def status(ctx: click.Context, run_id: str, run_root: str, watch: bool, interval
     if watch:
         from tflaunch.report import watch_status
 
-        run = _open_run(run_id, run_root)
+        run = Run.open(run_root, run_id)
         watch_status(run, interval, lambda: ctx.invoke(status, run_id=run_id, run_root=run_root))
         return
-    from launchers import get_backend
     from tflaunch.report import task_table
 
-    run = _open_run(run_id, run_root)
+    run = Run.open(run_root, run_id)
     meta = run.read_meta()
     click.echo(f"run {run.id}: {meta.get('state', 'unknown')} (backend {meta.get('backend')}"
                + (f", exit code {meta['exit_code']}" if "exit_code" in meta else "") + ")")
-    for line in get_backend(meta.get("backend", "local")).describe(run):
+    for line in _backend_of(run).describe(run):
         click.echo(line)
     for line in task_table(run):
         click.echo(line)
@@ -190,13 +194,11 @@ def status(ctx: click.Context, run_id: str, run_root: str, watch: bool, interval
 @run_dir_option
 def logs(run_id: str, tasks: tuple[str, ...], follow: bool, run_root: str) -> None:
     """Print the logs of a run's tasks."""
-    from launchers import get_backend
     from tflaunch import runctl
 
-    run = _open_run(run_id, run_root)
-    backend = get_backend(run.read_meta().get("backend", "local"))
-    if hasattr(backend, "refresh"):
-        backend.refresh(run)  # a run that lives elsewhere (detached ssh) is brought here first
+    run = Run.open(run_root, run_id)
+    backend = _backend_of(run)
+    backend.refresh(run)  # a run that lives elsewhere (detached ssh) is brought here first
     for line in runctl.follow_logs(run, list(tasks), follow, lambda: backend.cluster_alive(run)):
         click.echo(line)
 
@@ -206,20 +208,13 @@ def logs(run_id: str, tasks: tuple[str, ...], follow: bool, run_root: str) -> No
 @run_dir_option
 def down(run_id: str, run_root: str) -> None:
     """Stop a run: every task on every host."""
-    from launchers import get_backend
-
-    run = _open_run(run_id, run_root)
-    backend = get_backend(run.read_meta().get("backend", "local"))
+    run = Run.open(run_root, run_id)
+    backend = _backend_of(run)
     grace = float(run.read_plan().supervision.get("grace_period", 5.0))
     click.echo(backend.down(run, grace))
 
 
-from tflaunch.placement_cmd import placement  # noqa: E402
-
 cli.add_command(placement)
-
-from tflaunch.bench import bench_command  # noqa: E402
-
 cli.add_command(bench_command)
 
 
@@ -231,7 +226,7 @@ def report(run_id: str, run_root: str, out_dir: str | None) -> None:
     """Plot CPU, packets and memory over time from a run's samples, and print a summary table."""
     from tflaunch.report import make_report
 
-    _, files = make_report(_open_run(run_id, run_root), out_dir, show=click.echo)
+    _, files = make_report(Run.open(run_root, run_id), out_dir, show=click.echo)
     click.echo("wrote " + ", ".join(str(f) for f in files))
 
 
@@ -242,7 +237,7 @@ def attach(run_id: str, run_root: str) -> None:
     """Open the tmux session of a run started with 'up --terminals tmux'."""
     from launchers.terminals import attach as attach_session
 
-    attach_session(_open_run(run_id, run_root))
+    attach_session(Run.open(run_root, run_id))
 
 
 def main() -> None:

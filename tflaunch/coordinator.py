@@ -32,7 +32,7 @@ from tflaunch.run import Run
 
 TAIL_LINES = 20
 _EVENTS_KEPT = {"agent_started", "started", "ready", "waiting", "exited", "error", "stopping",
-                "agent_exit", "host_started", "link_closed", "cluster_ready", "finished", "sample"}
+                "agent_exit", "host_started", "link_closed", "cluster_ready", "finished"}
 
 
 class AgentLink(Protocol):
