@@ -18,12 +18,16 @@ from launchers.ssh_preflight import (
     probe_request,
     raise_on_problems,
 )
+from tests.helpers import free_port_base
 from tflaunch.config import parse_config
 from tflaunch.errors import LaunchError
 from tflaunch.plan import Host, make_plan
 
 
-def plan_for(tmp_path: Path, argv: list[str], ports: tuple[int, int] = (41000, 41100), gpus=0):
+def plan_for(tmp_path: Path, argv: list[str], ports: tuple[int, int] | None = None, gpus=0):
+    if ports is None:  # free, and below the ephemeral range where connections take ports
+        base = free_port_base()
+        ports = (base, base + 10)
     config = parse_config(
         f"program: {{argv: {json.dumps(argv)}, workdir: {tmp_path}}}\n"
         "roles: {ps: 1, worker: 2}\n"
