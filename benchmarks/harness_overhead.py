@@ -1,16 +1,16 @@
-"""What the benchmark harness costs: models.benchmark against a bare tf.function training loop.
+"""What the benchmark harness costs: tflaunch.models.benchmark against a bare tf.function training loop.
 
 Two measurements in one process, same model, batch, image size and synthetic batch (kept in
 variables):
 
-1. Whole program, alternating rounds (A B A B ...). A: ``models.benchmark.main`` exactly as
-   ``python -m models.benchmark`` runs it (single process: warm-up, barrier, per-step timing,
+1. Whole program, alternating rounds (A B A B ...). A: ``tflaunch.models.benchmark.main`` exactly as
+   ``python -m tflaunch.models.benchmark`` runs it (single process: warm-up, barrier, per-step timing,
    progress lines, JSON result); its ``worker images/sec``. B: a bare ``tf.function`` step
    (forward, loss, gradients, SGD update) looped as fast as it goes after the same warm-up;
    images / wall time. Per-round ratios A/B and medians.
 2. Interleaved blocks, for a ratio that the load of a shared machine disturbs less: the
-   benchmark's own step (``models.bench_eager.single_step``) inside its own timed loop
-   (``models.benchmark.timed_loop``) against the bare step in a bare loop, in alternating
+   benchmark's own step (``tflaunch.models.bench_eager.single_step``) inside its own timed loop
+   (``tflaunch.models.benchmark.timed_loop``) against the bare step in a bare loop, in alternating
    blocks of a few steps; medians of the per-pair ratios of wall time and of process CPU time
    (CPU time is far less disturbed by other processes on a shared machine).
 3. The timed loop's own bookkeeping per step (clock reads, list append, display check), on a
@@ -37,11 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
-
-from models.bench_eager import loss_fn, single_step  # noqa: E402
-from models.benchmark import build_parser, timed_loop, validate  # noqa: E402
-from models.benchmark import main as benchmark_main  # noqa: E402
-from models.nets import get_model_spec  # noqa: E402
+from tflaunch.models.bench_eager import loss_fn, single_step  # noqa: E402
+from tflaunch.models.benchmark import build_parser, timed_loop, validate  # noqa: E402
+from tflaunch.models.benchmark import main as benchmark_main  # noqa: E402
+from tflaunch.models.nets import get_model_spec  # noqa: E402
 
 
 def bare_step(model_name: str, batch: int, size: int):
@@ -90,7 +89,7 @@ def harness(model_name: str, batch: int, size: int, warmup: int, steps: int) -> 
             "--display_every", "10", "--data_format", "NHWC", "--result_json", result,
         ]  # fmt: skip
         if benchmark_main(argv) != 0:
-            raise SystemExit("models.benchmark failed")
+            raise SystemExit("tflaunch.models.benchmark failed")
         with open(result, encoding="utf-8") as f:
             return float(json.load(f)["images_per_sec"]["worker"])
 
@@ -177,7 +176,7 @@ def main() -> None:
         f"(single process, synthetic data)"
     )
     print(f"whole program, {a.rounds} rounds of {a.num_batches} timed steps (medians):")
-    print(f"  harness (models.benchmark) images/sec: {h:.2f}")
+    print(f"  harness (tflaunch.models.benchmark) images/sec: {h:.2f}")
     print(f"  bare tf.function loop images/sec:      {b:.2f}")
     print(f"  median per-round ratio harness/bare:   {round_ratio:.3f}")
     print(f"interleaved, {a.pairs} pairs of {a.block}-step blocks (harness/bare throughput):")

@@ -53,7 +53,7 @@ def cluster_file(work: Path, hosts: ssh_hosts.TestHosts, count: int, program: st
         argv, workdir = [sys.executable, str(FAKE_TASK)], str(work)
         env = {"WORK_SECONDS": "600"}
     else:
-        argv = [sys.executable, "-m", "models.mnist", "--train_steps", "100000"]
+        argv = [sys.executable, "-m", "tflaunch.models.mnist", "--train_steps", "100000"]
         workdir, env = str(ROOT), {}
     data = {
         "name": f"bench-{program}-{count}",

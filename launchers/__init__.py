@@ -6,9 +6,9 @@ import importlib
 
 from tflaunch.errors import ConfigError
 
-_BACKENDS = {"local": "launchers.local:LocalBackend",
-             "slurm": "launchers.slurm:SlurmBackend",
-             "ssh": "launchers.ssh:SshBackend"}
+_BACKENDS = {"local": "tflaunch.launchers.local:LocalBackend",
+             "slurm": "tflaunch.launchers.slurm.backend:SlurmBackend",
+             "ssh": "tflaunch.launchers.ssh.backend:SshBackend"}
 
 
 def get_backend(name: str):

@@ -12,7 +12,8 @@ import subprocess
 import sys
 from typing import Any
 
-from launchers.base import Backend, ProcessLink
+from tflaunch.launchers.base import Backend, ProcessLink
+
 from tflaunch import procs
 from tflaunch.config import ClusterConfig
 from tflaunch.coordinator import Outcome
@@ -28,7 +29,7 @@ class LocalBackend(Backend):
         kind = run.read_meta().get("terminals")
         if not kind:
             return super().launch(config, plan, run, on_ready)
-        from launchers.terminals import open_terminals
+        from tflaunch.launchers.terminals import open_terminals
 
         with open_terminals(kind, plan, run):
             return super().launch(config, plan, run, on_ready)

@@ -18,8 +18,7 @@ import time
 from contextlib import nullcontext
 
 import tensorflow as tf
-
-from models.benchmark import (
+from tflaunch.models.benchmark import (
     BenchmarkError,
     ClusterInfo,
     Timing,
@@ -27,8 +26,8 @@ from models.benchmark import (
     log,
     timed_loop,
 )
-from models.nets import ModelSpec, get_model_spec
-from models.tfrecords import list_shards, make_dataset
+from tflaunch.models.nets import ModelSpec, get_model_spec
+from tflaunch.models.tfrecords import list_shards, make_dataset
 
 v1 = tf.compat.v1
 
@@ -71,7 +70,7 @@ def _ps_strategy(args: argparse.Namespace, info: ClusterInfo):
     """The ``ps_strategy`` for replica_device_setter (models/placement.py), or None: round robin."""
     if args.variable_placement is None:
         return None
-    from models import placement
+    from tflaunch.models import placement
 
     if args.variable_placement == "partitioned" and args.variable_update != "parameter_server":
         raise BenchmarkError(

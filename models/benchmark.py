@@ -1,6 +1,6 @@
 """tf_cnn_benchmarks-style CNN training throughput, carried forward to TensorFlow 2.
 
-    python -m models.benchmark --model inception3 --batch_size 8 --num_batches 100 \
+    python -m tflaunch.models.benchmark --model inception3 --batch_size 8 --num_batches 100 \
         [--variable_update parameter_server|distributed_replicated|collective_all_reduce] \
         [--data_dir DIR] [--job_name worker --task_index 0 --ps_hosts ... --worker_hosts ...]
 
@@ -221,7 +221,7 @@ def _as_float(value: object) -> float | None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m models.benchmark",
+        prog="python -m tflaunch.models.benchmark",
         description="CNN training throughput (tf_cnn_benchmarks flags) on a TF cluster.",
     )
     p.add_argument("--model", default="inception3", help="inception3 or resnet50")
@@ -261,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def validate(args: argparse.Namespace) -> None:
     """Flag checks that need no TensorFlow; raises BenchmarkError saying what to change."""
-    from models.nets import MODELS
+    from tflaunch.models.nets import MODELS
 
     if args.model not in MODELS:
         raise BenchmarkError(f"unknown --model {args.model!r}; choose one of: {', '.join(MODELS)}")
@@ -280,7 +280,7 @@ def validate(args: argparse.Namespace) -> None:
             raise BenchmarkError(f"--{name} must be at least 1, not {getattr(args, name)}.")
     if args.num_warmup_batches < 0:
         raise BenchmarkError("--num_warmup_batches must not be negative.")
-    from models.layers import DataFormatError, check_data_format
+    from tflaunch.models.layers import DataFormatError, check_data_format
 
     try:
         check_data_format(args.data_format)
@@ -295,7 +295,7 @@ def validate(args: argparse.Namespace) -> None:
                 "use --local_parameter_device cpu."
             )
     if args.data_dir is not None:
-        from models.tfrecords import list_shards
+        from tflaunch.models.tfrecords import list_shards
 
         try:
             list_shards(args.data_dir)
@@ -337,7 +337,7 @@ def log(line: str) -> None:
 def run(args: argparse.Namespace, info: ClusterInfo | None) -> int:
     """Dispatch to the PS join, the graph-mode runner or the tf.function runner."""
     if info is not None and info.job == "ps":
-        from models.bench_graph import run_ps
+        from tflaunch.models.bench_graph import run_ps
 
         run_ps(args, info)
         return 0
@@ -345,9 +345,9 @@ def run(args: argparse.Namespace, info: ClusterInfo | None) -> int:
         log(f"task {info.job}:{info.index} has no part in the benchmark; exiting.")
         return 0
     if info is not None and args.variable_update != "collective_all_reduce":
-        from models.bench_graph import run_worker
+        from tflaunch.models.bench_graph import run_worker
     else:
-        from models.bench_eager import run_worker
+        from tflaunch.models.bench_eager import run_worker
     timing, total_rate = run_worker(args, info)
     worker_rate = images_per_sec(args.batch_size, timing)
     log("-" * 64)
@@ -379,8 +379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the imported module's main, not this __main__ copy: the runners import models.benchmark,
+    # Run the imported module's main, not this __main__ copy: the runners import tflaunch.models.benchmark,
     # and its exception and dataclass types must be the ones main() catches.
-    from models.benchmark import main as _main
+    from tflaunch.models.benchmark import main as _main
 
     sys.exit(_main())

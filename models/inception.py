@@ -10,9 +10,15 @@ The smallest input it accepts is 75x75 (as in Keras).
 from __future__ import annotations
 
 import tensorflow as tf
-
-from models.layers import ConvBN, Dense, avg_pool, check_data_format, concat, global_avg_pool
-from models.layers import max_pool as _max_pool
+from tflaunch.models.layers import (
+    ConvBN,
+    Dense,
+    avg_pool,
+    check_data_format,
+    concat,
+    global_avg_pool,
+)
+from tflaunch.models.layers import max_pool as _max_pool
 
 MIN_IMAGE_SIZE = 75
 DEFAULT_IMAGE_SIZE = 299

@@ -4,7 +4,7 @@ replication on parameter servers, written TF1-style with ``tf.compat.v1``.
 Every task runs this same program; its role comes from the command line, as TF1-era launch scripts
 pass it::
 
-    python -m models.mnist --job_name worker --task_index 1 \\
+    python -m tflaunch.models.mnist --job_name worker --task_index 1 \\
         --ps_hosts localhost:2230 --worker_hosts localhost:2220,localhost:2221
 
 or, when those flags are absent, from ``TF_CONFIG`` (read with ``TFConfigClusterResolver``).
@@ -54,7 +54,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 try:
-    from models import digits, placement
+    from tflaunch.models import digits, placement
 except ModuleNotFoundError:  # run as a script (python models/mnist.py): digits.py is a sibling
     import digits  # type: ignore[no-redef]
     import placement  # type: ignore[no-redef]

@@ -25,13 +25,13 @@ class ModelSpec:
 
 
 def _inception3(num_classes: int, data_format: str) -> tf.Module:
-    from models.inception import InceptionV3
+    from tflaunch.models.inception import InceptionV3
 
     return InceptionV3(num_classes=num_classes, data_format=data_format)
 
 
 def _resnet50(num_classes: int, data_format: str) -> tf.Module:
-    from models.resnet import ResNet50
+    from tflaunch.models.resnet import ResNet50
 
     return ResNet50(num_classes=num_classes, data_format=data_format)
 

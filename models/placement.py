@@ -1,6 +1,6 @@
 """Variable placement across parameter servers, on TensorFlow graphs (TF1-style between-graph).
 
-The arithmetic lives in :mod:`models.placement_math` (no TensorFlow); this module connects it to
+The arithmetic lives in :mod:`tflaunch.models.placement_math` (no TensorFlow); this module connects it to
 ``tf.compat.v1.train.replica_device_setter``:
 
 - ``ps_strategy`` callables (:class:`RoundRobinStrategy`, :class:`GreedyStrategy`,
@@ -10,7 +10,7 @@ The arithmetic lives in :mod:`models.placement_math` (no TensorFlow); this modul
   resource variable on PS 0.
 - :func:`partition_variables`, a variable-creator scope that splits large trainable variables into
   TensorFlow partitioned variables (``<name>/part_<i>``) along the axis
-  :func:`models.placement_math.split_axis` chooses, sliced as ``tf.compat.v1.get_variable`` with a
+  :func:`tflaunch.models.placement_math.split_axis` chooses, sliced as ``tf.compat.v1.get_variable`` with a
   partitioner would slice them. Works for ``tf.Variable`` (the tf.Module models) and
   ``tf.compat.v1.get_variable`` (models/mnist.py) in graph mode; tf.Module's
   ``trainable_variables`` lists the shards, and checkpoints store the whole variable.
@@ -36,9 +36,8 @@ from tensorflow.core.framework import node_def_pb2
 
 # Not exported under tf.*: the class tf.compat.v1.get_variable returns for partitioned variables.
 from tensorflow.python.ops.variables import PartitionedVariable
-
-from models import placement_math as pm
-from models.placement_math import Placement, VariableSpec
+from tflaunch.models import placement_math as pm
+from tflaunch.models.placement_math import Placement, VariableSpec
 
 _VARIABLE_OPS = ("Variable", "VariableV2", "VarHandleOp", "AutoReloadVariable")
 
@@ -233,19 +232,19 @@ def graph_variables(build_fn: Callable[[], object]) -> list[VariableSpec]:
 
 
 def _inception_v3(num_classes: int) -> object:
-    from models.inception import InceptionV3
+    from tflaunch.models.inception import InceptionV3
 
     return InceptionV3(num_classes=num_classes)
 
 
 def _resnet50(num_classes: int) -> object:
-    from models.resnet import ResNet50
+    from tflaunch.models.resnet import ResNet50
 
     return ResNet50(num_classes=num_classes)
 
 
 def _mnist(num_classes: int) -> object:
-    from models.mnist import deep_mnist
+    from tflaunch.models.mnist import deep_mnist
 
     images = tf.compat.v1.placeholder(tf.float32, [None, 28, 28, 1])
     return deep_mnist(images, "NHWC", 0.0)

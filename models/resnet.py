@@ -9,8 +9,14 @@ parameters.
 from __future__ import annotations
 
 import tensorflow as tf
-
-from models.layers import ConvBN, Dense, check_data_format, global_avg_pool, max_pool, zero_pad
+from tflaunch.models.layers import (
+    ConvBN,
+    Dense,
+    check_data_format,
+    global_avg_pool,
+    max_pool,
+    zero_pad,
+)
 
 MIN_IMAGE_SIZE = 32
 DEFAULT_IMAGE_SIZE = 224

@@ -7,7 +7,7 @@ hence 1001-class models), ``image/height``, ``image/width``, ``image/format``.
 
 Write a set::
 
-    python -m models.tfrecords --out /tmp/imagenet-mini --num_images 256 --image_size 96 \
+    python -m tflaunch.models.tfrecords --out /tmp/imagenet-mini --num_images 256 --image_size 96 \
         --num_classes 10
 
 The reader decodes the JPEGs, flips at random, resizes to the model's input size, scales to
@@ -86,7 +86,7 @@ def list_shards(data_dir: str) -> list[str]:
     if not files:
         raise FileNotFoundError(
             f"no TFRecord shards matching {SHARD_PATTERN!r} in {data_dir!r}. Write a small set "
-            "with `python -m models.tfrecords --out DIR`, or point --data_dir at ImageNet "
+            "with `python -m tflaunch.models.tfrecords --out DIR`, or point --data_dir at ImageNet "
             "TFRecords (train-00000-of-01024 ...)."
         )
     return files
@@ -145,7 +145,7 @@ def make_dataset(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m models.tfrecords",
+        prog="python -m tflaunch.models.tfrecords",
         description="Write a small ImageNet-layout TFRecord set of random JPEGs.",
     )
     parser.add_argument("--out", required=True, help="output directory (created if missing)")

@@ -42,8 +42,8 @@ def _free(port: int) -> bool:
 
 
 def mnist_argv(python: str = sys.executable, *extra: str) -> list[str]:
-    """``models.mnist`` with the TF1-style cluster placeholders, as examples/local.yaml runs it."""
-    return [python, "-m", "models.mnist", "--job_name", "{job_name}", "--task_index",
+    """``tflaunch.models.mnist`` with the TF1-style cluster placeholders, as examples/local.yaml runs it."""
+    return [python, "-m", "tflaunch.models.mnist", "--job_name", "{job_name}", "--task_index",
             "{task_index}", "--ps_hosts", "{ps_hosts}", "--worker_hosts", "{worker_hosts}", *extra]
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tflaunch.bench import (
+from tflaunch.errors import ConfigError
+from tflaunch.tools.bench import (
     Measurement,
     Point,
     Row,
@@ -28,7 +29,6 @@ from tflaunch.bench import (
     table,
     write_outputs,
 )
-from tflaunch.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -185,7 +185,7 @@ def test_run_sweep_is_repeat_major_with_progress(tmp_path) -> None:
 
 
 def test_an_interrupted_sweep_keeps_the_finished_runs(tmp_path) -> None:
-    from tflaunch.bench import SweepInterrupted
+    from tflaunch.tools.bench import SweepInterrupted
 
     sweep = _sweep(tmp_path, workers=[1])
     done: list[Measurement] = []
@@ -227,7 +227,7 @@ def test_outputs_csv_json_and_pngs(tmp_path) -> None:
 
 
 def test_rows_without_any_success_write_no_plots(tmp_path) -> None:
-    from tflaunch.bench_plot import plot_results
+    from tflaunch.tools.bench_plot import plot_results
 
     assert (
         plot_results([Row(Point(1, 1, "parameter_server", False), None, None, 1, 1)], tmp_path, "t")
@@ -246,7 +246,7 @@ def test_tiny_sweep_through_the_local_backend(tmp_path) -> None:
     argv = [
         sys.executable,
         "-m",
-        "models.benchmark",
+        "tflaunch.models.benchmark",
         "--model",
         "inception3",
         "--image_size",

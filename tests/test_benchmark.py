@@ -1,4 +1,4 @@
-"""models.benchmark: pure parts, flag errors, tiny single-process runs, and 1 PS + 2 workers
+"""tflaunch.models.benchmark: pure parts, flag errors, tiny single-process runs, and 1 PS + 2 workers
 through `tflaunch up` for every variable update (slow)."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from models.benchmark import (
+from tflaunch.models.benchmark import (
     PLACEMENTS,
     BenchmarkError,
     ClusterInfo,
@@ -20,6 +19,7 @@ from models.benchmark import (
     should_display,
     timed_loop,
 )
+
 from tests.helpers import tflaunch, wait_until_gone, write_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,7 +51,7 @@ def test_cluster_from_tf_config_puts_the_chief_first() -> None:
 
 
 def test_an_evaluator_has_no_part(capsys) -> None:
-    from models.benchmark import run
+    from tflaunch.models.benchmark import run
 
     tf_config = json.dumps(
         {"cluster": {"worker": ["w:1"]}, "task": {"type": "evaluator", "index": 0}}
@@ -114,7 +114,7 @@ def test_timed_loop_times_only_the_steps_after_the_barrier() -> None:
 
 
 def test_placement_choices_are_the_placement_modules() -> None:
-    from models.placement_math import STRATEGIES
+    from tflaunch.models.placement_math import STRATEGIES
 
     assert PLACEMENTS == STRATEGIES
 
@@ -137,8 +137,7 @@ pytest.importorskip("tensorflow")
 )
 def test_bad_flags_exit_2_with_a_message(argv, message, capsys) -> None:
     import tensorflow as tf
-
-    from models.benchmark import main
+    from tflaunch.models.benchmark import main
 
     if ("NCHW" in argv or "gpu" in argv) and tf.config.list_physical_devices("GPU"):
         pytest.skip("a GPU is visible: NCHW is allowed here")
@@ -147,7 +146,7 @@ def test_bad_flags_exit_2_with_a_message(argv, message, capsys) -> None:
 
 
 def test_graph_modes_refuse_a_cluster_without_ps(capsys, monkeypatch) -> None:
-    from models.benchmark import main
+    from tflaunch.models.benchmark import main
 
     monkeypatch.setenv(
         "TF_CONFIG",
@@ -163,7 +162,7 @@ def test_graph_modes_refuse_a_cluster_without_ps(capsys, monkeypatch) -> None:
 
 
 def _run_single(extra: list[str], tmp_path: Path, capsys) -> dict:
-    from models.benchmark import main
+    from tflaunch.models.benchmark import main
 
     result = tmp_path / "result.json"
     argv = [*TINY, "--num_batches", "3", "--num_warmup_batches", "1", "--display_every", "2"]
@@ -186,7 +185,7 @@ def test_single_process_synthetic(tmp_path, capsys) -> None:
 
 @pytest.fixture(scope="module")
 def tfrecord_dir(tmp_path_factory) -> Path:
-    from models.tfrecords import list_shards, write_dataset
+    from tflaunch.models.tfrecords import list_shards, write_dataset
 
     out = tmp_path_factory.mktemp("tfrecords")
     write_dataset(str(out), num_images=12, image_size=80, num_classes=5, num_shards=3)
@@ -199,7 +198,7 @@ def tfrecord_dir(tmp_path_factory) -> Path:
 
 
 def test_tfrecords_round_trip(tfrecord_dir) -> None:
-    from models.tfrecords import list_shards, make_dataset
+    from tflaunch.models.tfrecords import list_shards, make_dataset
 
     images, labels = next(iter(make_dataset(list_shards(str(tfrecord_dir)), 4, 75)))
     assert images.shape == (4, 75, 75, 3)
@@ -221,7 +220,7 @@ def test_single_process_tfrecords(tfrecord_dir, tmp_path, capsys) -> None:
     "variable_update", ["parameter_server", "distributed_replicated", "collective_all_reduce"]
 )
 def test_cluster_through_tflaunch_up(variable_update, real_data, tfrecord_dir, tmp_path) -> None:
-    argv = [sys.executable, "-m", "models.benchmark", *TINY, "--num_batches", "2"]
+    argv = [sys.executable, "-m", "tflaunch.models.benchmark", *TINY, "--num_batches", "2"]
     argv += ["--num_warmup_batches", "1", "--variable_update", variable_update]
     argv += ["--result_json", str(tmp_path / "{job_name}-{task_index}.json")]
     if real_data:

@@ -52,7 +52,36 @@ BAD = {
                       "too few host slots: 3 worker tasks"),
     "duplicate_host": ("program: [p]\nhosts: [a, b, a]\n", ":2: hosts[2].name: host 'a' is listed twice"),
     "empty_file": ("", "the cluster file is empty"),
+    "old_module_name": ("program: [python3, -m, models.mnist]\n",
+                        ":1: program.argv[2]: the module 'models.mnist' is now 'tflaunch.models.mnist'"),
 }
+
+
+def test_a_projects_own_models_package_is_not_taken_for_ours(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "mnist.py").write_text("")
+    (tmp_path / "c.yaml").write_text("program: [python3, -m, models.mnist]\n")
+    assert load_config(tmp_path / "c.yaml").program.argv[2] == "models.mnist"
+
+
+def test_installed_package_adds_only_tflaunch_names(tmp_path):
+    """A non-editable install into a fresh venv puts no top-level 'models' or 'launchers' into
+    site-packages: ours are tflaunch.models and tflaunch.launchers."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    site = next((tmp_path / "venv" / "lib").glob("python*/site-packages"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--target", str(site), str(ROOT)], check=True, capture_output=True)
+    top = {p.name for p in site.iterdir() if not p.name.endswith((".dist-info", ".pth"))}
+    assert "tflaunch" in top and not top & {"models", "launchers"}, sorted(top)
+    assert (site / "tflaunch" / "models" / "mnist.py").is_file()
+    assert (site / "tflaunch" / "launchers" / "slurm" / "node.py").is_file()
+    probe = "import tflaunch.models.placement_math\nfor name in ('models', 'launchers'):\n" \
+            "    try: __import__(name)\n    except ModuleNotFoundError as e: print(e)"
+    result = subprocess.run([str(tmp_path / "venv" / "bin" / "python"), "-c", probe], cwd=tmp_path,
+                            capture_output=True, text=True, env={"PYTHONPATH": str(site)})
+    assert result.stdout.split("\n")[:2] == ["No module named 'models'", "No module named 'launchers'"], \
+        result.stderr
+
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -114,7 +143,7 @@ def test_examples_validate():
 
 def test_cli_and_launchers_do_not_import_tensorflow():
     code = ("import sys; from click.testing import CliRunner; from tflaunch.cli import cli; "
-            "import launchers.local, launchers.base; "
+            "import tflaunch.launchers.local, tflaunch.launchers.base; "
             f"r = CliRunner().invoke(cli, ['plan', {str(ROOT / 'examples' / 'local.yaml')!r}]); "
             "assert r.exit_code == 0, r.output; "
             "assert 'tensorflow' not in sys.modules; print('ok')")

@@ -23,11 +23,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from models import digits
+from tflaunch.models import digits
 
 tf = pytest.importorskip("tensorflow")
-from models import mnist  # noqa: E402  (imports tensorflow)
+from tflaunch.models import mnist  # noqa: E402  (imports tensorflow)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -210,7 +209,7 @@ def test_batches_cover_each_epoch_once():
 
 def test_watchdog_ends_a_stuck_process_with_exit_1():
     code = (
-        "import time; from models.mnist import Watchdog; w = Watchdog('worker:7')\n"
+        "import time; from tflaunch.models.mnist import Watchdog; w = Watchdog('worker:7')\n"
         "with w.phase('connecting to nowhere', 0.5, '--startup_timeout_secs'): time.sleep(60)"
     )
     done = subprocess.run(
@@ -349,7 +348,7 @@ class Tasks:
         env.update(PYTHONUNBUFFERED="1", **(env_extra or {}))
         with open(self.log_dir / f"{name}.log", "wb") as log:
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "models.mnist", *argv],
+                [sys.executable, "-m", "tflaunch.models.mnist", *argv],
                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
 

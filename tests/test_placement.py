@@ -17,10 +17,10 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tflaunch.models import placement_math as pm
+from tflaunch.models.placement_math import VariableSpec
 
-from models import placement_math as pm
-from models.placement_math import VariableSpec
-from tflaunch.placement_cmd import format_table, parse_ps_counts, placement
+from tflaunch.tools.placement import format_table, parse_ps_counts, placement
 
 DATA = Path(__file__).resolve().parent / "data"
 PROGRAMS = Path(__file__).resolve().parent / "programs"
@@ -184,7 +184,7 @@ def test_table_shows_ratio_largest_and_bytes_per_ps():
 
 
 def test_the_cli_module_does_not_import_tensorflow():
-    code = "import sys, tflaunch.cli, tflaunch.placement_cmd; print('tensorflow' in sys.modules)"
+    code = "import sys, tflaunch.cli, tflaunch.tools.placement; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -200,7 +200,7 @@ def test_fixture_matches_keras_and_models_inception():
         from make_inception_v3_variables import keras_inception_v3_document
     finally:
         sys.path.remove(str(DATA))
-    from models.placement import model_variables
+    from tflaunch.models.placement import model_variables
 
     stored = json.loads((DATA / "inception_v3_variables.json").read_text())["variables"]
     assert keras_inception_v3_document()["variables"] == stored
@@ -210,7 +210,7 @@ def test_fixture_matches_keras_and_models_inception():
 
 def test_ps_strategies_in_a_graph_match_the_arithmetic_and_replica_device_setter():
     tf = pytest.importorskip("tensorflow")
-    from models.placement import GreedyStrategy, RoundRobinStrategy, op_nbytes
+    from tflaunch.models.placement import GreedyStrategy, RoundRobinStrategy, op_nbytes
 
     variables = inception_v3()
     for num_ps in (2, 4, 8):
@@ -244,8 +244,8 @@ def _devices(tf, variables, setter) -> list[str]:
 
 def test_partitioned_inception_in_a_graph_matches_the_plan_and_tensorflow_partitioner():
     tf = pytest.importorskip("tensorflow")
-    from models.inception import InceptionV3
-    from models.placement import variable_placement
+    from tflaunch.models.inception import InceptionV3
+    from tflaunch.models.placement import variable_placement
 
     build = lambda: InceptionV3(num_classes=1000)  # noqa: E731
     graph = tf.Graph()
@@ -311,7 +311,7 @@ def test_two_ps_cluster_places_each_variable_where_the_strategy_chose_and_trains
 
 def test_mnist_graph_follows_each_strategy_and_its_evaluator_agrees():
     pytest.importorskip("tensorflow")
-    from models import mnist
+    from tflaunch.models import mnist
 
     cluster = {"ps": ["h:1", "h:2"], "worker": ["h:3"]}
     for strategy in ("greedy", "lpt", "partitioned"):
@@ -339,7 +339,7 @@ def test_mnist_graph_follows_each_strategy_and_its_evaluator_agrees():
 
 def _ps_bytes(graph) -> dict[str, tuple[int, int]]:
     """Variable op name -> (PS task, bytes) for every variable in ``graph``."""
-    from models.placement import op_nbytes
+    from tflaunch.models.placement import op_nbytes
 
     return {
         op.name: (int(op.device.rsplit(":", 1)[1]), op_nbytes(op))

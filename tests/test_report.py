@@ -13,7 +13,7 @@ import yaml
 
 from tests.helpers import ROOT, tflaunch, wait_until_gone, write_cluster
 from tests.test_monitor import traffic_cluster
-from tflaunch.report import PLOTS, format_summary, net_steps, summary, usage_from_samples
+from tflaunch.tools.report import PLOTS, format_summary, net_steps, summary, usage_from_samples
 
 MIB = 1024 * 1024
 
@@ -126,7 +126,7 @@ def test_report_without_matplotlib_writes_the_summary_and_says_what_to_install(t
 
 
 def test_cli_and_report_module_do_not_import_matplotlib():
-    code = ("import sys, tflaunch.cli, tflaunch.report, tflaunch.monitor; "
+    code = ("import sys, tflaunch.cli, tflaunch.tools.report, tflaunch.monitor; "
             "assert 'matplotlib' not in sys.modules and 'tensorflow' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
 

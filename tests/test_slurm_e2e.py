@@ -360,7 +360,7 @@ def test_cancelled_while_following_stops_the_job(cluster, tmp_path) -> None:
 
 
 def test_job_state_from_squeue_json_and_plain_format_agree(cluster) -> None:
-    from launchers.slurm import _squeue_format_state, _squeue_json_state, job_state
+    from tflaunch.launchers.slurm.backend import _squeue_format_state, _squeue_json_state, job_state
 
     job_id = subprocess.run(
         ["sbatch", "--parsable", "--nodes=1", "--output=/dev/null", "--wrap=exit 3"],

@@ -12,15 +12,15 @@ import threading
 from pathlib import Path
 
 import yaml
-
-from launchers.slurm_node import (
+from tflaunch.launchers.slurm.node import (
     Node,
     _read_hello,
     allocation_hosts,
     allocation_nodes,
     node_gpu_ids,
 )
-from launchers.slurm_script import Layout, layout
+from tflaunch.launchers.slurm.script import Layout, layout
+
 from tflaunch.config import parse_config
 from tflaunch.plan import Host
 from tflaunch.run import Run

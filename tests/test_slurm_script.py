@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from launchers.slurm_script import (
+from tflaunch.launchers.slurm.script import (
     Layout,
     ScriptInputs,
     directive_word,
@@ -24,6 +23,7 @@ from launchers.slurm_script import (
     render_sbatch,
     requested_gpus,
 )
+
 from tests.helpers import mnist_argv, tflaunch
 from tflaunch.config import parse_config
 from tflaunch.errors import ConfigError, PlanError
@@ -141,7 +141,7 @@ def test_nasty_values_stay_single_words_in_the_shell_body() -> None:
     assert words[-5:] == [
         "/opt/my env/bin/python3",
         "-m",
-        "launchers.slurm_node",
+        "tflaunch.launchers.slurm.node",
         "--run-dir",
         run_dir,
     ]

@@ -449,7 +449,7 @@ def test_mnist_2ps_3workers_on_private_addresses(ssh_test_hosts, tmp_path):
             "argv": [
                 sys.executable,
                 "-m",
-                "models.mnist",
+                "tflaunch.models.mnist",
                 "--train_steps",
                 "30",
                 "--log_every",

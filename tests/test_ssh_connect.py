@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from launchers.ssh_connect import (
+from tflaunch.launchers.ssh.connect import (
     SshOptions,
     _parse_jump,
     close_all,
@@ -24,6 +23,7 @@ from launchers.ssh_connect import (
     connect_all,
     remote_command,
 )
+
 from tests.hosts import ssh_hosts
 from tflaunch.errors import LaunchError
 

@@ -31,7 +31,7 @@ def test_detached_run_finishes_without_the_launcher(ssh_test_hosts, tmp_path):
     run_id = detach(cluster)
     # The launcher has exited; the cluster runs on (coordinator on host 1, agents, tasks).
     running = left_on_hosts(ssh_test_hosts)
-    assert any("launchers.ssh_detach coordinate" in p for p in running)
+    assert any("tflaunch.launchers.ssh.on_host coordinate" in p for p in running)
     assert any("fake_task.py" in p for p in running)
     status = cli(tmp_path, "status", run_id)
     assert status.returncode == 0, status.stderr

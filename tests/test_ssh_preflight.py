@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from launchers.ssh_preflight import (
+from tflaunch.launchers.ssh.preflight import (
     PROBE,
     HostReport,
     _judge,
@@ -18,6 +17,7 @@ from launchers.ssh_preflight import (
     probe_request,
     raise_on_problems,
 )
+
 from tests.helpers import free_port_base
 from tflaunch.config import parse_config
 from tflaunch.errors import LaunchError

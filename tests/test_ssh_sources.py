@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from tflaunch.launchers.ssh.backend import SshBackend
+from tflaunch.launchers.ssh.sources import RemoteHost, discover_ec2, read_ip_files, resolve_hosts
 
-from launchers.ssh import SshBackend
-from launchers.ssh_sources import RemoteHost, discover_ec2, read_ip_files, resolve_hosts
 from tflaunch.config import Ec2Section, parse_config
 from tflaunch.errors import ConfigError, LaunchError
 
@@ -205,7 +205,7 @@ def test_launchers_import_without_boto3_or_tensorflow():
     import subprocess
 
     code = (
-        "import sys, launchers.ssh, launchers.ssh_sources, launchers.ssh_preflight; "
+        "import sys, tflaunch.launchers.ssh.backend, tflaunch.launchers.ssh.sources, tflaunch.launchers.ssh.preflight; "
         "bad = [m for m in ('boto3', 'tensorflow') if m in sys.modules]; "
         "sys.exit(f'imported {bad}' if bad else 0)"
     )
@@ -248,7 +248,7 @@ def test_aws_example_plans_one_gpu_workers_and_gpu_less_colocated_ps(ec2_endpoin
 
 
 def test_ssh_workdir_is_a_path_on_the_hosts(tmp_path):
-    from launchers.ssh import remote_path
+    from tflaunch.launchers.ssh.backend import remote_path
 
     cfg = config(tmp_path, "hosts: [a]\n")
     assert cfg.workdir == "."  # not resolved against this machine's folders

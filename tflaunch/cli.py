@@ -12,13 +12,13 @@ from pathlib import Path
 import click
 
 from tflaunch import __version__, launch
-from tflaunch.bench import bench_command
 from tflaunch.config import ClusterConfig, config_schema, load_config
 from tflaunch.errors import TflaunchError
-from tflaunch.placement_cmd import placement
 from tflaunch.plan import Plan, make_plan, parse_task_name, tf_config
 from tflaunch.run import Run, new_run_id
 from tflaunch.text import aligned
+from tflaunch.tools.bench import bench_command
+from tflaunch.tools.placement import placement
 
 RENDER_FORMATS = ("tf_config", "cluster_spec", "env", "command")
 
@@ -47,7 +47,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 
 def _load_plan(path: str) -> tuple[ClusterConfig, Plan]:
-    from launchers import get_backend
+    from tflaunch.launchers import get_backend
 
     config = load_config(path)
     backend = get_backend(config.backend)
@@ -121,13 +121,13 @@ def render(cluster_file: str, task_name: str, fmt: str) -> None:
 def up(cluster_file: str, detach: bool, run_root: str | None, dry_run: bool,
        run_id: str | None, attached_daemon: bool, terminals: str | None) -> None:
     """Start the cluster, stream its output, and exit with its result."""
-    from launchers import get_backend
+    from tflaunch.launchers import get_backend
 
     config = load_config(cluster_file)
     backend = get_backend(config.backend)
     run_root = run_root or config.run_dir
     if terminals:
-        from launchers.terminals import check as check_terminals
+        from tflaunch.launchers.terminals import check as check_terminals
 
         check_terminals(terminals, config.backend)
     if dry_run:
@@ -151,7 +151,7 @@ def up(cluster_file: str, detach: bool, run_root: str | None, dry_run: bool,
 
 def _backend_of(run: Run):
     """The backend that started ``run`` (runs record it in run.json)."""
-    from launchers import get_backend
+    from tflaunch.launchers import get_backend
 
     return get_backend(run.read_meta().get("backend", "local"))
 
@@ -170,12 +170,12 @@ run_dir_option = click.option("--run-dir", "run_root", default="runs", show_defa
 def status(ctx: click.Context, run_id: str, run_root: str, watch: bool, interval: float) -> None:
     """Show a run's state and every task's state, pid, CPU %, memory (RSS) and uptime."""
     if watch:
-        from tflaunch.report import watch_status
+        from tflaunch.tools.report import watch_status
 
         run = Run.open(run_root, run_id)
         watch_status(run, interval, lambda: ctx.invoke(status, run_id=run_id, run_root=run_root))
         return
-    from tflaunch.report import task_table
+    from tflaunch.tools.report import task_table
 
     run = Run.open(run_root, run_id)
     meta = run.read_meta()
@@ -224,7 +224,7 @@ cli.add_command(bench_command)
 @click.option("--out", "out_dir", default=None, help="Where to write (default: the run directory).")
 def report(run_id: str, run_root: str, out_dir: str | None) -> None:
     """Plot CPU, packets and memory over time from a run's samples, and print a summary table."""
-    from tflaunch.report import make_report
+    from tflaunch.tools.report import make_report
 
     _, files = make_report(Run.open(run_root, run_id), out_dir, show=click.echo)
     click.echo("wrote " + ", ".join(str(f) for f in files))
@@ -235,7 +235,7 @@ def report(run_id: str, run_root: str, out_dir: str | None) -> None:
 @run_dir_option
 def attach(run_id: str, run_root: str) -> None:
     """Open the tmux session of a run started with 'up --terminals tmux'."""
-    from launchers.terminals import attach as attach_session
+    from tflaunch.launchers.terminals import attach as attach_session
 
     attach_session(Run.open(run_root, run_id))
 

@@ -10,6 +10,7 @@ the nearest valid key. ``tflaunch schema`` prints the JSON Schema derived from t
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -237,6 +238,13 @@ def _check(config: ClusterConfig, positions: Mapping[tuple, int]) -> None:
 
     if not config.program.argv:
         fail(("program", "argv"), "is empty; give the command to run, e.g. [python, train.py]")
+    moved = _moved_module(config)
+    if moved:
+        index, old = moved
+        fail(("program", "argv", index),
+             f"the module '{old}' is now 'tflaunch.{old}' (tflaunch installs only tflaunch-prefixed "
+             f"packages, so that a project's own '{old.split('.')[0]}/' is never shadowed); write "
+             f"'-m tflaunch.{old}'")
     roles = config.roles
     if roles.chief > 1:
         fail(("roles", "chief"), f"at most one chief, got {roles.chief}")
@@ -253,6 +261,29 @@ def _check(config: ClusterConfig, positions: Mapping[tuple, int]) -> None:
             fail(("hosts", i, "name"), f"host '{name}' is listed twice")
     if config.ssh.public_ips_file and not config.ssh.private_ips_file:
         fail(("ssh", "private_ips_file"), "is required with public_ips_file (line i of each is one host)")
+
+
+def _moved_module(config: ClusterConfig) -> tuple[int, str] | None:
+    """An argv running one of our programs by its pre-0.2 name (``-m models.mnist``), unless the
+    program's workdir has a module of that name of its own."""
+    argv = config.program.argv
+    for i in range(1, len(argv)):
+        old = argv[i]
+        if argv[i - 1] != "-m" or old.split(".")[0] not in ("models", "launchers"):
+            continue
+        own = Path(config.workdir, *old.split("."))
+        if own.with_suffix(".py").exists() or own.is_dir():
+            return None
+        if importlib.util.find_spec(f"tflaunch.{old.split('.')[0]}") and _has_module(f"tflaunch.{old}"):
+            return i, old
+    return None
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _load_yaml(text: str, source: str) -> tuple[Any, dict[tuple, int]]:

@@ -9,7 +9,7 @@
   a MonitoredTrainingSession worker that starts after the chief finished can wait forever.
 - SIGINT, SIGTERM or SIGHUP: the same teardown; exit 130, 143 or 129.
 
-Agents are reached through links (``launchers.base.AgentLink``): a subprocess's pipes, an SSH
+Agents are reached through links (``tflaunch.launchers.base.AgentLink``): a subprocess's pipes, an SSH
 channel or a TCP socket. The protocol is the same JSON lines on all of them.
 """
 

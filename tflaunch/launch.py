@@ -14,7 +14,7 @@ from tflaunch.run import Run
 def prepare(config: ClusterConfig, run_root: str | None = None, run_id: str | None = None,
             cluster_file: str | None = None) -> tuple[Plan, Run]:
     """Plan the cluster on its backend's hosts and create its run directory."""
-    from launchers import get_backend
+    from tflaunch.launchers import get_backend
 
     plan = make_plan(config, get_backend(config.backend).hosts(config))
     run = Run.create(run_root or config.run_dir, config.name, run_id)
@@ -27,7 +27,7 @@ def prepare(config: ClusterConfig, run_root: str | None = None, run_id: str | No
 
 def run_cluster(config: ClusterConfig, run_root: str | None = None) -> tuple[Run, Outcome]:
     """Run the cluster to its end in the foreground (output streams to stdout)."""
-    from launchers import get_backend
+    from tflaunch.launchers import get_backend
 
     plan, run = prepare(config, run_root)
     return run, get_backend(config.backend).launch(config, plan, run)

@@ -1,8 +1,8 @@
 """Test program: between-graph training with a placement strategy, reporting where variables live.
 
 Run under ``tflaunch up`` (cluster from TF_CONFIG). PS tasks serve; worker 0 builds a small
-classifier (models.layers.Dense, 64 -> HIDDEN -> 10, on scikit-learn's 8x8 digits) under
-``models.placement.variable_placement(PLACEMENT, num_ps, ...)``, trains it for STEPS steps with
+classifier (tflaunch.models.layers.Dense, 64 -> HIDDEN -> 10, on scikit-learn's 8x8 digits) under
+``tflaunch.models.placement.variable_placement(PLACEMENT, num_ps, ...)``, trains it for STEPS steps with
 Adam, and prints one line ``placement-report: {json}`` with:
 
 - ``variables``: what the planning build learned (name, shape, dtype size, trainable);
@@ -22,9 +22,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
-
-from models import placement  # noqa: E402
-from models.layers import Dense  # noqa: E402
+from tflaunch.models import placement  # noqa: E402
+from tflaunch.models.layers import Dense  # noqa: E402
 
 v1 = tf.compat.v1
 HIDDEN = int(os.environ.get("HIDDEN", "512"))

@@ -1,6 +1,6 @@
 """Print the task's TF_CONFIG and CUDA_VISIBLE_DEVICES as it received them, then exec the program.
 
-Used in front of a real program (``report_env.py python -m models.mnist ...``) so a test can
+Used in front of a real program (``report_env.py python -m tflaunch.models.mnist ...``) so a test can
 compare what each task actually got with what the plan says, from the task's own log.
 """
 

@@ -3,7 +3,7 @@
 The launcher connects to every host's *connect* (public) address in parallel, while the plan wires
 the cluster on *cluster* (private) addresses. Before anything starts anywhere it resolves each
 host's working and run directories, uploads the files ``ssh.upload`` lists (SFTP), and runs the
-pre-flight check (:mod:`launchers.ssh_preflight`), printing one table. Then it writes the plan into
+pre-flight check (:mod:`tflaunch.launchers.ssh.preflight`), printing one table. Then it writes the plan into
 each host's run directory and starts ``python -m tflaunch.agent`` there over an SSH channel without
 a PTY; the channel's stdout is the agent's JSON-lines event stream and its stdin carries the
 coordinator's commands and heartbeats.
@@ -35,9 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import paramiko
-
-from launchers.base import Backend, StreamLink
-from launchers.ssh_connect import (
+from tflaunch.launchers.base import Backend, StreamLink
+from tflaunch.launchers.ssh.connect import (
     Connection,
     SshOptions,
     close_all,
@@ -45,9 +44,10 @@ from launchers.ssh_connect import (
     parallel,
     remote_command,
 )
-from launchers.ssh_preflight import format_table, raise_on_problems, run_preflight
-from launchers.ssh_preflight import warnings as preflight_warnings
-from launchers.ssh_sources import resolve_hosts
+from tflaunch.launchers.ssh.preflight import format_table, raise_on_problems, run_preflight
+from tflaunch.launchers.ssh.preflight import warnings as preflight_warnings
+from tflaunch.launchers.ssh.sources import resolve_hosts
+
 from tflaunch.config import ClusterConfig
 from tflaunch.coordinator import Outcome
 from tflaunch.errors import LaunchError, TflaunchError
@@ -363,7 +363,7 @@ class SshBackend(Backend):
 
     def launch_detached(self, config: ClusterConfig, plan: Plan, run: Run) -> None:
         """Start a run that survives the launcher's disconnection; return once it is ready."""
-        from launchers import ssh_runs
+        from tflaunch.launchers import ssh_runs
 
         try:
             ssh_runs.start_detached(self, config, plan, run)
@@ -375,7 +375,7 @@ class SshBackend(Backend):
 
     def refresh(self, run: Run) -> None:
         """Bring a detached run's events, state and logs from the hosts into the run dir."""
-        from launchers import ssh_runs
+        from tflaunch.launchers import ssh_runs
 
         if run.read_meta().get("detached"):
             ssh_runs.refresh(self, run)
@@ -390,7 +390,7 @@ class SshBackend(Backend):
         return not ended_before
 
     def down(self, run: Run, grace: float) -> str:
-        from launchers import ssh_runs
+        from tflaunch.launchers import ssh_runs
 
         if not run.read_meta().get("detached"):
             return super().down(run, grace)

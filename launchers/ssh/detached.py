@@ -1,6 +1,6 @@
 """The launcher's side of detached SSH runs: start them, refresh them, bring them down.
 
-A detached run's coordinator and agents live on the hosts (:mod:`launchers.ssh_detach`); the local
+A detached run's coordinator and agents live on the hosts (:mod:`tflaunch.launchers.ssh.on_host`); the local
 run directory mirrors them. ``refresh`` appends what is new of the coordinator's events, resource
 samples and console and of every task's log, and copies the run's state, so ``tflaunch status``
 and ``logs [-f]`` read local files as for any run. ``down`` signals the coordinator (which tears the cluster down as on Ctrl-C) and then
@@ -14,16 +14,17 @@ import posixpath
 import time
 from typing import TYPE_CHECKING, Any
 
-from launchers.ssh_connect import Connection, SshOptions, close_all, connect_all, parallel
-from launchers.ssh_connect import remote_command as _command
-from launchers.ssh_detach import COORDINATOR_FILE, TOKEN_FILE, new_token
+from tflaunch.launchers.ssh.connect import Connection, SshOptions, close_all, connect_all, parallel
+from tflaunch.launchers.ssh.connect import remote_command as _command
+from tflaunch.launchers.ssh.on_host import COORDINATOR_FILE, TOKEN_FILE, new_token
+
 from tflaunch.config import ClusterConfig
 from tflaunch.errors import LaunchError
 from tflaunch.plan import Plan
 from tflaunch.run import Run
 
 if TYPE_CHECKING:
-    from launchers.ssh import SshBackend
+    from tflaunch.launchers.ssh.backend import SshBackend
 
 ENDED = ("succeeded", "failed", "stopped")
 
@@ -79,7 +80,7 @@ def start_detached(backend: SshBackend, config: ClusterConfig, plan: Plan, run: 
     conn = backend.connections[first.name]
     run_dir = backend.paths[first.name].run_dir
     conn.run(_command(
-        [python, "-m", "launchers.ssh_detach", "coordinate", "--run-dir", run_dir,
+        [python, "-m", "tflaunch.launchers.ssh.on_host", "coordinate", "--run-dir", run_dir,
          "--run-id", run.id, "--listen", first.cluster_address],
         background_output=posixpath.join(run_dir, "console.log"),
     ), timeout=30)  # fmt: skip
@@ -99,7 +100,7 @@ def start_detached(backend: SshBackend, config: ClusterConfig, plan: Plan, run: 
     def start_agent(host_conn: Connection) -> None:
         host_dir = backend.paths[host_conn.name].run_dir
         agent_args = backend._agent_argv(config, host_conn.name, timeout)[3:]
-        argv = [python, "-m", "launchers.ssh_detach", "agent",
+        argv = [python, "-m", "tflaunch.launchers.ssh.on_host", "agent",
                 "--address", coordinator["address"], "--port", str(coordinator["port"]),
                 "--host", host_conn.name, "--token-file", posixpath.join(host_dir, TOKEN_FILE),
                 "--", *agent_args]  # fmt: skip
@@ -145,7 +146,7 @@ def _connect(backend: SshBackend, run: Run) -> None:
     options = SshOptions(**meta["ssh_options"])
     plan = run.read_plan()
     hosts = [(h.name, h.connect_address) for h in plan.hosts_with_tasks()]
-    from launchers.ssh import HostPaths
+    from tflaunch.launchers.ssh.backend import HostPaths
 
     backend.paths = {name: HostPaths(**p) for name, p in meta.get("ssh_hosts", {}).items()}
     backend.connections = connect_all(hosts, options)
@@ -153,7 +154,7 @@ def _connect(backend: SshBackend, run: Run) -> None:
 
 def refresh(backend: SshBackend, run: Run) -> None:
     """Append new events and log lines from the hosts; copy the run's state."""
-    from launchers.ssh import fetch_new_bytes
+    from tflaunch.launchers.ssh.backend import fetch_new_bytes
 
     opened_here = not backend.connections
     try:

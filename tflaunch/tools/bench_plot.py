@@ -34,7 +34,7 @@ def _kinds(rows: Sequence) -> list[bool]:
 
 def plot_results(rows: Sequence, out_dir: Path, title: str) -> list[Path]:
     """Write the two plots; returns their paths (none if no run succeeded)."""
-    from tflaunch.bench import best_rows, efficiency
+    from tflaunch.tools.bench import best_rows, efficiency
 
     if not any(r.mean is not None for r in rows):
         return []

@@ -11,7 +11,7 @@ the coordinator over all of them. The other nodes connect, wait for ``start``, a
 with its JSON-lines stream on the TCP connection instead of stdin/stdout: same protocol, another
 transport. A lost connection or a silent coordinator makes an agent tear its tasks down.
 
-Run as ``python -m launchers.slurm_node --run-dir DIR`` (from the generated job script only).
+Run as ``python -m tflaunch.launchers.slurm.node --run-dir DIR`` (from the generated job script only).
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launchers.base import Backend, ProcessLink, StreamLink
-from launchers.slurm_script import Layout, layout
+from tflaunch.launchers.base import Backend, ProcessLink, StreamLink
+from tflaunch.launchers.slurm.script import Layout, layout
+
 from tflaunch import hostlist, procs
 from tflaunch.agent import Agent, LineEmitter, listen
 from tflaunch.config import ClusterConfig, parse_config
@@ -358,7 +359,7 @@ def _wait_for_rendezvous(node: Node, timeout: float) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launchers.slurm_node", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tflaunch.launchers.slurm.node", description=__doc__)
     parser.add_argument("--run-dir", required=True, help="the run directory (shared file system)")
     args = parser.parse_args(argv)
     try:

@@ -4,10 +4,10 @@
 pre-flight, then starts, each in its own session on the hosts (what ``screen`` gave the CSCS
 scripts):
 
-* ``python -m launchers.ssh_detach coordinate`` on the first host: the same coordinator as an
+* ``python -m tflaunch.launchers.ssh.on_host coordinate`` on the first host: the same coordinator as an
   attached run (same policy, same events and run.json), listening on that host's *cluster* address
   for the agents;
-* ``python -m launchers.ssh_detach agent`` on every host: connects to that coordinator over the
+* ``python -m tflaunch.launchers.ssh.on_host agent`` on every host: connects to that coordinator over the
   private network, proves it belongs to the run (a random token the launcher put in each host's run
   directory), then becomes ``python -m tflaunch.agent`` with the connection as its stdin/stdout.
 
@@ -30,7 +30,8 @@ import threading
 import time
 from pathlib import Path
 
-from launchers.base import StreamLink
+from tflaunch.launchers.base import StreamLink
+
 from tflaunch.coordinator import Coordinator
 from tflaunch.plan import Plan
 from tflaunch.run import Run
@@ -161,7 +162,7 @@ def agent(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launchers.ssh_detach", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tflaunch.launchers.ssh.on_host", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     coord = sub.add_parser("coordinate", help="run a detached run's coordinator on this host")
     coord.add_argument("--run-dir", required=True)

@@ -1,7 +1,7 @@
 """The Slurm job: how many nodes it needs, and its sbatch script. Pure functions, golden-tested.
 
 The script holds ``#SBATCH`` directives from the ``slurm:`` section, the user's ``setup`` lines,
-and ONE ``srun`` step that starts one agent per node (``python -m launchers.slurm_node``); no
+and ONE ``srun`` step that starts one agent per node (``python -m tflaunch.launchers.slurm.node``); no
 script per node. With ``placement.ps: dedicated`` it is a heterogeneous job: component 0 holds the
 worker nodes with their GPUs, component 1 the CPU-only PS nodes, and the step spans both
 (``srun --het-group=0,1``).
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from tflaunch.config import ClusterConfig
 from tflaunch.errors import ConfigError, PlanError
 
-NODE_MODULE = "launchers.slurm_node"
+NODE_MODULE = "tflaunch.launchers.slurm.node"
 _PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 
 

@@ -15,7 +15,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from launchers.ssh_connect import Connection, parallel, remote_command
+from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
+
 from tflaunch.errors import LaunchError
 from tflaunch.plan import Plan
 from tflaunch.text import aligned

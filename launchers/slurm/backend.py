@@ -1,6 +1,6 @@
 """Slurm backend, login-node side: render the job script, submit it, follow the job, cancel it.
 
-``tflaunch up`` writes ``<run_dir>/<run-id>/job.sbatch`` (see :mod:`launchers.slurm_script`), a
+``tflaunch up`` writes ``<run_dir>/<run-id>/job.sbatch`` (see :mod:`tflaunch.launchers.slurm.script`), a
 snapshot of the cluster file, and ``slurm.json``; submits with ``sbatch --parsable``; prints the
 job id; then follows the job until it ends, streaming the job's output file — where the
 coordinator on the first node writes every task's output with a ``[worker:1]`` prefix — and exits
@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from launchers.base import Backend
-from launchers.slurm_node import SETUP_FILE, SNAPSHOT_FILE
-from launchers.slurm_script import Layout, ScriptInputs, layout, render_sbatch
+from tflaunch.launchers.base import Backend
+from tflaunch.launchers.slurm.node import SETUP_FILE, SNAPSHOT_FILE
+from tflaunch.launchers.slurm.script import Layout, ScriptInputs, layout, render_sbatch
+
 from tflaunch.config import ClusterConfig
 from tflaunch.coordinator import Outcome
 from tflaunch.errors import ConfigError, LaunchError
@@ -341,7 +342,7 @@ class SlurmBackend(Backend):
     def start_agents(self, config: ClusterConfig, plan: Plan, run: Run) -> list:
         raise LaunchError(
             "Slurm starts the agents: one srun step inside the job "
-            "(launchers.slurm_node), not the login node."
+            "(tflaunch.launchers.slurm.node), not the login node."
         )
 
     def render(self, config: ClusterConfig, run: Run) -> str:

@@ -2,7 +2,7 @@
 
 A sweep file names a cluster file whose program is a tf_cnn_benchmarks-style benchmark (one that
 accepts ``--variable_update`` and ``--data_dir`` and prints ``total images/sec: X``, such as
-``python -m models.benchmark``) and the grid to run it on::
+``python -m tflaunch.models.benchmark``) and the grid to run it on::
 
     name: inception3-local
     cluster: bench-local.yaml        # relative to the sweep file; its roles are overridden
@@ -17,7 +17,7 @@ accepts ``--variable_update`` and ``--data_dir`` and prints ``total images/sec: 
 Every grid point (workers x PS x variable update x data) runs ``repeats`` times through the
 cluster file's own backend (``tflaunch.launch``: the same path as ``tflaunch up``), repeat-major
 (all points once, then all again) so slow drifts of the machine spread over every point. The
-img/s of a run is the ``total images/sec`` line of worker 0 (or the chief): for models.benchmark,
+img/s of a run is the ``total images/sec`` line of worker 0 (or the chief): for tflaunch.models.benchmark,
 the sum of the workers' own images/sec. ``collective_all_reduce`` uses no PS and runs once per
 worker count with 0 PS.
 
@@ -484,7 +484,7 @@ def cluster_runner(sweep: Sweep) -> Runner:
 
 def write_outputs(sweep: Sweep, measurements: Sequence[Measurement]) -> list[Path]:
     """results.csv, results.json and the PNG plots; returns the paths written."""
-    from tflaunch.bench_plot import plot_results
+    from tflaunch.tools.bench_plot import plot_results
 
     out = sweep.output_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -513,7 +513,7 @@ def run_bench(
     if "real" in sweep.data and not (sweep.data_dir and sweep.data_dir.is_dir()):
         raise ConfigError(
             f"{sweep_file}: data_dir {sweep.data_dir} is not a directory. Point it at ImageNet "
-            "TFRecords, or write a small set with `python -m models.tfrecords --out DIR`."
+            "TFRecords, or write a small set with `python -m tflaunch.models.tfrecords --out DIR`."
         )
     measurements: list[Measurement] = []
     interrupted = None

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import click
 
-from models.placement_math import STRATEGIES
 from tflaunch.errors import TflaunchError
+from tflaunch.models.placement_math import STRATEGIES
 
 MODELS = ("inception_v3", "resnet50", "mnist")
 MAX_PS = 4096
@@ -154,8 +154,8 @@ def placement(
 ) -> None:
     """Compare variable placement strategies across PS counts (needs TensorFlow)."""
     try:
-        from models import placement as tf_placement
-        from models import placement_math as pm
+        from tflaunch.models import placement as tf_placement
+        from tflaunch.models import placement_math as pm
     except ImportError as exc:
         raise PlacementError(
             f"tflaunch placement builds the model with TensorFlow, which cannot be imported "

@@ -1,0 +1,1 @@
+"""Tools built on the core: the benchmark sweep, the variable-placement report, run reports and status tables."""
