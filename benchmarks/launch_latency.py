@@ -43,8 +43,7 @@ def free_base() -> int:
 
 def time_import() -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import tensorflow"], check=True,
-                   capture_output=True)
+    subprocess.run([sys.executable, "-c", "import tensorflow"], check=True, capture_output=True)
     return time.perf_counter() - start
 
 
@@ -57,22 +56,28 @@ def one_run(work: Path, train_steps: int) -> dict[str, float]:
     cluster = work / "cluster.yaml"
     cluster.write_text(yaml.safe_dump(config))
     started = time.time()
-    result = subprocess.run([sys.executable, "-m", "tflaunch", "up", str(cluster)], cwd=ROOT,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "tflaunch", "up", str(cluster)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     ended = time.time()
     if result.returncode != 0:
         raise RuntimeError(f"run failed ({result.returncode}):\n{result.stderr[-2000:]}")
     run_dir = max((work / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     ready = next(e["time"] for e in events if e["event"] == "cluster_ready")
-    last_exit = max(e["time"] for e in events
-                    if e["event"] == "exited" and e["task"].startswith("worker"))
+    last_exit = max(
+        e["time"] for e in events if e["event"] == "exited" and e["task"].startswith("worker")
+    )
     return {"up_to_ready": ready - started, "teardown": ended - last_exit}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--train-steps", type=int, default=40)
     args = parser.parse_args()
@@ -86,7 +91,9 @@ def main() -> None:
     teardown = statistics.median(r["teardown"] for r in runs)
     print(f"runs: {args.repeats} (medians)")
     print(f"python -c 'import tensorflow':      {tf_import:6.2f} s")
-    print(f"tflaunch up -> cluster ready:       {ready:6.2f} s  ({ready / tf_import:.2f}x one TF import)")
+    print(
+        f"tflaunch up -> cluster ready:       {ready:6.2f} s  ({ready / tf_import:.2f}x one TF import)"
+    )
     print(f"last worker exit -> up returns:     {teardown:6.2f} s")
 
 

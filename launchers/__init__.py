@@ -6,9 +6,11 @@ import importlib
 
 from tflaunch.errors import ConfigError
 
-_BACKENDS = {"local": "tflaunch.launchers.local:LocalBackend",
-             "slurm": "tflaunch.launchers.slurm.backend:SlurmBackend",
-             "ssh": "tflaunch.launchers.ssh.backend:SshBackend"}
+_BACKENDS = {
+    "local": "tflaunch.launchers.local:LocalBackend",
+    "slurm": "tflaunch.launchers.slurm.backend:SlurmBackend",
+    "ssh": "tflaunch.launchers.ssh.backend:SshBackend",
+}
 
 
 def get_backend(name: str):
@@ -16,11 +18,15 @@ def get_backend(name: str):
     try:
         module_name, class_name = _BACKENDS[name].split(":")
     except KeyError:
-        raise ConfigError(f"unknown backend '{name}'; choose one of {', '.join(_BACKENDS)}.") from None
+        raise ConfigError(
+            f"unknown backend '{name}'; choose one of {', '.join(_BACKENDS)}."
+        ) from None
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
         if err.name == module_name:
-            raise ConfigError(f"the '{name}' backend is not available in this installation.") from None
+            raise ConfigError(
+                f"the '{name}' backend is not available in this installation."
+            ) from None
         raise
     return getattr(module, class_name)()

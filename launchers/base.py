@@ -94,8 +94,13 @@ class Backend(ABC):
 
     def launch(self, config: ClusterConfig, plan: Plan, run: Run, on_ready: Any = None) -> Outcome:
         """Start the agents and coordinate the cluster until it ends."""
-        run.update_meta(backend=self.name, state="starting", coordinator_pid=os.getpid(),
-                        started=time.time(), hosts=[h.name for h in plan.hosts_with_tasks()])
+        run.update_meta(
+            backend=self.name,
+            state="starting",
+            coordinator_pid=os.getpid(),
+            started=time.time(),
+            hosts=[h.name for h in plan.hosts_with_tasks()],
+        )
         links = self.start_agents(config, plan, run)
         run.update_meta(state="running")
         try:
@@ -104,12 +109,14 @@ class Backend(ABC):
             for link in links:
                 link.close(timeout=5)
         state = "succeeded" if outcome.code == 0 else "stopped" if outcome.interrupted else "failed"
-        run.update_meta(state=state,
-                        exit_code=outcome.code, ended=time.time(), message=outcome.message)
+        run.update_meta(
+            state=state, exit_code=outcome.code, ended=time.time(), message=outcome.message
+        )
         return outcome
 
-    def detach(self, config: ClusterConfig, plan: Plan, run: Run, cluster_file: str,
-               run_root: str) -> str:
+    def detach(
+        self, config: ClusterConfig, plan: Plan, run: Run, cluster_file: str, run_root: str
+    ) -> str:
         """Start the run in the background; return what ``up --detach`` prints (the run id).
 
         Default: a detached local coordinator, returning once the cluster is ready. Slurm

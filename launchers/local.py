@@ -40,11 +40,27 @@ class LocalBackend(Backend):
     def start_agents(self, config: ClusterConfig, plan: Plan, run: Run) -> list[ProcessLink]:
         links = []
         for host in plan.hosts_with_tasks():
-            argv = [sys.executable, "-m", "tflaunch.agent", "--plan", str(run.plan_path),
-                    "--host", host.name, "--run-dir", str(run.dir)]
+            argv = [
+                sys.executable,
+                "-m",
+                "tflaunch.agent",
+                "--plan",
+                str(run.plan_path),
+                "--host",
+                host.name,
+                "--run-dir",
+                str(run.dir),
+            ]
             # The agent outlives a killed launcher just long enough to see its input close and
             # tear its tasks down, so it is not tied to the launcher by the parent-death signal.
-            proc = procs.spawn(argv, os.environ, cwd=None, stdin=subprocess.PIPE, stderr=None,
-                               die_with_parent=False, text=True)
+            proc = procs.spawn(
+                argv,
+                os.environ,
+                cwd=None,
+                stdin=subprocess.PIPE,
+                stderr=None,
+                die_with_parent=False,
+                text=True,
+            )
             links.append(ProcessLink(host.name, proc))
         return links

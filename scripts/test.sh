@@ -20,4 +20,5 @@ fi
 
 python3 -m pip install -q -e '.[dev]'
 ruff check .
+ruff format --check .
 python3 -m pytest "$@"

@@ -43,18 +43,34 @@ def _free(port: int) -> bool:
 
 def mnist_argv(python: str = sys.executable, *extra: str) -> list[str]:
     """``tflaunch.models.mnist`` with the TF1-style cluster placeholders, as examples/local.yaml runs it."""
-    return [python, "-m", "tflaunch.models.mnist", "--job_name", "{job_name}", "--task_index",
-            "{task_index}", "--ps_hosts", "{ps_hosts}", "--worker_hosts", "{worker_hosts}", *extra]
+    return [
+        python,
+        "-m",
+        "tflaunch.models.mnist",
+        "--job_name",
+        "{job_name}",
+        "--task_index",
+        "{task_index}",
+        "--ps_hosts",
+        "{ps_hosts}",
+        "--worker_hosts",
+        "{worker_hosts}",
+        *extra,
+    ]
 
 
 def write_cluster(path: Path, program: dict, **overrides) -> Path:
     """Write a local cluster file on free ports; ``overrides`` are top-level keys."""
     base = free_port_base()
-    data = {"name": "test", "backend": "local", "program": program,
-            "roles": {"ps": 1, "worker": 2},
-            "ports": {"ps": base, "worker": base + 10, "chief": base + 8},
-            "supervision": {"grace_period": 2, "ready_timeout": 60},
-            "run_dir": str(path.parent / "runs")}
+    data = {
+        "name": "test",
+        "backend": "local",
+        "program": program,
+        "roles": {"ps": 1, "worker": 2},
+        "ports": {"ps": base, "worker": base + 10, "chief": base + 8},
+        "supervision": {"grace_period": 2, "ready_timeout": 60},
+        "run_dir": str(path.parent / "runs"),
+    }
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(data.get(key), dict):
             data[key] = {**data[key], **value}
@@ -65,20 +81,34 @@ def write_cluster(path: Path, program: dict, **overrides) -> Path:
 
 
 def fake_cluster(tmp_path: Path, env: dict | None = None, **overrides) -> Path:
-    program = {"argv": [sys.executable, str(FAKE_TASK)],
-               "env": {"TEST_MARKER": str(tmp_path), **(env or {})}}
+    program = {
+        "argv": [sys.executable, str(FAKE_TASK)],
+        "env": {"TEST_MARKER": str(tmp_path), **(env or {})},
+    }
     return write_cluster(tmp_path / "cluster.yaml", program, **overrides)
 
 
-def tflaunch(*args: str, cwd: Path | None = None, timeout: float = 120,
-             env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tflaunch", *args], cwd=cwd, text=True,
-                          capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
+def tflaunch(
+    *args: str, cwd: Path | None = None, timeout: float = 120, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tflaunch", *args],
+        cwd=cwd,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def start_tflaunch(*args: str, cwd: Path | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tflaunch", *args], cwd=cwd, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tflaunch", *args],
+        cwd=cwd,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def processes_mentioning(marker: str) -> list[psutil.Process]:
@@ -97,12 +127,14 @@ def processes_mentioning(marker: str) -> list[psutil.Process]:
     return found
 
 
-def assert_kill_ends_cluster(proc: subprocess.Popen, marker: str, task: str = "worker:1",
-                             within: float = 5.0) -> None:
+def assert_kill_ends_cluster(
+    proc: subprocess.Popen, marker: str, task: str = "worker:1", within: float = 5.0
+) -> None:
     """SIGKILL ``task`` (a local task of the run ``proc`` launched) and check that the whole
     cluster ends within ``within`` seconds, with exit 137 and a report naming the task."""
-    (victim,) = [p for p in processes_mentioning(marker)
-                 if p.environ().get("TFLAUNCH_TASK") == task]
+    (victim,) = [
+        p for p in processes_mentioning(marker) if p.environ().get("TFLAUNCH_TASK") == task
+    ]
     killed_at = time.monotonic()
     victim.kill()
     proc.wait(timeout=within + 10)

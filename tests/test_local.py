@@ -37,7 +37,9 @@ def test_success_stops_ps_and_exits_zero(tmp_path):
     assert "succeeded: 3 tasks" in result.stdout
     evs, run = events(tmp_path)
     ps_ready = next(e["time"] for e in evs if e["event"] == "ready" and e["task"] == "ps:0")
-    worker_started = min(e["time"] for e in evs if e["event"] == "started" and e["task"].startswith("worker"))
+    worker_started = min(
+        e["time"] for e in evs if e["event"] == "started" and e["task"].startswith("worker")
+    )
     assert worker_started >= ps_ready  # PS first, workers only once every PS port accepts
     assert (run / "worker-1.log").read_text().splitlines()[-1] == "done"
     assert json.loads((run / "run.json").read_text())["state"] == "succeeded"
@@ -45,7 +47,9 @@ def test_success_stops_ps_and_exits_zero(tmp_path):
 
 
 def test_failed_worker_ends_cluster_with_its_code_and_a_report(tmp_path):
-    cluster = fake_cluster(tmp_path, env={"FAIL_INDEX": "1", "FAIL_CODE": "7", "WORK_SECONDS": "0.5"})
+    cluster = fake_cluster(
+        tmp_path, env={"FAIL_INDEX": "1", "FAIL_CODE": "7", "WORK_SECONDS": "0.5"}
+    )
     result = tflaunch("up", str(cluster))
     assert result.returncode == 7
     assert "worker:1 on localhost exited with code 7" in result.stderr
@@ -66,7 +70,9 @@ def test_worker_killed_mid_run_ends_cluster_within_5s(tmp_path):
     assert wait_until_gone(str(cluster.parent)) == []
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+@pytest.mark.parametrize(
+    "sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)]
+)
 def test_signal_to_launcher_leaves_no_process(tmp_path, sig, code):
     cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "60", "SPAWN_CHILD": "1"})
     proc = start_tflaunch("up", str(cluster))
@@ -101,16 +107,22 @@ def test_task_children_die_with_the_task(tmp_path):
     cluster = fake_cluster(tmp_path, env={"SPAWN_CHILD": "1", "WORK_SECONDS": "0.2"})
     result = tflaunch("up", str(cluster))
     assert result.returncode == 0, result.stderr
-    pids = [int(line.rsplit(" ", 1)[1]) for line in result.stdout.splitlines() if "child pid" in line]
+    pids = [
+        int(line.rsplit(" ", 1)[1]) for line in result.stdout.splitlines() if "child pid" in line
+    ]
     assert len(pids) == 3
     time.sleep(0.5)
-    assert not [p for p in pids if psutil.pid_exists(p)
-                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not [
+        p
+        for p in pids
+        if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 def test_worker_hanging_after_chief_finished_fails_after_finish_timeout(tmp_path):
-    cluster = fake_cluster(tmp_path, env={"HANG_INDEX": "1", "WORK_SECONDS": "0.2"},
-                           supervision={"finish_timeout": 2})
+    cluster = fake_cluster(
+        tmp_path, env={"HANG_INDEX": "1", "WORK_SECONDS": "0.2"}, supervision={"finish_timeout": 2}
+    )
     result = tflaunch("up", str(cluster))
     assert result.returncode == 1
     assert "worker:1 on localhost was still running 2 s after worker:0 finished" in result.stderr
@@ -153,8 +165,10 @@ def test_detach_status_logs_down(tmp_path):
         assert f"run {run_id}: running" in status.stdout
         assert "worker:1" in status.stdout and "ps:0" in status.stdout
         deadline = time.monotonic() + 10
-        while "all ps reachable" not in tflaunch("logs", run_id, "--run-dir", runs,
-                                                  "--task", "worker:1").stdout:
+        while (
+            "all ps reachable"
+            not in tflaunch("logs", run_id, "--run-dir", runs, "--task", "worker:1").stdout
+        ):
             assert time.monotonic() < deadline
             time.sleep(0.3)
         logs = tflaunch("logs", run_id, "--run-dir", runs)

@@ -28,12 +28,16 @@ def test_example_local_trains_to_90_percent_and_leaves_nothing(tmp_path):
     """The README's first command: examples/local.yaml, here on free ports."""
     example = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())
     example["program"]["env"] = {"TEST_MARKER": str(tmp_path)}
-    cluster = write_cluster(tmp_path / "local.yaml", example["program"], name=example["name"],
-                            roles=example["roles"])
+    cluster = write_cluster(
+        tmp_path / "local.yaml", example["program"], name=example["name"], roles=example["roles"]
+    )
     result = tflaunch("up", str(cluster), cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
-    accuracy = [float(line.rsplit(":", 1)[1]) for line in result.stdout.splitlines()
-                if line.startswith("[worker:0] test accuracy:")]
+    accuracy = [
+        float(line.rsplit(":", 1)[1])
+        for line in result.stdout.splitlines()
+        if line.startswith("[worker:0] test accuracy:")
+    ]
     assert accuracy and accuracy[0] > 0.9, result.stdout[-2000:]
     assert "[worker:1] train accuracy:" in result.stdout
     assert wait_until_gone(str(tmp_path)) == []
@@ -42,9 +46,12 @@ def test_example_local_trains_to_90_percent_and_leaves_nothing(tmp_path):
 def test_tf_config_resolves_to_the_plan_and_a_killed_worker_ends_the_cluster(tmp_path):
     cluster = write_cluster(
         tmp_path / "cluster.yaml",
-        {"argv": [sys.executable, str(RESOLVE)], "env": {"TEST_MARKER": str(tmp_path),
-                                                         "WORK_SECONDS": "120"}},
-        roles={"ps": 1, "worker": 2, "chief": 1})
+        {
+            "argv": [sys.executable, str(RESOLVE)],
+            "env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "120"},
+        },
+        roles={"ps": 1, "worker": 2, "chief": 1},
+    )
     plan = json.loads(tflaunch("plan", "--json", str(cluster)).stdout)
     proc = start_tflaunch("up", str(cluster))
     try:

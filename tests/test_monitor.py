@@ -32,8 +32,12 @@ TRAFFIC_TASK = Path(__file__).resolve().parent / "programs" / "traffic_task.py"
 
 
 def spawn_python(code: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
-                            stdin=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+        text=True,
+    )
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
@@ -59,7 +63,9 @@ def test_process_tree_holds_children_and_grandchildren():
     try:
         assert parent.stdout.readline().strip() == "up"
         trees, parents = process_tree([parent.pid])
-        expected = {parent.pid} | {c.pid for c in psutil.Process(parent.pid).children(recursive=True)}
+        expected = {parent.pid} | {
+            c.pid for c in psutil.Process(parent.pid).children(recursive=True)
+        }
         assert set(trees[parent.pid]) == expected and len(expected) == 3
         assert parents[parent.pid] == psutil.Process().pid
     finally:
@@ -113,7 +119,9 @@ def test_a_short_lived_child_between_samples_counts_once():
         parent.stdin.flush()
         total, last = 0.0, time.time()
         reaped = threading.Event()
-        threading.Thread(target=lambda: (parent.stdout.readline(), reaped.set()), daemon=True).start()
+        threading.Thread(
+            target=lambda: (parent.stdout.readline(), reaped.set()), daemon=True
+        ).start()
         deadline = time.monotonic() + 30
         while not reaped.is_set() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -181,8 +189,15 @@ def test_sample_interval_zero_turns_sampling_off():
 def test_sample_log_roundtrip_and_a_line_cut_short(tmp_path):
     log = SampleLog(tmp_path)
     for i in range(3):
-        log.write("node-a", {"event": "sample", "time": 10.0 + i, "node": {"cpu_percent": i},
-                             "tasks": {"ps:0": {"pid": 5, "rss": i}}})
+        log.write(
+            "node-a",
+            {
+                "event": "sample",
+                "time": 10.0 + i,
+                "node": {"cpu_percent": i},
+                "tasks": {"ps:0": {"pid": 5, "rss": i}},
+            },
+        )
     log.write("node/b", {"event": "sample", "time": 11.5, "node": {}, "tasks": {}})
     log.close()
     with (tmp_path / "samples-node-a.jsonl").open("a") as f:
@@ -211,17 +226,26 @@ def test_is_task_process_checks_task_name_and_tf_config():
 
 def traffic_cluster(tmp_path: Path, traffic_bytes: int, **env: str) -> Path:
     """1 PS on node-b and 2 workers on node-a: two agents, two loopback addresses."""
-    program = {"argv": [sys.executable, str(TRAFFIC_TASK)],
-               "env": {"TEST_MARKER": str(tmp_path), "TRAFFIC_BYTES": str(traffic_bytes), **env}}
-    return write_cluster(tmp_path / "cluster.yaml", program,
-                         hosts=[{"name": "node-a", "address": "127.0.0.1"},
-                                {"name": "node-b", "address": "127.0.0.2"}],
-                         placement={"ps": "dedicated"}, supervision={"sample_interval": 0.2})
+    program = {
+        "argv": [sys.executable, str(TRAFFIC_TASK)],
+        "env": {"TEST_MARKER": str(tmp_path), "TRAFFIC_BYTES": str(traffic_bytes), **env},
+    }
+    return write_cluster(
+        tmp_path / "cluster.yaml",
+        program,
+        hosts=[
+            {"name": "node-a", "address": "127.0.0.1"},
+            {"name": "node-b", "address": "127.0.0.2"},
+        ],
+        placement={"ps": "dedicated"},
+        supervision={"sample_interval": 0.2},
+    )
 
 
 def test_ps_and_two_workers_leave_samples_for_every_task_and_node(tmp_path):
-    cluster = traffic_cluster(tmp_path, 1_000_000, ALLOC_MB="40", BURN_SECONDS="0.5",
-                              HOLD_SECONDS="1")
+    cluster = traffic_cluster(
+        tmp_path, 1_000_000, ALLOC_MB="40", BURN_SECONDS="0.5", HOLD_SECONDS="1"
+    )
     result = tflaunch("up", str(cluster))
     assert result.returncode == 0, result.stdout + result.stderr
     (run,) = (tmp_path / "runs").iterdir()
@@ -266,14 +290,17 @@ def test_status_shows_live_cpu_rss_and_uptime_then_watch_ends_with_the_run(tmp_p
         lines = status.stdout.splitlines()
         header = next(line for line in lines if line.startswith("TASK"))
         assert header.split() == ["TASK", "HOST", "STATE", "PID", "CPU%", "RSS", "UPTIME", "EXIT"]
-        rows = {line.split()[0]: line.split() for line in lines if line.startswith(("ps:", "worker:"))}
+        rows = {
+            line.split()[0]: line.split() for line in lines if line.startswith(("ps:", "worker:"))
+        }
         for task in ("ps:0", "worker:0", "worker:1"):
             row = rows[task]
             assert row[2] in ("running", "ready")
             assert float(row[4]) >= 0 and float(row[5]) > 5 and row[6] == "MiB"
             assert row[7].endswith("s")
-        watch = tflaunch("status", run_id, "--run-dir", runs, "--watch", "--interval", "0.5",
-                         timeout=60)
+        watch = tflaunch(
+            "status", run_id, "--run-dir", runs, "--watch", "--interval", "0.5", timeout=60
+        )
         assert watch.returncode == 0
         assert watch.stdout.count(f"run {run_id}:") >= 2
         assert f"run {run_id}: succeeded" in watch.stdout.split("TASK")[-2]
@@ -292,33 +319,46 @@ def test_status_of_a_task_elsewhere_comes_from_the_latest_sample(tmp_path):
     (run / "plan.json").write_text(json.dumps(plan))
     (run / "run.json").write_text(json.dumps({"state": "running", "backend": "local"}))
     now = time.time()
-    events = [{"event": "started", "task": "ps:0", "pid": 1, "time": now - 75},
-              {"event": "ready", "task": "ps:0", "time": now - 74},
-              {"event": "started", "task": "worker:0", "pid": 1, "time": now - 70},
-              {"event": "exited", "task": "worker:0", "code": 0, "time": now - 1}]
+    events = [
+        {"event": "started", "task": "ps:0", "pid": 1, "time": now - 75},
+        {"event": "ready", "task": "ps:0", "time": now - 74},
+        {"event": "started", "task": "worker:0", "pid": 1, "time": now - 70},
+        {"event": "exited", "task": "worker:0", "code": 0, "time": now - 1},
+    ]
     (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     log = SampleLog(run)
-    log.write("localhost", {"time": now - 2, "node": {}, "tasks": {
-        "ps:0": {"pid": 1, "cpu_percent": 12.5, "rss": 300 * 1024 * 1024, "threads": 9}}})
+    log.write(
+        "localhost",
+        {
+            "time": now - 2,
+            "node": {},
+            "tasks": {
+                "ps:0": {"pid": 1, "cpu_percent": 12.5, "rss": 300 * 1024 * 1024, "threads": 9}
+            },
+        },
+    )
     log.close()
     status = tflaunch("status", "remote-run", "--run-dir", str(tmp_path / "runs"))
     assert status.returncode == 0, status.stderr
-    rows = {line.split()[0]: line.split() for line in status.stdout.splitlines()
-            if line.startswith(("ps:", "worker:"))}
+    rows = {
+        line.split()[0]: line.split()
+        for line in status.stdout.splitlines()
+        if line.startswith(("ps:", "worker:"))
+    }
     assert rows["ps:0"][2:] == ["ready", "1", "12.5", "300.0", "MiB", "1m15s", "-"]
     assert rows["worker:0"][2:] == ["exited", "1", "-", "-", "-", "0"]
 
 
 @pytest.mark.slow
 @pytest.mark.ssh
-def test_ssh_agents_sample_their_own_nodes_and_samples_reach_the_launcher(ssh_test_hosts,
-                                                                          tmp_path):
+def test_ssh_agents_sample_their_own_nodes_and_samples_reach_the_launcher(ssh_test_hosts, tmp_path):
     """Agents on SSH test hosts (network namespaces): each host's samples arrive in the local
     run directory, with that host's tasks and the counters of its own interfaces."""
     from tests.test_ssh_backend import ssh_cluster, wait_hosts_clean
 
-    cluster = ssh_cluster(tmp_path, ssh_test_hosts, env={"WORK_SECONDS": "2"},
-                          supervision={"sample_interval": 0.3})
+    cluster = ssh_cluster(
+        tmp_path, ssh_test_hosts, env={"WORK_SECONDS": "2"}, supervision={"sample_interval": 0.3}
+    )
     result = tflaunch("up", str(cluster), timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     (run,) = (tmp_path / "runs").iterdir()

@@ -41,8 +41,9 @@ def test_render_golden(case):
     task = RENDER_TASK.get(case, "worker:1")
     out = []
     for fmt in ("tf_config", "cluster_spec", "env", "command"):
-        result = CliRunner().invoke(cli, ["render", str(GOLDEN / f"{case}.yaml"), "--task", task,
-                                          "--format", fmt])
+        result = CliRunner().invoke(
+            cli, ["render", str(GOLDEN / f"{case}.yaml"), "--task", task, "--format", fmt]
+        )
         assert result.exit_code == 0, result.output
         out.append(f"--- {fmt} ({task})\n{result.output}")
     check_golden(GOLDEN / f"{case}.render.txt", "".join(out))
@@ -68,9 +69,12 @@ def test_gpu_policy():
     plan = plan_of((GOLDEN / "uneven.yaml").read_text())
     gpus = {t.name: (t.host, t.gpus, t.env["CUDA_VISIBLE_DEVICES"]) for t in plan.tasks}
     assert gpus == {
-        "ps:0": ("gpu4", (), ""), "ps:1": ("gpu2", (), ""),
-        "worker:0": ("gpu4", ("0",), "0"), "worker:1": ("gpu4", ("1",), "1"),
-        "worker:2": ("gpu2", ("0",), "0"), "worker:3": ("gpu2", ("1",), "1"),
+        "ps:0": ("gpu4", (), ""),
+        "ps:1": ("gpu2", (), ""),
+        "worker:0": ("gpu4", ("0",), "0"),
+        "worker:1": ("gpu4", ("1",), "1"),
+        "worker:2": ("gpu2", ("0",), "0"),
+        "worker:3": ("gpu2", ("1",), "1"),
         "worker:4": ("cpu-only", (), ""),
     }
 
@@ -80,7 +84,10 @@ def test_one_worker_per_host_takes_all_gpus_and_slurm_given_ids_are_used():
     hosts = [Host("n1", "n1", "n1", ("2", "3")), Host("n2", "n2", "n2", ("5",))]
     plan = plan_of(text, hosts)
     assert [(t.name, t.gpus) for t in plan.tasks] == [
-        ("ps:0", ()), ("worker:0", ("2", "3")), ("worker:1", ("5",))]
+        ("ps:0", ()),
+        ("worker:0", ("2", "3")),
+        ("worker:1", ("5",)),
+    ]
 
 
 def test_ports_skip_taken_ports_on_a_crowded_host():
@@ -90,18 +97,32 @@ def test_ports_skip_taken_ports_on_a_crowded_host():
     assert ports[3:] == [2220, 2221, 2222, 2223, 2224, 2225, 2226, 2227, 2228, 2229, 2233, 2234]
 
 
-@pytest.mark.parametrize("text, message", [
-    ("program: [p]\nroles: {worker: 5}\nhosts: [a, b]\nplacement: {workers_per_host: 2}\n",
-     "too few host slots: 5 worker tasks (chief, workers and evaluator count) need 3 host(s) at 2 per host, but 2 worker host(s) are given (4 slots)"),
-    ("program: [p]\nroles: {ps: 3, worker: 2}\nhosts: [a, b, c]\nplacement: {ps: dedicated}\n",
-     "too few hosts: dedicated PS need one host each, so 3 PS + 1 worker host(s) need 4 hosts, but 3 are given"),
-    ("program: [p]\nroles: {ps: 3, worker: 2}\nhosts: [a, b]\nplacement: {ps_per_host: 1}\n",
-     "too many co-located PS: 3 PS at most 1 per host need 3 worker host(s), but the workers use 2"),
-    ("program: [p]\nroles: {worker: 3}\nhosts: [{name: a, gpus: 2}]\n",
-     "host 'a' has 2 GPU(s) but its 3 worker task(s) at 1 each need 3"),
-    ("program: [p, '{nope}']\n", "uses the unknown placeholder {nope}"),
-    ("program: [p]\nroles: {ps: 2}\nports: {ps: 65535}\n", "no free port for ps:1 on localhost"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "program: [p]\nroles: {worker: 5}\nhosts: [a, b]\nplacement: {workers_per_host: 2}\n",
+            "too few host slots: 5 worker tasks (chief, workers and evaluator count) need 3 host(s) at 2 per host, but 2 worker host(s) are given (4 slots)",
+        ),
+        (
+            "program: [p]\nroles: {ps: 3, worker: 2}\nhosts: [a, b, c]\nplacement: {ps: dedicated}\n",
+            "too few hosts: dedicated PS need one host each, so 3 PS + 1 worker host(s) need 4 hosts, but 3 are given",
+        ),
+        (
+            "program: [p]\nroles: {ps: 3, worker: 2}\nhosts: [a, b]\nplacement: {ps_per_host: 1}\n",
+            "too many co-located PS: 3 PS at most 1 per host need 3 worker host(s), but the workers use 2",
+        ),
+        (
+            "program: [p]\nroles: {worker: 3}\nhosts: [{name: a, gpus: 2}]\n",
+            "host 'a' has 2 GPU(s) but its 3 worker task(s) at 1 each need 3",
+        ),
+        ("program: [p, '{nope}']\n", "uses the unknown placeholder {nope}"),
+        (
+            "program: [p]\nroles: {ps: 2}\nports: {ps: 65535}\n",
+            "no free port for ps:1 on localhost",
+        ),
+    ],
+)
 def test_placement_errors_state_the_counts(text, message):
     with pytest.raises(PlanError) as err:
         plan_of(text)
@@ -109,16 +130,30 @@ def test_placement_errors_state_the_counts(text, message):
 
 
 @settings(max_examples=150, deadline=None)
-@given(ps=st.integers(0, 6), workers=st.integers(1, 12), chief=st.integers(0, 1),
-       n_hosts=st.integers(1, 5), per_host=st.one_of(st.none(), st.integers(1, 6)),
-       gpus=st.lists(st.integers(0, 4), min_size=5, max_size=5),
-       shared_address=st.booleans())
-def test_plans_never_collide_and_are_deterministic(ps, workers, chief, n_hosts, per_host, gpus,
-                                                   shared_address):
-    text = (f"program: [p]\nroles: {{ps: {ps}, worker: {workers}, chief: {chief}}}\n"
-            + (f"placement: {{workers_per_host: {per_host}}}\n" if per_host else ""))
-    hosts = [Host(f"h{i}", "127.0.0.1" if shared_address else f"h{i}", f"h{i}",
-                  tuple(str(g) for g in range(gpus[i]))) for i in range(n_hosts)]
+@given(
+    ps=st.integers(0, 6),
+    workers=st.integers(1, 12),
+    chief=st.integers(0, 1),
+    n_hosts=st.integers(1, 5),
+    per_host=st.one_of(st.none(), st.integers(1, 6)),
+    gpus=st.lists(st.integers(0, 4), min_size=5, max_size=5),
+    shared_address=st.booleans(),
+)
+def test_plans_never_collide_and_are_deterministic(
+    ps, workers, chief, n_hosts, per_host, gpus, shared_address
+):
+    text = f"program: [p]\nroles: {{ps: {ps}, worker: {workers}, chief: {chief}}}\n" + (
+        f"placement: {{workers_per_host: {per_host}}}\n" if per_host else ""
+    )
+    hosts = [
+        Host(
+            f"h{i}",
+            "127.0.0.1" if shared_address else f"h{i}",
+            f"h{i}",
+            tuple(str(g) for g in range(gpus[i])),
+        )
+        for i in range(n_hosts)
+    ]
     try:
         plan = plan_of(text, hosts)
     except PlanError:

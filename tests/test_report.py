@@ -19,34 +19,60 @@ MIB = 1024 * 1024
 
 
 def counters(**nics: tuple[int, int, int, int]) -> dict:
-    return {nic: dict(zip(("bytes_sent", "bytes_recv", "packets_sent", "packets_recv"), v,
-                          strict=True)) for nic, v in nics.items()}
+    return {
+        nic: dict(zip(("bytes_sent", "bytes_recv", "packets_sent", "packets_recv"), v, strict=True))
+        for nic, v in nics.items()
+    }
 
 
 def sample(time: float, cpu: float | None, net: dict, tasks: dict) -> dict:
-    return {"time": time, "node": {"cpu_percent": cpu, "mem_used": 100 * MIB, "net": net},
-            "tasks": tasks}
+    return {
+        "time": time,
+        "node": {"cpu_percent": cpu, "mem_used": 100 * MIB, "net": net},
+        "tasks": tasks,
+    }
 
 
 def test_net_steps_counts_new_and_recreated_interfaces_from_zero():
     before = counters(lo=(100, 100, 10, 10), veth0=(50, 60, 5, 6))
     after = counters(lo=(150, 170, 12, 15), veth0=(7, 8, 1, 1), br0=(30, 40, 3, 4))
-    assert net_steps(before, after) == counters(lo=(50, 70, 2, 5), veth0=(7, 8, 1, 1),
-                                                br0=(30, 40, 3, 4))
+    assert net_steps(before, after) == counters(
+        lo=(50, 70, 2, 5), veth0=(7, 8, 1, 1), br0=(30, 40, 3, 4)
+    )
 
 
 def test_usage_and_summary_from_samples_exactly():
     hosts = {
-        "a": [sample(100.0, None, counters(lo=(1000, 1000, 10, 10)), {}),
-              sample(101.0, 50.0, counters(lo=(3000, 3000, 30, 30)),
-                     {"worker:0": {"cpu_percent": 80.0, "rss": 10 * MIB, "threads": 4}}),
-              sample(102.0, 70.0, counters(lo=(4000, 4000, 40, 40), eth0=(500, 0, 5, 0)),
-                     {"worker:0": {"cpu_percent": 120.0, "rss": 30 * MIB, "threads": 6}}),
-              sample(104.0, 30.0, counters(lo=(4000, 4000, 40, 40), eth0=(700, 100, 7, 1)), {})],
-        "b": [sample(100.5, 10.0, counters(lo=(0, 0, 0, 0)),
-                     {"ps:0": {"cpu_percent": None, "rss": 5 * MIB, "threads": 2}}),
-              sample(103.5, 20.0, counters(lo=(900, 900, 9, 9)),
-                     {"ps:0": {"cpu_percent": 4.0, "rss": 7 * MIB, "threads": 3}})],
+        "a": [
+            sample(100.0, None, counters(lo=(1000, 1000, 10, 10)), {}),
+            sample(
+                101.0,
+                50.0,
+                counters(lo=(3000, 3000, 30, 30)),
+                {"worker:0": {"cpu_percent": 80.0, "rss": 10 * MIB, "threads": 4}},
+            ),
+            sample(
+                102.0,
+                70.0,
+                counters(lo=(4000, 4000, 40, 40), eth0=(500, 0, 5, 0)),
+                {"worker:0": {"cpu_percent": 120.0, "rss": 30 * MIB, "threads": 6}},
+            ),
+            sample(104.0, 30.0, counters(lo=(4000, 4000, 40, 40), eth0=(700, 100, 7, 1)), {}),
+        ],
+        "b": [
+            sample(
+                100.5,
+                10.0,
+                counters(lo=(0, 0, 0, 0)),
+                {"ps:0": {"cpu_percent": None, "rss": 5 * MIB, "threads": 2}},
+            ),
+            sample(
+                103.5,
+                20.0,
+                counters(lo=(900, 900, 9, 9)),
+                {"ps:0": {"cpu_percent": 4.0, "rss": 7 * MIB, "threads": 3}},
+            ),
+        ],
     }
     usage = usage_from_samples(hosts)
     assert usage.start == 100.0 and usage.duration == 4.0 and usage.samples == 6
@@ -56,10 +82,23 @@ def test_usage_and_summary_from_samples_exactly():
     assert a.packets_sent_rate.values == [20.0, 15.0, 1.0]  # (10 + 5) / 1 s, then 2 / 2 s
     data = summary(usage)
     assert data["tasks"] == {
-        "ps:0": {"host": "b", "cpu_percent_mean": 4.0, "cpu_percent_peak": 4.0,
-                 "rss_mean": 6 * MIB, "rss_peak": 7 * MIB, "threads_peak": 3},
-        "worker:0": {"host": "a", "cpu_percent_mean": 100.0, "cpu_percent_peak": 120.0,
-                     "rss_mean": 20 * MIB, "rss_peak": 30 * MIB, "threads_peak": 6}}
+        "ps:0": {
+            "host": "b",
+            "cpu_percent_mean": 4.0,
+            "cpu_percent_peak": 4.0,
+            "rss_mean": 6 * MIB,
+            "rss_peak": 7 * MIB,
+            "threads_peak": 3,
+        },
+        "worker:0": {
+            "host": "a",
+            "cpu_percent_mean": 100.0,
+            "cpu_percent_peak": 120.0,
+            "rss_mean": 20 * MIB,
+            "rss_peak": 30 * MIB,
+            "threads_peak": 6,
+        },
+    }
     node_a = data["nodes"]["a"]
     assert (node_a["bytes_sent"], node_a["bytes_recv"]) == (3000 + 700, 3000 + 100)
     assert (node_a["packets_sent"], node_a["packets_recv"]) == (30 + 7, 30 + 1)
@@ -78,8 +117,9 @@ def test_report_of_a_real_run_agrees_with_the_interface_counters(tmp_path):
     """Workers send a known number of bytes to the PS over loopback; the report's loopback bytes
     are at least those and at most what the kernel counted from before to after the run."""
     sent_per_worker = 8 * MIB
-    cluster = traffic_cluster(tmp_path, sent_per_worker, ALLOC_MB="30", BURN_SECONDS="0.3",
-                              HOLD_SECONDS="0.5")
+    cluster = traffic_cluster(
+        tmp_path, sent_per_worker, ALLOC_MB="30", BURN_SECONDS="0.3", HOLD_SECONDS="0.5"
+    )
     before = psutil.net_io_counters(pernic=True)
     result = tflaunch("up", str(cluster))
     after = psutil.net_io_counters(pernic=True)
@@ -94,7 +134,9 @@ def test_report_of_a_real_run_agrees_with_the_interface_counters(tmp_path):
         for name in ("bytes_sent", "bytes_recv"):
             kernel = getattr(after["lo"], name) - getattr(before["lo"], name)
             assert 2 * sent_per_worker <= lo[name] <= kernel, (host, name, lo[name], kernel)
-        assert f"{host} lo: sent {lo['bytes_sent']} B ({lo['packets_sent']} packets)" in report.stdout
+        assert (
+            f"{host} lo: sent {lo['bytes_sent']} B ({lo['packets_sent']} packets)" in report.stdout
+        )
         for nic, moved in data["nodes"][host]["interfaces"].items():
             if nic in before and nic in after and after[nic].bytes_sent >= before[nic].bytes_sent:
                 assert moved["bytes_sent"] <= after[nic].bytes_sent - before[nic].bytes_sent
@@ -126,8 +168,10 @@ def test_report_without_matplotlib_writes_the_summary_and_says_what_to_install(t
 
 
 def test_cli_and_report_module_do_not_import_matplotlib():
-    code = ("import sys, tflaunch.cli, tflaunch.tools.report, tflaunch.monitor; "
-            "assert 'matplotlib' not in sys.modules and 'tensorflow' not in sys.modules")
+    code = (
+        "import sys, tflaunch.cli, tflaunch.tools.report, tflaunch.monitor; "
+        "assert 'matplotlib' not in sys.modules and 'tensorflow' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -142,10 +186,18 @@ def test_mnist_run_leaves_samples_of_tensorflow_tasks_and_a_report(tmp_path):
     with TensorFlow's memory and threads, and the report has its plots and totals."""
     pytest.importorskip("tensorflow")
     example = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())
-    program = {**example["program"], "argv": [*example["program"]["argv"], "--train_steps", "60"],
-               "env": {"TEST_MARKER": str(tmp_path)}}
-    cluster = write_cluster(tmp_path / "local.yaml", program, name=example["name"],
-                            roles=example["roles"], supervision={"sample_interval": 0.5})
+    program = {
+        **example["program"],
+        "argv": [*example["program"]["argv"], "--train_steps", "60"],
+        "env": {"TEST_MARKER": str(tmp_path)},
+    }
+    cluster = write_cluster(
+        tmp_path / "local.yaml",
+        program,
+        name=example["name"],
+        roles=example["roles"],
+        supervision={"sample_interval": 0.5},
+    )
     result = tflaunch("up", str(cluster), cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     (run,) = (tmp_path / "runs").iterdir()

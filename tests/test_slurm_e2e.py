@@ -80,8 +80,11 @@ def fake(tmp_path: Path, roles: dict, env: dict | None = None, **sections) -> Pa
 
 
 def mnist(tmp_path: Path, roles: dict, **sections) -> Path:
-    argv = [sys.executable, str(REPORT_ENV),
-            *mnist_argv(sys.executable, "--train_steps", MNIST_STEPS, "--log_every", "10")]
+    argv = [
+        sys.executable,
+        str(REPORT_ENV),
+        *mnist_argv(sys.executable, "--train_steps", MNIST_STEPS, "--log_every", "10"),
+    ]
     return write_cluster(tmp_path, argv, roles, name="mnist", **sections)
 
 

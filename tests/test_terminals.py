@@ -88,10 +88,17 @@ def test_tmux_windows_show_each_task_and_close_after_the_run(tmp_path, tmux_env)
         names = dict(line.split(" ", 1)[::-1] for line in windows.stdout.split("\n") if line)
         assert sorted(names) == ["ps:0", "worker:0", "worker:1"]
         for task, index in names.items():
-            wanted = [f"{task} CUDA_VISIBLE_DEVICES=''",
-                      "serving" if task == "ps:0" else "all ps reachable at start: True"]
-            screen = wait_for(lambda i=index, w=wanted: all(x in pane(session, i) for x in w)
-                              and pane(session, i), 15, f"{task}'s output in its window")
+            wanted = [
+                f"{task} CUDA_VISIBLE_DEVICES=''",
+                "serving" if task == "ps:0" else "all ps reachable at start: True",
+            ]
+            screen = wait_for(
+                lambda i=index, w=wanted: (
+                    all(x in pane(session, i) for x in w) and pane(session, i)
+                ),
+                15,
+                f"{task}'s output in its window",
+            )
             others = [t for t in names if t != task]
             assert not any(f"{t} CUDA" in screen for t in others)  # one task per window
         proc.wait(timeout=60)
@@ -138,8 +145,9 @@ def test_attach_opens_the_session_in_a_terminal(tmp_path, tmux_env):
     pid, fd = pty.fork()
     if pid == 0:  # the child: `tflaunch attach` on a pseudo-terminal, as a person would run it
         os.environ["TERM"] = "xterm"
-        os.execv(sys.executable, [sys.executable, "-m", "tflaunch", "attach", run_id, "--run-dir",
-                                  runs])
+        os.execv(
+            sys.executable, [sys.executable, "-m", "tflaunch", "attach", run_id, "--run-dir", runs]
+        )
     try:
         clients = wait_for(lambda: tmux("list-clients", "-t", session).stdout, 15, "a client")
         assert len(clients.splitlines()) == 1
@@ -160,9 +168,11 @@ def x_display():
     if not (shutil.which("Xvfb") and shutil.which("xterm") and shutil.which("xwininfo")):
         skip_or_fail("Xvfb, xterm and xwininfo (packages xvfb, xterm, x11-utils) are needed")
     read_end, write_end = os.pipe()
-    server = subprocess.Popen(["Xvfb", "-displayfd", str(write_end), "-nolisten", "tcp",
-                               "-screen", "0", "1280x1024x24"], pass_fds=(write_end,),
-                              stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        ["Xvfb", "-displayfd", str(write_end), "-nolisten", "tcp", "-screen", "0", "1280x1024x24"],
+        pass_fds=(write_end,),
+        stderr=subprocess.DEVNULL,
+    )
     os.close(write_end)
     try:
         with os.fdopen(read_end) as numbers:
@@ -174,35 +184,48 @@ def x_display():
 
 
 def window_titles(display: str) -> list[str]:
-    tree = subprocess.run(["xwininfo", "-root", "-tree", "-display", display],
-                          capture_output=True, text=True, timeout=10).stdout
+    tree = subprocess.run(
+        ["xwininfo", "-root", "-tree", "-display", display],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    ).stdout
     return [line.split('"')[1] for line in tree.splitlines() if line.count('"') >= 2]
 
 
 def test_xterm_windows_follow_each_task_and_close_after_the_run(tmp_path, x_display):
     cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "5"})
-    proc = subprocess.Popen([sys.executable, "-m", "tflaunch", "up", str(cluster), "--terminals",
-                             "xterm"], env={**os.environ, "DISPLAY": x_display}, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tflaunch", "up", str(cluster), "--terminals", "xterm"],
+        env={**os.environ, "DISPLAY": x_display},
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         read_until(proc.stdout, "cluster ready", timeout=30)
         run = run_of(tmp_path)
-        titles = wait_for(lambda: [t for t in window_titles(x_display) if run.id in t], 15,
-                          "three xterm windows")
+        titles = wait_for(
+            lambda: [t for t in window_titles(x_display) if run.id in t], 15, "three xterm windows"
+        )
         assert sorted(t.split(" | ")[0] for t in titles) == ["ps:0", "worker:0", "worker:1"]
-        xterms = [p for p in psutil.process_iter(["name", "environ"])
-                  if p.info["name"] == "xterm" and (p.info["environ"] or {}).get("DISPLAY")
-                  == x_display]
+        xterms = [
+            p
+            for p in psutil.process_iter(["name", "environ"])
+            if p.info["name"] == "xterm" and (p.info["environ"] or {}).get("DISPLAY") == x_display
+        ]
         followed = sorted(c.cmdline()[-1] for x in xterms for c in x.children())
-        assert followed == sorted(str(run.dir / log) for log in
-                                  ("ps-0.log", "worker-0.log", "worker-1.log"))
+        assert followed == sorted(
+            str(run.dir / log) for log in ("ps-0.log", "worker-0.log", "worker-1.log")
+        )
         proc.wait(timeout=60)
         assert proc.returncode == 0, proc.stderr.read()
     finally:
         proc.kill()
     assert wait_until_gone(str(tmp_path), timeout=15) == []
-    wait_for(lambda: not [t for t in window_titles(x_display) if run.id in t], 10,
-             "the windows to close")
+    wait_for(
+        lambda: not [t for t in window_titles(x_display) if run.id in t], 10, "the windows to close"
+    )
     assert not [x for x in xterms if x.is_running() and x.status() != psutil.STATUS_ZOMBIE]
 
 
@@ -217,9 +240,13 @@ def test_attach_to_a_run_without_terminals_is_bad_input(tmp_path):
 def test_xterm_without_a_display_is_bad_input_and_starts_nothing(tmp_path):
     cluster = fake_cluster(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
-    result = subprocess.run([sys.executable, "-m", "tflaunch", "up", str(cluster), "--terminals",
-                             "xterm"], env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "tflaunch", "up", str(cluster), "--terminals", "xterm"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "--terminals xterm needs an X display, and DISPLAY is not set" in result.stderr
     assert not (tmp_path / "runs").exists()
@@ -234,22 +261,31 @@ def test_xterm_that_cannot_open_its_display_is_bad_input_and_leaves_nothing(tmp_
     assert "--terminals xterm: the window could not be opened" in result.stderr
     assert "Traceback" not in result.stderr
     assert wait_until_gone(str(tmp_path)) == []
-    assert not [p for p in psutil.process_iter(["name", "environ"])
-                if p.info["name"] == "xterm" and (p.info["environ"] or {}).get("DISPLAY") == ":97"]
+    assert not [
+        p
+        for p in psutil.process_iter(["name", "environ"])
+        if p.info["name"] == "xterm" and (p.info["environ"] or {}).get("DISPLAY") == ":97"
+    ]
 
 
 def test_missing_terminal_program_is_bad_input(tmp_path):
     cluster = fake_cluster(tmp_path)
-    result = tflaunch("up", str(cluster), "--terminals", "gnome-terminal",
-                      env={"PATH": "/nonexistent", "DISPLAY": ":0"})
+    result = tflaunch(
+        "up",
+        str(cluster),
+        "--terminals",
+        "gnome-terminal",
+        env={"PATH": "/nonexistent", "DISPLAY": ":0"},
+    )
     assert result.returncode == 2
     assert "the program 'gnome-terminal' is not installed" in result.stderr
 
 
 def test_terminals_need_the_local_backend(tmp_path):
     cluster = tmp_path / "slurm.yaml"
-    cluster.write_text("name: s\nbackend: slurm\nprogram: [python3, train.py]\n"
-                       "roles: {ps: 1, worker: 1}\n")
+    cluster.write_text(
+        "name: s\nbackend: slurm\nprogram: [python3, train.py]\nroles: {ps: 1, worker: 1}\n"
+    )
     result = tflaunch("up", str(cluster), "--terminals", "tmux")
     assert result.returncode == 2
     assert "--terminals works with the local backend only" in result.stderr
@@ -274,5 +310,7 @@ def test_window_command_follows_the_log_until_the_sentinel_is_gone(tmp_path):
 
 
 def test_session_name_is_the_run_id_without_characters_tmux_refuses(tmp_path):
-    assert session_name(Run("mnist.v2-20260101-000000-ab12", tmp_path)) == \
-        "mnist_v2-20260101-000000-ab12"
+    assert (
+        session_name(Run("mnist.v2-20260101-000000-ab12", tmp_path))
+        == "mnist_v2-20260101-000000-ab12"
+    )

@@ -84,8 +84,9 @@ class Agent:
 
     def run(self) -> int:
         """Start, supervise and finally tear down this host's tasks. Returns the agent's exit code."""
-        self.emit({"event": "agent_started", "pid": os.getpid(),
-                   "tasks": [t.name for t in self.tasks]})
+        self.emit(
+            {"event": "agent_started", "pid": os.getpid(), "tasks": [t.name for t in self.tasks]}
+        )
         sampler = Sampler.from_supervision(self.plan.supervision, self._task_pids, self.emit)
         try:
             problem = self._preflight()
@@ -112,8 +113,9 @@ class Agent:
 
     def _task_pids(self) -> dict[str, int]:
         # returncode is set the moment the task is reaped, before its output is drained.
-        return {name: t.proc.pid for name, t in list(self.running.items())
-                if t.proc.returncode is None}
+        return {
+            name: t.proc.pid for name, t in list(self.running.items()) if t.proc.returncode is None
+        }
 
     def _preflight(self) -> str | None:
         """Check what would make a task fail at once: missing workdir or program, busy ports."""
@@ -122,14 +124,21 @@ class Agent:
                 return f"{task.name}: the working directory {task.workdir} does not exist on {self.host}."
             program = task.argv[0]
             path = task.env.get("PATH", os.environ.get("PATH", ""))
-            found = (os.path.exists(os.path.join(task.workdir, program)) if os.sep in program
-                     else shutil.which(program, path=path))
+            found = (
+                os.path.exists(os.path.join(task.workdir, program))
+                if os.sep in program
+                else shutil.which(program, path=path)
+            )
             if not found:
-                return (f"{task.name}: the program '{program}' was not found on {self.host} "
-                        f"(workdir {task.workdir}). Install it or fix program.argv.")
+                return (
+                    f"{task.name}: the program '{program}' was not found on {self.host} "
+                    f"(workdir {task.workdir}). Install it or fix program.argv."
+                )
             if task.port is not None and not procs.port_free(task.port):
-                return (f"{task.name}: port {task.port} on {self.host} is already in use. Stop what "
-                        "holds it (a leftover run? see 'tflaunch down') or change ports.")
+                return (
+                    f"{task.name}: port {task.port} on {self.host} is already in use. Stop what "
+                    "holds it (a leftover run? see 'tflaunch down') or change ports."
+                )
         return None
 
     def _start(self, task: Task) -> None:
@@ -138,8 +147,14 @@ class Agent:
         log = open(self.run_dir / task.log_name, "ab")  # noqa: SIM115 - closed by TaskProcess
         proc = procs.spawn(task.argv, env, task.workdir)
         self.running[task.name] = TaskProcess(task, proc, log, self.emit)
-        self.emit({"event": "started", "task": task.name, "pid": proc.pid,
-                   "log": str(self.run_dir / task.log_name)})
+        self.emit(
+            {
+                "event": "started",
+                "task": task.name,
+                "pid": proc.pid,
+                "log": str(self.run_dir / task.log_name),
+            }
+        )
 
     def _wait_for_ps(self) -> bool:
         """Wait until every PS of the cluster accepts connections. False on timeout or stop."""
@@ -160,10 +175,15 @@ class Agent:
                 break
             if time.monotonic() > deadline:
                 missing = ", ".join(f"{n} at {pending[n].address}" for n in sorted(pending))
-                self.emit({"event": "error", "code": 1, "message":
-                           f"readiness timeout: after {timeout:g} s these PS still do not accept "
-                           f"connections: {missing}. Check their logs, or raise "
-                           "supervision.ready_timeout."})
+                self.emit(
+                    {
+                        "event": "error",
+                        "code": 1,
+                        "message": f"readiness timeout: after {timeout:g} s these PS still do not accept "
+                        f"connections: {missing}. Check their logs, or raise "
+                        "supervision.ready_timeout.",
+                    }
+                )
                 return False
             self.stopping.wait(0.2)
         return not self.stopping.is_set()
@@ -171,10 +191,16 @@ class Agent:
     def _teardown(self) -> None:
         live = [t for t in self.running.values() if not t.done.is_set()]
         if live:
-            self.emit({"event": "stopping", "tasks": [t.task.name for t in live],
-                       "reason": self.stop_reason})
-        threads = [threading.Thread(target=procs.terminate_group, args=(t.proc, self.grace))
-                   for t in live]
+            self.emit(
+                {
+                    "event": "stopping",
+                    "tasks": [t.task.name for t in live],
+                    "reason": self.stop_reason,
+                }
+            )
+        threads = [
+            threading.Thread(target=procs.terminate_group, args=(t.proc, self.grace)) for t in live
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -208,8 +234,10 @@ class LineEmitter:
                 self.dropped += 1
                 return
             if self.dropped:
-                note = (f"[tflaunch: {self.dropped} output lines not sent upstream while the "
-                        "link was slow; the task's log has them]")
+                note = (
+                    f"[tflaunch: {self.dropped} output lines not sent upstream while the "
+                    "link was slow; the task's log has them]"
+                )
                 self.dropped = 0
                 self._put({"event": "output", "task": event.get("task"), "line": note})
         self._put(event)
@@ -265,8 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", required=True, help="plan.json written by the launcher")
     parser.add_argument("--host", required=True, help="the host of the plan this agent runs")
     parser.add_argument("--run-dir", required=True, help="where task logs go")
-    parser.add_argument("--heartbeat-timeout", type=float, default=None,
-                        help="stop when the launcher is silent this long (0: never)")
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=None,
+        help="stop when the launcher is silent this long (0: never)",
+    )
     args = parser.parse_args(argv)
     plan = Plan.from_dict(json.loads(Path(args.plan).read_text()))
     Path(args.run_dir).mkdir(parents=True, exist_ok=True)

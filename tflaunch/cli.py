@@ -59,8 +59,10 @@ def _load_plan(path: str) -> tuple[ClusterConfig, Plan]:
 def validate(cluster_file: str) -> None:
     """Check a cluster file and the plan it makes."""
     config, plan = _load_plan(cluster_file)
-    click.echo(f"{cluster_file}: ok ({len(plan.tasks)} tasks on "
-               f"{len(plan.hosts_with_tasks())} host(s), backend {config.backend})")
+    click.echo(
+        f"{cluster_file}: ok ({len(plan.tasks)} tasks on "
+        f"{len(plan.hosts_with_tasks())} host(s), backend {config.backend})"
+    )
 
 
 @cli.command()
@@ -89,8 +91,14 @@ def plan(cluster_file: str, as_json: bool) -> None:
 @cli.command()
 @click.argument("cluster_file", type=click.Path(dir_okay=False))
 @click.option("--task", "task_name", required=True, help="The task, e.g. worker:1.")
-@click.option("--format", "fmt", type=click.Choice(RENDER_FORMATS), default="tf_config",
-              show_default=True, help="What to print.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(RENDER_FORMATS),
+    default="tf_config",
+    show_default=True,
+    help="What to print.",
+)
 def render(cluster_file: str, task_name: str, fmt: str) -> None:
     """Print one task's view: its TF_CONFIG, the ClusterSpec, its environment or its command."""
     parse_task_name(task_name)
@@ -110,16 +118,35 @@ def render(cluster_file: str, task_name: str, fmt: str) -> None:
 @cli.command()
 @click.argument("cluster_file", type=click.Path(dir_okay=False))
 @click.option("--detach", is_flag=True, help="Return once the cluster is ready; print the run id.")
-@click.option("--run-dir", "run_root", default=None, help="Where run directories go (default: the file's run_dir).")
-@click.option("--dry-run", is_flag=True,
-              help="Print what would be started (Slurm: the job script) and start nothing.")
+@click.option(
+    "--run-dir",
+    "run_root",
+    default=None,
+    help="Where run directories go (default: the file's run_dir).",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print what would be started (Slurm: the job script) and start nothing.",
+)
 @click.option("--run-id", default=None, hidden=True)
 @click.option("--attached-daemon", is_flag=True, hidden=True)
-@click.option("--terminals", type=click.Choice(["tmux", "xterm", "gnome-terminal"]), default=None,
-              help="Local backend: one window per task showing its output (tmux: headless, "
-                   "see 'tflaunch attach').")
-def up(cluster_file: str, detach: bool, run_root: str | None, dry_run: bool,
-       run_id: str | None, attached_daemon: bool, terminals: str | None) -> None:
+@click.option(
+    "--terminals",
+    type=click.Choice(["tmux", "xterm", "gnome-terminal"]),
+    default=None,
+    help="Local backend: one window per task showing its output (tmux: headless, "
+    "see 'tflaunch attach').",
+)
+def up(
+    cluster_file: str,
+    detach: bool,
+    run_root: str | None,
+    dry_run: bool,
+    run_id: str | None,
+    attached_daemon: bool,
+    terminals: str | None,
+) -> None:
     """Start the cluster, stream its output, and exit with its result."""
     from tflaunch.launchers import get_backend
 
@@ -133,7 +160,9 @@ def up(cluster_file: str, detach: bool, run_root: str | None, dry_run: bool,
     if dry_run:
         the_plan = make_plan(config, backend.hosts(config))
         run_id = run_id or new_run_id(config.name)
-        click.echo(backend.dry_run(config, the_plan, Run(run_id, Path(run_root).resolve() / run_id)))
+        click.echo(
+            backend.dry_run(config, the_plan, Run(run_id, Path(run_root).resolve() / run_id))
+        )
         return
     if attached_daemon:
         run = Run.open(run_root, run_id)
@@ -156,16 +185,26 @@ def _backend_of(run: Run):
     return get_backend(run.read_meta().get("backend", "local"))
 
 
-run_dir_option = click.option("--run-dir", "run_root", default="runs", show_default=True,
-                              help="Where the run directories are.")
+run_dir_option = click.option(
+    "--run-dir",
+    "run_root",
+    default="runs",
+    show_default=True,
+    help="Where the run directories are.",
+)
 
 
 @cli.command()
 @click.argument("run_id")
 @run_dir_option
 @click.option("--watch", is_flag=True, help="Redraw every --interval seconds until the run ends.")
-@click.option("--interval", type=float, default=2.0, show_default=True,
-              help="Seconds between redraws with --watch.")
+@click.option(
+    "--interval",
+    type=float,
+    default=2.0,
+    show_default=True,
+    help="Seconds between redraws with --watch.",
+)
 @click.pass_context
 def status(ctx: click.Context, run_id: str, run_root: str, watch: bool, interval: float) -> None:
     """Show a run's state and every task's state, pid, CPU %, memory (RSS) and uptime."""
@@ -179,8 +218,11 @@ def status(ctx: click.Context, run_id: str, run_root: str, watch: bool, interval
 
     run = Run.open(run_root, run_id)
     meta = run.read_meta()
-    click.echo(f"run {run.id}: {meta.get('state', 'unknown')} (backend {meta.get('backend')}"
-               + (f", exit code {meta['exit_code']}" if "exit_code" in meta else "") + ")")
+    click.echo(
+        f"run {run.id}: {meta.get('state', 'unknown')} (backend {meta.get('backend')}"
+        + (f", exit code {meta['exit_code']}" if "exit_code" in meta else "")
+        + ")"
+    )
     for line in _backend_of(run).describe(run):
         click.echo(line)
     for line in task_table(run):

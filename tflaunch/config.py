@@ -62,7 +62,9 @@ class HostEntry:
 
     name: str = field(doc="host name; also the cluster address unless 'address' is given")
     address: str | None = field(None, doc="address the tasks use to reach each other")
-    connect: str | None = field(None, doc="address the launcher connects to (ssh); default: address")
+    connect: str | None = field(
+        None, doc="address the launcher connects to (ssh); default: address"
+    )
     gpus: int = field(0, minimum=0, doc="number of GPUs on the host")
 
 
@@ -71,13 +73,24 @@ class Placement:
     """Where tasks go on the hosts."""
 
     ps: Literal["colocated", "dedicated"] = field(
-        "colocated", doc="colocated: PS i on worker host i; dedicated: one host per PS after the worker hosts")
+        "colocated",
+        doc="colocated: PS i on worker host i; dedicated: one host per PS after the worker hosts",
+    )
     ps_per_host: int | None = field(
-        None, minimum=1, doc="at most this many co-located PS per host; default: spread evenly over the worker hosts")
+        None,
+        minimum=1,
+        doc="at most this many co-located PS per host; default: spread evenly over the worker hosts",
+    )
     workers_per_host: int | None = field(
-        None, minimum=1, doc="worker slots per host (chief and evaluator take slots too); default: as few hosts as the GPUs allow, else spread evenly")
+        None,
+        minimum=1,
+        doc="worker slots per host (chief and evaluator take slots too); default: as few hosts as the GPUs allow, else spread evenly",
+    )
     gpus_per_worker: int | None = field(
-        None, minimum=0, doc="GPUs per worker; default 1, or all of the host's GPUs with one worker per host")
+        None,
+        minimum=0,
+        doc="GPUs per worker; default 1, or all of the host's GPUs with one worker per host",
+    )
 
 
 @dataclass(frozen=True)
@@ -86,20 +99,34 @@ class Ports:
 
     ps: int = field(2230, minimum=1, doc="first PS port on a host")
     worker: int = field(2220, minimum=1, doc="first worker port on a host")
-    chief: int = field(2210, minimum=1, doc="chief port (the evaluator needs none: it is not in the cluster)")
+    chief: int = field(
+        2210, minimum=1, doc="chief port (the evaluator needs none: it is not in the cluster)"
+    )
 
 
 @dataclass(frozen=True)
 class Supervision:
     """How tasks are watched and stopped."""
 
-    ready_timeout: float = field(120.0, minimum=0, doc="seconds to wait for every PS port to accept connections")
-    grace_period: float = field(5.0, minimum=0, doc="seconds between SIGTERM and SIGKILL at teardown")
+    ready_timeout: float = field(
+        120.0, minimum=0, doc="seconds to wait for every PS port to accept connections"
+    )
+    grace_period: float = field(
+        5.0, minimum=0, doc="seconds between SIGTERM and SIGKILL at teardown"
+    )
     finish_timeout: float = field(
-        300.0, minimum=0, doc="seconds the other workers may run on after the chief finished successfully")
-    heartbeat: float = field(2.0, minimum=0.1, doc="seconds between launcher heartbeats to the agents")
+        300.0,
+        minimum=0,
+        doc="seconds the other workers may run on after the chief finished successfully",
+    )
+    heartbeat: float = field(
+        2.0, minimum=0.1, doc="seconds between launcher heartbeats to the agents"
+    )
     heartbeat_timeout: float = field(
-        20.0, minimum=1, doc="an agent that hears nothing from its launcher this long tears its tasks down")
+        20.0,
+        minimum=1,
+        doc="an agent that hears nothing from its launcher this long tears its tasks down",
+    )
     sample_interval: float = field(1.0, minimum=0, doc="seconds between resource samples (0: off)")
 
 
@@ -107,20 +134,25 @@ class Supervision:
 class SlurmSection:
     """Slurm settings (backend: slurm)."""
 
-    nodes: int | None = field(None, minimum=1, doc="number of nodes (default: as many as the plan needs)")
+    nodes: int | None = field(
+        None, minimum=1, doc="number of nodes (default: as many as the plan needs)"
+    )
     time: str | None = field(None, doc="walltime, e.g. 00:30:00")
     partition: str | None = field(None, doc="partition")
     account: str | None = field(None, doc="account")
     qos: str | None = field(None, doc="quality of service")
     constraint: str | None = field(None, doc="node constraint, e.g. gpu")
     ps_constraint: str | None = field(
-        None, doc="node constraint of dedicated PS nodes (their own job component), e.g. mc")
+        None, doc="node constraint of dedicated PS nodes (their own job component), e.g. mc"
+    )
     gpus_per_node: int | None = field(None, minimum=0, doc="GPUs per node (--gpus-per-node)")
     gres: str | None = field(None, doc="generic resources (--gres), instead of gpus_per_node")
     cpus_per_task: int | None = field(None, minimum=1, doc="CPUs per agent (one agent per node)")
     mem: str | None = field(None, doc="memory per node, e.g. 32G")
     options: tuple[str, ...] = field((), doc="extra sbatch options, e.g. ['--exclusive']")
-    setup: tuple[str, ...] = field((), doc="shell lines run before the step (module loads, activation), verbatim")
+    setup: tuple[str, ...] = field(
+        (), doc="shell lines run before the step (module loads, activation), verbatim"
+    )
     output: str | None = field(None, doc="sbatch --output path")
     error: str | None = field(None, doc="sbatch --error path")
     python: str = field("python3", doc="Python interpreter on the nodes")
@@ -134,7 +166,9 @@ class Ec2Section:
     profile: str | None = field(None, doc="AWS profile")
     filters: Mapping[str, str] = field(factory=dict, doc="EC2 filters, e.g. {'tag:cluster': 'tf'}")
     instance_ids: tuple[str, ...] = field((), doc="instance ids")
-    endpoint_url: str | None = field(None, doc="EC2 API endpoint (for tests against a local stand-in)")
+    endpoint_url: str | None = field(
+        None, doc="EC2 API endpoint (for tests against a local stand-in)"
+    )
     gpus: int = field(0, minimum=0, doc="GPUs per discovered instance")
 
 
@@ -147,16 +181,22 @@ class SshSection:
     port: int = field(22, minimum=1, doc="SSH port")
     connect_timeout: float = field(10.0, minimum=0.1, doc="seconds to connect to a host")
     host_key_policy: Literal["strict", "accept-new"] = field(
-        "strict", doc="strict: known hosts only; accept-new: record unknown keys, refuse changed ones")
+        "strict",
+        doc="strict: known hosts only; accept-new: record unknown keys, refuse changed ones",
+    )
     known_hosts: str = field("~/.ssh/known_hosts", doc="known_hosts file")
     jump_host: str | None = field(None, doc="[user@]host[:port] to tunnel through")
     public_ips_file: str | None = field(None, doc="file of connect addresses, one per line")
-    private_ips_file: str | None = field(None, doc="file of cluster addresses, line i = same host as public line i")
+    private_ips_file: str | None = field(
+        None, doc="file of cluster addresses, line i = same host as public line i"
+    )
     ec2: Ec2Section | None = field(None, doc="discover hosts from EC2")
     gpus: int = field(0, minimum=0, doc="GPUs per host for hosts from files")
     upload: tuple[str, ...] = field((), doc="files copied to each host's workdir before the start")
     python: str = field("python3", doc="Python interpreter on the hosts")
-    remote_run_dir: str | None = field(None, doc="run directory on the hosts (default: the local run_dir path)")
+    remote_run_dir: str | None = field(
+        None, doc="run directory on the hosts (default: the local run_dir path)"
+    )
 
 
 @dataclass(frozen=True)
@@ -167,7 +207,11 @@ class ClusterConfig:
     name: str = field("tflaunch", doc="cluster name; prefixes run ids")
     backend: Literal["local", "slurm", "ssh"] = field("local", doc="how tasks are started")
     roles: Roles = field(factory=Roles, doc="task counts")
-    hosts: tuple[HostEntry, ...] = field((), doc="machines (local default: localhost)", coerce=lambda v: [_host_entry(h) for h in v] if isinstance(v, list) else v)
+    hosts: tuple[HostEntry, ...] = field(
+        (),
+        doc="machines (local default: localhost)",
+        coerce=lambda v: [_host_entry(h) for h in v] if isinstance(v, list) else v,
+    )
     placement: Placement = field(factory=Placement, doc="task placement")
     ports: Ports = field(factory=Ports, doc="base ports")
     supervision: Supervision = field(factory=Supervision, doc="supervision")
@@ -186,8 +230,9 @@ class ClusterConfig:
         home directory) and is resolved there by the SSH backend, not on this machine."""
         if self.backend == "ssh":
             return os.path.normpath(self.program.workdir)
-        return os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(self.program.workdir)))
-
+        return os.path.normpath(
+            os.path.join(self.base_dir, os.path.expanduser(self.program.workdir))
+        )
 
 
 def load_config(path: str | os.PathLike) -> ClusterConfig:
@@ -196,8 +241,10 @@ def load_config(path: str | os.PathLike) -> ClusterConfig:
     try:
         text = path.read_text()
     except OSError as err:
-        raise ConfigError(f"{path}: cannot read the cluster file ({err.strerror}). "
-                          "Check the path and its permissions.") from err
+        raise ConfigError(
+            f"{path}: cannot read the cluster file ({err.strerror}). "
+            "Check the path and its permissions."
+        ) from err
     return parse_config(text, source=str(path), base_dir=str(path.resolve().parent))
 
 
@@ -205,8 +252,10 @@ def parse_config(text: str, source: str = "<string>", base_dir: str = ".") -> Cl
     """Validate cluster-file text; errors are ConfigError naming source:line and the key path."""
     data, positions = _load_yaml(text, source)
     if data is None:
-        raise ConfigError(f"{source}: the cluster file is empty. It needs at least a 'program:' "
-                          "(see examples/local.yaml).")
+        raise ConfigError(
+            f"{source}: the cluster file is empty. It needs at least a 'program:' "
+            "(see examples/local.yaml)."
+        )
     try:
         config = schema.read(ClusterConfig, data)
     except schema.SchemaError as err:
@@ -241,10 +290,12 @@ def _check(config: ClusterConfig, positions: Mapping[tuple, int]) -> None:
     moved = _moved_module(config)
     if moved:
         index, old = moved
-        fail(("program", "argv", index),
-             f"the module '{old}' is now 'tflaunch.{old}' (tflaunch installs only tflaunch-prefixed "
-             f"packages, so that a project's own '{old.split('.')[0]}/' is never shadowed); write "
-             f"'-m tflaunch.{old}'")
+        fail(
+            ("program", "argv", index),
+            f"the module '{old}' is now 'tflaunch.{old}' (tflaunch installs only tflaunch-prefixed "
+            f"packages, so that a project's own '{old.split('.')[0]}/' is never shadowed); write "
+            f"'-m tflaunch.{old}'",
+        )
     roles = config.roles
     if roles.chief > 1:
         fail(("roles", "chief"), f"at most one chief, got {roles.chief}")
@@ -253,14 +304,20 @@ def _check(config: ClusterConfig, positions: Mapping[tuple, int]) -> None:
     if roles.worker + roles.chief == 0:
         fail(("roles", "worker"), "the cluster needs at least one worker or a chief")
     if roles.evaluator and not roles.chief:
-        fail(("roles", "evaluator"), "an evaluator needs a chief (set roles.chief: 1): "
-             "TF_CONFIG's evaluator watches the checkpoints the chief writes")
+        fail(
+            ("roles", "evaluator"),
+            "an evaluator needs a chief (set roles.chief: 1): "
+            "TF_CONFIG's evaluator watches the checkpoints the chief writes",
+        )
     names = [h.name for h in config.hosts]
     for i, name in enumerate(names):
         if names.index(name) != i:
             fail(("hosts", i, "name"), f"host '{name}' is listed twice")
     if config.ssh.public_ips_file and not config.ssh.private_ips_file:
-        fail(("ssh", "private_ips_file"), "is required with public_ips_file (line i of each is one host)")
+        fail(
+            ("ssh", "private_ips_file"),
+            "is required with public_ips_file (line i of each is one host)",
+        )
 
 
 def _moved_module(config: ClusterConfig) -> tuple[int, str] | None:
@@ -274,7 +331,9 @@ def _moved_module(config: ClusterConfig) -> tuple[int, str] | None:
         own = Path(config.workdir, *old.split("."))
         if own.with_suffix(".py").exists() or own.is_dir():
             return None
-        if importlib.util.find_spec(f"tflaunch.{old.split('.')[0]}") and _has_module(f"tflaunch.{old}"):
+        if importlib.util.find_spec(f"tflaunch.{old.split('.')[0]}") and _has_module(
+            f"tflaunch.{old}"
+        ):
             return i, old
     return None
 
@@ -296,8 +355,10 @@ def _load_yaml(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
         mark = getattr(err, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
         problem = getattr(err, "problem", None) or str(err)
-        raise ConfigError(f"{where}: the cluster file is not valid YAML ({problem}). "
-                          "Check indentation and quoting around that line.") from None
+        raise ConfigError(
+            f"{where}: the cluster file is not valid YAML ({problem}). "
+            "Check indentation and quoting around that line."
+        ) from None
     finally:
         loader.dispose()
     positions: dict[tuple, int] = {}
@@ -310,7 +371,7 @@ def _record_positions(node: yaml.Node, path: tuple, out: dict[tuple, int]) -> No
     out.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
-            key = (path + (key_node.value,))
+            key = path + (key_node.value,)
             out[key] = key_node.start_mark.line + 1
             _record_positions(value_node, key, out)
     elif isinstance(node, yaml.SequenceNode):

@@ -31,8 +31,20 @@ from tflaunch.plan import Plan
 from tflaunch.run import Run
 
 TAIL_LINES = 20
-_EVENTS_KEPT = {"agent_started", "started", "ready", "waiting", "exited", "error", "stopping",
-                "agent_exit", "host_started", "link_closed", "cluster_ready", "finished"}
+_EVENTS_KEPT = {
+    "agent_started",
+    "started",
+    "ready",
+    "waiting",
+    "exited",
+    "error",
+    "stopping",
+    "agent_exit",
+    "host_started",
+    "link_closed",
+    "cluster_ready",
+    "finished",
+}
 
 
 class AgentLink(Protocol):
@@ -69,14 +81,21 @@ class Outcome:
 
 
 class Coordinator:
-    def __init__(self, plan: Plan, run: Run, links: Sequence[AgentLink],
-                 out: IO[str] | None = None, on_ready: Any = None):
+    def __init__(
+        self,
+        plan: Plan,
+        run: Run,
+        links: Sequence[AgentLink],
+        out: IO[str] | None = None,
+        on_ready: Any = None,
+    ):
         self.plan, self.run, self.links = plan, run, list(links)
         self.out = out or sys.stdout
         self.on_ready = on_ready
         self.events: queue.Queue = queue.Queue()
-        self.tasks = {t.name: TaskState(t.name, t.host, log=str(run.log_path(t.log_name)))
-                      for t in plan.tasks}
+        self.tasks = {
+            t.name: TaskState(t.name, t.host, log=str(run.log_path(t.log_name))) for t in plan.tasks
+        }
         self.leader = "chief:0" if "chief:0" in self.tasks else "worker:0"
         self.open_links = {link.host for link in self.links}
         self.outcome: Outcome | None = None
@@ -114,7 +133,9 @@ class Coordinator:
                     for link in self.links:
                         link.send({"cmd": "ping"})
             if self.outcome is None:
-                self.outcome = self._fail_without_task("every agent ended before the run finished", 1)
+                self.outcome = self._fail_without_task(
+                    "every agent ended before the run finished", 1
+                )
             self._teardown()
         finally:
             self._restore_signal_handlers(previous)
@@ -126,16 +147,28 @@ class Coordinator:
     def _check_clock(self) -> None:
         if self._signal is not None and self.outcome is None:
             name = signal.Signals(self._signal).name
-            self.outcome = Outcome(128 + self._signal, f"interrupted by {name}; the cluster was stopped",
-                                   interrupted=True)
-        elif (self.leader_done_at is not None and self.outcome is None
-              and time.monotonic() - self.leader_done_at > self.finish_timeout):
-            late = [s for s in self.tasks.values() if s.name.startswith(("worker:", "chief:"))
-                    and s.state != "exited"]
+            self.outcome = Outcome(
+                128 + self._signal,
+                f"interrupted by {name}; the cluster was stopped",
+                interrupted=True,
+            )
+        elif (
+            self.leader_done_at is not None
+            and self.outcome is None
+            and time.monotonic() - self.leader_done_at > self.finish_timeout
+        ):
+            late = [
+                s
+                for s in self.tasks.values()
+                if s.name.startswith(("worker:", "chief:")) and s.state != "exited"
+            ]
             self.outcome = self._fail_task(
-                late[0], 1, f"was still running {self.finish_timeout:g} s after {self.leader} "
+                late[0],
+                1,
+                f"was still running {self.finish_timeout:g} s after {self.leader} "
                 "finished (supervision.finish_timeout); a worker that starts after the chief "
-                "finished can wait forever")
+                "finished can wait forever",
+            )
 
     # ---- events ----------------------------------------------------------------------------
 
@@ -158,34 +191,43 @@ class Coordinator:
             state.state = "ready"
             self._check_ready()
         elif kind == "waiting":
-            self._say(f"{host}: waiting for {event.get('what')} to accept connections: "
-                      f"{', '.join(event.get('tasks', []))}")
+            self._say(
+                f"{host}: waiting for {event.get('what')} to accept connections: "
+                f"{', '.join(event.get('tasks', []))}"
+            )
         elif kind == "exited" and state:
             self._task_exited(state, int(event.get("code", 1)))
         elif kind == "error" and self.outcome is None:
-            self.outcome = self._fail_without_task(f"{host}: {event.get('message')}",
-                                                   int(event.get("code", 1)))
+            self.outcome = self._fail_without_task(
+                f"{host}: {event.get('message')}", int(event.get("code", 1))
+            )
         elif kind == "link_closed":
             self.open_links.discard(host)
-            unfinished = [s.name for s in self.tasks.values()
-                          if s.host == host and s.state != "exited"]
+            unfinished = [
+                s.name for s in self.tasks.values() if s.host == host and s.state != "exited"
+            ]
             if unfinished and self.outcome is None:
                 self.outcome = self._fail_without_task(
-                    f"lost the agent on {host} while {', '.join(unfinished)} had not finished", 1)
+                    f"lost the agent on {host} while {', '.join(unfinished)} had not finished", 1
+                )
 
     def _task_exited(self, state: TaskState, code: int) -> None:
         state.state, state.code = "exited", code
         if self.outcome is not None:
             return
         if state.name.startswith("ps:"):
-            self.outcome = self._fail_task(state, code or 1, "exited by itself; a PS serves until "
-                                           "the launcher stops it")
+            self.outcome = self._fail_task(
+                state, code or 1, "exited by itself; a PS serves until the launcher stops it"
+            )
         elif code != 0:
             self.outcome = self._fail_task(state, code, f"exited with code {_describe_code(code)}")
         elif self._training_done():
             elapsed = time.monotonic() - self.started_at
-            self.outcome = Outcome(0, f"succeeded: {len(self.tasks)} tasks on "
-                                      f"{len(self.plan.hosts_with_tasks())} host(s) in {elapsed:.1f} s")
+            self.outcome = Outcome(
+                0,
+                f"succeeded: {len(self.tasks)} tasks on "
+                f"{len(self.plan.hosts_with_tasks())} host(s) in {elapsed:.1f} s",
+            )
         elif state.name == self.leader:
             self.leader_done_at = time.monotonic()
 
@@ -196,8 +238,10 @@ class Coordinator:
     def _check_ready(self) -> None:
         if self.ready:
             return
-        if all(s.state in ("ready", "exited") if s.name.startswith("ps:") else s.state != "pending"
-               for s in self.tasks.values()):
+        if all(
+            s.state in ("ready", "exited") if s.name.startswith("ps:") else s.state != "pending"
+            for s in self.tasks.values()
+        ):
             self.ready = True
             elapsed = time.monotonic() - self.started_at
             self._record({"event": "cluster_ready", "seconds": round(elapsed, 3)})

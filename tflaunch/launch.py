@@ -11,17 +11,26 @@ from tflaunch.plan import Plan, make_plan
 from tflaunch.run import Run
 
 
-def prepare(config: ClusterConfig, run_root: str | None = None, run_id: str | None = None,
-            cluster_file: str | None = None) -> tuple[Plan, Run]:
+def prepare(
+    config: ClusterConfig,
+    run_root: str | None = None,
+    run_id: str | None = None,
+    cluster_file: str | None = None,
+) -> tuple[Plan, Run]:
     """Plan the cluster on its backend's hosts and create its run directory."""
     from tflaunch.launchers import get_backend
 
     plan = make_plan(config, get_backend(config.backend).hosts(config))
     run = Run.create(run_root or config.run_dir, config.name, run_id)
     run.write_plan(plan)
-    run.update_meta(run_id=run.id, name=config.name, backend=config.backend, state="created",
-                    cluster_file=str(Path(cluster_file).resolve()) if cluster_file else None,
-                    created=time.time())
+    run.update_meta(
+        run_id=run.id,
+        name=config.name,
+        backend=config.backend,
+        state="created",
+        cluster_file=str(Path(cluster_file).resolve()) if cluster_file else None,
+        created=time.time(),
+    )
     return plan, run
 
 

@@ -81,7 +81,9 @@ class Plan:
         for task in self.tasks:
             if task.name == name:
                 return task
-        raise PlanError(f"no task '{name}' in the plan; tasks are {', '.join(t.name for t in self.tasks)}")
+        raise PlanError(
+            f"no task '{name}' in the plan; tasks are {', '.join(t.name for t in self.tasks)}"
+        )
 
     def tasks_on(self, host: str) -> tuple[Task, ...]:
         return tuple(t for t in self.tasks if t.host == host)
@@ -107,15 +109,18 @@ class Plan:
         hosts = tuple(Host(**{**h, "gpu_ids": tuple(h["gpu_ids"])}) for h in data["hosts"])
         tasks = tuple(
             Task(**{**t, "gpus": tuple(t["gpus"]), "argv": tuple(t["argv"]), "env": dict(t["env"])})
-            for t in data["tasks"])
+            for t in data["tasks"]
+        )
         cluster = {job: tuple(addrs) for job, addrs in data["cluster"].items()}
         return cls(data["name"], hosts, tasks, cluster, dict(data.get("supervision", {})))
 
 
 def tf_config(plan: Plan, task: Task) -> dict[str, Any]:
     """The TF_CONFIG of one task, in the form TFConfigClusterResolver reads."""
-    return {"cluster": {job: list(addrs) for job, addrs in plan.cluster.items()},
-            "task": {"type": task.job, "index": task.index}}
+    return {
+        "cluster": {job: list(addrs) for job, addrs in plan.cluster.items()},
+        "task": {"type": task.job, "index": task.index},
+    }
 
 
 def hosts_from_config(config: ClusterConfig) -> list[Host]:
@@ -123,9 +128,12 @@ def hosts_from_config(config: ClusterConfig) -> list[Host]:
     if not config.hosts:
         return [Host("localhost", LOCAL_ADDRESS, LOCAL_ADDRESS)]
     return [
-        Host(name=h.name, cluster_address=h.address or h.name,
-             connect_address=h.connect or h.address or h.name,
-             gpu_ids=tuple(str(i) for i in range(h.gpus)))
+        Host(
+            name=h.name,
+            cluster_address=h.address or h.name,
+            connect_address=h.connect or h.address or h.name,
+            gpu_ids=tuple(str(i) for i in range(h.gpus)),
+        )
         for h in config.hosts
     ]
 
@@ -136,8 +144,11 @@ def make_plan(config: ClusterConfig, hosts: Iterable[Host]) -> Plan:
     if not hosts:
         raise PlanError("no hosts to place the cluster on; list some under 'hosts:'.")
     roles = config.roles
-    slot_jobs = ([("chief", 0)] * roles.chief + [("worker", i) for i in range(roles.worker)]
-                 + [("evaluator", 0)] * roles.evaluator)
+    slot_jobs = (
+        [("chief", 0)] * roles.chief
+        + [("worker", i) for i in range(roles.worker)]
+        + [("evaluator", 0)] * roles.evaluator
+    )
     worker_hosts, ps_hosts = _split_hosts(config, hosts, len(slot_jobs))
     slots = _fill_slots(config, worker_hosts, slot_jobs)
     ps_on = _place_ps(config, worker_hosts, ps_hosts, len(slots))
@@ -159,13 +170,15 @@ def make_plan(config: ClusterConfig, hosts: Iterable[Host]) -> Plan:
             cluster[job] += (f"{host.cluster_address}:{ports[(job, index)]}",)
     tasks = tuple(
         _make_task(config, cluster, job, index, host, ports.get((job, index)), gpus)
-        for job, index, host, gpus in placed)
+        for job, index, host, gpus in placed
+    )
     supervision = asdict(config.supervision)
     return Plan(config.name, hosts, tasks, cluster, supervision)
 
 
-def _split_hosts(config: ClusterConfig, hosts: tuple[Host, ...], n_slots: int
-                 ) -> tuple[tuple[Host, ...], tuple[Host, ...]]:
+def _split_hosts(
+    config: ClusterConfig, hosts: tuple[Host, ...], n_slots: int
+) -> tuple[tuple[Host, ...], tuple[Host, ...]]:
     """Worker hosts and dedicated PS hosts (none when PS are co-located)."""
     if config.placement.ps != "dedicated" or config.roles.ps == 0:
         return hosts, ()
@@ -176,13 +189,15 @@ def _split_hosts(config: ClusterConfig, hosts: tuple[Host, ...], n_slots: int
         raise PlanError(
             f"too few hosts: dedicated PS need one host each, so {n_ps} PS + "
             f"{worker_hosts_needed} worker host(s) need {n_ps + worker_hosts_needed} hosts, "
-            f"but {len(hosts)} are given. Add hosts, lower roles.ps, or use placement.ps: colocated.")
+            f"but {len(hosts)} are given. Add hosts, lower roles.ps, or use placement.ps: colocated."
+        )
     available = len(hosts) - n_ps
     return hosts[:available], hosts[available:]
 
 
-def _fill_slots(config: ClusterConfig, worker_hosts: tuple[Host, ...],
-                slot_jobs: list[tuple[str, int]]) -> list[tuple[Host, list[tuple[str, int]]]]:
+def _fill_slots(
+    config: ClusterConfig, worker_hosts: tuple[Host, ...], slot_jobs: list[tuple[str, int]]
+) -> list[tuple[Host, list[tuple[str, int]]]]:
     per_host = config.placement.workers_per_host or math.ceil(len(slot_jobs) / len(worker_hosts))
     capacity = per_host * len(worker_hosts)
     if len(slot_jobs) > capacity:
@@ -190,27 +205,33 @@ def _fill_slots(config: ClusterConfig, worker_hosts: tuple[Host, ...],
             f"too few host slots: {len(slot_jobs)} worker tasks (chief, workers and evaluator "
             f"count) need {math.ceil(len(slot_jobs) / per_host)} host(s) at "
             f"{per_host} per host, but {len(worker_hosts)} worker host(s) are given "
-            f"({capacity} slots). Add hosts, raise placement.workers_per_host, or lower roles.worker.")
+            f"({capacity} slots). Add hosts, raise placement.workers_per_host, or lower roles.worker."
+        )
     filled = []
     for i, host in enumerate(worker_hosts):
-        jobs = slot_jobs[i * per_host:(i + 1) * per_host]
+        jobs = slot_jobs[i * per_host : (i + 1) * per_host]
         if jobs:
             filled.append((host, jobs))
     return filled
 
 
-def _place_ps(config: ClusterConfig, worker_hosts: tuple[Host, ...], ps_hosts: tuple[Host, ...],
-              n_used_worker_hosts: int) -> list[Host]:
+def _place_ps(
+    config: ClusterConfig,
+    worker_hosts: tuple[Host, ...],
+    ps_hosts: tuple[Host, ...],
+    n_used_worker_hosts: int,
+) -> list[Host]:
     n_ps = config.roles.ps
     if ps_hosts:
         return list(ps_hosts)
-    targets = worker_hosts[:max(n_used_worker_hosts, 1)]
+    targets = worker_hosts[: max(n_used_worker_hosts, 1)]
     cap = config.placement.ps_per_host
     if cap is not None and n_ps > cap * len(targets):
         raise PlanError(
             f"too many co-located PS: {n_ps} PS at most {cap} per host need "
             f"{math.ceil(n_ps / cap)} worker host(s), but the workers use {len(targets)}. "
-            "Raise placement.ps_per_host, add workers on more hosts, or use placement.ps: dedicated.")
+            "Raise placement.ps_per_host, add workers on more hosts, or use placement.ps: dedicated."
+        )
     return [targets[i % len(targets)] for i in range(n_ps)]
 
 
@@ -224,8 +245,9 @@ def _assign_gpus(config: ClusterConfig, host: Host, n_tasks: int) -> list[tuple[
         raise PlanError(
             f"host '{host.name}' has {len(host.gpu_ids)} GPU(s) but its {n_tasks} worker task(s) "
             f"at {per_task} each need {per_task * n_tasks}. Lower placement.gpus_per_worker or "
-            "placement.workers_per_host, or add hosts.")
-    return [tuple(host.gpu_ids[i * per_task:(i + 1) * per_task]) for i in range(n_tasks)]
+            "placement.workers_per_host, or add hosts."
+        )
+    return [tuple(host.gpu_ids[i * per_task : (i + 1) * per_task]) for i in range(n_tasks)]
 
 
 def _assign_ports(config: ClusterConfig, placed: list) -> dict[tuple[str, int], int]:
@@ -240,49 +262,78 @@ def _assign_ports(config: ClusterConfig, placed: list) -> dict[tuple[str, int], 
         while port in used:
             port += 1
         if port > MAX_PORT:
-            raise PlanError(f"no free port for {job}:{index} on {host.name}: counting up from "
-                            f"ports.{job} passed {MAX_PORT}. Lower ports.{job}.")
+            raise PlanError(
+                f"no free port for {job}:{index} on {host.name}: counting up from "
+                f"ports.{job} passed {MAX_PORT}. Lower ports.{job}."
+            )
         used.add(port)
         ports[(job, index)] = port
     return ports
 
 
-def _make_task(config: ClusterConfig, cluster: Mapping[str, tuple[str, ...]], job: str,
-               index: int, host: Host, port: int | None, gpus: tuple[str, ...]) -> Task:
+def _make_task(
+    config: ClusterConfig,
+    cluster: Mapping[str, tuple[str, ...]],
+    job: str,
+    index: int,
+    host: Host,
+    port: int | None,
+    gpus: tuple[str, ...],
+) -> Task:
     values = {
-        "job_name": job, "task_index": str(index), "host": host.cluster_address,
+        "job_name": job,
+        "task_index": str(index),
+        "host": host.cluster_address,
         "port": "" if port is None else str(port),
         "ps_hosts": ",".join(cluster.get("ps", ())),
         "worker_hosts": ",".join(cluster.get("worker", ())),
         "chief_hosts": ",".join(cluster.get("chief", ())),
-        "num_ps": str(config.roles.ps), "num_workers": str(config.roles.worker),
+        "num_ps": str(config.roles.ps),
+        "num_workers": str(config.roles.worker),
     }
     argv = tuple(_fill(arg, values, config) for arg in config.program.argv)
-    tf_conf = {"cluster": {j: list(a) for j, a in cluster.items()},
-               "task": {"type": job, "index": index}}
+    tf_conf = {
+        "cluster": {j: list(a) for j, a in cluster.items()},
+        "task": {"type": job, "index": index},
+    }
     env = dict(config.program.env)
-    env.update({
-        "TF_CONFIG": json.dumps(tf_conf, sort_keys=True),
-        "CUDA_VISIBLE_DEVICES": ",".join(gpus),
-        "TFLAUNCH_TASK": f"{job}:{index}",
-        "PYTHONUNBUFFERED": "1",
-    })
-    return Task(job=job, index=index, host=host.name, cluster_address=host.cluster_address,
-                port=port, gpus=gpus, argv=argv, env=env, workdir=config.workdir,
-                log_name=f"{job}-{index}.log")
+    env.update(
+        {
+            "TF_CONFIG": json.dumps(tf_conf, sort_keys=True),
+            "CUDA_VISIBLE_DEVICES": ",".join(gpus),
+            "TFLAUNCH_TASK": f"{job}:{index}",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return Task(
+        job=job,
+        index=index,
+        host=host.name,
+        cluster_address=host.cluster_address,
+        port=port,
+        gpus=gpus,
+        argv=argv,
+        env=env,
+        workdir=config.workdir,
+        log_name=f"{job}-{index}.log",
+    )
 
 
 def _fill(arg: str, values: Mapping[str, str], config: ClusterConfig) -> str:
     try:
         names = [name for _, name, _, _ in string.Formatter().parse(arg) if name is not None]
     except ValueError as err:
-        raise PlanError(f"{config.source}: program.argv item {arg!r} has unbalanced braces "
-                        f"({err}); write {{{{ and }}}} for literal braces.") from None
+        raise PlanError(
+            f"{config.source}: program.argv item {arg!r} has unbalanced braces "
+            f"({err}); write {{{{ and }}}} for literal braces."
+        ) from None
     unknown = [n for n in names if n not in values]
     if unknown:
-        raise PlanError(f"{config.source}: program.argv item {arg!r} uses the unknown placeholder "
-                        f"{{{unknown[0]}}}; known ones are "
-                        f"{', '.join('{' + k + '}' for k in values)}.")
+        raise PlanError(
+            f"{config.source}: program.argv item {arg!r} uses the unknown placeholder "
+            f"{{{unknown[0]}}}; known ones are "
+            f"{', '.join('{' + k + '}' for k in values)}."
+        )
     return arg.format_map(values)
 
 

@@ -25,15 +25,29 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         pass  # not Linux: the agent's own teardown still applies
 
 
-def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str | None,
-          stdin: int | None = subprocess.DEVNULL, stdout: int | None = subprocess.PIPE,
-          stderr: int | None = subprocess.STDOUT, die_with_parent: bool = True,
-          text: bool = False) -> subprocess.Popen:
+def spawn(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str | None,
+    stdin: int | None = subprocess.DEVNULL,
+    stdout: int | None = subprocess.PIPE,
+    stderr: int | None = subprocess.STDOUT,
+    die_with_parent: bool = True,
+    text: bool = False,
+) -> subprocess.Popen:
     """Start ``argv`` as the leader of a new session (its own process group)."""
     return subprocess.Popen(
-        list(argv), env=dict(env), cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr,
-        start_new_session=True, preexec_fn=_die_with_parent if die_with_parent else None,
-        text=text, bufsize=1 if text else -1)
+        list(argv),
+        env=dict(env),
+        cwd=cwd,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        start_new_session=True,
+        preexec_fn=_die_with_parent if die_with_parent else None,
+        text=text,
+        bufsize=1 if text else -1,
+    )
 
 
 def group_alive(pgid: int) -> bool:

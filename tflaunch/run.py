@@ -51,14 +51,19 @@ class Run:
         root = Path(root)
         if (root / run_id / "run.json").exists():
             return cls(run_id, (root / run_id).resolve())
-        matches = sorted(p for p in root.glob(f"{run_id}*") if (p / "run.json").exists()) \
-            if root.is_dir() else []
+        matches = (
+            sorted(p for p in root.glob(f"{run_id}*") if (p / "run.json").exists())
+            if root.is_dir()
+            else []
+        )
         if len(matches) == 1:
             return cls(matches[0].name, matches[0].resolve())
         known = ", ".join(p.name for p in list_runs(root)[-5:]) or "none"
         what = "is ambiguous" if matches else "was not found"
-        raise RunNotFoundError(f"run '{run_id}' {what} under {root}/ (recent runs: {known}). "
-                               "Give the full run id, or --run-dir where the runs are kept.")
+        raise RunNotFoundError(
+            f"run '{run_id}' {what} under {root}/ (recent runs: {known}). "
+            "Give the full run id, or --run-dir where the runs are kept."
+        )
 
     @property
     def plan_path(self) -> Path:
@@ -109,8 +114,9 @@ def list_runs(root: str | os.PathLike) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted((p for p in root.iterdir() if (p / "run.json").exists()),
-                  key=lambda p: p.stat().st_mtime)
+    return sorted(
+        (p for p in root.iterdir() if (p / "run.json").exists()), key=lambda p: p.stat().st_mtime
+    )
 
 
 def _atomic_write(path: Path, text: str) -> None:

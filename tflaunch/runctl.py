@@ -27,25 +27,47 @@ ENDED = ("succeeded", "failed", "stopped")
 
 def spawn_detached(config_path: str, run: Run, run_root: str, timeout: float) -> None:
     """Start the coordinator of ``run`` in the background; return once the cluster is ready."""
-    argv = [sys.executable, "-m", "tflaunch", "up", str(config_path), "--run-dir", run_root,
-            "--run-id", run.id, "--attached-daemon"]
+    argv = [
+        sys.executable,
+        "-m",
+        "tflaunch",
+        "up",
+        str(config_path),
+        "--run-dir",
+        run_root,
+        "--run-id",
+        run.id,
+        "--attached-daemon",
+    ]
     with open(run.dir / "console.log", "ab") as console:
-        proc = procs.spawn(argv, os.environ, cwd=os.getcwd(), stdout=console,
-                           stderr=subprocess.STDOUT, die_with_parent=False)
-    sys.stderr.write(f"[tflaunch] run {run.id} is starting in the background; waiting up to "
-                     f"{timeout:g} s for every task to start and every PS to accept connections "
-                     f"(its output: {run.dir / 'console.log'})\n")
+        proc = procs.spawn(
+            argv,
+            os.environ,
+            cwd=os.getcwd(),
+            stdout=console,
+            stderr=subprocess.STDOUT,
+            die_with_parent=False,
+        )
+    sys.stderr.write(
+        f"[tflaunch] run {run.id} is starting in the background; waiting up to "
+        f"{timeout:g} s for every task to start and every PS to accept connections "
+        f"(its output: {run.dir / 'console.log'})\n"
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if any(e.get("event") == "cluster_ready" for e in run.events()):
             return
         if proc.poll() is not None:
             tail = _tail(run.dir / "console.log", 20)
-            raise LaunchError(f"the detached run {run.id} ended before it was ready (exit code "
-                              f"{proc.returncode}). Its output:\n{tail}")
+            raise LaunchError(
+                f"the detached run {run.id} ended before it was ready (exit code "
+                f"{proc.returncode}). Its output:\n{tail}"
+            )
         time.sleep(0.2)
-    raise LaunchError(f"the detached run {run.id} was not ready after {timeout:g} s; it keeps "
-                      f"trying: see 'tflaunch status {run.id}' or stop it with 'tflaunch down {run.id}'.")
+    raise LaunchError(
+        f"the detached run {run.id} was not ready after {timeout:g} s; it keeps "
+        f"trying: see 'tflaunch status {run.id}' or stop it with 'tflaunch down {run.id}'."
+    )
 
 
 def coordinator_alive(run: Run) -> bool:
@@ -91,8 +113,17 @@ def kill_leftover_tasks(run: Run) -> int:
 def task_states(run: Run) -> dict[str, dict[str, Any]]:
     """The last known state of every task of the run, from the plan and the events."""
     plan = run.read_plan()
-    states = {t.name: {"task": t.name, "host": t.host, "state": "pending", "pid": None,
-                       "code": None, "started": None} for t in plan.tasks}
+    states = {
+        t.name: {
+            "task": t.name,
+            "host": t.host,
+            "state": "pending",
+            "pid": None,
+            "code": None,
+            "started": None,
+        }
+        for t in plan.tasks
+    }
     for event in run.events():
         state = states.get(event.get("task", ""))
         if state is None:

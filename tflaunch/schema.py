@@ -41,8 +41,14 @@ def format_path(path: tuple) -> str:
     return out or "(top level)"
 
 
-def field(default: Any = dataclasses.MISSING, *, doc: str = "", minimum: float | None = None,
-          coerce: Callable[[Any], Any] | None = None, factory: Callable[[], Any] | None = None):
+def field(
+    default: Any = dataclasses.MISSING,
+    *,
+    doc: str = "",
+    minimum: float | None = None,
+    coerce: Callable[[Any], Any] | None = None,
+    factory: Callable[[], Any] | None = None,
+):
     """A dataclass field carrying the documentation and checks the reader and schema use."""
     meta = {"doc": doc, "minimum": minimum, "coerce": coerce}
     if factory is not None:
@@ -65,7 +71,8 @@ def _type_name(tp: Any) -> str:
     if dataclasses.is_dataclass(tp):
         return "a mapping"
     return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(
-        tp, str(tp))
+        tp, str(tp)
+    )
 
 
 def read(cls: type, data: Any, path: tuple = ()) -> Any:
@@ -114,7 +121,8 @@ def _describe(value: Any) -> str:
     if value is None:
         return "nothing (null)"
     kind = {dict: "a mapping", list: "a list", str: "the string", bool: "the boolean"}.get(
-        type(value), type(value).__name__)
+        type(value), type(value).__name__
+    )
     return f"{kind} {value!r}" if isinstance(value, (str, bool, int, float)) else kind
 
 
@@ -208,8 +216,13 @@ def _schema_of(tp: Any) -> dict:
             if f.metadata.get("minimum") is not None:
                 prop["minimum"] = f.metadata["minimum"]
             if f.metadata.get("coerce") is not None and dataclasses.is_dataclass(hints[f.name]):
-                prop = {"anyOf": [prop, {"type": "string"}], "description": prop.get("description", "")}
-            if f.default is not dataclasses.MISSING and isinstance(f.default, (str, int, float, bool)):
+                prop = {
+                    "anyOf": [prop, {"type": "string"}],
+                    "description": prop.get("description", ""),
+                }
+            if f.default is not dataclasses.MISSING and isinstance(
+                f.default, (str, int, float, bool)
+            ):
                 prop["default"] = f.default
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 required.append(f.name)

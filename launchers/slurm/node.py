@@ -359,7 +359,9 @@ def _wait_for_rendezvous(node: Node, timeout: float) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tflaunch.launchers.slurm.node", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m tflaunch.launchers.slurm.node", description=__doc__
+    )
     parser.add_argument("--run-dir", required=True, help="the run directory (shared file system)")
     args = parser.parse_args(argv)
     try:

@@ -162,7 +162,9 @@ def agent(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tflaunch.launchers.ssh.on_host", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m tflaunch.launchers.ssh.on_host", description=__doc__
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     coord = sub.add_parser("coordinate", help="run a detached run's coordinator on this host")
     coord.add_argument("--run-dir", required=True)

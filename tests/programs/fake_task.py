@@ -41,7 +41,9 @@ for address in config["cluster"].get("ps", []):
     except OSError:
         reachable.append(False)
 print(f"all ps reachable at start: {all(reachable)}", flush=True)
-time.sleep(float(os.environ.get("WORK_SECONDS", "1")) + index * float(os.environ.get("WORK_STEP", "0")))
+time.sleep(
+    float(os.environ.get("WORK_SECONDS", "1")) + index * float(os.environ.get("WORK_STEP", "0"))
+)
 print("done", flush=True)
 if str(index) == os.environ.get("FAIL_INDEX") and job == "worker":
     sys.exit(int(os.environ.get("FAIL_CODE", "3")))

@@ -21,8 +21,13 @@ report = {
 }
 print("resolved: " + json.dumps(report), flush=True)
 if resolver.task_type == "ps":
-    server = tf.distribute.Server(resolver.cluster_spec(), job_name="ps",
-                                  task_index=resolver.task_id, protocol="grpc", start=True)
+    server = tf.distribute.Server(
+        resolver.cluster_spec(),
+        job_name="ps",
+        task_index=resolver.task_id,
+        protocol="grpc",
+        start=True,
+    )
     server.join()
 elif resolver.task_id != 0:
     time.sleep(float(os.environ.get("WORK_SECONDS", "0")))
