@@ -16,6 +16,7 @@ import pytest
 
 from tests.helpers import FAKE_TASK, tflaunch, wait_until_gone, write_cluster
 from tests.hosts import ssh_hosts
+from tflaunch.config import Supervision
 from tflaunch.monitor import (
     NET_FIELDS,
     SampleLog,
@@ -183,7 +184,7 @@ def test_sampler_thread_samples_at_once_at_its_interval_and_once_more_when_stopp
 
 
 def test_sample_interval_zero_turns_sampling_off():
-    assert Sampler.from_supervision({"sample_interval": 0}, dict, lambda e: None) is None
+    assert Sampler.from_supervision(Supervision(sample_interval=0), dict, lambda e: None) is None
 
 
 def test_sample_log_roundtrip_and_a_line_cut_short(tmp_path):

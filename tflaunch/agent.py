@@ -75,7 +75,7 @@ class Agent:
         self.running: dict[str, TaskProcess] = {}
         self.stopping = threading.Event()
         self.stop_reason = ""
-        self.grace = float(plan.supervision.get("grace_period", 5.0))
+        self.grace = plan.supervision.grace_period
 
     def stop(self, reason: str) -> None:
         if not self.stopping.is_set():
@@ -161,7 +161,7 @@ class Agent:
         ps = [t for t in self.plan.tasks if t.job == "ps"]
         if not ps:
             return True  # (a PS-only node waits too: it reports its PS ready, for cluster_ready)
-        timeout = float(self.plan.supervision.get("ready_timeout", 120.0))
+        timeout = self.plan.supervision.ready_timeout
         deadline = time.monotonic() + timeout
         pending = {t.name: t for t in ps}
         self.emit({"event": "waiting", "what": "PS ports", "tasks": sorted(pending)})
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda signum, _frame: agent.stop(f"signal {signum}"))
     timeout = args.heartbeat_timeout
     if timeout is None:
-        timeout = float(plan.supervision.get("heartbeat_timeout", 20.0))
+        timeout = plan.supervision.heartbeat_timeout
     threading.Thread(target=listen, args=(agent, sys.stdin, timeout), daemon=True).start()
     try:
         return agent.run()

@@ -252,7 +252,7 @@ def down(run_id: str, run_root: str) -> None:
     """Stop a run: every task on every host."""
     run = Run.open(run_root, run_id)
     backend = _backend_of(run)
-    grace = float(run.read_plan().supervision.get("grace_period", 5.0))
+    grace = run.read_plan().supervision.grace_period
     click.echo(backend.down(run, grace))
 
 

@@ -107,9 +107,9 @@ class Coordinator:
         self._samples = SampleLog(run.dir)  # resource samples: samples-<host>.jsonl, not events
         self._signal: int | None = None
         sup = plan.supervision
-        self.heartbeat = float(sup.get("heartbeat", 2.0))
-        self.finish_timeout = float(sup.get("finish_timeout", 300.0))
-        self.grace = float(sup.get("grace_period", 5.0))
+        self.heartbeat = sup.heartbeat
+        self.finish_timeout = sup.finish_timeout
+        self.grace = sup.grace_period
 
     # ---- main loop -------------------------------------------------------------------------
 

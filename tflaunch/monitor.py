@@ -27,9 +27,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import psutil
+
+if TYPE_CHECKING:
+    from tflaunch.config import Supervision
 
 Emit = Callable[[dict[str, Any]], None]
 PidSource = Callable[[], Mapping[str, int]]
@@ -221,10 +224,10 @@ class Sampler:
 
     @classmethod
     def from_supervision(
-        cls, supervision: Mapping[str, float], task_pids: PidSource, emit: Emit
+        cls, supervision: Supervision, task_pids: PidSource, emit: Emit
     ) -> Sampler | None:
         """A started sampler at the plan's ``sample_interval``; None when that is 0 (off)."""
-        interval = float(supervision.get("sample_interval", 1.0))
+        interval = supervision.sample_interval
         if interval <= 0:
             return None
         sampler = cls(interval, task_pids, emit)

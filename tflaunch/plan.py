@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tflaunch.config import ClusterConfig
+from tflaunch.config import ClusterConfig, Supervision
 from tflaunch.errors import PlanError
 
 LOCAL_ADDRESS = "127.0.0.1"
@@ -75,7 +75,7 @@ class Plan:
     hosts: tuple[Host, ...]
     tasks: tuple[Task, ...]
     cluster: Mapping[str, tuple[str, ...]]
-    supervision: Mapping[str, float] = field(default_factory=dict)
+    supervision: Supervision = field(default_factory=Supervision)
 
     def task(self, name: str) -> Task:
         for task in self.tasks:
@@ -112,7 +112,7 @@ class Plan:
             for t in data["tasks"]
         )
         cluster = {job: tuple(addrs) for job, addrs in data["cluster"].items()}
-        return cls(data["name"], hosts, tasks, cluster, dict(data.get("supervision", {})))
+        return cls(data["name"], hosts, tasks, cluster, Supervision(**data["supervision"]))
 
 
 def tf_config(plan: Plan, task: Task) -> dict[str, Any]:
@@ -172,8 +172,7 @@ def make_plan(config: ClusterConfig, hosts: Iterable[Host]) -> Plan:
         _make_task(config, cluster, job, index, host, ports.get((job, index)), gpus)
         for job, index, host, gpus in placed
     )
-    supervision = asdict(config.supervision)
-    return Plan(config.name, hosts, tasks, cluster, supervision)
+    return Plan(config.name, hosts, tasks, cluster, config.supervision)
 
 
 def _split_hosts(

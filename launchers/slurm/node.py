@@ -195,7 +195,7 @@ def coordinate(node: Node) -> int:
     """Run the coordinator on this node; returns the run's exit code."""
     first_plan = node.plan()
     expected = {h.name for h in first_plan.hosts_with_tasks()} - {node.name}
-    timeout = float(first_plan.supervision.get("ready_timeout", 120.0))
+    timeout = first_plan.supervision.ready_timeout
     started = time.monotonic()
     if expected:
         print(
@@ -299,7 +299,7 @@ def join(node: Node) -> int:
     plan = node.plan()
     if not plan.tasks_on(node.name):
         return 0  # a node the plan does not use has nothing to run or report
-    timeout = float(plan.supervision.get("ready_timeout", 120.0))
+    timeout = plan.supervision.ready_timeout
     info = _wait_for_rendezvous(node, timeout)
     sock = socket.create_connection((info["host"], int(info["port"])), timeout=timeout)
     reader = sock.makefile("r", encoding="utf-8", newline="\n")
@@ -326,7 +326,7 @@ def join(node: Node) -> int:
     agent = Agent(plan, node.name, node.run.dir, emitter)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, _frame: agent.stop(f"signal {signum}"))
-    heartbeat = float(plan.supervision.get("heartbeat_timeout", 20.0))
+    heartbeat = plan.supervision.heartbeat_timeout
     threading.Thread(target=listen, args=(agent, reader, heartbeat), daemon=True).start()
     try:
         return agent.run()

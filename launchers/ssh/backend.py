@@ -198,8 +198,8 @@ class SshBackend(Backend):
     def start_agents(self, config: ClusterConfig, plan: Plan, run: Run) -> list[SshLink]:
         """Connect, prepare and check every host; only if all pass, start one agent on each."""
         self._connect_and_check(config, plan, run)
-        heartbeat = float(plan.supervision.get("heartbeat", 2.0))
-        timeout = float(plan.supervision.get("heartbeat_timeout", 20.0))
+        heartbeat = plan.supervision.heartbeat
+        timeout = plan.supervision.heartbeat_timeout
 
         def start(conn: Connection) -> SshLink:
             argv = self._agent_argv(config, conn.name, timeout)

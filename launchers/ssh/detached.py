@@ -95,7 +95,7 @@ def start_detached(backend: SshBackend, config: ClusterConfig, plan: Plan, run: 
         ssh_coordinator_pid=coordinator["pid"],
         state="starting",
     )
-    timeout = float(plan.supervision.get("heartbeat_timeout", 20.0))
+    timeout = plan.supervision.heartbeat_timeout
 
     def start_agent(host_conn: Connection) -> None:
         host_dir = backend.paths[host_conn.name].run_dir
@@ -110,9 +110,9 @@ def start_detached(backend: SshBackend, config: ClusterConfig, plan: Plan, run: 
     failures = [f"{c.name}: {e}" for c, _, e in parallel(start_agent, backend.connections.values())
                 if e is not None]  # fmt: skip
     if failures:
-        down(backend, run, float(plan.supervision.get("grace_period", 5.0)))
+        down(backend, run, plan.supervision.grace_period)
         raise LaunchError("cannot start the agents:\n  " + "\n  ".join(failures))
-    _wait_until_ready(backend, run, float(plan.supervision.get("ready_timeout", 120.0)) + 60)
+    _wait_until_ready(backend, run, plan.supervision.ready_timeout + 60)
     backend._say(
         f"detached: the coordinator runs on {first.name}; follow with 'tflaunch logs "
         f"-f {run.id}', stop with 'tflaunch down {run.id}'"

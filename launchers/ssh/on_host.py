@@ -116,7 +116,7 @@ def coordinate(args: argparse.Namespace) -> int:
         hosts=[h.name for h in plan.hosts_with_tasks()],
     )
     hosts = {h.name for h in plan.hosts_with_tasks()}
-    timeout = float(plan.supervision.get("ready_timeout", 120.0)) + 60
+    timeout = plan.supervision.ready_timeout + 60
     try:
         links = _accept_agents(server, hosts, token, time.monotonic() + timeout)
     except TimeoutError as err:
