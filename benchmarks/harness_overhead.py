@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
+
 from tflaunch.models.bench_eager import loss_fn, single_step  # noqa: E402
 from tflaunch.models.benchmark import build_parser, timed_loop, validate  # noqa: E402
 from tflaunch.models.benchmark import main as benchmark_main  # noqa: E402

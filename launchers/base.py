@@ -9,74 +9,14 @@ overrides it to submit a job whose first node coordinates.
 from __future__ import annotations
 
 import json
-import os
-import queue
-import subprocess
-import threading
-import time
 from abc import ABC, abstractmethod
-from typing import IO, Any
+from typing import Any
 
 from tflaunch.config import ClusterConfig
-from tflaunch.coordinator import Coordinator, Outcome
+from tflaunch.coordinator import coordinate
+from tflaunch.errors import TflaunchError
 from tflaunch.plan import Host, Plan
-from tflaunch.run import Run
-
-
-class StreamLink:
-    """An agent reached through a pair of text streams (pipes of a subprocess, an SSH channel)."""
-
-    def __init__(self, host: str, reader: IO[str], writer: IO[str]):
-        self.host = host
-        self._reader, self._writer = reader, writer
-        self._lock = threading.Lock()
-
-    def start_reader(self, sink: queue.Queue) -> None:
-        threading.Thread(target=self._pump, args=(sink,), daemon=True).start()
-
-    def _pump(self, sink: queue.Queue) -> None:
-        try:
-            for line in iter(self._reader.readline, ""):
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    event = {"event": "output", "task": f"agent@{self.host}", "line": line.rstrip()}
-                sink.put((self.host, event))
-        except (OSError, ValueError):
-            pass  # the stream broke: reported as closed below
-        sink.put((self.host, {"event": "link_closed"}))
-
-    def send(self, command: dict[str, Any]) -> None:
-        with self._lock:
-            try:
-                self._writer.write(json.dumps(command) + "\n")
-                self._writer.flush()
-            except (OSError, ValueError):
-                pass  # a dead agent's link closing is reported by the reader
-
-    def close(self, timeout: float) -> None:
-        with self._lock:
-            try:
-                self._writer.close()
-            except (OSError, ValueError):
-                pass
-
-
-class ProcessLink(StreamLink):
-    """A local agent subprocess."""
-
-    def __init__(self, host: str, proc: subprocess.Popen):
-        assert proc.stdout is not None and proc.stdin is not None
-        super().__init__(host, proc.stdout, proc.stdin)
-        self.proc = proc
-
-    def close(self, timeout: float) -> None:
-        super().close(timeout)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
+from tflaunch.run import Outcome, Run
 
 
 class Backend(ABC):
@@ -94,25 +34,13 @@ class Backend(ABC):
 
     def launch(self, config: ClusterConfig, plan: Plan, run: Run, on_ready: Any = None) -> Outcome:
         """Start the agents and coordinate the cluster until it ends."""
-        run.update_meta(
-            backend=self.name,
-            state="starting",
-            coordinator_pid=os.getpid(),
-            started=time.time(),
-            hosts=[h.name for h in plan.hosts_with_tasks()],
-        )
-        links = self.start_agents(config, plan, run)
-        run.update_meta(state="running")
+        run.start(self.name, [h.name for h in plan.hosts_with_tasks()])
         try:
-            outcome = Coordinator(plan, run, links, on_ready=on_ready).run_cluster()
-        finally:
-            for link in links:
-                link.close(timeout=5)
-        state = "succeeded" if outcome.code == 0 else "stopped" if outcome.interrupted else "failed"
-        run.update_meta(
-            state=state, exit_code=outcome.code, ended=time.time(), message=outcome.message
-        )
-        return outcome
+            links = self.start_agents(config, plan, run)
+        except TflaunchError as err:
+            run.finish(Outcome(err.exit_code, str(err)))
+            raise
+        return coordinate(plan, run, links, on_ready)
 
     def detach(
         self, config: ClusterConfig, plan: Plan, run: Run, cluster_file: str, run_root: str

@@ -12,13 +12,12 @@ import subprocess
 import sys
 from typing import Any
 
-from tflaunch.launchers.base import Backend, ProcessLink
-
 from tflaunch import procs
 from tflaunch.config import ClusterConfig
-from tflaunch.coordinator import Outcome
+from tflaunch.launchers.base import Backend
+from tflaunch.link import ProcessLink, agent_argv
 from tflaunch.plan import Host, Plan, hosts_from_config
-from tflaunch.run import Run
+from tflaunch.run import Outcome, Run
 
 
 class LocalBackend(Backend):
@@ -40,17 +39,7 @@ class LocalBackend(Backend):
     def start_agents(self, config: ClusterConfig, plan: Plan, run: Run) -> list[ProcessLink]:
         links = []
         for host in plan.hosts_with_tasks():
-            argv = [
-                sys.executable,
-                "-m",
-                "tflaunch.agent",
-                "--plan",
-                str(run.plan_path),
-                "--host",
-                host.name,
-                "--run-dir",
-                str(run.dir),
-            ]
+            argv = agent_argv(sys.executable, str(run.plan_path), host.name, str(run.dir))
             # The agent outlives a killed launcher just long enough to see its input close and
             # tear its tasks down, so it is not tied to the launcher by the parent-death signal.
             proc = procs.spawn(

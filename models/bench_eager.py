@@ -13,6 +13,7 @@ import argparse
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
+
 from tflaunch.models.benchmark import ClusterInfo, Timing, images_per_sec, log, timed_loop
 from tflaunch.models.nets import get_model_spec
 from tflaunch.models.tfrecords import list_shards, make_dataset

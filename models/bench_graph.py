@@ -18,6 +18,7 @@ import time
 from contextlib import nullcontext
 
 import tensorflow as tf
+
 from tflaunch.models.benchmark import (
     BenchmarkError,
     ClusterInfo,

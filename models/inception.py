@@ -10,6 +10,7 @@ The smallest input it accepts is 75x75 (as in Keras).
 from __future__ import annotations
 
 import tensorflow as tf
+
 from tflaunch.models.layers import (
     ConvBN,
     Dense,

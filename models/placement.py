@@ -36,6 +36,7 @@ from tensorflow.core.framework import node_def_pb2
 
 # Not exported under tf.*: the class tf.compat.v1.get_variable returns for partitioned variables.
 from tensorflow.python.ops.variables import PartitionedVariable
+
 from tflaunch.models import placement_math as pm
 from tflaunch.models.placement_math import Placement, VariableSpec
 

@@ -9,6 +9,7 @@ parameters.
 from __future__ import annotations
 
 import tensorflow as tf
+
 from tflaunch.models.layers import (
     ConvBN,
     Dense,

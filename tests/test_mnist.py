@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from tflaunch.models import digits
 
 tf = pytest.importorskip("tensorflow")

@@ -17,9 +17,9 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from tflaunch.models import placement_math as pm
 from tflaunch.models.placement_math import VariableSpec
-
 from tflaunch.tools.placement import format_table, parse_ps_counts, placement
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -1,27 +1,23 @@
-"""Inside the allocation: hosts and GPUs from Slurm's environment, and the agents' hello check.
+"""Inside the allocation: hosts and GPUs from Slurm's environment.
 
-These are the pure parts of launchers/slurm_node.py; the end-to-end tests run them under Slurm.
+These are the pure parts of launchers/slurm/node.py (the agents' hello: tests/test_rendezvous.py); the end-to-end tests run them under Slurm.
 The environments below are what Slurm sets in a step (values seen on the test cluster).
 """
 
 from __future__ import annotations
 
-import json
-import socket
-import threading
 from pathlib import Path
 
 import yaml
+
+from tflaunch.config import parse_config
 from tflaunch.launchers.slurm.node import (
     Node,
-    _read_hello,
     allocation_hosts,
     allocation_nodes,
     node_gpu_ids,
 )
 from tflaunch.launchers.slurm.script import Layout, layout
-
-from tflaunch.config import parse_config
 from tflaunch.plan import Host
 from tflaunch.run import Run
 
@@ -107,18 +103,3 @@ def test_heterogeneous_job_puts_ps_on_the_ps_component() -> None:
     }
     assert plan.task("ps:0").env["CUDA_VISIBLE_DEVICES"] == ""
     assert plan.task("worker:0").gpus == ("0",)
-
-
-def _hello(line: bytes, token: str, waiting: set[str]):
-    ours, theirs = socket.socketpair()
-    with ours, theirs:
-        threading.Thread(target=theirs.sendall, args=(line,)).start()
-        return _read_hello(ours, token, waiting)
-
-
-def test_hello_needs_the_token_and_an_expected_node() -> None:
-    good = json.dumps({"hello": "node2", "token": "s3cret", "gpu_ids": ["1"]}).encode() + b"\n"
-    assert _hello(good, "s3cret", {"node2"})["gpu_ids"] == ["1"]
-    assert _hello(good, "other", {"node2"}) is None
-    assert _hello(good, "s3cret", {"node3"}) is None
-    assert _hello(b"not json\n", "s3cret", {"node2"}) is None

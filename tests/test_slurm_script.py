@@ -15,6 +15,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.helpers import mnist_argv, tflaunch
+from tflaunch.config import parse_config
+from tflaunch.errors import ConfigError, PlanError
 from tflaunch.launchers.slurm.script import (
     Layout,
     ScriptInputs,
@@ -23,10 +27,6 @@ from tflaunch.launchers.slurm.script import (
     render_sbatch,
     requested_gpus,
 )
-
-from tests.helpers import mnist_argv, tflaunch
-from tflaunch.config import parse_config
-from tflaunch.errors import ConfigError, PlanError
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
 NASTY = "a'; echo foo"

@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from tests.hosts import ssh_hosts
+from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import (
     SshOptions,
     _parse_jump,
@@ -23,9 +26,6 @@ from tflaunch.launchers.ssh.connect import (
     connect_all,
     remote_command,
 )
-
-from tests.hosts import ssh_hosts
-from tflaunch.errors import LaunchError
 
 ssh_test_hosts = ssh_hosts.ssh_test_hosts  # the session fixture
 

@@ -9,6 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import free_port_base
+from tflaunch.config import parse_config
+from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.preflight import (
     PROBE,
     HostReport,
@@ -17,10 +21,6 @@ from tflaunch.launchers.ssh.preflight import (
     probe_request,
     raise_on_problems,
 )
-
-from tests.helpers import free_port_base
-from tflaunch.config import parse_config
-from tflaunch.errors import LaunchError
 from tflaunch.plan import Host, make_plan
 
 

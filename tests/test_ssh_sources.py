@@ -6,11 +6,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from tflaunch.launchers.ssh.backend import SshBackend
-from tflaunch.launchers.ssh.sources import RemoteHost, discover_ec2, read_ip_files, resolve_hosts
 
 from tflaunch.config import Ec2Section, parse_config
 from tflaunch.errors import ConfigError, LaunchError
+from tflaunch.launchers.ssh.backend import SshBackend
+from tflaunch.launchers.ssh.sources import discover_ec2, read_ip_files, resolve_hosts
+from tflaunch.plan import Host
 
 SSH_HEAD = "program: [python, train.py]\nbackend: ssh\n"
 
@@ -32,8 +33,8 @@ def test_inline_hosts_keep_connect_and_cluster_addresses(tmp_path):
         "  - {name: b, address: 10.0.0.2}\n",
     )
     assert resolve_hosts(cfg) == [
-        RemoteHost("a", "203.0.113.1", "10.0.0.1", 2),
-        RemoteHost("b", "10.0.0.2", "10.0.0.2", 0),
+        Host("a", "10.0.0.1", "203.0.113.1", ("0", "1")),
+        Host("b", "10.0.0.2", "10.0.0.2", ()),
     ]
     hosts = SshBackend().hosts(cfg)
     assert [(h.connect_address, h.cluster_address, h.gpu_ids) for h in hosts] == [
@@ -50,8 +51,8 @@ def test_ip_files_pair_line_by_line(tmp_path):
         "ssh: {public_ips_file: public.txt, private_ips_file: private.txt, gpus: 1}\n",
     )
     assert resolve_hosts(cfg) == [
-        RemoteHost("198.51.100.1", "198.51.100.1", "10.0.0.1", 1),
-        RemoteHost("198.51.100.2", "198.51.100.2", "10.0.0.2", 1),
+        Host("198.51.100.1", "10.0.0.1", "198.51.100.1", ("0",)),
+        Host("198.51.100.2", "10.0.0.2", "198.51.100.2", ("0",)),
     ]
 
 
@@ -155,7 +156,7 @@ def test_ec2_discovery_running_instances_by_tag(ec2_endpoint, aws_env):
     assert [(h.connect_address, h.cluster_address) for h in hosts] == [
         (i["PublicIpAddress"], i["PrivateIpAddress"]) for i in expected
     ]
-    assert all(h.gpus == 1 for h in hosts)
+    assert all(h.gpu_ids == ("0",) for h in hosts)
 
 
 def test_ec2_discovery_by_instance_ids_and_region_from_env(ec2_endpoint, aws_env, monkeypatch):
@@ -248,7 +249,7 @@ def test_aws_example_plans_one_gpu_workers_and_gpu_less_colocated_ps(ec2_endpoin
 
 
 def test_ssh_workdir_is_a_path_on_the_hosts(tmp_path):
-    from tflaunch.launchers.ssh.backend import remote_path
+    from tflaunch.launchers.ssh.session import remote_path
 
     cfg = config(tmp_path, "hosts: [a]\n")
     assert cfg.workdir == "."  # not resolved against this machine's folders

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from tflaunch.launchers.terminals import follow_command, session_name
 
 from tests.conftest import skip_or_fail
 from tests.helpers import fake_cluster, read_until, start_tflaunch, tflaunch, wait_until_gone
+from tflaunch.launchers.terminals import follow_command, session_name
 from tflaunch.run import Run
 
 

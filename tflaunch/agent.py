@@ -28,11 +28,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from tflaunch import procs
+from tflaunch.link import read_lines
 from tflaunch.monitor import Sampler
 from tflaunch.plan import Plan, Task
 
 Emit = Callable[[dict[str, Any]], None]
 START_ORDER = (("ps",), ("chief", "worker", "evaluator"))
+MAX_COMMAND = 64 * 1024  # characters of one command line
 
 
 class TaskProcess:
@@ -268,7 +270,11 @@ class LineEmitter:
 
 
 def listen(agent: Agent, stream: IO[str], heartbeat_timeout: float) -> None:
-    """Obey commands from upstream; a closed stream or a silent launcher stops the agent."""
+    """Obey commands from upstream; a closed stream or a silent launcher stops the agent.
+
+    Only well-formed command objects count as commands; anything else (a foreign line, JSON that
+    is not an object) is noted in the agent's stderr and ignored, and still counts as a sign of
+    life of the link."""
     last_heard = [time.monotonic()]
 
     def watchdog() -> None:
@@ -277,15 +283,51 @@ def listen(agent: Agent, stream: IO[str], heartbeat_timeout: float) -> None:
                 agent.stop(f"no word from the launcher for {heartbeat_timeout:g} s")
 
     threading.Thread(target=watchdog, daemon=True).start()
-    for line in iter(stream.readline, ""):
-        last_heard[0] = time.monotonic()
-        try:
-            command = json.loads(line)
-        except ValueError:
-            continue
-        if command.get("cmd") == "stop":
-            agent.stop(command.get("reason", "stopped by the launcher"))
+    try:
+        for line in read_lines(stream, MAX_COMMAND):
+            last_heard[0] = time.monotonic()
+            try:
+                command = json.loads(line)
+            except ValueError:
+                command = None
+            if not isinstance(command, dict) or not isinstance(command.get("cmd"), str):
+                print(
+                    f"tflaunch agent: ignored a line that is not a command: {line[:200]!r}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                continue
+            if command["cmd"] == "stop":
+                reason = command.get("reason")
+                agent.stop(reason if isinstance(reason, str) else "stopped by the launcher")
+    except (OSError, ValueError):
+        pass  # the stream broke: as closed
     agent.stop("the launcher's stream closed")
+
+
+def serve(
+    plan: Plan,
+    host: str,
+    run_dir: str | os.PathLike,
+    commands: IO[str],
+    events: IO[str],
+    heartbeat_timeout: float | None = None,
+) -> int:
+    """Run ``host``'s agent with its commands coming from and its events going to two streams
+    (pipes, an SSH channel, a TCP connection): the one agent loop of every backend. Signals
+    stop it as a ``stop`` command does. Returns the agent's exit code."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    emitter = LineEmitter(events, host)
+    agent = Agent(plan, host, run_dir, emitter)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: agent.stop(f"signal {signum}"))
+    if heartbeat_timeout is None:
+        heartbeat_timeout = plan.supervision.heartbeat_timeout
+    threading.Thread(target=listen, args=(agent, commands, heartbeat_timeout), daemon=True).start()
+    try:
+        return agent.run()
+    finally:
+        emitter.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -301,22 +343,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     plan = Plan.from_dict(json.loads(Path(args.plan).read_text()))
-    Path(args.run_dir).mkdir(parents=True, exist_ok=True)
     # Events own the real stdout; anything else printed here must not corrupt the stream.
     events_out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     sys.stdout = sys.stderr
-    emitter = LineEmitter(events_out, args.host)
-    agent = Agent(plan, args.host, args.run_dir, emitter)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda signum, _frame: agent.stop(f"signal {signum}"))
-    timeout = args.heartbeat_timeout
-    if timeout is None:
-        timeout = plan.supervision.heartbeat_timeout
-    threading.Thread(target=listen, args=(agent, sys.stdin, timeout), daemon=True).start()
-    try:
-        return agent.run()
-    finally:
-        emitter.close()
+    return serve(plan, args.host, args.run_dir, sys.stdin, events_out, args.heartbeat_timeout)
 
 
 if __name__ == "__main__":

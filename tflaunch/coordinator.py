@@ -24,11 +24,12 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
+from tflaunch.link import AgentLink
 from tflaunch.monitor import SampleLog
 from tflaunch.plan import Plan
-from tflaunch.run import Run
+from tflaunch.run import Outcome, Run
 
 TAIL_LINES = 20
 _EVENTS_KEPT = {
@@ -47,21 +48,6 @@ _EVENTS_KEPT = {
 }
 
 
-class AgentLink(Protocol):
-    """The coordinator's end of one agent's event stream."""
-
-    host: str
-
-    def start_reader(self, sink: queue.Queue) -> None:
-        """Push ``(host, event)`` for every event line, then ``(host, {"event": "link_closed"})``."""
-
-    def send(self, command: dict[str, Any]) -> None:
-        """Send one command line; a dead link is ignored (its closing is reported as an event)."""
-
-    def close(self, timeout: float) -> None:
-        """Wait up to ``timeout`` for the agent to end, then force it; never blocks longer."""
-
-
 @dataclass
 class TaskState:
     name: str
@@ -71,13 +57,6 @@ class TaskState:
     code: int | None = None
     log: str | None = None
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
-
-
-@dataclass
-class Outcome:
-    code: int
-    message: str
-    interrupted: bool = False  # stopped by a signal (Ctrl-C, tflaunch down), not by a failure
 
 
 class Coordinator:
@@ -324,6 +303,23 @@ class Coordinator:
     def _restore_signal_handlers(previous: dict[int, Any]) -> None:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def coordinate(
+    plan: Plan,
+    run: Run,
+    links: Sequence[AgentLink],
+    on_ready: Any = None,
+    out: IO[str] | None = None,
+) -> Outcome:
+    """Coordinate ``links``' agents until the run ends, close the links, and record the end."""
+    run.update_meta(state="running")
+    try:
+        outcome = Coordinator(plan, run, links, out=out, on_ready=on_ready).run_cluster()
+    finally:
+        for link in links:
+            link.close(timeout=5)
+    return run.finish(outcome)
 
 
 def _describe_code(code: int) -> str:

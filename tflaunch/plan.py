@@ -123,6 +123,11 @@ def tf_config(plan: Plan, task: Task) -> dict[str, Any]:
     }
 
 
+def gpu_ids(count: int) -> tuple[str, ...]:
+    """The ids of a host's ``count`` GPUs, as CUDA numbers them."""
+    return tuple(str(i) for i in range(count))
+
+
 def hosts_from_config(config: ClusterConfig) -> list[Host]:
     """The hosts written in the cluster file (local default: this machine)."""
     if not config.hosts:
@@ -132,7 +137,7 @@ def hosts_from_config(config: ClusterConfig) -> list[Host]:
             name=h.name,
             cluster_address=h.address or h.name,
             connect_address=h.connect or h.address or h.name,
-            gpu_ids=tuple(str(i) for i in range(h.gpus)),
+            gpu_ids=gpu_ids(h.gpus),
         )
         for h in config.hosts
     ]

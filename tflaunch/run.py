@@ -20,6 +20,24 @@ from typing import Any
 from tflaunch.errors import RunNotFoundError
 from tflaunch.plan import Plan
 
+# A run's states, in run.json: created → (submitted →) starting → running → one of ENDED.
+ENDED = ("succeeded", "failed", "stopped")
+INTERRUPT_CODES = (129, 130, 143)  # SIGHUP, SIGINT, SIGTERM: the run was stopped, not failed
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended: its exit code, one message (the failure report), and whether it was
+    stopped (Ctrl-C, ``tflaunch down``, a cancelled job) rather than failed."""
+
+    code: int
+    message: str
+    interrupted: bool = False
+
+    @property
+    def state(self) -> str:
+        return "succeeded" if self.code == 0 else "stopped" if self.interrupted else "failed"
+
 
 def new_run_id(name: str) -> str:
     """``<name>-<YYYYmmdd-HHMMSS>-<4 hex>``: sortable by time, unique across concurrent starts."""
@@ -97,6 +115,28 @@ class Run:
         meta.update(fields)
         _atomic_write(self.meta_path, json.dumps(meta, indent=2, sort_keys=True) + "\n")
         return meta
+
+    def start(self, backend: str, hosts: list[str], **fields: Any) -> None:
+        """Record that this process coordinates the run from now on."""
+        self.update_meta(
+            backend=backend,
+            state="starting",
+            coordinator_pid=os.getpid(),
+            started=time.time(),
+            hosts=hosts,
+            **fields,
+        )
+
+    def finish(self, outcome: Outcome) -> Outcome:
+        """Record how the run ended: the one place a run's end is written."""
+        self.update_meta(
+            state=outcome.state, exit_code=outcome.code, ended=time.time(), message=outcome.message
+        )
+        return outcome
+
+    @property
+    def ended(self) -> bool:
+        return self.read_meta().get("state") in ENDED
 
     def events(self) -> Iterator[dict[str, Any]]:
         try:

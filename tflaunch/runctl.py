@@ -20,9 +20,7 @@ import psutil
 
 from tflaunch import procs
 from tflaunch.errors import LaunchError
-from tflaunch.run import Run
-
-ENDED = ("succeeded", "failed", "stopped")
+from tflaunch.run import ENDED, Outcome, Run
 
 
 def spawn_detached(config_path: str, run: Run, run_root: str, timeout: float) -> None:
@@ -88,7 +86,7 @@ def stop_local_coordinator(run: Run, grace: float) -> str:
     leftovers = kill_leftover_tasks(run)
     state = run.read_meta().get("state")
     if state not in ENDED:
-        run.update_meta(state="stopped", ended=time.time())
+        run.finish(Outcome(143, "stopped with tflaunch down; its coordinator was gone", True))
     extra = f"; killed {leftovers} leftover task process group(s)" if leftovers else ""
     return f"run {run.id} is down (state: {run.read_meta().get('state')}){extra}"
 

@@ -23,41 +23,23 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from tflaunch.config import ClusterConfig
+from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.launchers.base import Backend
+from tflaunch.launchers.slurm.client import JobState, cancel, job_state, submit
 from tflaunch.launchers.slurm.node import SETUP_FILE, SNAPSHOT_FILE
 from tflaunch.launchers.slurm.script import Layout, ScriptInputs, layout, render_sbatch
-
-from tflaunch.config import ClusterConfig
-from tflaunch.coordinator import Outcome
-from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.plan import Host, Plan
-from tflaunch.run import Run
+from tflaunch.run import ENDED, INTERRUPT_CODES, Outcome, Run
 
 SCRIPT_FILE = "job.sbatch"
-FINAL_STATES = {
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "PREEMPTED",
-    "BOOT_FAIL",
-    "DEADLINE",
-    "OUT_OF_MEMORY",
-    "GONE",
-}
-ENDED_RUN_STATES = ("succeeded", "failed", "stopped")
-COMMAND_TIMEOUT = 60.0
 POLL_SECONDS = 0.5
 
 
@@ -68,135 +50,6 @@ def placeholder_hosts(job: Layout) -> list[Host]:
     return [Host(n, n, n, gpus) for n in names[: job.worker_nodes]] + [
         Host(n, n, n, ()) for n in names[job.worker_nodes :]
     ]
-
-
-# --- talking to Slurm --------------------------------------------------------------------------
-
-
-def _slurm(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
-    if shutil.which(argv[0]) is None:
-        raise LaunchError(
-            f"'{argv[0]}' was not found: backend slurm runs on a Slurm login node "
-            "(with the Slurm client commands on PATH)."
-        )
-    try:
-        result = subprocess.run(
-            argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise LaunchError(
-            f"'{' '.join(argv)}' did not answer within {COMMAND_TIMEOUT:g} s; is "
-            "the Slurm controller up?"
-        ) from None
-    if check and result.returncode != 0:
-        raise LaunchError(
-            f"'{' '.join(argv)}' failed (exit code {result.returncode}): "
-            f"{result.stderr.strip() or result.stdout.strip()}"
-        )
-    return result
-
-
-@dataclass(frozen=True)
-class JobState:
-    """What Slurm says about a job. ``state`` is GONE when Slurm no longer knows it."""
-
-    state: str
-    exit_code: int | None = None  # shell-style: 128 + signal for a signalled batch script
-    reason: str = ""
-    nodes: str = ""
-
-    @property
-    def ended(self) -> bool:
-        return self.state in FINAL_STATES
-
-
-def _wait_status_code(status: int) -> int:
-    return 128 + (status & 0x7F) if status & 0x7F else status >> 8
-
-
-def job_state(job_id: str) -> JobState:
-    """The job's state from squeue, else sacct (where accounting exists); GONE when neither
-    knows the job any more.
-
-    Polling uses squeue's plain format, filtered to the job and cheap; the JSON form (Slurm
-    21.08+), which also carries the exit code, is read once the job has ended — in 22.05 it lists
-    every job of the cluster whatever ``--jobs`` says.
-    """
-    plain = _squeue_format_state(job_id)
-    if plain is not None and not plain.ended:
-        return plain
-    return _squeue_json_state(job_id) or plain or _sacct_state(job_id)
-
-
-def _squeue_json_state(job_id: str) -> JobState | None:
-    result = _slurm(["squeue", "--json", "--states=all", f"--jobs={job_id}"], check=False)
-    if result.returncode != 0:
-        return None
-    try:
-        jobs = json.loads(result.stdout).get("jobs", [])
-    except ValueError:
-        return None
-    for job in jobs:  # 22.05 lists every job whatever --jobs says: pick ours (component 0)
-        if str(job.get("job_id")) == job_id:
-            state = job.get("job_state")
-            state = state[0] if isinstance(state, list) and state else state
-            return JobState(
-                str(state),
-                _json_exit_code(job.get("exit_code")),
-                str(job.get("state_reason", "")),
-                str(job.get("nodes", "")),
-            )
-    return None
-
-
-def _json_exit_code(code: Any) -> int | None:
-    if isinstance(code, int):  # Slurm 21.08-22.05: the batch script's wait status
-        return _wait_status_code(code)
-    if isinstance(code, dict):  # Slurm 23.02+: {"status": ..., "return_code": {"number": N}}
-        number = code.get("return_code")
-        number = number.get("number") if isinstance(number, dict) else number
-        return number if isinstance(number, int) else None
-    return None
-
-
-def _squeue_format_state(job_id: str) -> JobState | None:
-    """squeue's plain format: state, reason and nodes only (no exit code, no user text)."""
-    result = _slurm(
-        ["squeue", "-h", "--states=all", f"--jobs={job_id}", "-o", "%T|%r|%N"], check=False
-    )
-    line = (
-        result.stdout.strip().splitlines()[0]
-        if result.returncode == 0 and result.stdout.strip()
-        else ""
-    )
-    if not line:
-        return None
-    state, reason, nodes = (line.split("|") + ["", ""])[:3]
-    return JobState(state, None, reason, nodes)
-
-
-def _sacct_state(job_id: str) -> JobState:
-    result = _slurm(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"], check=False)
-    line = (
-        result.stdout.strip().splitlines()[0]
-        if result.returncode == 0 and result.stdout.strip()
-        else ""
-    )
-    if not line:
-        return JobState("GONE")
-    state, _, exit_code = line.partition("|")
-    code, _, sig = exit_code.partition(":")
-    number = 128 + int(sig) if sig.isdigit() and int(sig) else int(code) if code.isdigit() else None
-    return JobState(state.split()[0], number)
-
-
-def submit(script: Path) -> str:
-    """``sbatch --parsable``; returns the job id."""
-    result = _slurm(["sbatch", "--parsable", str(script)])
-    job_id = result.stdout.strip().split(";")[0]
-    if not job_id.isdigit():
-        raise LaunchError(f"sbatch answered {result.stdout.strip()!r}, not a job id.")
-    return job_id
 
 
 # --- following a job ---------------------------------------------------------------------------
@@ -260,7 +113,7 @@ def follow(run: Run, job_id: str, out: IO[str] = sys.stdout, err: IO[str] = sys.
                 cancelled_at = time.monotonic()
                 _say(err, f"{signal.Signals(caught[0]).name}: cancelling Slurm job {job_id}")
                 run.update_meta(cancel_requested=time.time())
-                _slurm(["scancel", job_id], check=False)
+                cancel(job_id)
             if cancelled_at is not None and time.monotonic() - cancelled_at > 120:
                 break  # Slurm is slow to confirm; the job was cancelled all the same
             if state.state == "PENDING" and state.reason not in ("None", "", said):
@@ -277,11 +130,11 @@ def follow(run: Run, job_id: str, out: IO[str] = sys.stdout, err: IO[str] = sys.
 
 def _outcome(run: Run, job_id: str, state: JobState, signum: int | None, err: IO[str]) -> Outcome:
     meta = run.read_meta()
-    if meta.get("state") in ENDED_RUN_STATES and "exit_code" in meta and state.state != "TIMEOUT":
+    if meta.get("state") in ENDED and "exit_code" in meta and state.state != "TIMEOUT":
         code = int(meta["exit_code"])
         if meta.get("cancel_requested") and meta["state"] == "failed":
             # Slurm's SIGTERM reached some task before the coordinator: still a cancel.
-            meta = run.update_meta(state="stopped", message=f"Slurm job {job_id} was cancelled")
+            return run.finish(Outcome(code, f"Slurm job {job_id} was cancelled", interrupted=True))
         return Outcome(code, meta.get("message", ""), interrupted=meta["state"] == "stopped")
     if signum is not None:
         code, message = 128 + signum, f"Slurm job {job_id} was cancelled"
@@ -294,15 +147,9 @@ def _outcome(run: Run, job_id: str, state: JobState, signum: int | None, err: IO
     else:
         code = state.exit_code or 1
         message = f"Slurm job {job_id} ended {state.state} ({state.reason or 'no reason given'})"
-    run.update_meta(
-        state="stopped" if code in (129, 130, 143) else "failed",
-        exit_code=code,
-        ended=time.time(),
-        message=message,
-    )
     err.write(f"tflaunch: run {run.id}: {message}\n")
     err.flush()
-    return Outcome(code, message, interrupted=code in (129, 130, 143))
+    return run.finish(Outcome(code, message, interrupted=code in INTERRUPT_CODES))
 
 
 def _catch_signals(caught: list[int]) -> dict[int, Any]:
@@ -425,18 +272,15 @@ class SlurmBackend(Backend):
             # Slurm signals every process of the step at once, so tasks may report their SIGTERM
             # before the coordinator does: the marker says the run was stopped, not failed.
             run.update_meta(cancel_requested=time.time())
-            _slurm(["scancel", str(job_id)])
+            cancel(str(job_id), check=True)
             deadline = time.monotonic() + grace + 60
             while not state.ended and time.monotonic() < deadline:
                 time.sleep(POLL_SECONDS)
                 state = job_state(str(job_id))
         meta = run.read_meta()
         if meta.get("cancel_requested") and meta.get("state") != "succeeded":
-            run.update_meta(
-                state="stopped",
-                ended=meta.get("ended") or time.time(),
-                message=f"cancelled with tflaunch down (scancel {job_id})",
-            )
+            message = f"cancelled with tflaunch down (scancel {job_id})"
+            run.finish(Outcome(int(meta.get("exit_code", 143)), message, interrupted=True))
         if not state.ended:
             return f"run {run.id}: Slurm job {job_id} was cancelled but is still {state.state}"
         return f"run {run.id} is down (Slurm job {job_id}: {state.state})"

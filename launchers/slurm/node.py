@@ -17,34 +17,31 @@ Run as ``python -m tflaunch.launchers.slurm.node --run-dir DIR`` (from the gener
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import secrets
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from tflaunch.launchers.base import Backend, ProcessLink, StreamLink
-from tflaunch.launchers.slurm.script import Layout, layout
 
 from tflaunch import hostlist, procs
-from tflaunch.agent import Agent, LineEmitter, listen
+from tflaunch.agent import serve
 from tflaunch.config import ClusterConfig, parse_config
-from tflaunch.errors import LaunchError, TflaunchError
+from tflaunch.errors import TflaunchError
+from tflaunch.launchers.base import Backend
+from tflaunch.launchers.slurm.script import Layout, layout
+from tflaunch.link import MAX_LINE, ProcessLink, SocketLink, agent_argv, socket_streams
 from tflaunch.plan import Host, Plan, make_plan
-from tflaunch.run import Run
+from tflaunch.rendezvous import Listener, connect, new_token, publish, wait_published
+from tflaunch.run import Outcome, Run
 
 RENDEZVOUS_FILE = "coordinator.json"
 SETUP_FILE = "slurm.json"
 SNAPSHOT_FILE = "cluster.yaml"
-HELLO_TIMEOUT = 10.0
 
 
 # --- the allocation as hosts (pure) --------------------------------------------------------------
@@ -101,6 +98,11 @@ class Node:
     gpu_ids: tuple[str, ...]
     env: Mapping[str, str]
 
+    @property
+    def restart(self) -> str:
+        """Slurm's requeue count: a requeued job meets a new coordinator."""
+        return self.env.get("SLURM_RESTART_COUNT", "0")
+
     def plan(self, known_gpus: Mapping[str, tuple[str, ...]] | None = None) -> Plan:
         gpus = {self.name: self.gpu_ids, **(known_gpus or {})}
         return make_plan(self.config, allocation_hosts(self.env, self.job, gpus))
@@ -131,26 +133,6 @@ def load_node(run_dir: Path, env: Mapping[str, str]) -> Node:
 # --- the coordinating node ---------------------------------------------------------------------
 
 
-class SocketLink(StreamLink):
-    """An agent on another node, reached over one TCP connection."""
-
-    def __init__(self, host: str, sock: socket.socket):
-        self.sock = sock
-        super().__init__(
-            host,
-            sock.makefile("r", encoding="utf-8", newline="\n"),
-            sock.makefile("w", encoding="utf-8", newline="\n"),
-        )
-
-    def close(self, timeout: float) -> None:
-        super().close(timeout)
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass  # already gone
-        self.sock.close()
-
-
 class AllocationBackend(Backend):
     """The coordinating node's view: its own agent as a subprocess, the others over TCP."""
 
@@ -165,17 +147,7 @@ class AllocationBackend(Backend):
     def start_agents(self, config: ClusterConfig, plan: Plan, run: Run) -> list:
         links: list = []
         if plan.tasks_on(self.node.name):
-            argv = [
-                sys.executable,
-                "-m",
-                "tflaunch.agent",
-                "--plan",
-                str(run.plan_path),
-                "--host",
-                self.node.name,
-                "--run-dir",
-                str(run.dir),
-            ]
+            argv = agent_argv(sys.executable, str(run.plan_path), self.node.name, str(run.dir))
             proc = procs.spawn(
                 argv,
                 os.environ,
@@ -196,99 +168,57 @@ def coordinate(node: Node) -> int:
     first_plan = node.plan()
     expected = {h.name for h in first_plan.hosts_with_tasks()} - {node.name}
     timeout = first_plan.supervision.ready_timeout
-    started = time.monotonic()
     if expected:
         print(
             f"[tflaunch] waiting up to {timeout:g} s for the agents on "
             f"{hostlist.compress(sorted(expected))} to connect to {node.name}",
             flush=True,
         )
-    with socket.create_server(("", 0), backlog=max(16, len(expected))) as server:
-        token = secrets.token_hex(16)
-        _publish(node, server.getsockname()[1], token)
-        links, gpus = _accept_agents(server, token, expected, timeout)
-    missing = sorted(expected - {link.host for link in links})
+    started = time.monotonic()
+    token = new_token()
+    listener = Listener(socket.gethostbyname(node.name), token, expected)
+    publish(
+        node.run.dir / RENDEZVOUS_FILE,
+        {
+            "job_id": node.job_id,
+            "restart": node.restart,
+            "host": node.name,
+            "address": listener.address,
+            "port": listener.port,
+            "token": token,
+        },
+    )
+    joined = listener.accept(timeout)
+    missing = sorted(expected - set(joined))
     if missing:
-        for link in links:
-            link.close(timeout=1)
-        message = (
-            f"the agents on {hostlist.compress(missing)} did not connect to the coordinator "
-            f"on {node.name} within {timeout:g} s (supervision.ready_timeout). Check "
-            f"slurm-{node.job_id}.out for their errors, and that the run directory "
-            f"{node.run.dir} is on a file system every node shares."
+        for agent in joined.values():
+            agent.link.close(timeout=1)
+        outcome = node.run.finish(
+            Outcome(
+                1,
+                (
+                    f"the agents on {hostlist.compress(missing)} did not connect to the coordinator "
+                    f"on {node.name} within {timeout:g} s (supervision.ready_timeout). Check "
+                    f"slurm-{node.job_id}.out for their errors, and that the run directory "
+                    f"{node.run.dir} is on a file system every node shares."
+                ),
+            )
         )
-        node.run.update_meta(state="failed", exit_code=1, ended=time.time(), message=message)
-        print(f"tflaunch: {message}", file=sys.stderr, flush=True)
-        return 1
+        print(f"tflaunch: {outcome.message}", file=sys.stderr, flush=True)
+        return outcome.code
     print(
-        f"[tflaunch] agents on {len(links) + 1} node(s) connected in "
+        f"[tflaunch] agents on {len(joined) + 1} node(s) connected in "
         f"{time.monotonic() - started:.1f} s; coordinating from {node.name}",
         flush=True,
     )
+    gpus = {h: tuple(str(g) for g in a.hello.get("gpu_ids", ())) for h, a in joined.items()}
     plan = node.plan(gpus)
     node.run.write_plan(plan)
     node.run.update_meta(
         job_id=node.job_id, coordinator_host=node.name, nodes=[h.name for h in plan.hosts]
     )
+    links = [a.link for a in joined.values()]
     return AllocationBackend(node, links).launch(node.config, plan, node.run).code
-
-
-def _publish(node: Node, port: int, token: str) -> None:
-    path = node.run.dir / RENDEZVOUS_FILE
-    tmp = path.with_name(f".{RENDEZVOUS_FILE}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(
-            {
-                "job_id": node.job_id,
-                "restart": node.env.get("SLURM_RESTART_COUNT", "0"),
-                "host": node.name,
-                "port": port,
-                "token": token,
-            },
-            f,
-        )
-    os.replace(tmp, path)
-
-
-def _accept_agents(
-    server: socket.socket, token: str, expected: set[str], timeout: float
-) -> tuple[list[SocketLink], dict[str, tuple[str, ...]]]:
-    links: dict[str, SocketLink] = {}
-    gpus: dict[str, tuple[str, ...]] = {}
-    deadline = time.monotonic() + timeout
-    while set(links) != expected and time.monotonic() < deadline:
-        server.settimeout(max(0.1, deadline - time.monotonic()))
-        try:
-            sock, _ = server.accept()
-        except TimeoutError:
-            break
-        hello = _read_hello(sock, token, expected - set(links))
-        if hello is None:
-            sock.close()
-            continue
-        sock.settimeout(None)
-        links[hello["hello"]] = SocketLink(hello["hello"], sock)
-        gpus[hello["hello"]] = tuple(str(g) for g in hello.get("gpu_ids", ()))
-    return list(links.values()), gpus
-
-
-def _read_hello(sock: socket.socket, token: str, waiting: set[str]) -> dict[str, Any] | None:
-    """The first line of a new connection, if it is a hello from an agent we wait for."""
-    sock.settimeout(HELLO_TIMEOUT)
-    data = b""
-    try:
-        while not data.endswith(b"\n") and len(data) < 65536:
-            chunk = sock.recv(1)  # byte by byte: what follows the line belongs to the link
-            if not chunk:
-                return None
-            data += chunk
-        hello = json.loads(data)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(hello, dict) or not secrets.compare_digest(str(hello.get("token")), token):
-        return None
-    return hello if hello.get("hello") in waiting else None
 
 
 # --- the other nodes ---------------------------------------------------------------------------
@@ -300,21 +230,26 @@ def join(node: Node) -> int:
     if not plan.tasks_on(node.name):
         return 0  # a node the plan does not use has nothing to run or report
     timeout = plan.supervision.ready_timeout
-    info = _wait_for_rendezvous(node, timeout)
-    sock = socket.create_connection((info["host"], int(info["port"])), timeout=timeout)
-    reader = sock.makefile("r", encoding="utf-8", newline="\n")
-    writer = sock.makefile("w", encoding="utf-8", newline="\n")
-    writer.write(
-        json.dumps({"hello": node.name, "token": info["token"], "gpu_ids": list(node.gpu_ids)})
-        + "\n"
+    info = wait_published(
+        node.run.dir / RENDEZVOUS_FILE,
+        timeout,
+        lambda i: i.get("job_id") == node.job_id and i.get("restart") == node.restart,
     )
-    writer.flush()
+    sock = connect(
+        info["address"],
+        int(info["port"]),
+        info["token"],
+        node.name,
+        timeout,
+        gpu_ids=list(node.gpu_ids),
+    )
+    commands, events = socket_streams(sock)
     sock.settimeout(timeout + 30)  # the coordinator waits up to ready_timeout for the others
     try:
-        command = json.loads(reader.readline() or "{}")
+        command = json.loads(commands.readline(MAX_LINE) or "{}")
     except (OSError, ValueError):
         command = {}
-    if command.get("cmd") != "start":
+    if not isinstance(command, dict) or command.get("cmd") != "start":
         print(
             f"tflaunch: {node.name}: the coordinator on {info['host']} did not start the run",
             file=sys.stderr,
@@ -322,40 +257,12 @@ def join(node: Node) -> int:
         )
         return 1
     sock.settimeout(None)
-    emitter = LineEmitter(writer, node.name)
-    agent = Agent(plan, node.name, node.run.dir, emitter)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda signum, _frame: agent.stop(f"signal {signum}"))
-    heartbeat = plan.supervision.heartbeat_timeout
-    threading.Thread(target=listen, args=(agent, reader, heartbeat), daemon=True).start()
     try:
-        return agent.run()
+        return serve(plan, node.name, node.run.dir, commands, events)
     finally:
-        emitter.close()
-        try:
+        with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         sock.close()
-
-
-def _wait_for_rendezvous(node: Node, timeout: float) -> dict[str, Any]:
-    """The coordinator's address, once the first node has published it for this job."""
-    path = node.run.dir / RENDEZVOUS_FILE
-    restart = node.env.get("SLURM_RESTART_COUNT", "0")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            info = json.loads(path.read_text())
-            if info.get("job_id") == node.job_id and info.get("restart") == restart:
-                return info
-        except (OSError, ValueError):
-            pass  # not written yet
-        time.sleep(0.1)
-    raise LaunchError(
-        f"{node.name}: the coordinator did not publish {path} within {timeout:g} s; "
-        "is the run directory on a file system every node shares?"
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -368,11 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         node = load_node(Path(args.run_dir), os.environ)
         return coordinate(node) if node.procid == 0 else join(node)
     except TflaunchError as err:
-        print(
-            f"tflaunch: {os.environ.get('SLURMD_NODENAME', '?')}: error: {err}",
-            file=sys.stderr,
-            flush=True,
-        )
+        name = os.environ.get("SLURMD_NODENAME", "?")
+        print(f"tflaunch: {name}: error: {err}", file=sys.stderr, flush=True)
         return err.exit_code
 
 

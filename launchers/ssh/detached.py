@@ -1,10 +1,10 @@
 """The launcher's side of detached SSH runs: start them, refresh them, bring them down.
 
-A detached run's coordinator and agents live on the hosts (:mod:`tflaunch.launchers.ssh.on_host`); the local
-run directory mirrors them. ``refresh`` appends what is new of the coordinator's events, resource
-samples and console and of every task's log, and copies the run's state, so ``tflaunch status``
-and ``logs [-f]`` read local files as for any run. ``down`` signals the coordinator (which tears the cluster down as on Ctrl-C) and then
-makes sure no agent of the run is left on any host.
+A detached run's coordinator and agents live on the hosts (:mod:`tflaunch.launchers.ssh.on_host`);
+the local run directory mirrors them. ``refresh`` appends what is new of the coordinator's events,
+resource samples and console and of every task's log, and copies the run's state, so ``tflaunch
+status`` and ``logs [-f]`` read local files as for any run. ``down`` signals the coordinator (which
+tears the cluster down as on Ctrl-C) and then makes sure no agent of the run is left on any host.
 """
 
 from __future__ import annotations
@@ -12,21 +12,18 @@ from __future__ import annotations
 import json
 import posixpath
 import time
-from typing import TYPE_CHECKING, Any
-
-from tflaunch.launchers.ssh.connect import Connection, SshOptions, close_all, connect_all, parallel
-from tflaunch.launchers.ssh.connect import remote_command as _command
-from tflaunch.launchers.ssh.on_host import COORDINATOR_FILE, TOKEN_FILE, new_token
+from typing import Any
 
 from tflaunch.config import ClusterConfig
 from tflaunch.errors import LaunchError
+from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
+from tflaunch.launchers.ssh.on_host import COORDINATOR_FILE, TOKEN_FILE
+from tflaunch.launchers.ssh.session import HostSession, fetch_new_bytes
 from tflaunch.plan import Plan
-from tflaunch.run import Run
+from tflaunch.rendezvous import new_token
+from tflaunch.run import Outcome, Run
 
-if TYPE_CHECKING:
-    from tflaunch.launchers.ssh.backend import SshBackend
-
-ENDED = ("succeeded", "failed", "stopped")
+ON_HOST = "tflaunch.launchers.ssh.on_host"
 
 # Runs on a host: SIGTERM a process if (and only if) its command line names the run, then wait.
 STOP_PROCESS = r"""
@@ -53,41 +50,40 @@ print("killed")
 """
 
 
-def _read_remote(conn: Connection, path: str) -> str | None:
-    with conn.sftp() as sftp:
-        try:
-            with sftp.open(path, "r") as f:
-                return f.read().decode(errors="replace")
-        except FileNotFoundError:
-            return None
-
-
-def _wait_for_file(conn: Connection, path: str, timeout: float) -> str | None:
+def _wait_for_file(session: HostSession, host: str, path: str, timeout: float) -> str | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        text = _read_remote(conn, path)
+        text = session.read_file(host, path)
         if text:
             return text
         time.sleep(0.2)
     return None
 
 
-def start_detached(backend: SshBackend, config: ClusterConfig, plan: Plan, run: Run) -> None:
+def start(session: HostSession, config: ClusterConfig, plan: Plan, run: Run) -> None:
     """Pre-flight as for an attached run, then coordinator on the first host, agents everywhere."""
-    backend._connect_and_check(config, plan, run, extra={TOKEN_FILE: new_token()})
+    session.open(config, plan, run, extra={TOKEN_FILE: new_token()})
     python = config.ssh.python
     first = plan.hosts_with_tasks()[0]
-    conn = backend.connections[first.name]
-    run_dir = backend.paths[first.name].run_dir
-    conn.run(_command(
-        [python, "-m", "tflaunch.launchers.ssh.on_host", "coordinate", "--run-dir", run_dir,
-         "--run-id", run.id, "--listen", first.cluster_address],
-        background_output=posixpath.join(run_dir, "console.log"),
-    ), timeout=30)  # fmt: skip
-    text = _wait_for_file(conn, posixpath.join(run_dir, COORDINATOR_FILE), timeout=60)
+    run_dir = session.paths[first.name].run_dir
+    argv = [
+        python,
+        "-m",
+        ON_HOST,
+        "coordinate",
+        "--run-dir",
+        run_dir,
+        "--run-id",
+        run.id,
+        "--listen",
+        first.cluster_address,
+    ]
+    console = posixpath.join(run_dir, "console.log")
+    session.connections[first.name].run(remote_command(argv, background_output=console), timeout=30)
+    text = _wait_for_file(session, first.name, posixpath.join(run_dir, COORDINATOR_FILE), 60)
     if text is None:
-        console = _read_remote(conn, posixpath.join(run_dir, "console.log")) or "(no output)"
-        raise LaunchError(f"the coordinator did not start on {first.name}:\n{console[-2000:]}")
+        output = session.read_file(first.name, console) or "(no output)"
+        raise LaunchError(f"the coordinator did not start on {first.name}:\n{output[-2000:]}")
     coordinator = json.loads(text)
     run.update_meta(
         detached=True,
@@ -95,41 +91,48 @@ def start_detached(backend: SshBackend, config: ClusterConfig, plan: Plan, run: 
         ssh_coordinator_pid=coordinator["pid"],
         state="starting",
     )
-    timeout = plan.supervision.heartbeat_timeout
 
-    def start_agent(host_conn: Connection) -> None:
-        host_dir = backend.paths[host_conn.name].run_dir
-        agent_args = backend._agent_argv(config, host_conn.name, timeout)[3:]
-        argv = [python, "-m", "tflaunch.launchers.ssh.on_host", "agent",
-                "--address", coordinator["address"], "--port", str(coordinator["port"]),
-                "--host", host_conn.name, "--token-file", posixpath.join(host_dir, TOKEN_FILE),
-                "--", *agent_args]  # fmt: skip
+    def start_agent(conn: Connection) -> None:
+        host_dir = session.paths[conn.name].run_dir
+        argv = [
+            python,
+            "-m",
+            ON_HOST,
+            "agent",
+            "--run-dir",
+            host_dir,
+            "--host",
+            conn.name,
+            "--address",
+            coordinator["address"],
+            "--port",
+            str(coordinator["port"]),
+        ]
         out = posixpath.join(host_dir, "agent.log")
-        host_conn.run(_command(argv, background_output=out), timeout=30)
+        conn.run(remote_command(argv, background_output=out), timeout=30)
 
-    failures = [f"{c.name}: {e}" for c, _, e in parallel(start_agent, backend.connections.values())
-                if e is not None]  # fmt: skip
+    results = parallel(start_agent, session.connections.values())
+    failures = [f"{c.name}: {e}" for c, _, e in results if e is not None]
     if failures:
-        down(backend, run, plan.supervision.grace_period)
+        down(session, run, plan.supervision.grace_period)
         raise LaunchError("cannot start the agents:\n  " + "\n  ".join(failures))
-    _wait_until_ready(backend, run, plan.supervision.ready_timeout + 60)
-    backend._say(
+    _wait_until_ready(session, run, plan.supervision.ready_timeout + 60)
+    session.say(
         f"detached: the coordinator runs on {first.name}; follow with 'tflaunch logs "
         f"-f {run.id}', stop with 'tflaunch down {run.id}'"
     )
 
 
-def _wait_until_ready(backend: SshBackend, run: Run, timeout: float) -> None:
+def _wait_until_ready(session: HostSession, run: Run, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        refresh(backend, run)
+        refresh(session, run)
         if any(e.get("event") == "cluster_ready" for e in run.events()):
             return
-        meta = run.read_meta()
-        if meta.get("state") in ENDED:
+        if run.ended:
             raise LaunchError(
                 f"the detached run {run.id} ended before it was ready: "
-                f"{meta.get('message', 'see its logs')}"
+                f"{run.read_meta().get('message', 'see its logs')}"
             )
         time.sleep(0.5)
     raise LaunchError(
@@ -138,41 +141,26 @@ def _wait_until_ready(backend: SshBackend, run: Run, timeout: float) -> None:
     )
 
 
-def _connect(backend: SshBackend, run: Run) -> None:
-    """Reconnect to a run's hosts with the options it was started with."""
-    if backend.connections:
-        return
-    meta = run.read_meta()
-    options = SshOptions(**meta["ssh_options"])
-    plan = run.read_plan()
-    hosts = [(h.name, h.connect_address) for h in plan.hosts_with_tasks()]
-    from tflaunch.launchers.ssh.backend import HostPaths
-
-    backend.paths = {name: HostPaths(**p) for name, p in meta.get("ssh_hosts", {}).items()}
-    backend.connections = connect_all(hosts, options)
-
-
-def refresh(backend: SshBackend, run: Run) -> None:
+def refresh(session: HostSession, run: Run) -> None:
     """Append new events and log lines from the hosts; copy the run's state."""
-    from tflaunch.launchers.ssh.backend import fetch_new_bytes
-
-    opened_here = not backend.connections
+    opened_here = not session.connections
     try:
-        _connect(backend, run)
+        session.reconnect(run)
     except LaunchError as err:
-        backend._say(f"cannot reach the hosts, showing the last copied state: {err}")
+        session.say(f"cannot reach the hosts, showing the last copied state: {err}")
         return
     try:
-        meta = run.read_meta()
-        coordinator = meta["ssh_coordinator"]
-        conn = backend.connections[coordinator]
-        remote_dir = backend.paths[coordinator].run_dir
+        coordinator = run.read_meta()["ssh_coordinator"]
+        conn = session.connections[coordinator]
+        remote_dir = session.paths[coordinator].run_dir
         with conn.sftp() as sftp:
             mirrored = ["events.jsonl", "console.log"] + [
                 n for n in sftp.listdir(remote_dir) if n.startswith("samples-")
             ]
         fetch_new_bytes(conn, [(posixpath.join(remote_dir, n), run.dir / n) for n in mirrored])
-        remote_meta = json.loads(_read_remote(conn, posixpath.join(remote_dir, "run.json")) or "{}")
+        remote_meta = json.loads(
+            session.read_file(coordinator, posixpath.join(remote_dir, "run.json")) or "{}"
+        )
         copied: dict[str, Any] = {
             k: remote_meta[k]
             for k in ("state", "exit_code", "message", "ended")
@@ -180,23 +168,22 @@ def refresh(backend: SshBackend, run: Run) -> None:
         }
         if copied:
             run.update_meta(**copied)
-        backend._fetch_logs(run.read_plan(), run)
+        session.fetch_logs(run.read_plan(), run)
     finally:
         if opened_here:
-            backend._disconnect()
+            session.close()
 
 
-def down(backend: SshBackend, run: Run, grace: float) -> str:
+def down(session: HostSession, run: Run, grace: float) -> str:
     """Stop the coordinator (it tears the cluster down), then any agent of the run still left."""
-    _connect(backend, run)
+    session.reconnect(run)
     try:
-        refresh(backend, run)  # the agents' pids are in the coordinator's events
+        refresh(session, run)  # the agents' pids are in the coordinator's events
         meta = run.read_meta()
-        conn = backend.connections[meta["ssh_coordinator"]]
-        interpreter = meta.get("ssh_python", "python3")
-        stop = [interpreter, "-c", STOP_PROCESS]
+        conn = session.connections[meta["ssh_coordinator"]]
+        stop = [meta.get("ssh_python", "python3"), "-c", STOP_PROCESS]
         result = conn.run(
-            _command([*stop, str(meta["ssh_coordinator_pid"]), run.id, f"{grace + 30:g}"]),
+            remote_command([*stop, str(meta["ssh_coordinator_pid"]), run.id, f"{grace + 30:g}"]),
             timeout=grace + 60,
         )
         what = [f"coordinator on {conn.name}: {result.stdout.strip() or result.stderr.strip()}"]
@@ -210,16 +197,15 @@ def down(backend: SshBackend, run: Run, grace: float) -> str:
             if pid is None:
                 return "no agent"
             reply = host_conn.run(
-                _command([*stop, str(pid), run.id, f"{grace + 10:g}"]), timeout=grace + 40
+                remote_command([*stop, str(pid), run.id, f"{grace + 10:g}"]), timeout=grace + 40
             )
             return reply.stdout.strip()
 
-        for host_conn, reply, err in parallel(stop_agent, backend.connections.values()):
+        for host_conn, reply, err in parallel(stop_agent, session.connections.values()):
             what.append(f"agent on {host_conn.name}: {reply if err is None else err}")
-        refresh(backend, run)
-        if run.read_meta().get("state") not in ENDED:
-            run.update_meta(state="stopped", ended=time.time())
+        refresh(session, run)
+        if not run.ended:
+            run.finish(Outcome(143, "stopped with tflaunch down", interrupted=True))
         return f"run {run.id} is down (state: {run.read_meta().get('state')}); " + "; ".join(what)
     finally:
-        close_all(backend.connections.values())
-        backend.connections.clear()
+        session.close()

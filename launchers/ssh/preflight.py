@@ -15,9 +15,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
-
 from tflaunch.errors import LaunchError
+from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
 from tflaunch.plan import Plan
 from tflaunch.text import aligned
 

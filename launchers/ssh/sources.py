@@ -1,6 +1,6 @@
 """Where the SSH backend's hosts come from: the cluster file, a pair of IP files, or EC2.
 
-Every source yields :class:`RemoteHost` records in a deterministic order: the address the launcher
+Every source yields plan :class:`~tflaunch.plan.Host` records in a deterministic order: the address the launcher
 connects to (public) and the address the cluster uses between hosts (private), as on EC2 where a
 laptop reaches instances by their public IPs and training traffic stays inside the VPC.
 
@@ -13,26 +13,16 @@ laptop reaches instances by their public IPs and training traffic stays inside t
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any
 
 from tflaunch.config import ClusterConfig, Ec2Section
 from tflaunch.errors import ConfigError, LaunchError
+from tflaunch.plan import Host, gpu_ids, hosts_from_config
 
 
-@dataclasses.dataclass(frozen=True)
-class RemoteHost:
-    """A host as the SSH backend sees it: a name, where to connect, what the cluster uses."""
-
-    name: str
-    connect_address: str
-    cluster_address: str
-    gpus: int = 0
-
-
-def resolve_hosts(config: ClusterConfig) -> list[RemoteHost]:
+def resolve_hosts(config: ClusterConfig) -> list[Host]:
     """The hosts of an ssh cluster file, from whichever one source it names."""
     ssh = config.ssh
     sources = [
@@ -56,15 +46,7 @@ def resolve_hosts(config: ClusterConfig) -> list[RemoteHost]:
             "or discover them with 'ssh.ec2'."
         )
     if config.hosts:
-        return [
-            RemoteHost(
-                name=h.name,
-                connect_address=h.connect or h.address or h.name,
-                cluster_address=h.address or h.name,
-                gpus=h.gpus,
-            )
-            for h in config.hosts
-        ]
+        return hosts_from_config(config)
     if ssh.ec2 is not None:
         return discover_ec2(ssh.ec2, allow_private_connect=ssh.jump_host is not None)
     base = Path(config.base_dir)
@@ -110,7 +92,7 @@ def _read_address_lines(path: Path) -> list[str]:
     return addresses
 
 
-def read_ip_files(public_file: Path, private_file: Path, gpus: int = 0) -> list[RemoteHost]:
+def read_ip_files(public_file: Path, private_file: Path, gpus: int = 0) -> list[Host]:
     """The CSCS pair of files: line i of the public and of the private file is one instance."""
     public = _read_address_lines(public_file)
     private = _read_address_lines(private_file)
@@ -127,7 +109,7 @@ def read_ip_files(public_file: Path, private_file: Path, gpus: int = 0) -> list[
             "file must be the same instance. Add the missing addresses or remove the extra ones."
         )
     return [
-        RemoteHost(name=pub, connect_address=pub, cluster_address=priv, gpus=gpus)
+        Host(name=pub, cluster_address=priv, connect_address=pub, gpu_ids=gpu_ids(gpus))
         for pub, priv in zip(public, private, strict=True)
     ]
 
@@ -199,7 +181,7 @@ def _instance_name(instance: dict[str, Any]) -> str:
     return str(instance["InstanceId"])
 
 
-def discover_ec2(section: Ec2Section, allow_private_connect: bool = False) -> list[RemoteHost]:
+def discover_ec2(section: Ec2Section, allow_private_connect: bool = False) -> list[Host]:
     """Running EC2 instances matching the section's filters and ids, sorted by name then id.
 
     The public address is the connect address; without one the instance is reachable only
@@ -226,11 +208,11 @@ def discover_ec2(section: Ec2Section, allow_private_connect: bool = False) -> li
                 "reach it. Give it one, or set 'ssh.jump_host' to a host inside the VPC."
             )
         hosts.append(
-            RemoteHost(
+            Host(
                 name=name,
-                connect_address=public or private,
                 cluster_address=private,
-                gpus=section.gpus,
+                connect_address=public or private,
+                gpu_ids=gpu_ids(section.gpus),
             )
         )
     return hosts

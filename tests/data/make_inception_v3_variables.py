@@ -18,6 +18,7 @@ FIXTURE = Path(__file__).with_name("inception_v3_variables.json")
 def keras_inception_v3_document() -> dict:
     """The fixture's content, from Keras's InceptionV3 (weights=None, 1000 classes)."""
     import tensorflow as tf
+
     from tflaunch.models.placement import created_variables
 
     # Keras numbers layer names per process ("conv2d_94"): start from a clean slate so the

@@ -22,6 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
+
 from tflaunch.models import placement  # noqa: E402
 from tflaunch.models.layers import Dense  # noqa: E402
 

@@ -406,7 +406,7 @@ def watch_status(run: Run, interval: float, show: Callable[[], None]) -> None:
     """Redraw ``show`` every ``interval`` seconds until the run has ended (or Ctrl-C)."""
     import click
 
-    from tflaunch.runctl import ENDED
+    from tflaunch.run import ENDED
 
     try:
         while True:

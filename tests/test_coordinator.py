@@ -1,0 +1,140 @@
+"""The coordinator's policy, driven by fake agent links: no subprocesses, no sockets.
+
+A FakeLink plays an agent: it sends the events a script gives it and, told to stop, reports its
+still-running tasks as exited by SIGTERM and closes, as a real agent's teardown does."""
+
+from __future__ import annotations
+
+import io
+import queue
+import threading
+
+import pytest
+
+from tflaunch.config import parse_config
+from tflaunch.coordinator import coordinate
+from tflaunch.plan import Host, make_plan
+from tflaunch.run import Run
+
+
+class FakeLink:
+    def __init__(self, host: str, tasks: list[str], script: list[dict]):
+        self.host, self.tasks, self.script = host, tasks, script
+        self.sent: list[dict] = []
+        self.closed = False
+        self._sink: queue.Queue | None = None
+        self._running = set(tasks)
+        self._lock = threading.Lock()
+        self._done = False
+
+    def start_reader(self, sink: queue.Queue) -> None:
+        self._sink = sink
+        for event in self.script:
+            self._emit(event)
+
+    def _emit(self, event: dict) -> None:
+        if event.get("event") == "exited":
+            self._running.discard(event["task"])
+        assert self._sink is not None
+        self._sink.put((self.host, event))
+
+    def send(self, command: dict) -> None:
+        self.sent.append(command)
+        with self._lock:
+            if command.get("cmd") != "stop" or self._done:
+                return
+            self._done = True
+        for task in sorted(self._running):
+            self._emit({"event": "exited", "task": task, "code": 143})
+        self._emit({"event": "link_closed"})
+
+    def close(self, timeout: float) -> None:
+        self.closed = True
+
+
+def started(*tasks: str) -> list[dict]:
+    return [{"event": "started", "task": t, "pid": 100 + i} for i, t in enumerate(tasks)]
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    config = parse_config(
+        "program: [p]\nroles: {ps: 1, worker: 2}\nplacement: {workers_per_host: 1}\n"
+        "hosts: [a, b]\nsupervision: {finish_timeout: 1, heartbeat: 0.2}\n"
+    )
+    plan = make_plan(config, [Host("a", "10.0.0.1", "10.0.0.1"), Host("b", "10.0.0.2", "10.0.0.2")])
+    return plan, Run.create(tmp_path / "runs", "t")
+
+
+def run_with(cluster, script_a: list[dict], script_b: list[dict]):
+    plan, run = cluster
+    links = [FakeLink("a", ["ps:0", "worker:0"], script_a), FakeLink("b", ["worker:1"], script_b)]
+    out = io.StringIO()
+    outcome = coordinate(plan, run, links, out=out)
+    return outcome, links, run, out.getvalue()
+
+
+def test_success_stops_the_ps_and_records_the_end(cluster):
+    a = started("ps:0", "worker:0") + [
+        {"event": "ready", "task": "ps:0"},
+        {"event": "exited", "task": "worker:0", "code": 0},
+    ]
+    b = started("worker:1") + [{"event": "exited", "task": "worker:1", "code": 0}]
+    outcome, links, run, out = run_with(cluster, a, b)
+    assert outcome.code == 0 and outcome.state == "succeeded"
+    assert all({"cmd": "stop", "reason": "the run is ending"} in link.sent for link in links)
+    assert all(link.closed for link in links)
+    meta = run.read_meta()
+    assert (meta["state"], meta["exit_code"]) == ("succeeded", 0)
+    assert "cluster ready" in out
+    kinds = [e["event"] for e in run.events()]
+    assert kinds.count("cluster_ready") == 1 and kinds.count("exited") == 3
+
+
+def test_a_failing_worker_fails_the_run_with_one_report(cluster):
+    a = started("ps:0", "worker:0") + [{"event": "ready", "task": "ps:0"}]
+    b = started("worker:1") + [
+        {"event": "output", "task": "worker:1", "line": "Traceback: boom"},
+        {"event": "exited", "task": "worker:1", "code": 3},
+    ]
+    outcome, links, run, _ = run_with(cluster, a, b)
+    assert outcome.code == 3 and not outcome.interrupted
+    assert outcome.message.startswith("worker:1 on b exited with code 3.")
+    assert "Traceback: boom" in outcome.message and "worker-1.log" in outcome.message
+    assert all(any(c.get("cmd") == "stop" for c in link.sent) for link in links)
+    assert run.read_meta()["state"] == "failed"
+    failed = [e for e in run.events() if e["event"] == "failed"]
+    assert [(e["task"], e["code"]) for e in failed] == [("worker:1", 3)]
+
+
+def test_a_ps_exiting_by_itself_is_a_failure(cluster):
+    a = started("ps:0", "worker:0") + [{"event": "exited", "task": "ps:0", "code": 0}]
+    outcome, *_ = run_with(cluster, a, started("worker:1"))
+    assert outcome.code == 1 and "ps:0 on a exited by itself" in outcome.message
+
+
+def test_signal_codes_are_named(cluster):
+    b = started("worker:1") + [{"event": "exited", "task": "worker:1", "code": 137}]
+    outcome, *_ = run_with(cluster, started("ps:0", "worker:0"), b)
+    assert outcome.code == 137 and "137 (SIGKILL)" in outcome.message
+
+
+def test_a_lost_agent_fails_the_run(cluster):
+    b = started("worker:1") + [{"event": "link_closed"}]
+    outcome, *_ = run_with(cluster, started("ps:0", "worker:0"), b)
+    assert outcome.code == 1 and "lost the agent on b while worker:1" in outcome.message
+
+
+def test_an_agent_error_fails_the_run_with_its_code(cluster):
+    a = [{"event": "error", "code": 2, "message": "port 2230 on a is already in use"}]
+    outcome, *_ = run_with(cluster, a, [])
+    assert outcome.code == 2 and outcome.message == "a: port 2230 on a is already in use"
+
+
+def test_workers_left_running_after_the_chief_finished_fail_after_finish_timeout(cluster):
+    a = started("ps:0", "worker:0") + [{"event": "exited", "task": "worker:0", "code": 0}]
+    outcome, *_ = run_with(cluster, a, started("worker:1"))
+    assert (
+        outcome.code == 1
+        and "worker:1 on b was still running 1 s after worker:0" in outcome.message
+    )
