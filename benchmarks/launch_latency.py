@@ -52,7 +52,7 @@ def one_run(work: Path, train_steps: int) -> dict[str, float]:
     config["program"]["argv"] += ["--train_steps", str(train_steps)]
     base = free_base()
     config["ports"] = {"ps": base, "worker": base + 10}
-    config["run_dir"] = str(work / "runs")
+    config["runs_dir"] = str(work / "runs")
     cluster = work / "cluster.yaml"
     cluster.write_text(yaml.safe_dump(config))
     started = time.time()

@@ -51,7 +51,7 @@ def cluster_file(work: Path, workload: str, train_steps: int) -> Path:
         "roles": {"ps": 1, "worker": 3},
         "ports": {"ps": 32200, "worker": 32210},
         "supervision": {"grace_period": 3, "ready_timeout": 300},
-        "run_dir": str(work / "runs"),
+        "runs_dir": str(work / "runs"),
         "slurm": {"python": sys.executable},
     }
     path = work / f"{workload}.yaml"

@@ -63,7 +63,7 @@ def cluster_file(work: Path, hosts: ssh_hosts.TestHosts, count: int, program: st
         "placement": {"workers_per_host": 1},
         "ports": {"ps": base, "worker": base + 100},
         "supervision": {"grace_period": 2, "ready_timeout": 300},
-        "run_dir": str(work / "runs"),
+        "runs_dir": str(work / "runs"),
         "hosts": [
             {"name": h.name, "connect": h.public_address, "address": h.private_address}
             for h in hosts.hosts[:count]
@@ -73,7 +73,7 @@ def cluster_file(work: Path, hosts: ssh_hosts.TestHosts, count: int, program: st
             "identity_file": str(hosts.client_key),
             "known_hosts": str(hosts.known_hosts),
             "python": sys.executable,
-            "remote_run_dir": str(work / "remote"),
+            "remote_runs_dir": str(work / "remote"),
         },
     }
     path = work / f"{program}-{count}.yaml"

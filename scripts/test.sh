@@ -21,4 +21,5 @@ fi
 python3 -m pip install -q -e '.[dev]'
 ruff check .
 ruff format --check .
+bash scripts/check_imports.sh
 python3 -m pytest "$@"

@@ -69,7 +69,7 @@ def write_cluster(path: Path, program: dict, **overrides) -> Path:
         "roles": {"ps": 1, "worker": 2},
         "ports": {"ps": base, "worker": base + 10, "chief": base + 8},
         "supervision": {"grace_period": 2, "ready_timeout": 60},
-        "run_dir": str(path.parent / "runs"),
+        "runs_dir": str(path.parent / "runs"),
     }
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(data.get(key), dict):

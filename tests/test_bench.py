@@ -230,7 +230,9 @@ def test_rows_without_any_success_write_no_plots(tmp_path) -> None:
     from tflaunch.tools.bench_plot import plot_results
 
     assert (
-        plot_results([Row(Point(1, 1, "parameter_server", False), None, None, 1, 1)], tmp_path, "t")
+        plot_results(
+            [Row(Point(1, 1, "parameter_server", False), None, None, 1, 1)], {}, {}, tmp_path, "t"
+        )
         == []
     )
 

@@ -183,7 +183,7 @@ def test_schema_is_json_schema_of_the_same_format():
         "placement",
         "ports",
         "supervision",
-        "run_dir",
+        "runs_dir",
         "slurm",
         "ssh",
     }

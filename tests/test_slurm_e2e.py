@@ -65,7 +65,7 @@ def write_cluster(
         "roles": roles,
         "ports": {"ps": base, "worker": base + 10, "chief": base + 8},
         "supervision": {"grace_period": 3, "ready_timeout": 120},
-        "run_dir": str(tmp_path / "runs"),
+        "runs_dir": str(tmp_path / "runs"),
         "slurm": {"python": sys.executable},
     }
     for key, value in sections.items():

@@ -272,7 +272,7 @@ def _write(tmp_path: Path, **sections) -> Path:
         "name": "mnist",
         "backend": "slurm",
         "program": MNIST,
-        "run_dir": str(tmp_path / "runs"),
+        "runs_dir": str(tmp_path / "runs"),
     }
     data.update(sections)
     path = tmp_path / "cluster.yaml"

@@ -53,7 +53,7 @@ def ssh_cluster(
             "heartbeat": 1,
             "heartbeat_timeout": 6,
         },
-        "run_dir": str(tmp_path / "runs"),
+        "runs_dir": str(tmp_path / "runs"),
         "hosts": [
             {"name": h.name, "connect": h.public_address, "address": h.private_address}
             for h in hosts.hosts
@@ -63,7 +63,7 @@ def ssh_cluster(
             "identity_file": str(hosts.client_key),
             "known_hosts": str(known),
             "python": sys.executable,
-            "remote_run_dir": str(tmp_path / "remote"),
+            "remote_runs_dir": str(tmp_path / "remote"),
             "connect_timeout": 2,
             "upload": [str(FAKE_TASK)],
         },

@@ -7,15 +7,14 @@ import json
 import shlex
 import sys
 import traceback
-from pathlib import Path
 
 import click
 
 from tflaunch import __version__, launch
 from tflaunch.config import ClusterConfig, config_schema, load_config
 from tflaunch.errors import TflaunchError
-from tflaunch.plan import Plan, make_plan, parse_task_name, tf_config
-from tflaunch.run import Run, new_run_id
+from tflaunch.plan import Plan, parse_task_name, tf_config
+from tflaunch.run import Run
 from tflaunch.text import aligned
 from tflaunch.tools.bench import bench_command
 from tflaunch.tools.placement import placement
@@ -47,11 +46,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 
 def _load_plan(path: str) -> tuple[ClusterConfig, Plan]:
-    from tflaunch.launchers import get_backend
-
     config = load_config(path)
-    backend = get_backend(config.backend)
-    return config, make_plan(config, backend.hosts(config))
+    return config, launch.plan_cluster(config)
 
 
 @cli.command()
@@ -119,10 +115,11 @@ def render(cluster_file: str, task_name: str, fmt: str) -> None:
 @click.argument("cluster_file", type=click.Path(dir_okay=False))
 @click.option("--detach", is_flag=True, help="Return once the cluster is ready; print the run id.")
 @click.option(
+    "--runs-dir",
     "--run-dir",
-    "run_root",
+    "runs_dir",
     default=None,
-    help="Where run directories go (default: the file's run_dir).",
+    help="Where run directories go (default: the file's runs_dir).",
 )
 @click.option(
     "--dry-run",
@@ -141,53 +138,28 @@ def render(cluster_file: str, task_name: str, fmt: str) -> None:
 def up(
     cluster_file: str,
     detach: bool,
-    run_root: str | None,
+    runs_dir: str | None,
     dry_run: bool,
     run_id: str | None,
     attached_daemon: bool,
     terminals: str | None,
 ) -> None:
     """Start the cluster, stream its output, and exit with its result."""
-    from tflaunch.launchers import get_backend
-
     config = load_config(cluster_file)
-    backend = get_backend(config.backend)
-    run_root = run_root or config.run_dir
-    if terminals:
-        from tflaunch.launchers.terminals import check as check_terminals
-
-        check_terminals(terminals, config.backend)
     if dry_run:
-        the_plan = make_plan(config, backend.hosts(config))
-        run_id = run_id or new_run_id(config.name)
-        click.echo(
-            backend.dry_run(config, the_plan, Run(run_id, Path(run_root).resolve() / run_id))
-        )
+        click.echo(launch.dry_run(config, runs_dir, run_id))
         return
-    if attached_daemon:
-        run = Run.open(run_root, run_id)
-        the_plan = run.read_plan()  # the plan the foreground command resolved and showed
-    else:
-        the_plan, run = launch.prepare(config, run_root, run_id, cluster_file)
-    if terminals:
-        run.update_meta(terminals=terminals)  # the local backend opens the windows
-    if detach:
-        click.echo(backend.detach(config, the_plan, run, cluster_file, run_root))
+    result = launch.up(config, cluster_file, runs_dir, run_id, detach, attached_daemon, terminals)
+    if isinstance(result, str):
+        click.echo(result)
         return
-    outcome = backend.launch(config, the_plan, run)
-    sys.exit(outcome.code)
-
-
-def _backend_of(run: Run):
-    """The backend that started ``run`` (runs record it in run.json)."""
-    from tflaunch.launchers import get_backend
-
-    return get_backend(run.read_meta().get("backend", "local"))
+    sys.exit(result.code)
 
 
 run_dir_option = click.option(
+    "--runs-dir",
     "--run-dir",
-    "run_root",
+    "runs_dir",
     default="runs",
     show_default=True,
     help="Where the run directories are.",
@@ -206,24 +178,24 @@ run_dir_option = click.option(
     help="Seconds between redraws with --watch.",
 )
 @click.pass_context
-def status(ctx: click.Context, run_id: str, run_root: str, watch: bool, interval: float) -> None:
+def status(ctx: click.Context, run_id: str, runs_dir: str, watch: bool, interval: float) -> None:
     """Show a run's state and every task's state, pid, CPU %, memory (RSS) and uptime."""
     if watch:
         from tflaunch.tools.report import watch_status
 
-        run = Run.open(run_root, run_id)
-        watch_status(run, interval, lambda: ctx.invoke(status, run_id=run_id, run_root=run_root))
+        run = Run.open(runs_dir, run_id)
+        watch_status(run, interval, lambda: ctx.invoke(status, run_id=run_id, runs_dir=runs_dir))
         return
     from tflaunch.tools.report import task_table
 
-    run = Run.open(run_root, run_id)
+    run = Run.open(runs_dir, run_id)
     meta = run.read_meta()
     click.echo(
         f"run {run.id}: {meta.get('state', 'unknown')} (backend {meta.get('backend')}"
         + (f", exit code {meta['exit_code']}" if "exit_code" in meta else "")
         + ")"
     )
-    for line in _backend_of(run).describe(run):
+    for line in launch.backend_of(run).describe(run):
         click.echo(line)
     for line in task_table(run):
         click.echo(line)
@@ -234,12 +206,12 @@ def status(ctx: click.Context, run_id: str, run_root: str, watch: bool, interval
 @click.option("--task", "tasks", multiple=True, help="Only this task (repeatable), e.g. worker:1.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
 @run_dir_option
-def logs(run_id: str, tasks: tuple[str, ...], follow: bool, run_root: str) -> None:
+def logs(run_id: str, tasks: tuple[str, ...], follow: bool, runs_dir: str) -> None:
     """Print the logs of a run's tasks."""
     from tflaunch import runctl
 
-    run = Run.open(run_root, run_id)
-    backend = _backend_of(run)
+    run = Run.open(runs_dir, run_id)
+    backend = launch.backend_of(run)
     backend.refresh(run)  # a run that lives elsewhere (detached ssh) is brought here first
     for line in runctl.follow_logs(run, list(tasks), follow, lambda: backend.cluster_alive(run)):
         click.echo(line)
@@ -248,10 +220,10 @@ def logs(run_id: str, tasks: tuple[str, ...], follow: bool, run_root: str) -> No
 @cli.command()
 @click.argument("run_id")
 @run_dir_option
-def down(run_id: str, run_root: str) -> None:
+def down(run_id: str, runs_dir: str) -> None:
     """Stop a run: every task on every host."""
-    run = Run.open(run_root, run_id)
-    backend = _backend_of(run)
+    run = Run.open(runs_dir, run_id)
+    backend = launch.backend_of(run)
     grace = run.read_plan().supervision.grace_period
     click.echo(backend.down(run, grace))
 
@@ -264,22 +236,20 @@ cli.add_command(bench_command)
 @click.argument("run_id")
 @run_dir_option
 @click.option("--out", "out_dir", default=None, help="Where to write (default: the run directory).")
-def report(run_id: str, run_root: str, out_dir: str | None) -> None:
+def report(run_id: str, runs_dir: str, out_dir: str | None) -> None:
     """Plot CPU, packets and memory over time from a run's samples, and print a summary table."""
     from tflaunch.tools.report import make_report
 
-    _, files = make_report(Run.open(run_root, run_id), out_dir, show=click.echo)
+    _, files = make_report(Run.open(runs_dir, run_id), out_dir, show=click.echo)
     click.echo("wrote " + ", ".join(str(f) for f in files))
 
 
 @cli.command()
 @click.argument("run_id")
 @run_dir_option
-def attach(run_id: str, run_root: str) -> None:
+def attach(run_id: str, runs_dir: str) -> None:
     """Open the tmux session of a run started with 'up --terminals tmux'."""
-    from tflaunch.launchers.terminals import attach as attach_session
-
-    attach_session(Run.open(run_root, run_id))
+    launch.attach(Run.open(runs_dir, run_id))
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 A cluster file says what runs (``program``), how many of each task (``roles``), where
 (``hosts``, ``placement``, ``ports``), how it is supervised (``supervision``), which backend starts
-it (``backend`` plus its ``slurm:`` or ``ssh:`` section) and where run state goes (``run_dir``).
+it (``backend`` plus its ``slurm:`` or ``ssh:`` section) and where run state goes (``runs_dir``).
 Every error names the file, the line and the key path, says what was expected and, for a typo,
 the nearest valid key. ``tflaunch schema`` prints the JSON Schema derived from these classes.
 """
@@ -194,8 +194,8 @@ class SshSection:
     gpus: int = field(0, minimum=0, doc="GPUs per host for hosts from files")
     upload: tuple[str, ...] = field((), doc="files copied to each host's workdir before the start")
     python: str = field("python3", doc="Python interpreter on the hosts")
-    remote_run_dir: str | None = field(
-        None, doc="run directory on the hosts (default: the local run_dir path)"
+    remote_runs_dir: str | None = field(
+        None, doc="run directory on the hosts (default: the local runs_dir path)"
     )
 
 
@@ -215,7 +215,9 @@ class ClusterConfig:
     placement: Placement = field(factory=Placement, doc="task placement")
     ports: Ports = field(factory=Ports, doc="base ports")
     supervision: Supervision = field(factory=Supervision, doc="supervision")
-    run_dir: str = field("runs", doc="where run directories go (relative to the working directory)")
+    runs_dir: str = field(
+        "runs", doc="where run directories go (relative to the working directory)"
+    )
     slurm: SlurmSection = field(factory=SlurmSection, doc="Slurm backend settings")
     ssh: SshSection = field(factory=SshSection, doc="SSH backend settings")
     # Set by the loader, never read from the file.

@@ -1,27 +1,50 @@
-"""Starting a cluster from code: what `tflaunch up` does, for callers such as `tflaunch bench`."""
+"""From a cluster file to a running cluster: the one path every command takes to the backends.
+
+The CLI, ``tflaunch bench`` and other callers go through here; only this module picks a backend
+(:mod:`tflaunch.launchers`). :func:`plan_cluster` is the one config → plan function, used by
+``validate``, ``plan``, ``render``, ``up --dry-run`` and ``up``.
+"""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tflaunch.config import ClusterConfig
-from tflaunch.coordinator import Outcome
 from tflaunch.plan import Plan, make_plan
-from tflaunch.run import Run
+from tflaunch.run import Outcome, Run, new_run_id
+
+if TYPE_CHECKING:
+    from tflaunch.launchers.base import Backend
+
+
+def backend_for(name: str) -> Backend:
+    """The backend called ``name`` (imported on demand, so each stays optional)."""
+    from tflaunch.launchers import get_backend
+
+    return get_backend(name)
+
+
+def backend_of(run: Run) -> Backend:
+    """The backend that started ``run`` (runs record it in run.json)."""
+    return backend_for(run.read_meta().get("backend", "local"))
+
+
+def plan_cluster(config: ClusterConfig) -> Plan:
+    """Place the cluster on its backend's hosts."""
+    return make_plan(config, backend_for(config.backend).hosts(config))
 
 
 def prepare(
     config: ClusterConfig,
-    run_root: str | None = None,
+    runs_dir: str | None = None,
     run_id: str | None = None,
     cluster_file: str | None = None,
 ) -> tuple[Plan, Run]:
-    """Plan the cluster on its backend's hosts and create its run directory."""
-    from tflaunch.launchers import get_backend
-
-    plan = make_plan(config, get_backend(config.backend).hosts(config))
-    run = Run.create(run_root or config.run_dir, config.name, run_id)
+    """Plan the cluster and create its run directory."""
+    plan = plan_cluster(config)
+    run = Run.create(runs_dir or config.runs_dir, config.name, run_id)
     run.write_plan(plan)
     run.update_meta(
         run_id=run.id,
@@ -34,9 +57,55 @@ def prepare(
     return plan, run
 
 
-def run_cluster(config: ClusterConfig, run_root: str | None = None) -> tuple[Run, Outcome]:
+def run_cluster(config: ClusterConfig, runs_dir: str | None = None) -> tuple[Run, Outcome]:
     """Run the cluster to its end in the foreground (output streams to stdout)."""
-    from tflaunch.launchers import get_backend
+    plan, run = prepare(config, runs_dir)
+    return run, backend_for(config.backend).launch(config, plan, run)
 
-    plan, run = prepare(config, run_root)
-    return run, get_backend(config.backend).launch(config, plan, run)
+
+def dry_run(config: ClusterConfig, runs_dir: str | None, run_id: str | None) -> str:
+    """What ``up --dry-run`` prints: the plan, or what the backend would submit."""
+    runs_dir = runs_dir or config.runs_dir
+    run_id = run_id or new_run_id(config.name)
+    run = Run(run_id, Path(runs_dir).resolve() / run_id)
+    return backend_for(config.backend).dry_run(config, plan_cluster(config), run)
+
+
+def up(
+    config: ClusterConfig,
+    cluster_file: str,
+    runs_dir: str | None = None,
+    run_id: str | None = None,
+    detach: bool = False,
+    attached_daemon: bool = False,
+    terminals: str | None = None,
+) -> Outcome | str:
+    """``tflaunch up``: the run's outcome, or with ``detach`` what to print (the run id)."""
+    backend = backend_for(config.backend)
+    runs_dir = runs_dir or config.runs_dir
+    if terminals:
+        check_terminals(terminals, config.backend)
+    if attached_daemon:  # the background half of --detach: the plan the foreground showed
+        run = Run.open(runs_dir, run_id or "")
+        plan = run.read_plan()
+    else:
+        plan, run = prepare(config, runs_dir, run_id, cluster_file)
+    if terminals:
+        run.update_meta(terminals=terminals)  # the local backend opens the windows
+    if detach:
+        return backend.detach(config, plan, run, cluster_file, runs_dir)
+    return backend.launch(config, plan, run)
+
+
+def check_terminals(kind: str, backend: str) -> None:
+    """Refuse ``--terminals`` where it cannot work (another backend, no display, no program)."""
+    from tflaunch.launchers.terminals import check
+
+    check(kind, backend)
+
+
+def attach(run: Run) -> None:
+    """Open the tmux session of a run started with ``up --terminals tmux``."""
+    from tflaunch.launchers.terminals import attach as attach_session
+
+    attach_session(run)

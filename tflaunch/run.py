@@ -80,7 +80,7 @@ class Run:
         what = "is ambiguous" if matches else "was not found"
         raise RunNotFoundError(
             f"run '{run_id}' {what} under {root}/ (recent runs: {known}). "
-            "Give the full run id, or --run-dir where the runs are kept."
+            "Give the full run id, or --runs-dir where the runs are kept."
         )
 
     @property

@@ -23,7 +23,7 @@ from tflaunch.errors import LaunchError
 from tflaunch.run import ENDED, Outcome, Run
 
 
-def spawn_detached(config_path: str, run: Run, run_root: str, timeout: float) -> None:
+def spawn_detached(config_path: str, run: Run, runs_dir: str, timeout: float) -> None:
     """Start the coordinator of ``run`` in the background; return once the cluster is ready."""
     argv = [
         sys.executable,
@@ -31,8 +31,8 @@ def spawn_detached(config_path: str, run: Run, run_root: str, timeout: float) ->
         "tflaunch",
         "up",
         str(config_path),
-        "--run-dir",
-        run_root,
+        "--runs-dir",
+        runs_dir,
         "--run-id",
         run.id,
         "--attached-daemon",

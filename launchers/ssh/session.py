@@ -111,7 +111,7 @@ class HostSession:
                     f"ssh.upload: {path} is not a file here; list files relative "
                     "to the cluster file."
                 )
-        run_base = config.ssh.remote_run_dir or config.run_dir
+        run_base = config.ssh.remote_runs_dir or config.runs_dir
 
         def prepare(conn: Connection) -> HostPaths:
             with conn.sftp() as sftp:

