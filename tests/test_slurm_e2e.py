@@ -363,7 +363,7 @@ def test_cancelled_while_following_stops_the_job(cluster, tmp_path) -> None:
 
 
 def test_job_state_from_squeue_json_and_plain_format_agree(cluster) -> None:
-    from tflaunch.launchers.slurm.backend import _squeue_format_state, _squeue_json_state, job_state
+    from tflaunch.launchers.slurm.client import job_state, squeue_json_state, squeue_plain_state
 
     job_id = subprocess.run(
         ["sbatch", "--parsable", "--nodes=1", "--output=/dev/null", "--wrap=exit 3"],
@@ -375,7 +375,7 @@ def test_job_state_from_squeue_json_and_plain_format_agree(cluster) -> None:
     deadline = time.monotonic() + 30
     while not job_state(job_id).ended and time.monotonic() < deadline:
         time.sleep(0.2)
-    from_json, plain = _squeue_json_state(job_id), _squeue_format_state(job_id)
+    from_json, plain = squeue_json_state(job_id), squeue_plain_state(job_id)
     assert (from_json.state, from_json.exit_code) == ("FAILED", 3)
     assert (plain.state, plain.nodes) == ("FAILED", from_json.nodes)
     assert job_state("999999").state == "GONE"  # unknown to squeue, and no accounting here

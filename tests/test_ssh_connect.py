@@ -20,10 +20,10 @@ from tests.hosts import ssh_hosts
 from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import (
     SshOptions,
-    _parse_jump,
     close_all,
     connect,
     connect_all,
+    parse_jump,
     remote_command,
 )
 
@@ -85,10 +85,10 @@ def test_background_command_reports_its_pid(tmp_path):
 
 
 def test_jump_host_spec():
-    assert _parse_jump("bastion", "me") == ("me", "bastion", 22)
-    assert _parse_jump("ops@10.0.0.1:2222", "me") == ("ops", "10.0.0.1", 2222)
+    assert parse_jump("bastion", "me") == ("me", "bastion", 22)
+    assert parse_jump("ops@10.0.0.1:2222", "me") == ("ops", "10.0.0.1", 2222)
     with pytest.raises(LaunchError, match="not a number"):
-        _parse_jump("h:ssh", "me")
+        parse_jump("h:ssh", "me")
 
 
 # ---- against real sshd ----------------------------------------------------------------------

@@ -16,8 +16,8 @@ from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.preflight import (
     PROBE,
     HostReport,
-    _judge,
     format_table,
+    judge,
     probe_request,
     raise_on_problems,
 )
@@ -92,7 +92,7 @@ def report(plan, host: str, **facts) -> HostReport:
         "program": "train.py",
     }
     r = HostReport(host, "203.0.113.1", "10.0.0.1", {**base, **facts}, [])
-    _judge(r, plan, "python3")
+    judge(r, plan, "python3")
     return r
 
 

@@ -79,13 +79,13 @@ def job_state(job_id: str) -> JobState:
     21.08+), which also carries the exit code, is read once the job has ended — in 22.05 it lists
     every job of the cluster whatever ``--jobs`` says.
     """
-    plain = _squeue_format_state(job_id)
+    plain = squeue_plain_state(job_id)
     if plain is not None and not plain.ended:
         return plain
-    return _squeue_json_state(job_id) or plain or _sacct_state(job_id)
+    return squeue_json_state(job_id) or plain or _sacct_state(job_id)
 
 
-def _squeue_json_state(job_id: str) -> JobState | None:
+def squeue_json_state(job_id: str) -> JobState | None:
     result = slurm_command(["squeue", "--json", "--states=all", f"--jobs={job_id}"], check=False)
     if result.returncode != 0:
         return None
@@ -116,7 +116,7 @@ def _json_exit_code(code: Any) -> int | None:
     return None
 
 
-def _squeue_format_state(job_id: str) -> JobState | None:
+def squeue_plain_state(job_id: str) -> JobState | None:
     """squeue's plain format: state, reason and nodes only (no exit code, no user text)."""
     result = slurm_command(
         ["squeue", "-h", "--states=all", f"--jobs={job_id}", "-o", "%T|%r|%N"], check=False

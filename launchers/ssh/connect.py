@@ -228,7 +228,7 @@ class Connection:
         self.client.close()
 
 
-def _parse_jump(spec: str, default_user: str) -> tuple[str, str, int]:
+def parse_jump(spec: str, default_user: str) -> tuple[str, str, int]:
     """``[user@]host[:port]`` -> (user, host, port)."""
     user, _, rest = spec.rpartition("@")
     host, port = rest, 22
@@ -373,7 +373,7 @@ def connect_all(hosts: Sequence[tuple[str, str]], options: SshOptions) -> dict[s
     """Connect to every (name, address) in parallel; one LaunchError naming each failing host."""
     jump = None
     if options.jump_host:
-        user, jhost, jport = _parse_jump(options.jump_host, options.user)
+        user, jhost, jport = parse_jump(options.jump_host, options.user)
         jump_options = dataclasses.replace(options, user=user, port=jport)
         jump = connect(f"jump host {jhost}", jhost, jump_options)
     results = parallel(lambda h: connect(h[0], h[1], options, jump), hosts)

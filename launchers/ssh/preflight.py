@@ -160,11 +160,11 @@ def _check_host(
         return report
     report.facts = facts
     report.problems.extend(facts.get("problems", []))
-    _judge(report, plan, python)
+    judge(report, plan, python)
     return report
 
 
-def _judge(report: HostReport, plan: Plan, python: str) -> None:
+def judge(report: HostReport, plan: Plan, python: str) -> None:
     """Turn the facts into problems: TensorFlow missing, ports busy, too few GPUs."""
     facts = report.facts
     tasks = plan.tasks_on(report.host)
