@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 
 import psutil
@@ -19,6 +20,7 @@ from tests.helpers import (
     wait_until_gone,
     write_cluster,
 )
+from tflaunch.run import Run
 
 
 def events(tmp_path):
@@ -186,3 +188,45 @@ def test_unknown_run_is_bad_input(tmp_path):
     result = tflaunch("status", "nope", "--run-dir", str(tmp_path))
     assert result.returncode == 2
     assert "run 'nope' was not found" in result.stderr
+
+
+def test_status_says_lost_after_kill_9_of_up(tmp_path):
+    cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "60"})
+    proc = start_tflaunch("up", str(cluster))
+    try:
+        read_until(proc.stdout, "cluster ready", timeout=30)
+        proc.kill()
+        proc.wait(timeout=5)
+    finally:
+        proc.kill()
+    wait_until_gone(str(cluster.parent), timeout=15)
+    (run,) = (tmp_path / "runs").iterdir()
+    assert json.loads((run / "run.json").read_text())["state"] == "running"  # as left behind
+    status = tflaunch("status", run.name, "--runs-dir", str(tmp_path / "runs"))
+    assert status.returncode == 0 and f"run {run.name}: lost" in status.stdout, status.stdout
+
+
+def test_down_signals_nothing_when_the_coordinator_pid_was_reused(tmp_path):
+    """run.json names a pid that now belongs to another process (here: a sleep started after
+    the recorded coordinator start time): down must leave it alone."""
+    runs = tmp_path / "runs"
+    run = Run.create(runs, "stale")
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        run.update_meta(
+            backend="local",
+            state="running",
+            coordinator_pid=bystander.pid,
+            coordinator_started=psutil.Process().create_time(),
+        )
+        (run.dir / "plan.json").write_text(
+            json.dumps(
+                {"name": "stale", "hosts": [], "tasks": [], "cluster": {}, "supervision": {}}
+            )
+        )
+        down = tflaunch("down", run.id, "--runs-dir", str(runs))
+        assert down.returncode == 0, down.stderr
+        assert bystander.poll() is None  # not signalled
+        assert json.loads((run.dir / "run.json").read_text())["state"] == "stopped"
+    finally:
+        bystander.kill()

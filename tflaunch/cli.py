@@ -189,9 +189,10 @@ def status(ctx: click.Context, run_id: str, runs_dir: str, watch: bool, interval
     from tflaunch.tools.report import task_table
 
     run = Run.open(runs_dir, run_id)
+    state = launch.run_state(run)
     meta = run.read_meta()
     click.echo(
-        f"run {run.id}: {meta.get('state', 'unknown')} (backend {meta.get('backend')}"
+        f"run {run.id}: {state} (backend {meta.get('backend')}"
         + (f", exit code {meta['exit_code']}" if "exit_code" in meta else "")
         + ")"
     )

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from tflaunch.config import ClusterConfig
 from tflaunch.plan import Plan, make_plan
-from tflaunch.run import Outcome, Run, new_run_id
+from tflaunch.run import ENDED, Outcome, Run, new_run_id
 
 if TYPE_CHECKING:
     from tflaunch.launchers.base import Backend
@@ -29,6 +29,15 @@ def backend_for(name: str) -> Backend:
 def backend_of(run: Run) -> Backend:
     """The backend that started ``run`` (runs record it in run.json)."""
     return backend_for(run.read_meta().get("backend", "local"))
+
+
+def run_state(run: Run) -> str:
+    """The run's recorded state, or ``lost`` when it has not ended but its coordinator (a local
+    process, a Slurm job, a detached coordinator on a host) is gone: a killed ``up``, say."""
+    state = run.read_meta().get("state", "unknown")
+    if state in ENDED or backend_of(run).cluster_alive(run):
+        return state
+    return "lost" if not run.ended else run.read_meta().get("state", "unknown")
 
 
 def plan_cluster(config: ClusterConfig) -> Plan:

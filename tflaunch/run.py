@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from tflaunch.errors import RunNotFoundError
 from tflaunch.plan import Plan
 
@@ -117,11 +119,13 @@ class Run:
         return meta
 
     def start(self, backend: str, hosts: list[str], **fields: Any) -> None:
-        """Record that this process coordinates the run from now on."""
+        """Record that this process coordinates the run from now on (with its start time, so
+        that a later ``down`` can tell it from another process that reused its pid)."""
         self.update_meta(
             backend=backend,
             state="starting",
             coordinator_pid=os.getpid(),
+            coordinator_started=psutil.Process().create_time(),
             started=time.time(),
             hosts=hosts,
             **fields,

@@ -7,6 +7,7 @@ cluster is ready. ``down`` signals that coordinator, which tears the cluster dow
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -68,24 +69,40 @@ def spawn_detached(config_path: str, run: Run, runs_dir: str, timeout: float) ->
     )
 
 
-def coordinator_alive(run: Run) -> bool:
+def coordinator_process(run: Run) -> psutil.Process | None:
+    """The run's coordinator if it still runs: the recorded pid, checked to be the same process
+    (its start time, and a tflaunch command line), never a process that reused the pid."""
     meta = run.read_meta()
     pid = meta.get("coordinator_pid")
-    return bool(pid) and meta.get("state") not in ENDED and psutil.pid_exists(pid)
+    if not isinstance(pid, int) or meta.get("state") in ENDED:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        started = meta.get("coordinator_started")
+        if started is not None and abs(proc.create_time() - float(started)) > 0.05:
+            return None
+        if not any("tflaunch" in part for part in proc.cmdline()):
+            return None
+        return proc
+    except (psutil.Error, OSError, ValueError):
+        return None
+
+
+def coordinator_alive(run: Run) -> bool:
+    return coordinator_process(run) is not None
 
 
 def stop_local_coordinator(run: Run, grace: float) -> str:
     """SIGTERM the run's coordinator and wait for its teardown; clean up leftovers if it is gone."""
-    meta = run.read_meta()
-    pid = meta.get("coordinator_pid")
-    if coordinator_alive(run):
-        os.kill(pid, signal.SIGTERM)
+    proc = coordinator_process(run)
+    if proc is not None:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace + 30
         while time.monotonic() < deadline and coordinator_alive(run):
             time.sleep(0.2)
     leftovers = kill_leftover_tasks(run)
-    state = run.read_meta().get("state")
-    if state not in ENDED:
+    if not run.ended:
         run.finish(Outcome(143, "stopped with tflaunch down; its coordinator was gone", True))
     extra = f"; killed {leftovers} leftover task process group(s)" if leftovers else ""
     return f"run {run.id} is down (state: {run.read_meta().get('state')}){extra}"
