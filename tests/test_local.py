@@ -230,3 +230,43 @@ def test_down_signals_nothing_when_the_coordinator_pid_was_reused(tmp_path):
         assert json.loads((run.dir / "run.json").read_text())["state"] == "stopped"
     finally:
         bystander.kill()
+
+
+def _daemon_cluster(tmp_path, **env):
+    return fake_cluster(tmp_path, env={"SPAWN_DAEMON": "1", **env})
+
+
+def test_setsid_daemon_of_a_task_is_gone_after_success(tmp_path):
+    cluster = _daemon_cluster(tmp_path, WORK_SECONDS="1")
+    result = tflaunch("up", str(cluster))
+    assert result.returncode == 0, result.stderr
+    assert "daemon pid" in result.stdout
+    assert wait_until_gone(str(tmp_path), timeout=10) == []
+
+
+def test_setsid_daemon_of_a_task_is_gone_after_ctrl_c(tmp_path):
+    cluster = _daemon_cluster(tmp_path, WORK_SECONDS="60")
+    proc = start_tflaunch("up", str(cluster))
+    try:
+        read_until(proc.stdout, "cluster ready", timeout=30)
+        read_until(proc.stdout, "daemon pid", timeout=30)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert wait_until_gone(str(tmp_path), timeout=10) == []
+
+
+def test_setsid_daemon_of_a_task_is_gone_after_down(tmp_path):
+    cluster = _daemon_cluster(tmp_path, WORK_SECONDS="60")
+    runs = str(tmp_path / "runs")
+    up = tflaunch("up", str(cluster), "--detach", timeout=120)
+    assert up.returncode == 0, up.stderr
+    run_id = up.stdout.strip().splitlines()[-1]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(processes_mentioning(str(tmp_path))) < 4:
+        time.sleep(0.2)  # three tasks and at least one daemon
+    down = tflaunch("down", run_id, "--runs-dir", runs)
+    assert down.returncode == 0, down.stderr
+    assert wait_until_gone(str(tmp_path), timeout=10) == []

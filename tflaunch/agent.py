@@ -70,8 +70,17 @@ class TaskProcess:
 class Agent:
     """Runs the tasks of one host of a plan."""
 
-    def __init__(self, plan: Plan, host: str, run_dir: str | os.PathLike, emit: Emit):
+    def __init__(
+        self,
+        plan: Plan,
+        host: str,
+        run_dir: str | os.PathLike,
+        emit: Emit,
+        reap_strays: bool = False,
+    ):
         self.plan, self.host, self.run_dir = plan, host, Path(run_dir)
+        # With the agent a subreaper, what escaped a task's group is below the agent: kill it.
+        self.reap_strays = reap_strays
         self.tasks = plan.tasks_on(host)
         self.emit = emit
         self.running: dict[str, TaskProcess] = {}
@@ -146,6 +155,7 @@ class Agent:
     def _start(self, task: Task) -> None:
         env = dict(os.environ)
         env.update(task.env)
+        env[procs.RUN_MARKER] = str(self.run_dir.resolve())
         log = open(self.run_dir / task.log_name, "ab")  # noqa: SIM115 - closed by TaskProcess
         proc = procs.spawn(task.argv, env, task.workdir)
         self.running[task.name] = TaskProcess(task, proc, log, self.emit)
@@ -209,6 +219,9 @@ class Agent:
             thread.join(self.grace + 10)
         for task in self.running.values():
             task.done.wait(timeout=5)
+        strays = procs.kill_descendants() if self.reap_strays else 0
+        if strays:
+            self.emit({"event": "strays_killed", "count": strays})
 
 
 class LineEmitter:
@@ -318,7 +331,7 @@ def serve(
     stop it as a ``stop`` command does. Returns the agent's exit code."""
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     emitter = LineEmitter(events, host)
-    agent = Agent(plan, host, run_dir, emitter)
+    agent = Agent(plan, host, run_dir, emitter, reap_strays=procs.become_subreaper())
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, _frame: agent.stop(f"signal {signum}"))
     if heartbeat_timeout is None:

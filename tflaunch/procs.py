@@ -7,6 +7,7 @@ Teardown is SIGTERM to the group, a bounded grace period, then SIGKILL — alway
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -15,7 +16,11 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 
+import psutil
+
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+RUN_MARKER = "TFLAUNCH_RUN_DIR"  # in every task's environment, inherited by all it starts
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -48,6 +53,43 @@ def spawn(
         text=text,
         bufsize=1 if text else -1,
     )
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants of this process its children instead of init's (Linux), so a
+    task's grandchild that left its process group with ``setsid`` stays within reach."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def kill_descendants(timeout: float = 5.0) -> int:
+    """SIGKILL every process below this one (strays that escaped their task's group) and reap
+    them; returns how many there were. Call it once the tasks' own teardown is done."""
+    try:
+        strays = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return 0
+    for proc in strays:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(strays, timeout=timeout)  # reaps those that are our children
+    return len(strays)
+
+
+def kill_marked(marker: str, value: str) -> int:
+    """SIGKILL the processes of this machine whose environment has ``marker=value`` (what a
+    crashed agent's tasks and their escaped descendants carry); returns how many."""
+    killed = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.pid != os.getpid() and proc.environ().get(marker) == value:
+                proc.kill()
+                killed.append(proc)
+    psutil.wait_procs(killed, timeout=5)
+    return len(killed)
 
 
 def group_alive(pgid: int) -> bool:

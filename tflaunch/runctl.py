@@ -122,7 +122,8 @@ def kill_leftover_tasks(run: Run) -> int:
             continue
         if procs.signal_group(event["pid"], signal.SIGKILL):
             killed += 1
-    return killed
+    # What escaped its task's group (a setsid daemon) still carries the run's marker.
+    return killed + procs.kill_marked(procs.RUN_MARKER, str(run.dir.resolve()))
 
 
 def task_states(run: Run) -> dict[str, dict[str, Any]]:

@@ -3,7 +3,8 @@
 Reads its role from TF_CONFIG like a real task. A PS listens on its port (after PS_DELAY seconds)
 and serves forever. A worker checks that every PS accepts connections, prints what it sees, runs
 WORK_SECONDS (worker i: WORK_SECONDS + i * WORK_STEP), and exits with FAIL_CODE if its index is
-FAIL_INDEX. SPAWN_CHILD=1 makes every task start a long-sleeping child of its own.
+FAIL_INDEX. SPAWN_CHILD=1 makes every task start a long-sleeping child of its own; SPAWN_DAEMON=1 a
+child in a session of its own that ignores SIGTERM (what escapes a process-group teardown).
 """
 
 import json
@@ -19,6 +20,13 @@ print(f"{job}:{index} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES
 if os.environ.get("SPAWN_CHILD") == "1":
     child = subprocess.Popen(["sleep", "1000"])
     print(f"child pid {child.pid}", flush=True)
+if os.environ.get("SPAWN_DAEMON") == "1":  # leaves the task's group and ignores SIGTERM
+    ignore_term = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(1000)"
+    )
+    marker = os.environ.get("TEST_MARKER", "")
+    daemon = subprocess.Popen([sys.executable, "-c", ignore_term, marker], start_new_session=True)
+    print(f"daemon pid {daemon.pid}", flush=True)
 
 if job == "ps":
     time.sleep(float(os.environ.get("PS_DELAY", "0")))
