@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.golden import assert_golden
 from tflaunch.cli import cli
 from tflaunch.config import parse_config
 from tflaunch.errors import PlanError
@@ -22,11 +22,7 @@ RENDER_TASK = {"chief_evaluator": "chief:0"}
 
 
 def check_golden(path: Path, text: str) -> None:
-    text = text.replace(str(GOLDEN), "<golden>")
-    if os.environ.get("UPDATE_GOLDEN"):
-        path.write_text(text)
-    assert path.exists(), f"{path} missing: run with UPDATE_GOLDEN=1 and review the diff"
-    assert text == path.read_text()
+    assert_golden(path, text.replace(str(GOLDEN), "<golden>"))
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -6,8 +6,6 @@ tests/test_slurm_script.py`` and review the diff.
 
 from __future__ import annotations
 
-import difflib
-import os
 import shlex
 import shutil
 import subprocess
@@ -16,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.golden import assert_golden
 from tests.helpers import mnist_argv, tflaunch
 from tflaunch.config import parse_config
 from tflaunch.errors import ConfigError, PlanError
@@ -99,17 +98,7 @@ CASES = {
 def test_render_matches_golden(case) -> None:
     run_dir = f"/scratch/{NASTY}/runs 100%/mnist-1" if case == "nasty" else inputs().run_dir
     text = render_sbatch(CASES[case], layout(CASES[case]), inputs(run_dir))
-    path = GOLDEN / f"{case}.sbatch"
-    if os.environ.get("UPDATE_GOLDEN"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    expected = path.read_text()
-    diff = "".join(
-        difflib.unified_diff(
-            expected.splitlines(True), text.splitlines(True), str(path), "rendered"
-        )
-    )
-    assert text == expected, f"rendered script differs from {path}:\n{diff}"
+    assert_golden(GOLDEN / f"{case}.sbatch", text)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
