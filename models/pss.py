@@ -188,7 +188,9 @@ class Trainer:
                         tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
                     )
                 grads = tape.gradient(loss, self.model.weights)
-                for weight, velocity, grad in zip(self.model.weights, self.velocity, grads):
+                for weight, velocity, grad in zip(
+                    self.model.weights, self.velocity, grads, strict=True
+                ):
                     velocity.assign(0.9 * velocity + grad)
                     weight.assign_sub(args.learning_rate * velocity)
                 self.global_step.assign_add(1)
