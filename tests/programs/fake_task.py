@@ -3,7 +3,8 @@
 Reads its role from TF_CONFIG like a real task. A PS listens on its port (after PS_DELAY seconds)
 and serves forever. A worker checks that every PS accepts connections, prints what it sees, runs
 WORK_SECONDS (worker i: WORK_SECONDS + i * WORK_STEP), and exits with FAIL_CODE if its index is
-FAIL_INDEX. SPAWN_CHILD=1 makes every task start a long-sleeping child of its own.
+FAIL_INDEX (only in its first FAIL_RUNS runs, counted by $TFLAUNCH_TASK_RESTARTS, when set).
+SPAWN_CHILD=1 makes every task start a long-sleeping child of its own.
 """
 
 import json
@@ -45,7 +46,9 @@ time.sleep(
     float(os.environ.get("WORK_SECONDS", "1")) + index * float(os.environ.get("WORK_STEP", "0"))
 )
 print("done", flush=True)
-if str(index) == os.environ.get("FAIL_INDEX") and job == "worker":
+restarts = int(os.environ.get("TFLAUNCH_TASK_RESTARTS", "0"))
+failing = str(index) == os.environ.get("FAIL_INDEX") and job == "worker"
+if failing and restarts < int(os.environ.get("FAIL_RUNS", "1000000")):
     sys.exit(int(os.environ.get("FAIL_CODE", "3")))
 if job == "worker" and os.environ.get("HANG_INDEX") == str(index):
     time.sleep(1000)
