@@ -3,7 +3,7 @@
 Reads its role from TF_CONFIG like a real task. A PS listens on its port (after PS_DELAY seconds)
 and serves forever. A worker checks that every PS accepts connections, prints what it sees, runs
 WORK_SECONDS (worker i: WORK_SECONDS + i * WORK_STEP), and exits with FAIL_CODE if its index is
-FAIL_INDEX (only in its first FAIL_RUNS runs, counted by $TFLAUNCH_TASK_RESTARTS, when set).
+FAIL_INDEX (only in its first FAIL_RUNS runs, counted by $TFLAUNCH_TASK_RESTARTS and $TFLAUNCH_CLUSTER_RESTARTS).
 SPAWN_CHILD=1 makes every task start a long-sleeping child of its own.
 """
 
@@ -46,7 +46,7 @@ time.sleep(
     float(os.environ.get("WORK_SECONDS", "1")) + index * float(os.environ.get("WORK_STEP", "0"))
 )
 print("done", flush=True)
-restarts = int(os.environ.get("TFLAUNCH_TASK_RESTARTS", "0"))
+restarts = sum(int(os.environ.get(f"TFLAUNCH_{k}_RESTARTS", "0")) for k in ("TASK", "CLUSTER"))
 failing = str(index) == os.environ.get("FAIL_INDEX") and job == "worker"
 if failing and restarts < int(os.environ.get("FAIL_RUNS", "1000000")):
     sys.exit(int(os.environ.get("FAIL_CODE", "3")))
