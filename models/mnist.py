@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -704,6 +705,8 @@ def run_evaluator(
 
 def main(argv: Sequence[str] | None = None) -> int:
     name = "mnist"
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):  # Slurm's --signal, passed on by tflaunch:
+        signal.signal(sig, signal.SIG_IGN)  # the chief checkpoints every --checkpoint_steps
     try:
         args = parse_args(argv)
         info = resolve_cluster(args, os.environ)

@@ -7,7 +7,8 @@ Every task runs this same program and reads its role from ``TF_CONFIG`` (which t
   they never exit by themselves (run the cluster with ``supervision.success: chief``).
 * the ``chief`` creates the model's variables on the PS, schedules training steps on the workers
   through the ``ClusterCoordinator`` until the global step reaches ``--train_steps``, saves a
-  checkpoint every ``--checkpoint_steps`` global steps and at the end, evaluates the final model
+  checkpoint every ``--checkpoint_steps`` global steps, at the end and on SIGUSR1/SIGUSR2 (Slurm's
+  ``--signal`` ahead of the time limit), evaluates the final model
   on the test set (``test accuracy: X``) and exits 0.
 
 Failures, as TensorFlow's ParameterServerStrategy handles them:
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -110,6 +112,8 @@ def resolve() -> tf.distribute.cluster_resolver.ClusterResolver:
 
 
 def serve(resolver: tf.distribute.cluster_resolver.ClusterResolver, threads: int) -> int:
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):  # the chief's cue to checkpoint, not ours
+        signal.signal(sig, signal.SIG_IGN)
     # A remote step blocks inter-op threads on reads from the PS: one thread would deadlock.
     config = tf.compat.v1.ConfigProto(
         intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads + 3
@@ -205,6 +209,9 @@ class Trainer:
         args = self.args
         step = int(self.global_step.numpy())
         saved = step
+        warned = []  # SIGUSR1/2 (Slurm's --signal ahead of the time limit): checkpoint now
+        for sig in (signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, lambda signum, _frame: warned.append(signum))
         while step < args.train_steps:
             todo = min(args.steps_per_round, args.train_steps - step)
             losses = [
@@ -215,6 +222,9 @@ class Trainer:
             step = int(self.global_step.numpy())
             loss = float(np.mean([value.fetch() for value in losses]))
             print(f"global step {step}: loss {loss:.4f}", flush=True)
+            if warned and manager:
+                print(f"chief: got signal {warned.pop()}: checkpointing now", flush=True)
+                saved = -args.checkpoint_steps
             if manager and (step - saved >= args.checkpoint_steps or step >= args.train_steps):
                 path = manager.save(checkpoint_number=step)
                 saved = step

@@ -4,6 +4,7 @@ tasks without TensorFlow, so these are fast)."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 from tests.helpers import (
@@ -158,4 +159,22 @@ def test_silent_worker_is_reported_stalled_within_timeout_plus_5s(tmp_path):
         )
     finally:
         proc.kill()
+    assert wait_until_gone(str(cluster.parent)) == []
+
+
+def test_sigusr1_to_the_launcher_is_passed_on_to_every_task_and_stops_nothing(tmp_path):
+    cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "4"})
+    proc = start_tflaunch("up", str(cluster))
+    try:
+        read_until(proc.stdout, "[worker:1] all ps reachable", timeout=30)
+        proc.send_signal(signal.SIGUSR1)
+        seen = read_until(proc.stdout, "succeeded", timeout=30)
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    finally:
+        proc.kill()
+    for task in ("ps:0", "worker:0", "worker:1"):
+        assert f"[{task}]".ljust(10) + " got SIGUSR1" in seen
+    assert [e["signal"] for e in events(tmp_path) if e["event"] == "signal_passed_on"] == [
+        "SIGUSR1"
+    ]
     assert wait_until_gone(str(cluster.parent)) == []

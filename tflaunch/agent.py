@@ -4,8 +4,8 @@ It starts the node's PS first, waits until every PS port of the whole cluster ac
 connections (readiness, never a fixed sleep), then starts the node's chief, workers and evaluator.
 Each task's output is teed raw to its log file and reported upstream line by line. Upstream is a
 stream of JSON lines: events out (``started``, ``ready``, ``output``, ``exited``, ``error``, ...),
-commands in (``stop``, ``ping``, ``restart``, ``stop_tasks``, ``start_tasks``). Told to stop,
-signalled, or losing its launcher (input closed, or no heartbeat within the timeout), it tears every
+commands in (``stop``, ``ping``, ``restart``, ``stop_tasks``, ``start_tasks``, ``pass_on``). Told to
+stop, signalled, or losing its launcher (input closed, or no heartbeat within the timeout), it tears every
 task down: SIGTERM to the task's process group, the grace period, then SIGKILL.
 
 Restarts are the coordinator's decision; the agent carries them out. ``restart`` starts one exited
@@ -15,7 +15,8 @@ task again in place (same argv, TF_CONFIG, port and GPUs; ``$TFLAUNCH_TASK_RESTA
 (``$TFLAUNCH_CLUSTER_RESTARTS`` counts). With any restart policy on, the agent stays up after its
 tasks ended, until told to stop. With ``supervision.stall_timeout``, a watched task (the chief and
 workers; only the chief with ``success: chief``) that shows no progress that long is stopped and
-its exit reported as ``stalled``.
+its exit reported as ``stalled``. SIGUSR1/SIGUSR2 (Slurm's ``--signal`` ahead of the time limit),
+received or sent as ``pass_on``, go to every task's process group; nothing is stopped.
 
 Run as ``python -m tflaunch.agent --plan plan.json --host NAME --run-dir DIR``.
 """
@@ -151,6 +152,20 @@ class Agent:
             if sampler:
                 sampler.stop()  # after the teardown: the last sample holds all the traffic
             self.emit({"event": "agent_exit", "reason": self.stop_reason})
+
+    def pass_on(self, signum: int) -> None:
+        """Send ``signum`` (SIGUSR1/2: Slurm's warning ahead of the time limit) to every live
+        task's process group, so the chief can checkpoint; nothing is stopped."""
+        live = [t for t in list(self.running.values()) if not t.done.is_set()]
+        for task in live:
+            procs.signal_group(task.proc.pid, signum)
+        self.emit(
+            {
+                "event": "signal_passed_on",
+                "signal": signal.Signals(signum).name,
+                "tasks": [t.task.name for t in live],
+            }
+        )
 
     def _start_all(self) -> bool:
         """PS first, then (once every PS of the cluster accepts connections) the others."""
@@ -400,6 +415,8 @@ def listen(agent: Agent, stream: IO[str], heartbeat_timeout: float) -> None:
                 agent.stop(reason if isinstance(reason, str) else "stopped by the launcher")
             elif command["cmd"] in ("restart", "stop_tasks", "start_tasks"):
                 agent.commands.put(command)
+            elif command["cmd"] == "pass_on" and command.get("signal") in ("SIGUSR1", "SIGUSR2"):
+                agent.pass_on(signal.Signals[command["signal"]])
     except (OSError, ValueError):
         pass  # the stream broke: as closed
     agent.stop("the launcher's stream closed")
@@ -421,6 +438,8 @@ def serve(
     agent = Agent(plan, host, run_dir, emitter)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, _frame: agent.stop(f"signal {signum}"))
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda signum, _frame: agent.pass_on(signum))
     if heartbeat_timeout is None:
         heartbeat_timeout = plan.supervision.heartbeat_timeout
     threading.Thread(target=listen, args=(agent, commands, heartbeat_timeout), daemon=True).start()

@@ -245,6 +245,11 @@ class SlurmSection:
     output: str | None = field(None, doc="sbatch --output path")
     error: str | None = field(None, doc="sbatch --error path")
     python: str = field("python3", doc="Python interpreter on the nodes")
+    signal: str | None = field(
+        None,
+        doc="USR1@SECONDS or USR2@SECONDS: Slurm signals the agents that long before the time "
+        "limit (sbatch --signal) and they pass it on to every task, so the chief can checkpoint",
+    )
 
 
 @dataclass(frozen=True)
@@ -399,6 +404,12 @@ def _check(config: ClusterConfig, positions: Mapping[tuple, int]) -> None:
             ("roles", "evaluator"),
             "an evaluator needs a chief (set roles.chief: 1): "
             "TF_CONFIG's evaluator watches the checkpoints the chief writes",
+        )
+    if config.slurm.signal and not re.fullmatch(r"USR[12]@\d+", config.slurm.signal):
+        fail(
+            ("slurm", "signal"),
+            f"{config.slurm.signal!r} is not USR1@SECONDS or USR2@SECONDS (e.g. USR1@120); "
+            "the agents pass only those on to the tasks",
         )
     pattern = config.supervision.step_pattern
     try:

@@ -55,6 +55,7 @@ _EVENTS_KEPT = {
     "finished",
     "stalled",
     "tasks_stopped",
+    "signal_passed_on",
 }
 
 
@@ -103,6 +104,7 @@ class Coordinator:
         self._events_file = run.events_path.open("a")
         self._samples = SampleLog(run.dir)  # resource samples: samples-<host>.jsonl, not events
         self._signal: int | None = None
+        self._passed_on: list[int] = []  # SIGUSR1/2 received, to pass on to every agent's tasks
         sup = plan.supervision
         self.heartbeat = sup.heartbeat
         self.finish_timeout = sup.finish_timeout
@@ -142,6 +144,10 @@ class Coordinator:
         return self.outcome
 
     def _check_clock(self) -> None:
+        while self._passed_on:
+            name = signal.Signals(self._passed_on.pop(0)).name
+            for link in self.links:
+                link.send({"cmd": "pass_on", "signal": name})
         now = time.monotonic()
         due = [item for item in self.scheduled if item[0] <= now]
         if due and self.outcome is None and self._signal is None:
@@ -426,6 +432,8 @@ class Coordinator:
         previous = {}
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             previous[sig] = signal.signal(sig, self._on_signal)
+        for sig in (signal.SIGUSR1, signal.SIGUSR2):  # Slurm's --signal: pass on, stop nothing
+            previous[sig] = signal.signal(sig, lambda signum, _f: self._passed_on.append(signum))
         return previous
 
     def _on_signal(self, signum: int, _frame: Any) -> None:

@@ -3,17 +3,20 @@
 Reads its role from TF_CONFIG like a real task. A PS listens on its port (after PS_DELAY seconds)
 and serves forever. A worker checks that every PS accepts connections, prints what it sees, runs
 WORK_SECONDS (worker i: WORK_SECONDS + i * WORK_STEP), and exits with FAIL_CODE if its index is
-FAIL_INDEX (only in its first FAIL_RUNS runs, counted by $TFLAUNCH_TASK_RESTARTS and $TFLAUNCH_CLUSTER_RESTARTS).
-SPAWN_CHILD=1 makes every task start a long-sleeping child of its own.
+FAIL_INDEX (only in its first FAIL_RUNS runs, counted by $TFLAUNCH_TASK_RESTARTS and
+$TFLAUNCH_CLUSTER_RESTARTS).
+SIGUSR1 prints 'got SIGUSR1'. SPAWN_CHILD=1 makes every task start a long-sleeping child of its own.
 """
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 
+signal.signal(signal.SIGUSR1, lambda *_: print("got SIGUSR1", flush=True))
 config = json.loads(os.environ["TF_CONFIG"])
 job, index = config["task"]["type"], config["task"]["index"]
 print(f"{job}:{index} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}", flush=True)
