@@ -290,7 +290,9 @@ def test_status_shows_live_cpu_rss_and_uptime_then_watch_ends_with_the_run(tmp_p
         status = tflaunch("status", run_id, "--run-dir", runs)
         lines = status.stdout.splitlines()
         header = next(line for line in lines if line.startswith("TASK"))
-        assert header.split() == ["TASK", "HOST", "STATE", "PID", "CPU%", "RSS", "UPTIME", "EXIT"]
+        assert header.split() == [
+            *("TASK", "HOST", "STATE", "PID", "CPU%", "RSS", "UPTIME", "EXIT", "RESTARTS")
+        ]
         rows = {
             line.split()[0]: line.split() for line in lines if line.startswith(("ps:", "worker:"))
         }

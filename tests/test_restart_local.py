@@ -59,6 +59,9 @@ def test_on_failure_restarts_the_worker_in_place_and_the_run_succeeds(tmp_path):
     # the same port, TF_CONFIG and log: the restarted run appended to worker-1.log
     (run,) = (tmp_path / "runs").iterdir()
     assert (run / "worker-1.log").read_text().count("all ps reachable at start: True") == 2
+    status = tflaunch("status", run.name, "--run-dir", str(tmp_path / "runs"))
+    (row,) = [line for line in status.stdout.splitlines() if line.startswith("worker:1")]
+    assert row.endswith("1 (last: 3)")
     assert wait_until_gone(str(cluster.parent)) == []
 
 
