@@ -348,8 +348,8 @@ def test_status_of_a_task_elsewhere_comes_from_the_latest_sample(tmp_path):
         for line in status.stdout.splitlines()
         if line.startswith(("ps:", "worker:"))
     }
-    assert rows["ps:0"][2:] == ["ready", "1", "12.5", "300.0", "MiB", "1m15s", "-"]
-    assert rows["worker:0"][2:] == ["exited", "1", "-", "-", "-", "0"]
+    assert rows["ps:0"][2:] == ["ready", "1", "12.5", "300.0", "MiB", "1m15s", "-", "-"]
+    assert rows["worker:0"][2:] == ["exited", "1", "-", "-", "-", "0", "-"]
 
 
 @pytest.mark.slow
