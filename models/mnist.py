@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -142,6 +143,15 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=1)
     train.add_argument("--log_every", type=_positive_int, default=20, help="local steps")
     train.add_argument("--variable_placement", choices=PLACEMENTS, default="round_robin")
+    train.add_argument(
+        "--checkpoint_dir",
+        default=os.environ.get("TFLAUNCH_CHECKPOINT_DIR") or None,
+        help="the chief saves here and a restarted cluster resumes from it "
+        "(default $TFLAUNCH_CHECKPOINT_DIR; unset: no checkpoints)",
+    )
+    train.add_argument(
+        "--checkpoint_steps", type=_positive_int, default=100, help="global steps between saves"
+    )
     runtime = parser.add_argument_group("runtime")
     runtime.add_argument("--intra_op_threads", type=_positive_int, default=1, help="per process")
     runtime.add_argument("--inter_op_threads", type=_positive_int, default=2, help="per process")
@@ -516,15 +526,42 @@ def train_loop(
     return (steps - 1) / max(last_done - first_done, 1e-9)
 
 
+def checkpoint_scaffold(h: Handles) -> v1.train.Scaffold:
+    """Checkpoint the model and the global step, not ``workers_done``: a cluster restarted from a
+    checkpoint counts its finished tasks afresh. The first session to come up sets it to 0."""
+    with h.graph.as_default():
+        saved = [v for v in v1.global_variables() if v is not h.workers_done]
+        init_done = tf.cond(
+            v1.is_variable_initialized(h.workers_done),
+            tf.no_op,
+            lambda: v1.variables_initializer([h.workers_done]),
+        )
+        return v1.train.Scaffold(
+            saver=v1.train.Saver(saved, max_to_keep=3),
+            ready_for_local_init_op=v1.report_uninitialized_variables(saved),
+            local_init_op=tf.group(v1.local_variables_initializer(), init_done),
+        )
+
+
 def open_training_session(
     info: ClusterInfo, args: argparse.Namespace, h: Handles, target: str, config: v1.ConfigProto
 ) -> v1.train.MonitoredSession:
-    """MonitoredTrainingSession stopping at --train_steps; no checkpoints or summaries."""
+    """MonitoredTrainingSession stopping at --train_steps. With --checkpoint_dir the chief
+    restores the latest checkpoint there (a restarted cluster resumes at its global step) and
+    saves every --checkpoint_steps; no summaries."""
+    checkpointing = {}
+    if args.checkpoint_dir:
+        checkpointing = {
+            "checkpoint_dir": args.checkpoint_dir,
+            "save_checkpoint_steps": args.checkpoint_steps,
+            "scaffold": checkpoint_scaffold(h),
+        }
     sess = v1.train.MonitoredTrainingSession(
         master=target,
         is_chief=info.is_chief,
         hooks=[v1.train.StopAtStepHook(last_step=args.train_steps)],
         config=config,
+        **checkpointing,
         save_checkpoint_secs=None,
         save_summaries_steps=None,
         save_summaries_secs=None,
@@ -668,6 +705,8 @@ def run_evaluator(
 
 def main(argv: Sequence[str] | None = None) -> int:
     name = "mnist"
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):  # Slurm's --signal, passed on by tflaunch:
+        signal.signal(sig, signal.SIG_IGN)  # the chief checkpoints every --checkpoint_steps
     try:
         args = parse_args(argv)
         info = resolve_cluster(args, os.environ)

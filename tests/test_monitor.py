@@ -290,7 +290,9 @@ def test_status_shows_live_cpu_rss_and_uptime_then_watch_ends_with_the_run(tmp_p
         status = tflaunch("status", run_id, "--run-dir", runs)
         lines = status.stdout.splitlines()
         header = next(line for line in lines if line.startswith("TASK"))
-        assert header.split() == ["TASK", "HOST", "STATE", "PID", "CPU%", "RSS", "UPTIME", "EXIT"]
+        assert header.split() == [
+            *("TASK", "HOST", "STATE", "PID", "CPU%", "RSS", "UPTIME", "EXIT", "RESTARTS")
+        ]
         rows = {
             line.split()[0]: line.split() for line in lines if line.startswith(("ps:", "worker:"))
         }
@@ -346,8 +348,8 @@ def test_status_of_a_task_elsewhere_comes_from_the_latest_sample(tmp_path):
         for line in status.stdout.splitlines()
         if line.startswith(("ps:", "worker:"))
     }
-    assert rows["ps:0"][2:] == ["ready", "1", "12.5", "300.0", "MiB", "1m15s", "-"]
-    assert rows["worker:0"][2:] == ["exited", "1", "-", "-", "-", "0"]
+    assert rows["ps:0"][2:] == ["ready", "1", "12.5", "300.0", "MiB", "1m15s", "-", "-"]
+    assert rows["worker:0"][2:] == ["exited", "1", "-", "-", "-", "0", "-"]
 
 
 @pytest.mark.slow

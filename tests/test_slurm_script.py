@@ -331,3 +331,13 @@ def test_hosts_section_is_refused_for_slurm(tmp_path) -> None:
     result = tflaunch("validate", str(path))
     assert result.returncode == 2
     assert "takes its nodes from the allocation" in result.stderr
+
+
+def test_signal_ahead_of_the_time_limit_is_a_directive_of_the_job() -> None:
+    cfg = config(slurm={"time": "00:10:00", "signal": "USR1@90"})
+    assert "#SBATCH --signal=USR1@90" in render_sbatch(cfg, layout(cfg), inputs()).splitlines()
+
+
+def test_signal_other_than_usr1_or_usr2_is_bad_input() -> None:
+    with pytest.raises(ConfigError, match="slurm.signal: 'TERM@60' is not USR1@SECONDS"):
+        config(slurm={"signal": "TERM@60"})

@@ -4,9 +4,19 @@ It starts the node's PS first, waits until every PS port of the whole cluster ac
 connections (readiness, never a fixed sleep), then starts the node's chief, workers and evaluator.
 Each task's output is teed raw to its log file and reported upstream line by line. Upstream is a
 stream of JSON lines: events out (``started``, ``ready``, ``output``, ``exited``, ``error``, ...),
-commands in (``stop``, ``ping``). Told to stop, signalled, or losing its launcher (input closed,
-or no heartbeat within the timeout), it tears every task down: SIGTERM to the task's process group,
-the grace period, then SIGKILL.
+commands in (``stop``, ``ping``, ``restart``, ``stop_tasks``, ``start_tasks``, ``pass_on``). Told to
+stop, signalled, or losing its launcher (input closed, or no heartbeat within the timeout), it tears every
+task down: SIGTERM to the task's process group, the grace period, then SIGKILL.
+
+Restarts are the coordinator's decision; the agent carries them out. ``restart`` starts one exited
+task again in place (same argv, TF_CONFIG, port and GPUs; ``$TFLAUNCH_TASK_RESTARTS`` counts);
+``stop_tasks`` stops every task of the node (``tasks_stopped`` when all are gone) and
+``start_tasks`` starts them again in the usual order, for a whole-cluster restart
+(``$TFLAUNCH_CLUSTER_RESTARTS`` counts). With any restart policy on, the agent stays up after its
+tasks ended, until told to stop. With ``supervision.stall_timeout``, a watched task (the chief and
+workers; only the chief with ``success: chief``) that shows no progress that long is stopped and
+its exit reported as ``stalled``. SIGUSR1/SIGUSR2 (Slurm's ``--signal`` ahead of the time limit),
+received or sent as ``pass_on``, go to every task's process group; nothing is stopped.
 
 Run as ``python -m tflaunch.agent --plan plan.json --host NAME --run-dir DIR``.
 """
@@ -31,6 +41,8 @@ from tflaunch import procs
 from tflaunch.link import read_lines
 from tflaunch.monitor import Sampler
 from tflaunch.plan import Plan, Task
+from tflaunch.restart import STALLED
+from tflaunch.stall import StallWatch
 
 Emit = Callable[[dict[str, Any]], None]
 START_ORDER = (("ps",), ("chief", "worker", "evaluator"))
@@ -40,9 +52,18 @@ MAX_COMMAND = 64 * 1024  # characters of one command line
 class TaskProcess:
     """One running task: its process group, the thread copying its output, its exit."""
 
-    def __init__(self, task: Task, proc: subprocess.Popen, log: IO[bytes], emit: Emit):
+    def __init__(
+        self,
+        task: Task,
+        proc: subprocess.Popen,
+        log: IO[bytes],
+        emit: Emit,
+        on_output: Callable[[str, str], None] | None = None,
+    ):
         self.task, self.proc, self.log, self.emit = task, proc, log, emit
+        self.on_output = on_output
         self.returncode: int | None = None
+        self.stop_reason: str | None = None  # set when the agent stops it (teardown, stall)
         self.done = threading.Event()
         self._reader = threading.Thread(target=self._copy_output, daemon=True)
         self._reader.start()
@@ -54,6 +75,8 @@ class TaskProcess:
             self.log.write(raw)
             self.log.flush()
             line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            if self.on_output:
+                self.on_output(self.task.name, line)
             self.emit({"event": "output", "task": self.task.name, "line": line})
 
     def _wait(self) -> None:
@@ -63,8 +86,18 @@ class TaskProcess:
         self._reader.join(timeout=2)
         self.log.close()
         self.returncode = procs.exit_code(returncode)
-        self.emit({"event": "exited", "task": self.task.name, "code": self.returncode})
+        event = {"event": "exited", "task": self.task.name, "code": self.returncode}
+        if self.stop_reason:
+            event["stopped_by"] = self.stop_reason
+        self.emit(event)
         self.done.set()
+
+    def stop(self, reason: str, grace: float) -> threading.Thread:
+        """Stop the task's group (SIGTERM, ``grace``, SIGKILL) from a thread of its own."""
+        self.stop_reason = self.stop_reason or reason
+        thread = threading.Thread(target=procs.terminate_group, args=(self.proc, grace))
+        thread.start()
+        return thread
 
 
 class Agent:
@@ -86,7 +119,15 @@ class Agent:
         self.running: dict[str, TaskProcess] = {}
         self.stopping = threading.Event()
         self.stop_reason = ""
-        self.grace = plan.supervision.grace_period
+        sup = plan.supervision
+        self.grace = sup.grace_period
+        self.commands: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.restarts: dict[str, int] = {}
+        self.generation = 0  # whole-cluster restarts so far
+        self.stays_up = sup.restart.enabled
+        self.watched = ("chief",) if sup.success == "chief" else ("chief", "worker")
+        self.stall = StallWatch(sup.stall_timeout, sup.step_pattern)
+        self._stall_lock = threading.Lock()
 
     def stop(self, reason: str) -> None:
         if not self.stopping.is_set():
@@ -104,15 +145,14 @@ class Agent:
             if problem:
                 self.emit({"event": "error", "code": 2, "message": problem})
                 return 2
-            for jobs in START_ORDER:
-                if jobs != START_ORDER[0] and not self._wait_for_ps():
-                    return 1
-                for task in self.tasks:
-                    if task.job in jobs and not self.stopping.is_set():
-                        self._start(task)
+            if not self._start_all():
+                return 1
             self.emit({"event": "host_started"})
             while not self.stopping.is_set():
-                if all(t.done.is_set() for t in self.running.values()):
+                if not self._obey():
+                    return 1
+                self._check_stalls()
+                if not self.stays_up and all(t.done.is_set() for t in self.running.values()):
                     break
                 self.stopping.wait(0.1)
             return 0
@@ -121,6 +161,75 @@ class Agent:
             if sampler:
                 sampler.stop()  # after the teardown: the last sample holds all the traffic
             self.emit({"event": "agent_exit", "reason": self.stop_reason})
+
+    def pass_on(self, signum: int) -> None:
+        """Send ``signum`` (SIGUSR1/2: Slurm's warning ahead of the time limit) to every live
+        task's process group, so the chief can checkpoint; nothing is stopped."""
+        live = [t for t in list(self.running.values()) if not t.done.is_set()]
+        for task in live:
+            procs.signal_group(task.proc.pid, signum)
+        self.emit(
+            {
+                "event": "signal_passed_on",
+                "signal": signal.Signals(signum).name,
+                "tasks": [t.task.name for t in live],
+            }
+        )
+
+    def _start_all(self) -> bool:
+        """PS first, then (once every PS of the cluster accepts connections) the others."""
+        for jobs in START_ORDER:
+            if jobs != START_ORDER[0] and not self._wait_for_ps():
+                return False
+            for task in self.tasks:
+                if task.job in jobs and not self.stopping.is_set():
+                    self._start(task)
+        return True
+
+    def _obey(self) -> bool:
+        """Carry out the coordinator's restart commands; False when the tasks cannot start."""
+        while not self.stopping.is_set():
+            try:
+                command = self.commands.get_nowait()
+            except queue.Empty:
+                return True
+            cmd = command["cmd"]
+            if cmd == "restart":
+                current = self.running.get(command.get("task", ""))
+                if current is not None and current.done.is_set():
+                    self.restarts[current.task.name] = self.restarts.get(current.task.name, 0) + 1
+                    self._start(current.task)
+            elif cmd == "stop_tasks":
+                self._stop_tasks(str(command.get("reason", "cluster restart")))
+                self.emit({"event": "tasks_stopped"})
+            elif cmd == "start_tasks":
+                self.generation = int(command.get("generation", self.generation + 1))
+                if not self._start_all():
+                    return False
+        return True
+
+    def _stop_tasks(self, reason: str) -> None:
+        threads = [t.stop(reason, self.grace) for t in self.running.values() if not t.done.is_set()]
+        for thread in threads:
+            thread.join(self.grace + 10)
+        for task in self.running.values():
+            task.done.wait(timeout=5)
+            with self._stall_lock:
+                self.stall.forget(task.task.name)
+
+    def _observe(self, task: str, line: str) -> None:
+        with self._stall_lock:
+            self.stall.output(task, line, time.monotonic())
+
+    def _check_stalls(self) -> None:
+        with self._stall_lock:
+            stalled = self.stall.stalled(time.monotonic())
+        for name, what in stalled:
+            current = self.running[name]
+            if current.done.is_set():
+                continue
+            self.emit({"event": "stalled", "task": name, "what": what})
+            current.stop(STALLED, self.grace)
 
     def _task_pids(self) -> dict[str, int]:
         # returncode is set the moment the task is reaped, before its output is drained.
@@ -156,15 +265,23 @@ class Agent:
         env = dict(os.environ)
         env.update(task.env)
         env[procs.RUN_MARKER] = str(self.run_dir.resolve())
+        restarts = self.restarts.get(task.name, 0)
+        env["TFLAUNCH_TASK_RESTARTS"] = str(restarts)
+        env["TFLAUNCH_CLUSTER_RESTARTS"] = str(self.generation)
         log = open(self.run_dir / task.log_name, "ab")  # noqa: SIM115 - closed by TaskProcess
         proc = procs.spawn(task.argv, env, task.workdir)
-        self.running[task.name] = TaskProcess(task, proc, log, self.emit)
+        if task.job in self.watched:
+            with self._stall_lock:
+                self.stall.watch(task.name, time.monotonic())
+        self.running[task.name] = TaskProcess(task, proc, log, self.emit, self._observe)
         self.emit(
             {
                 "event": "started",
                 "task": task.name,
                 "pid": proc.pid,
                 "log": str(self.run_dir / task.log_name),
+                "restarts": restarts,
+                "generation": self.generation,
             }
         )
 
@@ -210,11 +327,7 @@ class Agent:
                     "reason": self.stop_reason,
                 }
             )
-        threads = [
-            threading.Thread(target=procs.terminate_group, args=(t.proc, self.grace)) for t in live
-        ]
-        for thread in threads:
-            thread.start()
+        threads = [t.stop(self.stop_reason or "teardown", self.grace) for t in live]
         for thread in threads:
             thread.join(self.grace + 10)
         for task in self.running.values():
@@ -313,6 +426,10 @@ def listen(agent: Agent, stream: IO[str], heartbeat_timeout: float) -> None:
             if command["cmd"] == "stop":
                 reason = command.get("reason")
                 agent.stop(reason if isinstance(reason, str) else "stopped by the launcher")
+            elif command["cmd"] in ("restart", "stop_tasks", "start_tasks"):
+                agent.commands.put(command)
+            elif command["cmd"] == "pass_on" and command.get("signal") in ("SIGUSR1", "SIGUSR2"):
+                agent.pass_on(signal.Signals[command["signal"]])
     except (OSError, ValueError):
         pass  # the stream broke: as closed
     agent.stop("the launcher's stream closed")
@@ -334,6 +451,8 @@ def serve(
     agent = Agent(plan, host, run_dir, emitter, reap_strays=procs.become_subreaper())
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, _frame: agent.stop(f"signal {signum}"))
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda signum, _frame: agent.pass_on(signum))
     if heartbeat_timeout is None:
         heartbeat_timeout = plan.supervision.heartbeat_timeout
     threading.Thread(target=listen, args=(agent, commands, heartbeat_timeout), daemon=True).start()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,11 +40,17 @@ def _program_entry(raw: Any) -> Any:
 @dataclass(frozen=True)
 class Program:
     """What every task runs. Placeholders in argv: {job_name} {task_index} {ps_hosts}
-    {worker_hosts} {chief_hosts} {num_ps} {num_workers} {host} {port}; write {{ for a brace."""
+    {worker_hosts} {chief_hosts} {num_ps} {num_workers} {host} {port} {checkpoint_dir};
+    write {{ for a brace."""
 
     argv: tuple[str, ...] = field(doc="the command as a list of arguments, e.g. [python, train.py]")
     workdir: str = field(".", doc="directory the tasks run in (relative to the cluster file)")
     env: Mapping[str, str] = field(factory=dict, doc="extra environment variables for every task")
+    checkpoint_dir: str | None = field(
+        None,
+        doc="checkpoint directory: {checkpoint_dir} in argv and $TFLAUNCH_CHECKPOINT_DIR "
+        "(relative to the workdir; default: checkpoints/ in the run directory)",
+    )
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,71 @@ class Ports:
     )
 
 
+def _role_restart_entry(raw: Any) -> Any:
+    """A role's restart policy may be written as the policy alone: ``worker: on-failure``."""
+    return {"policy": raw} if isinstance(raw, str) else raw
+
+
+RestartPolicyName = Literal["never", "on-failure", "exit-code"]
+CLUSTER_SCOPED_JOBS = ("ps", "chief")  # their loss takes the model's state (or its driver) away
+
+
+@dataclass(frozen=True)
+class RoleRestart:
+    """How a failed task of one role is restarted. A task restarted alone keeps its host, port,
+    GPUs and TF_CONFIG; a cluster restart stops every task and starts them all again, and the
+    programs resume from their checkpoints."""
+
+    policy: RestartPolicyName = field(
+        "never",
+        doc="never: a failure ends the run; on-failure: restart on any non-zero exit or stall; "
+        "exit-code: restart only when killed by a signal or exiting 128+N (preemption, OOM "
+        "kill, stall), not on an exit such as 1 (a bug)",
+    )
+    scope: Literal["task", "cluster"] | None = field(
+        None,
+        doc="task: restart the failed task alone; cluster: restart every task from the "
+        "checkpoints (default: cluster for ps and chief, task for worker and evaluator)",
+    )
+    max_restarts: int = field(3, minimum=0, doc="restarts of one task of this role, at most")
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Restart policies per role, and the bounds over the whole run."""
+
+    ps: RoleRestart = field(factory=RoleRestart, doc="PS", coerce=_role_restart_entry)
+    chief: RoleRestart = field(factory=RoleRestart, doc="chief", coerce=_role_restart_entry)
+    worker: RoleRestart = field(factory=RoleRestart, doc="workers", coerce=_role_restart_entry)
+    evaluator: RoleRestart = field(factory=RoleRestart, doc="evaluator", coerce=_role_restart_entry)
+    max_restarts: int = field(
+        10, minimum=0, doc="restarts of single tasks in the run, all tasks together, at most"
+    )
+    max_cluster_restarts: int = field(
+        2, minimum=0, doc="whole-cluster restarts in the run, at most"
+    )
+    backoff: float = field(
+        1.0,
+        minimum=0,
+        doc="seconds before a task's first restart; each further restart of it waits twice as long",
+    )
+    backoff_max: float = field(30.0, minimum=0, doc="the longest wait before a restart")
+
+    def of(self, job: str) -> RoleRestart:
+        return getattr(self, job)
+
+    def scope_of(self, job: str) -> str:
+        """What a restart of ``job`` restarts: its ``scope``, else the role's default."""
+        scope = self.of(job).scope
+        if scope is not None:
+            return scope
+        return "cluster" if job in CLUSTER_SCOPED_JOBS else "task"
+
+    @property
+    def enabled(self) -> bool:
+        return any(self.of(job).policy != "never" for job in JOBS)
+
+
 @dataclass(frozen=True)
 class Supervision:
     """How tasks are watched and stopped."""
@@ -128,6 +200,23 @@ class Supervision:
         doc="an agent that hears nothing from its launcher this long tears its tasks down",
     )
     sample_interval: float = field(1.0, minimum=0, doc="seconds between resource samples (0: off)")
+    success: Literal["workers", "chief"] = field(
+        "workers",
+        doc="workers: the run succeeds when the chief (else worker 0) and every worker exit 0; "
+        "chief: when the chief exits 0 (TF2 ParameterServerStrategy, whose workers serve until "
+        "stopped); the other tasks are then stopped",
+    )
+    restart: Restart = field(factory=Restart, doc="restart policies (default: never restart)")
+    stall_timeout: float = field(
+        0.0,
+        minimum=0,
+        doc="a task that prints nothing this many seconds (or, once it has printed a step, "
+        "whose step stops growing) fails as 'stalled' and is handled by its restart policy (0: off)",
+    )
+    step_pattern: str = field(
+        r"\bstep[ :=]+(\d+)",
+        doc="regular expression finding a step number (its first group) in a task's output line",
+    )
 
 
 @dataclass(frozen=True)
@@ -156,6 +245,11 @@ class SlurmSection:
     output: str | None = field(None, doc="sbatch --output path")
     error: str | None = field(None, doc="sbatch --error path")
     python: str = field("python3", doc="Python interpreter on the nodes")
+    signal: str | None = field(
+        None,
+        doc="USR1@SECONDS or USR2@SECONDS: Slurm signals the agents that long before the time "
+        "limit (sbatch --signal) and they pass it on to every task, so the chief can checkpoint",
+    )
 
 
 @dataclass(frozen=True)
@@ -310,6 +404,22 @@ def _check(config: ClusterConfig, positions: Mapping[tuple, int]) -> None:
             ("roles", "evaluator"),
             "an evaluator needs a chief (set roles.chief: 1): "
             "TF_CONFIG's evaluator watches the checkpoints the chief writes",
+        )
+    if config.slurm.signal and not re.fullmatch(r"USR[12]@\d+", config.slurm.signal):
+        fail(
+            ("slurm", "signal"),
+            f"{config.slurm.signal!r} is not USR1@SECONDS or USR2@SECONDS (e.g. USR1@120); "
+            "the agents pass only those on to the tasks",
+        )
+    pattern = config.supervision.step_pattern
+    try:
+        groups = re.compile(pattern).groups
+    except re.error as err:
+        fail(("supervision", "step_pattern"), f"is not a valid regular expression ({err})")
+    if groups < 1:
+        fail(
+            ("supervision", "step_pattern"),
+            f"{pattern!r} has no group; put the step number in parentheses, e.g. 'step (\\d+)'",
         )
     names = [h.name for h in config.hosts]
     for i, name in enumerate(names):

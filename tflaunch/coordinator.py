@@ -1,13 +1,20 @@
 """The coordinator: the one place that applies the cluster's policy to events from every agent.
 
-- Success: the chief (worker 0 when there is no chief) and every worker exit 0. The PS, which
-  never exit by themselves, are then stopped, and the run exits 0.
-- Failure: any task exiting non-zero, a PS exiting at all, an agent reporting an error, or an
-  agent lost — every task on every node is torn down, one failure report is printed (task, host,
-  exit code, the last lines of its output, its log), and the run exits with that task's code.
+- Success: the chief (worker 0 when there is no chief) and every worker exit 0; with
+  ``supervision.success: chief``, the chief alone (TF2 ParameterServerStrategy workers serve until
+  stopped). The others, PS included, are then stopped, and the run exits 0.
+- Failure: any task exiting non-zero, a PS exiting at all, or a task stalled (no progress for
+  ``supervision.stall_timeout``) goes to its role's restart policy (``tflaunch.restart``): the
+  task is restarted in place by its agent, or every agent stops its tasks and starts them again
+  (a cluster restart; programs resume from their checkpoints), after a backoff and within bounds.
+  Otherwise — and always for an agent reporting an error, an agent lost, or a task its agent
+  stopped on its own (signal, scancel) — every task on every node is torn down, one failure
+  report is printed (task, host, exit code, the restarts so far and why there was none this time,
+  the last lines of its output, its log), and the run exits with that task's code.
 - Workers still running ``finish_timeout`` seconds after the chief finished fail the run too:
   a MonitoredTrainingSession worker that starts after the chief finished can wait forever.
-- SIGINT, SIGTERM or SIGHUP: the same teardown; exit 130, 143 or 129.
+- SIGINT, SIGTERM or SIGHUP (Ctrl-C, ``tflaunch down``): the same teardown, never a restart;
+  exit 130, 143 or 129.
 
 Agents are reached through links (``tflaunch.launchers.base.AgentLink``): a subprocess's pipes, an SSH
 channel or a TCP socket. The protocol is the same JSON lines on all of them.
@@ -29,6 +36,7 @@ from typing import IO, Any
 from tflaunch.link import AgentLink
 from tflaunch.monitor import SampleLog
 from tflaunch.plan import Plan
+from tflaunch.restart import STALLED, Decision, Failure, RestartBook, describe_code
 from tflaunch.run import Outcome, Run
 
 TAIL_LINES = 20
@@ -45,6 +53,9 @@ _EVENTS_KEPT = {
     "link_closed",
     "cluster_ready",
     "finished",
+    "stalled",
+    "tasks_stopped",
+    "signal_passed_on",
 }
 
 
@@ -52,7 +63,7 @@ _EVENTS_KEPT = {
 class TaskState:
     name: str
     host: str
-    state: str = "pending"  # pending, started, ready, exited
+    state: str = "pending"  # pending, started, ready, exited, restarting
     pid: int | None = None
     code: int | None = None
     log: str | None = None
@@ -76,6 +87,14 @@ class Coordinator:
             t.name: TaskState(t.name, t.host, log=str(run.log_path(t.log_name))) for t in plan.tasks
         }
         self.leader = "chief:0" if "chief:0" in self.tasks else "worker:0"
+        self.success = plan.supervision.success
+        self.book = RestartBook(plan.supervision.restart)
+        # Restarts waiting for their backoff: (when, host or None for every agent, command).
+        self.scheduled: list[tuple[float, str | None, dict[str, Any]]] = []
+        self.cluster_phase = ""  # "", or "stopping" while a whole-cluster restart waits
+        self.stopped_hosts: set[str] = set()
+        self.cluster_delay = 0.0
+        self.failed_at: dict[str, float] = {}  # task -> when its last failure was seen
         self.open_links = {link.host for link in self.links}
         self.outcome: Outcome | None = None
         self.leader_done_at: float | None = None
@@ -85,6 +104,7 @@ class Coordinator:
         self._events_file = run.events_path.open("a")
         self._samples = SampleLog(run.dir)  # resource samples: samples-<host>.jsonl, not events
         self._signal: int | None = None
+        self._passed_on: list[int] = []  # SIGUSR1/2 received, to pass on to every agent's tasks
         sup = plan.supervision
         self.heartbeat = sup.heartbeat
         self.finish_timeout = sup.finish_timeout
@@ -124,6 +144,18 @@ class Coordinator:
         return self.outcome
 
     def _check_clock(self) -> None:
+        while self._passed_on:
+            name = signal.Signals(self._passed_on.pop(0)).name
+            for link in self.links:
+                link.send({"cmd": "pass_on", "signal": name})
+        now = time.monotonic()
+        due = [item for item in self.scheduled if item[0] <= now]
+        if due and self.outcome is None and self._signal is None:
+            self.scheduled = [item for item in self.scheduled if item[0] > now]
+            for _, host, command in due:
+                for link in self.links:
+                    if host is None or link.host == host:
+                        link.send(command)
         if self._signal is not None and self.outcome is None:
             name = signal.Signals(self._signal).name
             self.outcome = Outcome(
@@ -165,6 +197,13 @@ class Coordinator:
         if kind == "started" and state:
             state.state, state.pid = "started", event.get("pid")
             state.log = event.get("log", state.log)
+            if state.name in self.failed_at and event.get("restarts", 0) + event.get(
+                "generation", 0
+            ):
+                seconds = time.monotonic() - self.failed_at.pop(state.name)
+                self._record(
+                    {"event": "running_again", "task": state.name, "seconds": round(seconds, 3)}
+                )
             self._check_ready()
         elif kind == "ready" and state:
             state.state = "ready"
@@ -175,7 +214,12 @@ class Coordinator:
                 f"{', '.join(event.get('tasks', []))}"
             )
         elif kind == "exited" and state:
-            self._task_exited(state, int(event.get("code", 1)))
+            self._task_exited(state, int(event.get("code", 1)), event.get("stopped_by"))
+        elif kind == "stalled" and state:
+            self._say(f"{state.name} stalled: {event.get('what')}; stopping it")
+        elif kind == "tasks_stopped":
+            self.stopped_hosts.add(host)
+            self._check_cluster_stopped()
         elif kind == "error" and self.outcome is None:
             self.outcome = self._fail_without_task(
                 f"{host}: {event.get('message')}", int(event.get("code", 1))
@@ -190,29 +234,119 @@ class Coordinator:
                     f"lost the agent on {host} while {', '.join(unfinished)} had not finished", 1
                 )
 
-    def _task_exited(self, state: TaskState, code: int) -> None:
+    def _task_exited(self, state: TaskState, code: int, stopped_by: str | None = None) -> None:
         state.state, state.code = "exited", code
-        if self.outcome is not None:
-            return
-        if state.name.startswith("ps:"):
+        if self.outcome is not None or self.cluster_phase:
+            return  # the run is ending, or every task is being restarted anyway
+        if stopped_by and stopped_by != STALLED:
+            # Its agent stopped it without being asked (signalled, scancel, lost its launcher):
+            # never a reason to restart.
             self.outcome = self._fail_task(
-                state, code or 1, "exited by itself; a PS serves until the launcher stops it"
+                state, code or 1, f"was stopped by its agent ({stopped_by})"
             )
-        elif code != 0:
-            self.outcome = self._fail_task(state, code, f"exited with code {_describe_code(code)}")
+            return
+        cause = STALLED if stopped_by == STALLED else "exited"
+        if state.name.startswith("ps:"):
+            what = (
+                "stalled"
+                if cause == STALLED
+                else f"exited by itself (code {describe_code(code)}); a PS serves until the "
+                "launcher stops it"
+            )
+            self._task_failed(state, Failure(state.name, code, cause), what)
+        elif code != 0 or cause == STALLED:
+            what = (
+                f"stalled and was stopped (exit {describe_code(code)})"
+                if cause == STALLED
+                else f"exited with code {describe_code(code)}"
+            )
+            self._task_failed(state, Failure(state.name, code, cause), what)
         elif self._training_done():
             elapsed = time.monotonic() - self.started_at
-            self.outcome = Outcome(
-                0,
+            message = (
                 f"succeeded: {len(self.tasks)} tasks on "
-                f"{len(self.plan.hosts_with_tasks())} host(s) in {elapsed:.1f} s",
+                f"{len(self.plan.hosts_with_tasks())} host(s) in {elapsed:.1f} s"
             )
+            restarts = self.book.summary()
+            if restarts:
+                message += "; restarts: " + "; ".join(restarts)
+            self.outcome = Outcome(0, message)
         elif state.name == self.leader:
             self.leader_done_at = time.monotonic()
 
     def _training_done(self) -> bool:
+        if self.success == "chief" and "chief:0" in self.tasks:
+            chief = self.tasks["chief:0"]
+            return chief.state == "exited" and chief.code == 0
         trainers = [s for s in self.tasks.values() if s.name.startswith(("worker:", "chief:"))]
         return all(s.state == "exited" and s.code == 0 for s in trainers)
+
+    # ---- restarts --------------------------------------------------------------------------
+
+    def _task_failed(self, state: TaskState, failure: Failure, what: str) -> None:
+        """Apply the task's restart policy to its failure: restart it, the cluster, or fail."""
+        decision = self.book.decide(failure)
+        if decision.action == "fail":
+            self.outcome = self._fail_task(
+                state, failure.code or 1, what, self._not_restarted(failure, decision)
+            )
+            return
+        self.failed_at[state.name] = time.monotonic()
+        role = self.plan.supervision.restart.of(failure.job)
+        entry = {
+            "task": state.name,
+            "cause": failure.cause,
+            "code": failure.code,
+            "restart": decision.count,
+            "delay": decision.delay,
+        }
+        if decision.action == "restart_task":
+            state.state = "restarting"
+            self._record({"event": "restarting", **entry})
+            self._say(
+                f"{state.name} {what}; restarting it in {decision.delay:g} s "
+                f"(restart {decision.count} of at most {role.max_restarts})"
+            )
+            self.scheduled.append(
+                (
+                    time.monotonic() + decision.delay,
+                    state.host,
+                    {"cmd": "restart", "task": state.name},
+                )
+            )
+            return
+        self._record(
+            {"event": "cluster_restarting", **entry, "generation": self.book.cluster_restarts}
+        )
+        self._say(
+            f"{state.name} {what}; restarting the whole cluster from its checkpoints "
+            f"(cluster restart {self.book.cluster_restarts} of at most "
+            f"{self.plan.supervision.restart.max_cluster_restarts})"
+        )
+        for name in self.tasks:
+            self.failed_at.setdefault(name, self.failed_at[state.name])
+        self.scheduled = []
+        self.cluster_phase, self.cluster_delay = "stopping", decision.delay
+        self.stopped_hosts = set()
+        self.leader_done_at = None
+        for link in self.links:
+            link.send({"cmd": "stop_tasks", "reason": "cluster restart"})
+
+    def _check_cluster_stopped(self) -> None:
+        """Once every agent stopped its tasks, start them all again after the backoff."""
+        if self.cluster_phase != "stopping" or self.stopped_hosts < self.open_links:
+            return
+        self.cluster_phase = ""
+        self.ready = False
+        for state in self.tasks.values():
+            state.state, state.code, state.pid = "pending", None, None
+        command = {"cmd": "start_tasks", "generation": self.book.cluster_restarts}
+        self.scheduled.append((time.monotonic() + self.cluster_delay, None, command))
+
+    def _not_restarted(self, failure: Failure, decision: Decision) -> str:
+        if self.plan.supervision.restart.of(failure.job).policy == "never":
+            return ""
+        return f"Not restarted: {decision.reason}. Its failures: {self.book.history(failure.task)}."
 
     def _check_ready(self) -> None:
         if self.ready:
@@ -230,8 +364,13 @@ class Coordinator:
 
     # ---- outcomes ----------------------------------------------------------------------------
 
-    def _fail_task(self, state: TaskState, code: int, what: str) -> Outcome:
+    def _fail_task(self, state: TaskState, code: int, what: str, note: str = "") -> Outcome:
         lines = [f"{state.name} on {state.host} {what}."]
+        if note:
+            lines.append(note)
+        restarts = self.book.summary()
+        if restarts:
+            lines.append("restarts: " + "; ".join(restarts))
         if state.tail:
             lines.append(f"last {len(state.tail)} lines of its output:")
             lines += [f"    {line}" for line in state.tail]
@@ -293,6 +432,8 @@ class Coordinator:
         previous = {}
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             previous[sig] = signal.signal(sig, self._on_signal)
+        for sig in (signal.SIGUSR1, signal.SIGUSR2):  # Slurm's --signal: pass on, stop nothing
+            previous[sig] = signal.signal(sig, lambda signum, _f: self._passed_on.append(signum))
         return previous
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -320,12 +461,3 @@ def coordinate(
         for link in links:
             link.close(timeout=5)
     return run.finish(outcome)
-
-
-def _describe_code(code: int) -> str:
-    if code > 128:
-        try:
-            return f"{code} ({signal.Signals(code - 128).name})"
-        except ValueError:
-            pass
-    return str(code)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tflaunch.config import ClusterConfig
+from tflaunch.errors import PlanError
 from tflaunch.plan import Plan, make_plan
 from tflaunch.run import ENDED, Outcome, Run, new_run_id
 
@@ -40,9 +41,9 @@ def run_state(run: Run) -> str:
     return "lost" if not run.ended else run.read_meta().get("state", "unknown")
 
 
-def plan_cluster(config: ClusterConfig) -> Plan:
-    """Place the cluster on its backend's hosts."""
-    return make_plan(config, backend_for(config.backend).hosts(config))
+def plan_cluster(config: ClusterConfig, run_dir: Path | None = None) -> Plan:
+    """Place the cluster on its backend's hosts (``run_dir`` holds the default checkpoints)."""
+    return make_plan(config, backend_for(config.backend).hosts(config), run_dir)
 
 
 def prepare(
@@ -52,8 +53,13 @@ def prepare(
     cluster_file: str | None = None,
 ) -> tuple[Plan, Run]:
     """Plan the cluster and create its run directory."""
-    plan = plan_cluster(config)
+    hosts = backend_for(config.backend).hosts(config)
     run = Run.create(runs_dir or config.runs_dir, config.name, run_id)
+    try:
+        plan = make_plan(config, hosts, run.dir)
+    except PlanError:
+        run.dir.rmdir()  # still empty: a plan that cannot be made leaves no run behind
+        raise
     run.write_plan(plan)
     run.update_meta(
         run_id=run.id,
@@ -77,7 +83,7 @@ def dry_run(config: ClusterConfig, runs_dir: str | None, run_id: str | None) -> 
     runs_dir = runs_dir or config.runs_dir
     run_id = run_id or new_run_id(config.name)
     run = Run(run_id, Path(runs_dir).resolve() / run_id)
-    return backend_for(config.backend).dry_run(config, plan_cluster(config), run)
+    return backend_for(config.backend).dry_run(config, plan_cluster(config, run.dir), run)
 
 
 def up(

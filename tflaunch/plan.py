@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import string
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tflaunch import schema
 from tflaunch.config import ClusterConfig, Supervision
 from tflaunch.errors import PlanError
 
@@ -112,7 +114,8 @@ class Plan:
             for t in data["tasks"]
         )
         cluster = {job: tuple(addrs) for job, addrs in data["cluster"].items()}
-        return cls(data["name"], hosts, tasks, cluster, Supervision(**data["supervision"]))
+        supervision = schema.read(Supervision, data["supervision"])
+        return cls(data["name"], hosts, tasks, cluster, supervision)
 
 
 def tf_config(plan: Plan, task: Task) -> dict[str, Any]:
@@ -143,8 +146,19 @@ def hosts_from_config(config: ClusterConfig) -> list[Host]:
     ]
 
 
-def make_plan(config: ClusterConfig, hosts: Iterable[Host]) -> Plan:
-    """Place every task of ``config`` on ``hosts``. Raises PlanError when it cannot."""
+def checkpoint_dir(config: ClusterConfig, run_dir: str | os.PathLike | None) -> str:
+    """``program.checkpoint_dir`` against the workdir, else ``checkpoints/`` in the run
+    directory (shown as ``<run directory>/checkpoints`` when planning without a run)."""
+    if config.program.checkpoint_dir:
+        return os.path.join(config.workdir, os.path.expanduser(config.program.checkpoint_dir))
+    return os.path.join(str(run_dir) if run_dir else "<run directory>", "checkpoints")
+
+
+def make_plan(
+    config: ClusterConfig, hosts: Iterable[Host], run_dir: str | os.PathLike | None = None
+) -> Plan:
+    """Place every task of ``config`` on ``hosts``. Raises PlanError when it cannot.
+    ``run_dir`` only places the default checkpoint directory."""
     hosts = tuple(hosts)
     if not hosts:
         raise PlanError("no hosts to place the cluster on; list some under 'hosts:'.")
@@ -173,8 +187,9 @@ def make_plan(config: ClusterConfig, hosts: Iterable[Host]) -> Plan:
         if job != "evaluator":
             cluster.setdefault(job, ())
             cluster[job] += (f"{host.cluster_address}:{ports[(job, index)]}",)
+    checkpoints = checkpoint_dir(config, run_dir)
     tasks = tuple(
-        _make_task(config, cluster, job, index, host, ports.get((job, index)), gpus)
+        _make_task(config, cluster, job, index, host, ports.get((job, index)), gpus, checkpoints)
         for job, index, host, gpus in placed
     )
     return Plan(config.name, hosts, tasks, cluster, config.supervision)
@@ -283,6 +298,7 @@ def _make_task(
     host: Host,
     port: int | None,
     gpus: tuple[str, ...],
+    checkpoints: str,
 ) -> Task:
     values = {
         "job_name": job,
@@ -294,6 +310,7 @@ def _make_task(
         "chief_hosts": ",".join(cluster.get("chief", ())),
         "num_ps": str(config.roles.ps),
         "num_workers": str(config.roles.worker),
+        "checkpoint_dir": checkpoints,
     }
     argv = tuple(_fill(arg, values, config) for arg in config.program.argv)
     tf_conf = {
@@ -306,6 +323,7 @@ def _make_task(
             "TF_CONFIG": json.dumps(tf_conf, sort_keys=True),
             "CUDA_VISIBLE_DEVICES": ",".join(gpus),
             "TFLAUNCH_TASK": f"{job}:{index}",
+            "TFLAUNCH_CHECKPOINT_DIR": checkpoints,
             "PYTHONUNBUFFERED": "1",
         }
     )

@@ -137,6 +137,8 @@ def task_states(run: Run) -> dict[str, dict[str, Any]]:
             "pid": None,
             "code": None,
             "started": None,
+            "restarts": 0,
+            "cause": None,
         }
         for t in plan.tasks
     }
@@ -151,6 +153,9 @@ def task_states(run: Run) -> dict[str, dict[str, Any]]:
             state["state"] = "ready"
         elif kind == "exited":
             state.update(state="exited", code=event.get("code"))
+        elif kind in ("restarting", "cluster_restarting"):
+            state.update(state="restarting", restarts=state["restarts"] + 1)
+            state["cause"] = "stalled" if event.get("cause") == "stalled" else event.get("code")
     return states
 
 

@@ -105,7 +105,7 @@ class Node:
 
     def plan(self, known_gpus: Mapping[str, tuple[str, ...]] | None = None) -> Plan:
         gpus = {self.name: self.gpu_ids, **(known_gpus or {})}
-        return make_plan(self.config, allocation_hosts(self.env, self.job, gpus))
+        return make_plan(self.config, allocation_hosts(self.env, self.job, gpus), self.run.dir)
 
 
 def load_node(run_dir: Path, env: Mapping[str, str]) -> Node:

@@ -149,6 +149,8 @@ def render_sbatch(config: ClusterConfig, job: Layout, inputs: ScriptInputs) -> s
     common = [f"--job-name={config.name}", f"--output={output}"]
     if slurm.error:
         common.append(f"--error={slurm.error}")
+    if slurm.signal:
+        common.append(f"--signal={slurm.signal}")  # to the step's agents, which pass it on
     if job.heterogeneous:
         lines += ["# component 0: worker nodes"]
         lines += _component(config, job.worker_nodes, job.gpus_per_node, common, ps=False)

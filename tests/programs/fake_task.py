@@ -3,17 +3,22 @@
 Reads its role from TF_CONFIG like a real task. A PS listens on its port (after PS_DELAY seconds)
 and serves forever. A worker checks that every PS accepts connections, prints what it sees, runs
 WORK_SECONDS (worker i: WORK_SECONDS + i * WORK_STEP), and exits with FAIL_CODE if its index is
-FAIL_INDEX. SPAWN_CHILD=1 makes every task start a long-sleeping child of its own; SPAWN_DAEMON=1 a
-child in a session of its own that ignores SIGTERM (what escapes a process-group teardown).
+FAIL_INDEX (only in its first FAIL_RUNS runs, counted by $TFLAUNCH_TASK_RESTARTS and
+$TFLAUNCH_CLUSTER_RESTARTS).
+SIGUSR1 prints 'got SIGUSR1'. SPAWN_CHILD=1 makes every task start a long-sleeping child of its own;
+SPAWN_DAEMON=1 a child in a session of its own that ignores SIGTERM (what escapes a process-group
+teardown).
 """
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 
+signal.signal(signal.SIGUSR1, lambda *_: print("got SIGUSR1", flush=True))
 config = json.loads(os.environ["TF_CONFIG"])
 job, index = config["task"]["type"], config["task"]["index"]
 print(f"{job}:{index} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}", flush=True)
@@ -53,7 +58,9 @@ time.sleep(
     float(os.environ.get("WORK_SECONDS", "1")) + index * float(os.environ.get("WORK_STEP", "0"))
 )
 print("done", flush=True)
-if str(index) == os.environ.get("FAIL_INDEX") and job == "worker":
+restarts = sum(int(os.environ.get(f"TFLAUNCH_{k}_RESTARTS", "0")) for k in ("TASK", "CLUSTER"))
+failing = str(index) == os.environ.get("FAIL_INDEX") and job == "worker"
+if failing and restarts < int(os.environ.get("FAIL_RUNS", "1000000")):
     sys.exit(int(os.environ.get("FAIL_CODE", "3")))
 if job == "worker" and os.environ.get("HANG_INDEX") == str(index):
     time.sleep(1000)

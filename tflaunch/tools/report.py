@@ -383,7 +383,7 @@ def task_table(run: Run) -> list[str]:
         if sample and sample.get("pid") == states[name]["pid"]:
             usage[name] = sample
     now = time.time()
-    rows = [("TASK", "HOST", "STATE", "PID", "CPU%", "RSS", "UPTIME", "EXIT")]
+    rows = [("TASK", "HOST", "STATE", "PID", "CPU%", "RSS", "UPTIME", "EXIT", "RESTARTS")]
     for name, s in states.items():
         used = usage.get(name, {})
         uptime = _duration(now - s["started"]) if name in running and s["started"] else "-"
@@ -397,6 +397,7 @@ def task_table(run: Run) -> list[str]:
                 _mib(used.get("rss")),
                 uptime,
                 "-" if s["code"] is None else str(s["code"]),
+                f"{s['restarts']} (last: {s['cause']})" if s["restarts"] else "-",
             )
         )
     return aligned(rows)

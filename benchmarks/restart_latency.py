@@ -1,0 +1,129 @@
+"""Seconds from a task's failure to the task running again, on the local backend and on the
+Slurm test cluster (tests/hosts/slurm_cluster.py; needs root).
+
+Stand-in tasks without TensorFlow (1 PS + 2 workers), so the figure is the launcher's own cost:
+worker 1 exits with code 3 in its first run and its restart policy is ``on-failure`` with no
+backoff. Two scopes:
+  - task: the worker alone is restarted in place by its agent;
+  - cluster: every task is stopped and the cluster started again (PS first, readiness, workers).
+"Failure -> running again" is the agent's ``exited`` event of the failing run to the agent's
+``started`` event of its next run (both stamped on the task's node), medians over ``--repeats``.
+
+Usage: python benchmarks/restart_latency.py [--repeats 5] [--backend local|slurm|both]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.helpers import free_port_base  # noqa: E402
+
+
+def cluster_file(work: Path, backend: str, scope: str, n: int) -> Path:
+    base = free_port_base() if backend == "local" else 32300
+    data = {
+        "name": f"restart-{scope}",
+        "backend": backend,
+        "program": {
+            "argv": [sys.executable, str(ROOT / "tests" / "programs" / "fake_task.py")],
+            "workdir": str(ROOT),
+            "env": {"FAIL_INDEX": "1", "FAIL_CODE": "3", "FAIL_RUNS": "1", "WORK_SECONDS": "1"},
+        },
+        "roles": {"ps": 1, "worker": 2},
+        "ports": {"ps": base, "worker": base + 10},
+        "supervision": {
+            "grace_period": 3,
+            "ready_timeout": 120,
+            "restart": {
+                "worker": {"policy": "on-failure", "scope": scope},
+                "backoff": 0,
+            },
+        },
+        "run_dir": str(work / "runs"),
+    }
+    if backend == "slurm":
+        data["slurm"] = {"python": sys.executable}
+    path = work / f"{backend}-{scope}-{n}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def one_run(work: Path, backend: str, scope: str, n: int) -> float:
+    path = cluster_file(work, backend, scope, n)
+    runs = work / "runs"
+    before = set(runs.iterdir()) if runs.exists() else set()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-m", "tflaunch", "up", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    if result.returncode != 0:
+        raise SystemExit(f"{backend}/{scope} run failed: {result.stderr[-2000:]}")
+    (run,) = [p for p in runs.iterdir() if p not in before]
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    failed = next(
+        e["time"]
+        for e in events
+        if e["event"] == "exited" and e["task"] == "worker:1" and e.get("code") == 3
+    )
+    again = next(
+        e["time"]
+        for e in events
+        if e["event"] == "started" and e["task"] == "worker:1" and e["time"] >= failed
+    )
+    return again - failed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--backend", choices=("local", "slurm", "both"), default="local")
+    args = parser.parse_args()
+    backends = ["local", "slurm"] if args.backend == "both" else [args.backend]
+    results: dict[tuple[str, str], list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="restart-bench-", dir=str(ROOT / "runs")) as tmp:
+        for backend in backends:
+            if backend == "slurm":
+                from tests.hosts import slurm_cluster
+
+                reason = slurm_cluster.missing_requirements()
+                if reason:
+                    print(f"slurm: cannot run: {reason}", file=sys.stderr)
+                    continue
+                with slurm_cluster.session():
+                    for scope in ("task", "cluster"):
+                        results[backend, scope] = [
+                            one_run(Path(tmp), backend, scope, i) for i in range(args.repeats)
+                        ]
+            else:
+                for scope in ("task", "cluster"):
+                    results[backend, scope] = [
+                        one_run(Path(tmp), backend, scope, i) for i in range(args.repeats)
+                    ]
+    print(f"failure -> running again (seconds), medians of {args.repeats}; 1 PS + 2 workers")
+    print(f"{'backend':10}{'scope':10}{'median':>8}{'min':>8}{'max':>8}")
+    for (backend, scope), values in results.items():
+        print(
+            f"{backend:10}{scope:10}{statistics.median(values):8.2f}"
+            f"{min(values):8.2f}{max(values):8.2f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Restart decisions: given a task's failure and the restart policies, restart the task, restart
+the whole cluster, or fail the run. Pure bookkeeping (no processes, no clocks): the coordinator
+feeds it failures and acts on its decisions.
+
+- ``never`` fails the run; ``on-failure`` restarts on any failure; ``exit-code`` restarts only a
+  task killed by a signal or exiting 128+N (preemption's SIGTERM, the OOM killer's SIGKILL), or
+  one tflaunch stopped because it stalled — never a task that exits 1 (a bug does it again).
+- A restart restarts the task alone (``scope: task``, the default for workers and the evaluator)
+  or the whole cluster (``scope: cluster``, the default for PS and chief, whose loss takes the
+  model's variables or its driver with it).
+- Bounds: ``max_restarts`` per task of the role, ``restart.max_restarts`` single-task restarts per
+  run, ``restart.max_cluster_restarts`` cluster restarts per run. Past a bound the run fails and
+  the report names the task, its exits and the bound.
+- Backoff: ``backoff`` seconds before a task's first restart, doubling with each further one of
+  the same task (of the cluster, for cluster restarts), at most ``backoff_max``.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tflaunch.config import Restart
+
+STALLED = "stalled"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One task failing: which, how (its exit code; ``stalled`` when tflaunch stopped it)."""
+
+    task: str
+    code: int
+    cause: str = "exited"  # "exited", or STALLED
+
+    @property
+    def job(self) -> str:
+        return self.task.partition(":")[0]
+
+    def describe(self) -> str:
+        if self.cause == STALLED:
+            return f"stalled (stopped by tflaunch, exit {describe_code(self.code)})"
+        return f"exited with code {describe_code(self.code)}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Literal["restart_task", "restart_cluster", "fail"]
+    delay: float = 0.0  # seconds to wait before the restart
+    count: int = 0  # this task's restarts, this one included
+    reason: str = ""  # for "fail": why it is not restarted
+
+
+@dataclass
+class RestartBook:
+    """Counts restarts, keeps each task's failures, and decides what a new failure leads to."""
+
+    policy: Restart
+    failures: dict[str, list[Failure]] = field(default_factory=dict)
+    task_restarts: dict[str, int] = field(default_factory=dict)
+    run_task_restarts: int = 0
+    cluster_restarts: int = 0
+
+    def decide(self, failure: Failure) -> Decision:
+        """Record ``failure`` and say what to do about it."""
+        self.failures.setdefault(failure.task, []).append(failure)
+        role = self.policy.of(failure.job)
+        if not restartable(role.policy, failure):
+            why = (
+                f"its restart policy is '{role.policy}'"
+                if role.policy != "exit-code"
+                else "its restart policy 'exit-code' restarts only on a signal or a 128+N exit"
+            )
+            return Decision("fail", reason=why)
+        done = self.task_restarts.get(failure.task, 0)
+        if done >= role.max_restarts:
+            return Decision(
+                "fail",
+                reason=f"it was restarted {done} time(s), the limit of "
+                f"supervision.restart.{failure.job}.max_restarts ({role.max_restarts})",
+            )
+        scope = self.policy.scope_of(failure.job)
+        if scope == "cluster":
+            if self.cluster_restarts >= self.policy.max_cluster_restarts:
+                return Decision(
+                    "fail",
+                    reason=f"the cluster was restarted {self.cluster_restarts} time(s), the limit "
+                    f"of supervision.restart.max_cluster_restarts "
+                    f"({self.policy.max_cluster_restarts})",
+                )
+            self.cluster_restarts += 1
+            self.task_restarts[failure.task] = done + 1
+            return Decision("restart_cluster", self._backoff(self.cluster_restarts), done + 1)
+        if self.run_task_restarts >= self.policy.max_restarts:
+            return Decision(
+                "fail",
+                reason=f"the run restarted tasks {self.run_task_restarts} time(s), the limit of "
+                f"supervision.restart.max_restarts ({self.policy.max_restarts})",
+            )
+        self.run_task_restarts += 1
+        self.task_restarts[failure.task] = done + 1
+        return Decision("restart_task", self._backoff(done + 1), done + 1)
+
+    def _backoff(self, nth: int) -> float:
+        return min(self.policy.backoff * 2 ** (nth - 1), self.policy.backoff_max)
+
+    def history(self, task: str) -> str:
+        """``137 (SIGKILL), stalled`` — the task's failures in order."""
+        return ", ".join(
+            STALLED if f.cause == STALLED else describe_code(f.code)
+            for f in self.failures.get(task, [])
+        )
+
+    def summary(self) -> list[str]:
+        """One line per restarted task and one for cluster restarts, for the final report."""
+        lines = [
+            f"{task} restarted {n} time(s) (failures: {self.history(task)})"
+            for task, n in sorted(self.task_restarts.items())
+        ]
+        if self.cluster_restarts:
+            lines.append(f"the cluster restarted {self.cluster_restarts} time(s)")
+        return lines
+
+
+def restartable(policy: str, failure: Failure) -> bool:
+    if policy == "on-failure":
+        return True
+    if policy == "exit-code":
+        return failure.cause == STALLED or failure.code > 128
+    return False
+
+
+def describe_code(code: int) -> str:
+    """``137 (SIGKILL)`` for a 128+N exit, else the number."""
+    if code > 128:
+        try:
+            return f"{code} ({signal.Signals(code - 128).name})"
+        except ValueError:
+            pass
+    return str(code)
