@@ -5,7 +5,9 @@
         [--data_dir DIR] [--job_name worker --task_index 0 --ps_hosts ... --worker_hosts ...]
 
 Flag names follow tf_cnn_benchmarks. The cluster comes from ``--job_name/--task_index/--ps_hosts/
---worker_hosts`` when given, else from ``TF_CONFIG``, else the run is a single process.
+--worker_hosts`` when given, else from a cluster file (``--cluster_file`` or
+``$TFLAUNCH_CLUSTER_FILE``), else from ``TF_CONFIG`` (:mod:`tflaunch.models.cluster`), else the
+run is a single process. ``--model`` takes tf_cnn_benchmarks' names (:mod:`.registry`).
 
 Variable updates (one device per worker: ``--batch_size`` is per worker):
 
@@ -44,179 +46,28 @@ import argparse
 import json
 import os
 import sys
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow's C++ runtime loads
 
-import numpy as np  # noqa: E402
-
-VARIABLE_UPDATES = ("parameter_server", "distributed_replicated", "collective_all_reduce")
-OPTIMIZERS = ("sgd", "momentum")
-PLACEMENTS = ("round_robin", "greedy", "lpt", "partitioned")  # models/placement.py
-
-
-class BenchmarkError(Exception):
-    """Bad flags or cluster description; the message says what to change."""
-
-
-@dataclass(frozen=True)
-class ClusterInfo:
-    """This process's place in the cluster. ``cluster`` maps job names to host:port lists."""
-
-    cluster: dict[str, list[str]]
-    job: str
-    index: int
-
-    @property
-    def workers(self) -> list[tuple[str, int]]:
-        """Training tasks in rank order: the chief (if any) first, then the workers."""
-        chief = [("chief", i) for i in range(len(self.cluster.get("chief", [])))]
-        return chief + [("worker", i) for i in range(len(self.cluster.get("worker", [])))]
-
-    @property
-    def num_workers(self) -> int:
-        return len(self.workers)
-
-    @property
-    def num_ps(self) -> int:
-        return len(self.cluster.get("ps", []))
-
-    @property
-    def is_worker(self) -> bool:
-        return (self.job, self.index) in self.workers
-
-    @property
-    def rank(self) -> int:
-        return self.workers.index((self.job, self.index))
-
-
-def resolve_cluster(
-    job_name: str | None,
-    task_index: int,
-    ps_hosts: str | None,
-    worker_hosts: str | None,
-    tf_config: str | None,
-) -> ClusterInfo | None:
-    """The cluster from the TF1-style flags, else from TF_CONFIG, else None (single process)."""
-    if job_name:
-        cluster = {
-            "ps": _split_hosts(ps_hosts),
-            "worker": _split_hosts(worker_hosts),
-        }
-        cluster = {job: hosts for job, hosts in cluster.items() if hosts}
-        info = ClusterInfo(cluster, job_name, task_index)
-    elif tf_config:
-        try:
-            parsed = json.loads(tf_config)
-            cluster = {str(k): list(v) for k, v in parsed["cluster"].items()}
-            task = parsed["task"]
-            info = ClusterInfo(cluster, str(task["type"]), int(task["index"]))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise BenchmarkError(
-                f"TF_CONFIG is not a valid cluster description ({exc!r}): expected JSON like "
-                '{"cluster": {"ps": [...], "worker": [...]}, "task": {"type": "worker", '
-                '"index": 0}}.'
-            ) from None
-    else:
-        return None
-    if info.job == "evaluator":  # TF_CONFIG lists no evaluator job; it has no part here
-        return info
-    if info.job not in info.cluster or not 0 <= info.index < len(info.cluster[info.job]):
-        raise BenchmarkError(
-            f"task {info.job}:{info.index} is not in the cluster {info.cluster}; check "
-            "--job_name/--task_index against --ps_hosts/--worker_hosts (or TF_CONFIG)."
-        )
-    if not info.workers:
-        raise BenchmarkError("the cluster has no worker (or chief) task to train on.")
-    return info
-
-
-def _split_hosts(hosts: str | None) -> list[str]:
-    return [h.strip() for h in (hosts or "").split(",") if h.strip()]
-
-
-@dataclass
-class Timing:
-    """What one worker measured."""
-
-    warmup_times: list[float] = field(default_factory=list)
-    step_times: list[float] = field(default_factory=list)
-    elapsed: float = 0.0
-    start_time: float = 0.0
-    end_time: float = 0.0
-    final_loss: float | None = None
-
-
-def perf_stats(batch_size: int, step_times: Sequence[float]) -> tuple[float, float, float]:
-    """(mean images/sec, standard error, jitter) over per-step times, as tf_cnn_benchmarks."""
-    times = np.asarray(step_times, dtype=np.float64)
-    speeds = batch_size / times
-    mean = batch_size / float(np.mean(times))
-    uncertainty = float(np.std(speeds) / np.sqrt(len(speeds)))
-    jitter = 1.4826 * float(np.median(np.abs(speeds - np.median(speeds))))
-    return mean, uncertainty, jitter
-
-
-def perf_line(step: int, batch_size: int, step_times: Sequence[float]) -> str:
-    """``<step>\\timages/sec: X +/- Y (jitter = Z)``."""
-    mean, uncertainty, jitter = perf_stats(batch_size, step_times)
-    return f"{step}\timages/sec: {mean:.1f} +/- {uncertainty:.1f} (jitter = {jitter:.1f})"
-
-
-def should_display(step: int, display_every: int) -> bool:
-    """Display the first timed step and every ``display_every``-th (1-based, as tf_cnn)."""
-    return step == 1 or (display_every > 0 and step % display_every == 0)
-
-
-def timed_loop(
-    step: Callable[[], object],
-    num_warmup: int,
-    num_batches: int,
-    batch_size: int,
-    display_every: int,
-    barrier: Callable[[], None],
-    log: Callable[[str], None],
-) -> Timing:
-    """Warm up, wait for every worker, then time ``num_batches`` steps one by one.
-
-    The only per-step work beyond the step itself is two clock reads and a list append; the
-    statistics are computed on display steps only.
-    """
-    timing = Timing()
-    for _ in range(num_warmup):
-        t0 = time.perf_counter()
-        step()
-        timing.warmup_times.append(time.perf_counter() - t0)
-    barrier()
-    log("Step\tImg/sec")
-    times = timing.step_times
-    timing.start_time = time.time()
-    loop_start = time.perf_counter()
-    result = None
-    for i in range(1, num_batches + 1):
-        t0 = time.perf_counter()
-        result = step()
-        times.append(time.perf_counter() - t0)
-        if should_display(i, display_every):
-            log(perf_line(i, batch_size, times))
-    timing.elapsed = time.perf_counter() - loop_start
-    timing.end_time = time.time()
-    timing.final_loss = _as_float(result)
-    return timing
-
-
-def images_per_sec(batch_size: int, timing: Timing) -> float:
-    """This worker's throughput: images in its timed steps over the wall time of its timed loop."""
-    return batch_size * len(timing.step_times) / timing.elapsed
-
-
-def _as_float(value: object) -> float | None:
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
+from tflaunch.models.bench.common import (  # noqa: E402
+    OPTIMIZERS,
+    VARIABLE_UPDATES,
+    BenchmarkError,
+    Timing,
+    images_per_sec,
+    log,
+    perf_stats,
+)
+from tflaunch.models.cluster import (  # noqa: E402
+    ClusterError,
+    ClusterInfo,
+    add_cluster_flags,
+    cluster_from_args,
+)
+from tflaunch.models.placement_math import STRATEGIES  # noqa: E402
+from tflaunch.models.registry import UnknownModelError, get_model_spec, model_names  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -224,7 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m tflaunch.models.benchmark",
         description="CNN training throughput (tf_cnn_benchmarks flags) on a TF cluster.",
     )
-    p.add_argument("--model", default="inception3", help="inception3 or resnet50")
+    p.add_argument(
+        "--model",
+        default="inception3",
+        help=f"one of {', '.join(model_names(benchmark=True, aliases=True))}",
+    )
     p.add_argument("--batch_size", type=int, default=32, help="images per step per worker")
     p.add_argument("--num_batches", type=int, default=100, help="timed steps")
     p.add_argument("--num_warmup_batches", type=int, default=10, help="untimed steps first")
@@ -237,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--variable_placement",
         default=None,
-        choices=PLACEMENTS,
+        choices=STRATEGIES,
         help="how variables are spread over the PS tasks (parameter_server and "
         "distributed_replicated); default: replica_device_setter's round robin",
     )
@@ -252,20 +107,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_intra_threads", type=int, default=0, help="0: TensorFlow chooses")
     p.add_argument("--num_inter_threads", type=int, default=0, help="0: TensorFlow chooses")
     p.add_argument("--result_json", default=None, help="write settings, step times, figures here")
-    p.add_argument("--job_name", default=None, help="ps or worker (TF1-style cluster flags)")
-    p.add_argument("--task_index", type=int, default=0)
-    p.add_argument("--ps_hosts", default=None, help="comma-separated host:port list")
-    p.add_argument("--worker_hosts", default=None, help="comma-separated host:port list")
+    add_cluster_flags(p)
     return p
+
+
+def resolve_cluster(args: argparse.Namespace, environ: Mapping[str, str]) -> ClusterInfo | None:
+    """This task's cluster (tflaunch.models.cluster), or None: a single process."""
+    try:
+        return cluster_from_args(args, environ)
+    except ClusterError as exc:
+        raise BenchmarkError(str(exc)) from None
 
 
 def validate(args: argparse.Namespace) -> None:
     """Flag checks that need no TensorFlow; raises BenchmarkError saying what to change."""
-    from tflaunch.models.nets import MODELS
-
-    if args.model not in MODELS:
-        raise BenchmarkError(f"unknown --model {args.model!r}; choose one of: {', '.join(MODELS)}")
-    spec = MODELS[args.model]
+    try:
+        spec = get_model_spec(args.model, benchmark=True)
+    except UnknownModelError as exc:
+        raise BenchmarkError(str(exc)) from None
+    args.model = spec.name  # an alias runs (and is reported) as the model's main name
     if args.image_size is None:
         args.image_size = spec.default_image_size
     if args.num_classes is None:
@@ -280,7 +140,7 @@ def validate(args: argparse.Namespace) -> None:
             raise BenchmarkError(f"--{name} must be at least 1, not {getattr(args, name)}.")
     if args.num_warmup_batches < 0:
         raise BenchmarkError("--num_warmup_batches must not be negative.")
-    from tflaunch.models.layers import DataFormatError, check_data_format
+    from tflaunch.models.nets.layers import DataFormatError, check_data_format
 
     try:
         check_data_format(args.data_format)
@@ -295,7 +155,7 @@ def validate(args: argparse.Namespace) -> None:
                 "use --local_parameter_device cpu."
             )
     if args.data_dir is not None:
-        from tflaunch.models.tfrecords import list_shards
+        from tflaunch.models.data.imagenet import list_shards
 
         try:
             list_shards(args.data_dir)
@@ -316,8 +176,8 @@ def result_document(
         "settings": vars(args),
         "cluster": {
             "num_ps": info.num_ps if info else 0,
-            "num_workers": info.num_workers if info else 1,
-            "task": f"{info.job}:{info.index}" if info else "local",
+            "num_workers": info.num_training_tasks if info else 1,
+            "task": f"{info.job_name}:{info.task_index}" if info else "local",
         },
         "timing": asdict(timing),
         "images_per_sec": {
@@ -330,24 +190,20 @@ def result_document(
     }
 
 
-def log(line: str) -> None:
-    print(line, flush=True)
-
-
 def run(args: argparse.Namespace, info: ClusterInfo | None) -> int:
     """Dispatch to the PS join, the graph-mode runner or the tf.function runner."""
-    if info is not None and info.job == "ps":
-        from tflaunch.models.bench_graph import run_ps
+    if info is not None and info.job_name == "ps":
+        from tflaunch.models.bench.graph import run_ps
 
         run_ps(args, info)
         return 0
-    if info is not None and not info.is_worker:
-        log(f"task {info.job}:{info.index} has no part in the benchmark; exiting.")
+    if info is not None and not info.is_training_task:
+        log(f"task {info.job_name}:{info.task_index} has no part in the benchmark; exiting.")
         return 0
     if info is not None and args.variable_update != "collective_all_reduce":
-        from tflaunch.models.bench_graph import run_worker
+        from tflaunch.models.bench.graph import run_worker
     else:
-        from tflaunch.models.bench_eager import run_worker
+        from tflaunch.models.bench.eager import run_worker
     timing, total_rate = run_worker(args, info)
     worker_rate = images_per_sec(args.batch_size, timing)
     log("-" * 64)
@@ -365,22 +221,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         validate(args)
-        info = resolve_cluster(
-            args.job_name,
-            args.task_index,
-            args.ps_hosts,
-            args.worker_hosts,
-            os.environ.get("TF_CONFIG"),
-        )
-        return run(args, info)
+        return run(args, resolve_cluster(args, os.environ))
     except BenchmarkError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
 
 if __name__ == "__main__":
-    # Run the imported module's main, not this __main__ copy: the runners import tflaunch.models.benchmark,
-    # and its exception and dataclass types must be the ones main() catches.
-    from tflaunch.models.benchmark import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

@@ -7,7 +7,9 @@ pass it::
     python -m tflaunch.models.mnist --job_name worker --task_index 1 \\
         --ps_hosts localhost:2230 --worker_hosts localhost:2220,localhost:2221
 
-or, when those flags are absent, from ``TF_CONFIG`` (read with ``TFConfigClusterResolver``).
+or, when those flags are absent, from a cluster file (``--cluster_file``, else
+``$TFLAUNCH_CLUSTER_FILE``; tflaunch writes one for clusters too large for TF_CONFIG), else from
+``TF_CONFIG``: :mod:`tflaunch.models.cluster`, as every program here.
 
 * ``ps`` tasks start a ``tf.distribute.Server`` and ``join()``: they never exit by themselves.
 * ``chief``/``worker`` tasks build the graph under ``replica_device_setter`` (variables on the PS,
@@ -54,17 +56,20 @@ STARTED = time.monotonic()  # before importing TensorFlow: reported times includ
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-try:
-    from tflaunch.models import digits, placement
-except ModuleNotFoundError:  # run as a script (python models/mnist.py): digits.py is a sibling
-    import digits  # type: ignore[no-redef]
-    import placement  # type: ignore[no-redef]
+from tflaunch.models import placement  # noqa: E402
+from tflaunch.models.cluster import (  # noqa: E402
+    TRAINING_JOBS,
+    ClusterError,
+    ClusterInfo,
+    add_cluster_flags,
+    cluster_from_args,
+)
+from tflaunch.models.data import digits  # noqa: E402
+from tflaunch.models.nets.deep_mnist import deep_mnist  # noqa: E402
+from tflaunch.models.placement_math import STRATEGIES  # noqa: E402
 
 v1 = tf.compat.v1
 
-JOBS = ("ps", "worker", "chief", "evaluator")
-TRAINING_JOBS = ("chief", "worker")
-PLACEMENTS = ("round_robin", "greedy", "lpt", "partitioned")  # models/placement.py
 TRAIN_EVAL_EXAMPLES = 2000
 EVAL_CHUNK = 500
 
@@ -127,12 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mnist",
         description="Distributed deep-MNIST training (between-graph replication, PS + workers).",
     )
-    cluster = parser.add_argument_group("cluster (else TF_CONFIG)")
-    cluster.add_argument("--job_name", choices=JOBS, help="this task's job")
-    cluster.add_argument("--task_index", type=int, default=0, help="this task's index in its job")
-    cluster.add_argument("--ps_hosts", default="", help="comma-separated host:port list")
-    cluster.add_argument("--worker_hosts", default="", help="comma-separated host:port list")
-    cluster.add_argument("--chief_hosts", default="", help="comma-separated host:port (at most 1)")
+    add_cluster_flags(parser)
     train = parser.add_argument_group("training")
     train.add_argument("--train_steps", type=_positive_int, default=200, help="global steps")
     train.add_argument("--batch_size", type=_positive_int, default=50)
@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--data_dir", help="MNIST IDX files or mnist.npz; default: sklearn digits")
     train.add_argument("--seed", type=int, default=1)
     train.add_argument("--log_every", type=_positive_int, default=20, help="local steps")
-    train.add_argument("--variable_placement", choices=PLACEMENTS, default="round_robin")
+    train.add_argument("--variable_placement", choices=STRATEGIES, default="round_robin")
     train.add_argument(
         "--checkpoint_dir",
         default=os.environ.get("TFLAUNCH_CHECKPOINT_DIR") or None,
@@ -206,97 +206,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # ----------------------------------------------------------------------------- cluster
 
 
-@dataclass(frozen=True)
-class ClusterInfo:
-    """The cluster (job -> host:port list) and which task this process is."""
-
-    cluster: dict[str, list[str]]
-    job_name: str
-    task_index: int
-
-    @property
-    def name(self) -> str:
-        return f"{self.job_name}:{self.task_index}"
-
-    @property
-    def is_chief(self) -> bool:
-        if "chief" in self.cluster:
-            return self.job_name == "chief"
-        return self.job_name == "worker" and self.task_index == 0
-
-    @property
-    def training_tasks(self) -> int:
-        return sum(len(self.cluster.get(job, [])) for job in TRAINING_JOBS)
-
-    @property
-    def device(self) -> str:
-        return f"/job:{self.job_name}/task:{self.task_index}"
-
-
-def _host_list(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
-
-
-def cluster_from_flags(args: argparse.Namespace) -> ClusterInfo | None:
-    """The cluster from ``--job_name/--ps_hosts/...``, or None when no cluster flag is given."""
-    jobs = {"ps": args.ps_hosts, "worker": args.worker_hosts, "chief": args.chief_hosts}
-    if args.job_name is None and not any(jobs.values()):
-        return None
-    if args.job_name is None:
-        raise UsageError("--ps_hosts/--worker_hosts were given without --job_name")
-    cluster = {job: _host_list(text) for job, text in jobs.items() if _host_list(text)}
-    return _checked(ClusterInfo(cluster, args.job_name, args.task_index), "the command line")
-
-
-def cluster_from_tf_config(environ: Mapping[str, str]) -> ClusterInfo | None:
-    """The cluster from ``TF_CONFIG`` via ``TFConfigClusterResolver``, or None when unset."""
-    if not environ.get("TF_CONFIG", "").strip():
-        return None
-    saved = os.environ.get("TF_CONFIG")
-    os.environ["TF_CONFIG"] = environ["TF_CONFIG"]  # the resolver reads only os.environ
-    try:
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        spec = resolver.cluster_spec().as_dict()
-        job_name, task_index = resolver.task_type, resolver.task_id
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise UsageError(f"TF_CONFIG is not valid: {exc}") from exc
-    finally:
-        if saved is None:
-            os.environ.pop("TF_CONFIG", None)
-        else:
-            os.environ["TF_CONFIG"] = saved
-    if job_name is None:
-        raise UsageError('TF_CONFIG has no "task": {"type": ..., "index": ...}')
-    cluster = {job: list(addresses) for job, addresses in spec.items()}
-    return _checked(ClusterInfo(cluster, str(job_name), int(task_index or 0)), "TF_CONFIG")
-
-
-def _checked(info: ClusterInfo, origin: str) -> ClusterInfo:
-    if info.job_name not in JOBS:
-        raise UsageError(f"{origin}: unknown job {info.job_name!r}; expected one of {JOBS}")
-    if not info.cluster.get("ps"):
-        raise UsageError(f"{origin}: the cluster has no ps task; give at least one PS address")
-    if not info.training_tasks:
-        raise UsageError(f"{origin}: the cluster has no worker or chief task")
-    if len(info.cluster.get("chief", [])) > 1:
-        raise UsageError(f"{origin}: at most one chief, got {len(info.cluster['chief'])}")
-    tasks = len(info.cluster.get(info.job_name, []))
-    if info.job_name != "evaluator" and not 0 <= info.task_index < tasks:
-        raise UsageError(
-            f"{origin}: task {info.name} does not exist; job {info.job_name!r} has {tasks} "
-            f"address(es), so the index must be 0..{tasks - 1}"
-        )
-    return info
-
-
 def resolve_cluster(args: argparse.Namespace, environ: Mapping[str, str]) -> ClusterInfo:
-    """Flags win; TF_CONFIG otherwise; one of the two is required."""
-    info = cluster_from_flags(args) or cluster_from_tf_config(environ)
+    """The cluster from flags, a cluster file or TF_CONFIG (tflaunch.models.cluster); MNIST
+    trains on parameter servers, so it needs at least one PS."""
+    try:
+        info = cluster_from_args(args, environ)
+    except ClusterError as exc:
+        raise UsageError(str(exc)) from None
     if info is None:
         raise UsageError(
             "no cluster: pass --job_name, --task_index, --ps_hosts and --worker_hosts "
-            "(comma-separated host:port lists), or set TF_CONFIG"
+            "(comma-separated host:port lists), or --cluster_file, or set TF_CONFIG"
         )
+    if not info.num_ps:
+        raise UsageError(f"{info.source}: the cluster has no ps task; give at least one PS address")
     return info
 
 
@@ -327,45 +250,6 @@ class Handles:
     mark_done: tf.Operation
     uninitialized: tf.Tensor
     train_op: tf.Operation | None
-
-
-def _weights(name: str, shape: list[int]) -> tf.Variable:
-    fan_in = int(np.prod(shape[:-1]))
-    init = v1.truncated_normal_initializer(stddev=float(np.sqrt(2.0 / fan_in)))  # He et al.
-    return v1.get_variable(name, shape, initializer=init)
-
-
-def _biases(name: str, size: int) -> tf.Variable:
-    return v1.get_variable(name, [size], initializer=v1.constant_initializer(0.1))
-
-
-def _conv_pool(name: str, x: tf.Tensor, channels_in: int, channels_out: int, fmt: str) -> tf.Tensor:
-    """5x5 convolution, ReLU, 2x2 max-pool: one block of the deep MNIST net."""
-    with v1.variable_scope(name):
-        kernel = _weights("weights", [5, 5, channels_in, channels_out])  # HWIO in either format
-        x = tf.nn.conv2d(x, kernel, strides=1, padding="SAME", data_format=fmt)
-        x = tf.nn.relu(tf.nn.bias_add(x, _biases("biases", channels_out), data_format=fmt))
-        return tf.nn.max_pool2d(x, ksize=2, strides=2, padding="SAME", data_format=fmt)
-
-
-def _dense(name: str, x: tf.Tensor, size_in: int, size_out: int) -> tf.Tensor:
-    with v1.variable_scope(name):
-        return tf.matmul(x, _weights("weights", [size_in, size_out])) + _biases("biases", size_out)
-
-
-def deep_mnist(images: tf.Tensor, data_format: str, drop_rate: tf.Tensor) -> tf.Tensor:
-    """TensorFlow's deep MNIST net: conv 5x5x32, conv 5x5x64 (each ReLU + 2x2 max-pool),
-    dense 1024 (ReLU), dropout, dense 10. ``images`` are NHWC; logits come out [N, 10].
-    The variables are the same for both data formats, so NCHW and NHWC tasks can share them."""
-    x = images if data_format == "NHWC" else tf.transpose(images, [0, 3, 1, 2])
-    x = _conv_pool("conv1", x, 1, 32, data_format)
-    x = _conv_pool("conv2", x, 32, 64, data_format)
-    if data_format == "NCHW":
-        x = tf.transpose(x, [0, 2, 3, 1])  # flatten in NHWC order either way
-    x = tf.reshape(x, [-1, 7 * 7 * 64])
-    x = tf.nn.relu(_dense("fc1", x, 7 * 7 * 64, 1024))
-    x = tf.nn.dropout(x, rate=drop_rate)
-    return _dense("fc2", x, 1024, digits.NUM_CLASSES)
 
 
 def build_graph(
@@ -441,9 +325,7 @@ def start_server(info: ClusterInfo, args: argparse.Namespace) -> tf.distribute.S
         intra_op_parallelism_threads=args.intra_op_threads,
         inter_op_parallelism_threads=args.inter_op_threads,
     )
-    spec = tf.train.ClusterSpec(
-        {job: info.cluster[job] for job in ("ps", *TRAINING_JOBS) if job in info.cluster}
-    )
+    spec = tf.train.ClusterSpec(info.jobs("ps", *TRAINING_JOBS))
     return tf.distribute.Server(
         spec, job_name=info.job_name, task_index=info.task_index, config=threads
     )
@@ -497,7 +379,7 @@ def train_loop(
 ) -> float:
     """Train until the global step reaches --train_steps; return this task's steps/sec
     (the first step, which carries the graph set-up, excluded)."""
-    rng = np.random.RandomState(args.seed * 1000 + _task_rank(info))
+    rng = np.random.RandomState(args.seed * 1000 + info.rank)
     stream = batches(data.train_images, data.train_labels, args.batch_size, rng)
     steps, first_done, last_done = 0, 0.0, 0.0
     window = [0.0, 0.0, 0, time.monotonic()]  # loss sum, accuracy sum, steps, start
@@ -575,13 +457,6 @@ def open_training_session(
     return sess
 
 
-def _task_rank(info: ClusterInfo) -> int:
-    """0 for the chief, then the workers: distinct per training task (seeds the batch order)."""
-    if info.job_name == "worker" and "chief" in info.cluster:
-        return info.task_index + 1
-    return info.task_index
-
-
 def run_training(
     info: ClusterInfo, args: argparse.Namespace, data: digits.DigitData, watchdog: Watchdog
 ) -> int:
@@ -591,7 +466,7 @@ def run_training(
     say(
         info,
         f"{data.describe()}; training to global step {args.train_steps} with "
-        f"{info.training_tasks} training task(s) and {len(info.cluster['ps'])} PS"
+        f"{info.num_training_tasks} training task(s) and {len(info.cluster['ps'])} PS"
         + (" (chief)" if info.is_chief else ""),
     )
     connecting = f"connecting to the PS at {','.join(info.cluster['ps'])}"
@@ -643,17 +518,17 @@ def wait_for_workers(
     while True:
         with watchdog.phase("reading workers_done", args.op_timeout_secs, "--op_timeout_secs"):
             done = int(sess.run(h.workers_done))
-        if done >= info.training_tasks:
-            say(info, f"all {info.training_tasks} training task(s) finished")
+        if done >= info.num_training_tasks:
+            say(info, f"all {info.num_training_tasks} training task(s) finished")
             return 0
         if time.monotonic() >= deadline:
             raise TaskTimeout(
-                f"only {done} of {info.training_tasks} training tasks finished within "
+                f"only {done} of {info.num_training_tasks} training tasks finished within "
                 f"--worker_wait_secs={args.worker_wait_secs:g}; the others are stuck or died, "
                 "see their logs"
             )
         if not announced:
-            say(info, f"waiting for {info.training_tasks - done} training task(s) to finish")
+            say(info, f"waiting for {info.num_training_tasks - done} training task(s) to finish")
             announced = True
         time.sleep(0.5)
 

@@ -232,42 +232,6 @@ def graph_variables(build_fn: Callable[[], object]) -> list[VariableSpec]:
     return [VariableSpec(s.name, s.shape, s.dtype_size, s.name in trainable) for s in recorded]
 
 
-def _inception_v3(num_classes: int) -> object:
-    from tflaunch.models.inception import InceptionV3
-
-    return InceptionV3(num_classes=num_classes)
-
-
-def _resnet50(num_classes: int) -> object:
-    from tflaunch.models.resnet import ResNet50
-
-    return ResNet50(num_classes=num_classes)
-
-
-def _mnist(num_classes: int) -> object:
-    from tflaunch.models.mnist import deep_mnist
-
-    images = tf.compat.v1.placeholder(tf.float32, [None, 28, 28, 1])
-    return deep_mnist(images, "NHWC", 0.0)
-
-
-# Models `tflaunch placement` reports on: name -> (description, builder taking num_classes).
-MODELS: dict[str, tuple[str, Callable[[int], object]]] = {
-    "inception_v3": ("InceptionV3 (models/inception.py)", _inception_v3),
-    "resnet50": ("ResNet-50 (models/resnet.py)", _resnet50),
-    "mnist": ("deep MNIST net (models/mnist.py; always 10 classes)", _mnist),
-}
-
-
-def model_variables(
-    model: str, num_classes: int = 1000, trainable_only: bool = True
-) -> list[VariableSpec]:
-    """A model's variables in creation order, from one graph-mode build (nothing computed)."""
-    _, build = MODELS[model]
-    variables = graph_variables(lambda: build(num_classes))
-    return [v for v in variables if v.trainable or not trainable_only]
-
-
 def created_variables(build_fn: Callable[[], object]) -> list[VariableSpec]:
     """Trainable variables in the order ``build_fn`` creates them (eager or graph, Keras too).
 

@@ -40,10 +40,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow's C++ ru
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-try:
-    from tflaunch.models import digits
-except ModuleNotFoundError:  # run as a script (python models/pss.py): digits.py is a sibling
-    import digits  # type: ignore[no-redef]
+from tflaunch.models.data import digits  # noqa: E402
 
 HIDDEN = 128
 SERVER_JOBS = ("ps", "worker")

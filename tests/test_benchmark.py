@@ -11,16 +11,14 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import tflaunch, wait_until_gone, write_cluster
-from tflaunch.models.benchmark import (
-    PLACEMENTS,
+from tflaunch.models.bench.common import (
     BenchmarkError,
-    ClusterInfo,
     perf_line,
     perf_stats,
-    resolve_cluster,
     should_display,
     timed_loop,
 )
+from tflaunch.models.cluster import ClusterInfo
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRESS = re.compile(r"^\d+\timages/sec: [\d.]+ \+/- [\d.]+ \(jitter = [\d.]+\)$", re.M)
@@ -31,10 +29,24 @@ TINY = ["--model", "inception3", "--image_size", "75", "--batch_size", "2"]
 # --- pure parts --------------------------------------------------------------------------------
 
 
+def _resolve(argv: list[str], tf_config: str | None = None) -> ClusterInfo | None:
+    """The benchmark's cluster from its command line and a TF_CONFIG, as main() resolves it."""
+    from tflaunch.models.benchmark import build_parser, resolve_cluster
+
+    environ = {"TF_CONFIG": tf_config} if tf_config else {}
+    return resolve_cluster(build_parser().parse_args(argv), environ)
+
+
 def test_cluster_from_flags() -> None:
-    info = resolve_cluster("worker", 1, "h:1,h:2", "h:3,h:4,h:5", None)
+    argv = ["--job_name", "worker", "--task_index", "1", "--ps_hosts", "h:1,h:2"]
+    info = _resolve([*argv, "--worker_hosts", "h:3,h:4,h:5"])
     assert info == ClusterInfo({"ps": ["h:1", "h:2"], "worker": ["h:3", "h:4", "h:5"]}, "worker", 1)
-    assert (info.num_ps, info.num_workers, info.rank, info.is_worker) == (2, 3, 1, True)
+    assert (info.num_ps, info.num_training_tasks, info.rank, info.is_training_task) == (
+        2,
+        3,
+        1,
+        True,
+    )
 
 
 def test_cluster_from_tf_config_puts_the_chief_first() -> None:
@@ -44,10 +56,10 @@ def test_cluster_from_tf_config_puts_the_chief_first() -> None:
             "task": {"type": "worker", "index": 1},
         }
     )
-    info = resolve_cluster(None, 0, None, None, tf_config)
-    assert info.workers == [("chief", 0), ("worker", 0), ("worker", 1)]
+    info = _resolve([], tf_config)
+    assert info.training_tasks == [("chief", 0), ("worker", 0), ("worker", 1)]
     assert info.rank == 2
-    assert resolve_cluster(None, 0, None, None, None) is None
+    assert _resolve([]) is None
 
 
 def test_an_evaluator_has_no_part(capsys) -> None:
@@ -56,30 +68,30 @@ def test_an_evaluator_has_no_part(capsys) -> None:
     tf_config = json.dumps(
         {"cluster": {"worker": ["w:1"]}, "task": {"type": "evaluator", "index": 0}}
     )
-    info = resolve_cluster(None, 0, None, None, tf_config)
-    assert (info.job, info.is_worker) == ("evaluator", False)
+    info = _resolve([], tf_config)
+    assert (info.job_name, info.is_training_task) == ("evaluator", False)
     assert run(None, info) == 0  # type: ignore[arg-type]
     assert "has no part in the benchmark" in capsys.readouterr().out
 
 
 def test_flags_win_over_tf_config() -> None:
     tf_config = json.dumps({"cluster": {"worker": ["x:1"]}, "task": {"type": "worker", "index": 0}})
-    info = resolve_cluster("ps", 0, "h:1", "h:2", tf_config)
-    assert info.job == "ps" and info.cluster["worker"] == ["h:2"]
+    info = _resolve(["--job_name", "ps", "--ps_hosts", "h:1", "--worker_hosts", "h:2"], tf_config)
+    assert info.job_name == "ps" and info.cluster["worker"] == ["h:2"]
 
 
 @pytest.mark.parametrize(
     ("tf_config", "message"),
     [
         ("{not json", "not a valid cluster description"),
-        ('{"cluster": {"worker": ["a:1"]}}', "not a valid cluster description"),
+        ('{"cluster": {"worker": ["a:1"]}}', 'no "task"'),
         ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}}', "not in"),
         ('{"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 0}}', "no worker"),
     ],
 )
 def test_bad_cluster_descriptions(tf_config: str, message: str) -> None:
     with pytest.raises(BenchmarkError, match=message):
-        resolve_cluster(None, 0, None, None, tf_config)
+        _resolve([], tf_config)
 
 
 def test_perf_stats_as_tf_cnn_benchmarks() -> None:
@@ -114,9 +126,13 @@ def test_timed_loop_times_only_the_steps_after_the_barrier() -> None:
 
 
 def test_placement_choices_are_the_placement_modules() -> None:
+    from tflaunch.models.benchmark import build_parser
     from tflaunch.models.placement_math import STRATEGIES
 
-    assert PLACEMENTS == STRATEGIES
+    for strategy in STRATEGIES:
+        assert build_parser().parse_args(["--variable_placement", strategy]).variable_placement
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--variable_placement", "random"])
 
 
 # --- flag errors (exit 2, one message) -----------------------------------------------------------
@@ -187,7 +203,7 @@ def test_single_process_synthetic(tmp_path, capsys) -> None:
 
 @pytest.fixture(scope="module")
 def tfrecord_dir(tmp_path_factory) -> Path:
-    from tflaunch.models.tfrecords import list_shards, write_dataset
+    from tflaunch.models.data.imagenet import list_shards, write_dataset
 
     out = tmp_path_factory.mktemp("tfrecords")
     write_dataset(str(out), num_images=12, image_size=80, num_classes=5, num_shards=3)
@@ -200,7 +216,7 @@ def tfrecord_dir(tmp_path_factory) -> Path:
 
 
 def test_tfrecords_round_trip(tfrecord_dir) -> None:
-    from tflaunch.models.tfrecords import list_shards, make_dataset
+    from tflaunch.models.data.imagenet import list_shards, make_dataset
 
     images, labels = next(iter(make_dataset(list_shards(str(tfrecord_dir)), 4, 75)))
     assert images.shape == (4, 75, 75, 3)

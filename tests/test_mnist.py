@@ -1,4 +1,4 @@
-"""models/mnist.py and models/digits.py: pure parts in-process, and real clusters as subprocesses.
+"""models/mnist.py and models/data/digits.py: pure parts in-process, and real clusters as subprocesses.
 
 The two end-to-end tests start real TensorFlow tasks on free loopback ports: one trains the
 default 1 PS + 2 worker run from flags to >90 % test accuracy; the other describes a cluster with
@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tflaunch.models import digits
+from tflaunch.models.cluster import ClusterInfo
+from tflaunch.models.data import digits
 
 tf = pytest.importorskip("tensorflow")
 from tflaunch.models import mnist  # noqa: E402  (imports tensorflow)
@@ -62,16 +63,20 @@ def test_cluster_from_flags_without_chief_makes_worker_0_chief():
     )  # fmt: skip
     info = mnist.resolve_cluster(args, {})
     assert info.cluster == {"ps": ["a:1", "b:2"], "worker": ["a:3", "b:4"]}
-    assert (info.name, info.device, info.training_tasks) == ("worker:1", "/job:worker/task:1", 2)
+    assert (info.name, info.device, info.num_training_tasks) == (
+        "worker:1",
+        "/job:worker/task:1",
+        2,
+    )
     assert not info.is_chief
-    assert mnist.ClusterInfo(info.cluster, "worker", 0).is_chief
+    assert ClusterInfo(info.cluster, "worker", 0).is_chief
 
 
 def test_cluster_from_flags_with_chief():
     args = _flags("--job_name=chief", "--ps_hosts=a:1", "--worker_hosts=a:3", "--chief_hosts=a:2")
     info = mnist.resolve_cluster(args, {})
-    assert info.is_chief and info.training_tasks == 2
-    assert not mnist.ClusterInfo(info.cluster, "worker", 0).is_chief
+    assert info.is_chief and info.num_training_tasks == 2
+    assert not ClusterInfo(info.cluster, "worker", 0).is_chief
 
 
 @pytest.mark.parametrize(
@@ -101,7 +106,7 @@ def test_cluster_from_tf_config_and_environment_left_as_found(monkeypatch):
     cluster = {"chief": ["h:1"], "worker": ["h:2", "h:3"], "ps": ["h:4"]}
     info = mnist.resolve_cluster(_flags(), _tf_config(cluster, "worker", 1))
     assert info.cluster == cluster and info.name == "worker:1" and not info.is_chief
-    assert info.training_tasks == 3
+    assert info.num_training_tasks == 3
     assert os.environ["TF_CONFIG"] == "something else"
     evaluator = mnist.resolve_cluster(_flags(), _tf_config(cluster, "evaluator", 0))
     assert evaluator.job_name == "evaluator" and not evaluator.is_chief
@@ -117,7 +122,7 @@ def test_flags_win_over_tf_config():
     ("environ", "message"),
     [
         ({}, "no cluster"),
-        ({"TF_CONFIG": "{not json"}, "TF_CONFIG is not valid"),
+        ({"TF_CONFIG": "{not json"}, "TF_CONFIG is not a valid cluster description"),
         ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"], "ps": ["a:2"]}})}, 'no "task"'),
         (_tf_config({"worker": ["a:1"]}, "worker", 0), "no ps task"),
     ],
@@ -162,7 +167,7 @@ def test_main_reports_missing_cluster_and_data_with_exit_2(capsys, tmp_path, mon
 
 def _graph(job: str, compute_device: str, data_format: str = "NHWC", train: bool = True):
     cluster = {"ps": ["h:1", "h:2"], "worker": ["h:3", "h:4"]}
-    info = mnist.ClusterInfo(cluster, job, 0)
+    info = ClusterInfo(cluster, job, 0)
     return mnist.build_graph(info, _flags(), compute_device, data_format, train)
 
 

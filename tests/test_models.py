@@ -11,10 +11,10 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from tflaunch.models.inception import InceptionV3  # noqa: E402
-from tflaunch.models.layers import DataFormatError, check_data_format  # noqa: E402
-from tflaunch.models.nets import get_model_spec  # noqa: E402
-from tflaunch.models.resnet import ResNet50  # noqa: E402
+from tflaunch.models.nets.inception import InceptionV3  # noqa: E402
+from tflaunch.models.nets.layers import DataFormatError, check_data_format  # noqa: E402
+from tflaunch.models.nets.resnet import ResNet50  # noqa: E402
+from tflaunch.models.registry import get_model_spec  # noqa: E402
 
 
 def _trainable(variables) -> tuple[int, int]:

@@ -200,7 +200,7 @@ def test_fixture_matches_keras_and_models_inception():
         from make_inception_v3_variables import keras_inception_v3_document
     finally:
         sys.path.remove(str(DATA))
-    from tflaunch.models.placement import model_variables
+    from tflaunch.models.registry import model_variables
 
     stored = json.loads((DATA / "inception_v3_variables.json").read_text())["variables"]
     assert keras_inception_v3_document()["variables"] == stored
@@ -244,7 +244,7 @@ def _devices(tf, variables, setter) -> list[str]:
 
 def test_partitioned_inception_in_a_graph_matches_the_plan_and_tensorflow_partitioner():
     tf = pytest.importorskip("tensorflow")
-    from tflaunch.models.inception import InceptionV3
+    from tflaunch.models.nets.inception import InceptionV3
     from tflaunch.models.placement import variable_placement
 
     build = lambda: InceptionV3(num_classes=1000)  # noqa: E731
@@ -312,15 +312,16 @@ def test_two_ps_cluster_places_each_variable_where_the_strategy_chose_and_trains
 def test_mnist_graph_follows_each_strategy_and_its_evaluator_agrees():
     pytest.importorskip("tensorflow")
     from tflaunch.models import mnist
+    from tflaunch.models.cluster import ClusterInfo
 
     cluster = {"ps": ["h:1", "h:2"], "worker": ["h:3"]}
     for strategy in ("greedy", "lpt", "partitioned"):
         args = mnist.parse_args(["--variable_placement", strategy])
         trainer = mnist.build_graph(
-            mnist.ClusterInfo(cluster, "worker", 0), args, "/job:worker/task:0", "NHWC", True
+            ClusterInfo(cluster, "worker", 0), args, "/job:worker/task:0", "NHWC", True
         )
         evaluator = mnist.build_graph(
-            mnist.ClusterInfo(cluster, "evaluator", 0), args, "/job:ps/task:0", "NHWC", False
+            ClusterInfo(cluster, "evaluator", 0), args, "/job:ps/task:0", "NHWC", False
         )
         devices = [_ps_bytes(h.graph) for h in (trainer, evaluator)]
         assert devices[1] == {name: devices[0][name] for name in devices[1]}, strategy

@@ -1,7 +1,7 @@
 """Test program: between-graph training with a placement strategy, reporting where variables live.
 
 Run under ``tflaunch up`` (cluster from TF_CONFIG). PS tasks serve; worker 0 builds a small
-classifier (tflaunch.models.layers.Dense, 64 -> HIDDEN -> 10, on scikit-learn's 8x8 digits) under
+classifier (tflaunch.models.nets.layers.Dense, 64 -> HIDDEN -> 10, on scikit-learn's 8x8 digits) under
 ``tflaunch.models.placement.variable_placement(PLACEMENT, num_ps, ...)``, trains it for STEPS steps with
 Adam, and prints one line ``placement-report: {json}`` with:
 
@@ -24,7 +24,7 @@ import tensorflow as tf  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 
 from tflaunch.models import placement  # noqa: E402
-from tflaunch.models.layers import Dense  # noqa: E402
+from tflaunch.models.nets.layers import Dense  # noqa: E402
 
 v1 = tf.compat.v1
 HIDDEN = int(os.environ.get("HIDDEN", "512"))

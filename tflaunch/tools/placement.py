@@ -15,9 +15,10 @@ from collections.abc import Sequence
 import click
 
 from tflaunch.errors import TflaunchError
+from tflaunch.models import placement_math as pm
 from tflaunch.models.placement_math import STRATEGIES
+from tflaunch.models.registry import get_model_spec, model_names, model_variables
 
-MODELS = ("inception_v3", "resnet50", "mnist")
 MAX_PS = 4096
 MB = 1e6
 
@@ -119,7 +120,13 @@ def _draw_strategy(ax, rows: Sequence[dict]) -> None:
 
 
 @click.command()
-@click.option("--model", type=click.Choice(MODELS), default="inception_v3", show_default=True)
+@click.option(
+    "--model",
+    type=click.Choice(model_names(aliases=True)),
+    default="inception3",
+    show_default=True,
+    help="A network of tflaunch.models.registry (tf_cnn_benchmarks' names; aliases accepted).",
+)
 @click.option(
     "--num-ps",
     "ps_counts",
@@ -154,26 +161,25 @@ def placement(
 ) -> None:
     """Compare variable placement strategies across PS counts (needs TensorFlow)."""
     try:
-        from tflaunch.models import placement as tf_placement
-        from tflaunch.models import placement_math as pm
+        import tensorflow  # noqa: F401
     except ImportError as exc:
         raise PlacementError(
             f"tflaunch placement builds the model with TensorFlow, which cannot be imported "
             f"here ({exc}); install tflaunch[tf] or run it where TensorFlow is installed."
         ) from None
-    variables = tf_placement.model_variables(model, num_classes, trainable_only=not all_variables)
+    spec = get_model_spec(model)
+    variables = model_variables(spec.name, num_classes, trainable_only=not all_variables)
     kind = "variables" if all_variables else "trainable variables"
     total = sum(v.nbytes for v in variables)
-    description = tf_placement.MODELS[model][0]
-    classes = "" if model == "mnist" else f", {num_classes} classes"
-    header = f"{description}{classes}: {len(variables)} {kind}, {total / MB:.2f} MB"
+    classes = "" if spec.fixed_num_classes else f", {num_classes} classes"
+    header = f"{spec.description}{classes}: {len(variables)} {kind}, {total / MB:.2f} MB"
     rows = [
         pm.summary(pm.place(strategy, variables, n))
         for strategy in strategies or STRATEGIES
         for n in ps_counts
     ]
     if as_json:
-        document = {"model": model, "num_classes": num_classes, "variables": len(variables)}
+        document = {"model": spec.name, "num_classes": num_classes, "variables": len(variables)}
         document |= {"total_bytes": total, "results": rows}
         click.echo(json.dumps(document, indent=2))
     else:

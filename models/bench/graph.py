@@ -19,16 +19,10 @@ from contextlib import nullcontext
 
 import tensorflow as tf
 
-from tflaunch.models.benchmark import (
-    BenchmarkError,
-    ClusterInfo,
-    Timing,
-    images_per_sec,
-    log,
-    timed_loop,
-)
-from tflaunch.models.nets import ModelSpec, get_model_spec
-from tflaunch.models.tfrecords import list_shards, make_dataset
+from tflaunch.models.bench.common import BenchmarkError, Timing, images_per_sec, log, timed_loop
+from tflaunch.models.cluster import ClusterInfo
+from tflaunch.models.data.imagenet import list_shards, make_dataset
+from tflaunch.models.registry import ModelSpec, get_model_spec
 
 v1 = tf.compat.v1
 
@@ -37,7 +31,7 @@ POLL_S = 0.05
 
 
 def _session_config(args: argparse.Namespace, info: ClusterInfo) -> v1.ConfigProto:
-    own = f"/job:{info.job}/task:{info.index}"
+    own = info.device
     return v1.ConfigProto(
         device_filters=["/job:ps", own],
         intra_op_parallelism_threads=args.num_intra_threads,
@@ -48,8 +42,8 @@ def _session_config(args: argparse.Namespace, info: ClusterInfo) -> v1.ConfigPro
 def _server(args: argparse.Namespace, info: ClusterInfo) -> tf.distribute.Server:
     return tf.distribute.Server(
         tf.train.ClusterSpec(info.cluster),
-        job_name=info.job,
-        task_index=info.index,
+        job_name=info.job_name,
+        task_index=info.task_index,
         config=_session_config(args, info),
         start=True,
     )
@@ -63,7 +57,7 @@ def run_ps(args: argparse.Namespace, info: ClusterInfo) -> None:
         if args.variable_update == "collective_all_reduce"
         else "serving variables"
     )
-    log(f"ps:{info.index} {role}; joining")
+    log(f"ps:{info.task_index} {role}; joining")
     server.join()
 
 
@@ -112,7 +106,7 @@ def _inputs(args: argparse.Namespace, info: ClusterInfo):
         args.batch_size,
         args.image_size,
         args.data_format,
-        info.num_workers,
+        info.num_training_tasks,
         info.rank,
     )
     return v1.data.make_one_shot_iterator(ds).get_next()
@@ -135,7 +129,7 @@ class _Graph:
     """The ops one worker runs: init, the training step, and the coordination variables."""
 
     def __init__(self, args: argparse.Namespace, info: ClusterInfo) -> None:
-        worker_device = f"/job:{info.job}/task:{info.index}"
+        worker_device = info.device
         cluster = tf.train.ClusterSpec(info.cluster)
         ps_strategy = _ps_strategy(args, info)
         setter = v1.train.replica_device_setter(
@@ -145,7 +139,9 @@ class _Graph:
         spec = get_model_spec(args.model)
         with v1.device("/job:ps/task:0"):
             self.barrier = tf.Variable(0, name="bench_barrier", dtype=tf.int64)
-            self.rates = tf.Variable(tf.zeros([info.num_workers], tf.float64), name="bench_rates")
+            self.rates = tf.Variable(
+                tf.zeros([info.num_training_tasks], tf.float64), name="bench_rates"
+            )
             self.arrive = self.barrier.assign_add(1)
             self.rate_in = v1.placeholder(tf.float64, [])
             self.report = v1.scatter_update(self.rates, [info.rank], [self.rate_in])
@@ -235,7 +231,7 @@ def run_worker(args: argparse.Namespace, info: ClusterInfo) -> tuple[Timing, flo
             _wait(lambda: len(sess.run(ops.uninitialized)) == 0, "the chief to initialise")
         sess.run(ops.local_init)
         log(
-            f"{args.variable_update}: worker {info.rank} of {info.num_workers}, "
+            f"{args.variable_update}: worker {info.rank} of {info.num_training_tasks}, "
             f"{info.num_ps} PS, {len(ops.shared_vars)} variables on PS"
         )
         fetches = [ops.train_op, ops.loss]
@@ -245,7 +241,9 @@ def run_worker(args: argparse.Namespace, info: ClusterInfo) -> tuple[Timing, flo
 
         def barrier() -> None:
             sess.run(ops.arrive)
-            _wait(lambda: sess.run(ops.barrier) >= info.num_workers, "all workers to warm up")
+            _wait(
+                lambda: sess.run(ops.barrier) >= info.num_training_tasks, "all workers to warm up"
+            )
 
         timing = timed_loop(
             step,

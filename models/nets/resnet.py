@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tflaunch.models.layers import (
+from tflaunch.models.nets.layers import (
     ConvBN,
     Dense,
     check_data_format,

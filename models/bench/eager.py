@@ -14,9 +14,10 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from tflaunch.models.benchmark import ClusterInfo, Timing, images_per_sec, log, timed_loop
-from tflaunch.models.nets import get_model_spec
-from tflaunch.models.tfrecords import list_shards, make_dataset
+from tflaunch.models.bench.common import Timing, images_per_sec, log, timed_loop
+from tflaunch.models.cluster import ClusterInfo
+from tflaunch.models.data.imagenet import list_shards, make_dataset
+from tflaunch.models.registry import get_model_spec
 
 
 class Optimizer:
@@ -137,9 +138,12 @@ def collective_step(
 
 
 def _make_strategy(info: ClusterInfo) -> tf.distribute.Strategy:
-    jobs = {job: hosts for job, hosts in info.cluster.items() if job in ("chief", "worker")}
+    jobs = info.jobs("chief", "worker")
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(jobs), task_type=info.job, task_id=info.index, rpc_layer="grpc"
+        tf.train.ClusterSpec(jobs),
+        task_type=info.job_name,
+        task_id=info.task_index,
+        rpc_layer="grpc",
     )
     return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
 
@@ -159,8 +163,8 @@ def run_worker(args: argparse.Namespace, info: ClusterInfo | None) -> tuple[Timi
         timing = _loop(args, step, barrier=lambda: None)
         return timing, images_per_sec(args.batch_size, timing)
     strategy = _make_strategy(info)
-    log(f"collective_all_reduce: worker {info.rank} of {info.num_workers}, PS tasks unused")
-    step = collective_step(args, strategy, info.rank, info.num_workers)
+    log(f"collective_all_reduce: worker {info.rank} of {info.num_training_tasks}, PS tasks unused")
+    step = collective_step(args, strategy, info.rank, info.num_training_tasks)
 
     @tf.function
     def sum_over_workers(value: tf.Tensor) -> tf.Tensor:

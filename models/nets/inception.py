@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tflaunch.models.layers import (
+from tflaunch.models.nets.layers import (
     ConvBN,
     Dense,
     avg_pool,
@@ -19,7 +19,7 @@ from tflaunch.models.layers import (
     concat,
     global_avg_pool,
 )
-from tflaunch.models.layers import max_pool as _max_pool
+from tflaunch.models.nets.layers import max_pool as _max_pool
 
 MIN_IMAGE_SIZE = 75
 DEFAULT_IMAGE_SIZE = 299

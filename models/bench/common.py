@@ -1,0 +1,109 @@
+"""The pieces of the CNN benchmark that its program and both runners share.
+
+The program (:mod:`tflaunch.models.benchmark`) parses flags and dispatches; the runners
+(:mod:`.graph` for TF1 between-graph replication, :mod:`.eager` for ``tf.function`` and
+MultiWorkerMirroredStrategy) build and run the step. Both runners need the timed loop, the
+statistics and the error type: they live here, below all three, so nothing imports upward.
+No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+VARIABLE_UPDATES = ("parameter_server", "distributed_replicated", "collective_all_reduce")
+OPTIMIZERS = ("sgd", "momentum")
+
+
+class BenchmarkError(Exception):
+    """Bad flags or cluster description; the message says what to change."""
+
+
+@dataclass
+class Timing:
+    """What one worker measured."""
+
+    warmup_times: list[float] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)
+    elapsed: float = 0.0
+    start_time: float = 0.0
+    end_time: float = 0.0
+    final_loss: float | None = None
+
+
+def perf_stats(batch_size: int, step_times: Sequence[float]) -> tuple[float, float, float]:
+    """(mean images/sec, standard error, jitter) over per-step times, as tf_cnn_benchmarks."""
+    times = np.asarray(step_times, dtype=np.float64)
+    speeds = batch_size / times
+    mean = batch_size / float(np.mean(times))
+    uncertainty = float(np.std(speeds) / np.sqrt(len(speeds)))
+    jitter = 1.4826 * float(np.median(np.abs(speeds - np.median(speeds))))
+    return mean, uncertainty, jitter
+
+
+def perf_line(step: int, batch_size: int, step_times: Sequence[float]) -> str:
+    """``<step>\\timages/sec: X +/- Y (jitter = Z)``."""
+    mean, uncertainty, jitter = perf_stats(batch_size, step_times)
+    return f"{step}\timages/sec: {mean:.1f} +/- {uncertainty:.1f} (jitter = {jitter:.1f})"
+
+
+def should_display(step: int, display_every: int) -> bool:
+    """Display the first timed step and every ``display_every``-th (1-based, as tf_cnn)."""
+    return step == 1 or (display_every > 0 and step % display_every == 0)
+
+
+def timed_loop(
+    step: Callable[[], object],
+    num_warmup: int,
+    num_batches: int,
+    batch_size: int,
+    display_every: int,
+    barrier: Callable[[], None],
+    log: Callable[[str], None],
+) -> Timing:
+    """Warm up, wait for every worker, then time ``num_batches`` steps one by one.
+
+    The only per-step work beyond the step itself is two clock reads and a list append; the
+    statistics are computed on display steps only.
+    """
+    timing = Timing()
+    for _ in range(num_warmup):
+        t0 = time.perf_counter()
+        step()
+        timing.warmup_times.append(time.perf_counter() - t0)
+    barrier()
+    log("Step\tImg/sec")
+    times = timing.step_times
+    timing.start_time = time.time()
+    loop_start = time.perf_counter()
+    result = None
+    for i in range(1, num_batches + 1):
+        t0 = time.perf_counter()
+        result = step()
+        times.append(time.perf_counter() - t0)
+        if should_display(i, display_every):
+            log(perf_line(i, batch_size, times))
+    timing.elapsed = time.perf_counter() - loop_start
+    timing.end_time = time.time()
+    timing.final_loss = _as_float(result)
+    return timing
+
+
+def images_per_sec(batch_size: int, timing: Timing) -> float:
+    """This worker's throughput: images in its timed steps over the wall time of its timed loop."""
+    return batch_size * len(timing.step_times) / timing.elapsed
+
+
+def _as_float(value: object) -> float | None:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def log(line: str) -> None:
+    print(line, flush=True)
