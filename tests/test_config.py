@@ -112,6 +112,7 @@ def test_installed_package_adds_only_tflaunch_names(tmp_path):
     top = {p.name for p in site.iterdir() if not p.name.endswith((".dist-info", ".pth"))}
     assert "tflaunch" in top and not top & {"models", "launchers"}, sorted(top)
     assert (site / "tflaunch" / "models" / "mnist.py").is_file()
+    assert (site / "tflaunch" / "models" / "nets" / "inception.py").is_file()
     assert (site / "tflaunch" / "launchers" / "slurm" / "node.py").is_file()
     probe = (
         "import tflaunch.models.placement_math\nfor name in ('models', 'launchers'):\n"
