@@ -38,7 +38,7 @@ from tensorflow.core.framework import node_def_pb2
 from tensorflow.python.ops.variables import PartitionedVariable
 
 from tflaunch.models import placement_math as pm
-from tflaunch.models.placement_math import Placement, VariableSpec
+from tflaunch.models.placement_math import VariablePlacement, VariableSpec
 
 _VARIABLE_OPS = ("Variable", "VariableV2", "VarHandleOp", "AutoReloadVariable")
 
@@ -148,14 +148,14 @@ class GreedyStrategy(_BookkeepingStrategy):
 
 
 class PlannedStrategy(_BookkeepingStrategy):
-    """Variables to the tasks a precomputed :class:`Placement` names, by op name.
+    """Variables to the tasks a precomputed :class:`VariablePlacement` names, by op name.
 
     An op the plan does not know and that is not colocated with a known one (a variable the
     planning build did not create, such as a global step) goes to the least-loaded task, counting
     the whole plan from the start; ``unplanned`` lists them.
     """
 
-    def __init__(self, plan: Placement, max_shard_bytes: int | None = None) -> None:
+    def __init__(self, plan: VariablePlacement, max_shard_bytes: int | None = None) -> None:
         super().__init__(plan.num_ps)
         self.plan = plan
         self.max_shard_bytes = max_shard_bytes

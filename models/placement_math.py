@@ -1,7 +1,8 @@
 """Variable placement across parameter servers: the arithmetic, without TensorFlow.
 
 A variable is a :class:`VariableSpec` (name, shape, bytes per element); a strategy maps a list of
-them, in creation order, to PS task indices and returns a :class:`Placement`. The strategies:
+them, in creation order, to PS task indices and returns a :class:`VariablePlacement` (named so
+to keep it apart from the cluster file's host ``Placement``). The strategies:
 
 - ``round_robin``: variable *i* to PS ``i % n``: what ``tf.compat.v1.train.replica_device_setter``
   does by default. On a CNN, kernels and batch-norm offsets alternate, so at 2 PS every kernel
@@ -28,8 +29,6 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-STRATEGIES = ("round_robin", "greedy", "lpt", "partitioned")
-
 # The partitioned strategy shards finer (more shards per PS) until max/mean is at most this.
 BALANCE_TARGET = 1.02
 # Shards per PS tried, coarsest first: 2 ** (k / 2) for k = 0 .. 14, i.e. 1 to 128.
@@ -55,7 +54,7 @@ class VariableSpec:
 
 
 @dataclass(frozen=True)
-class Placement:
+class VariablePlacement:
     """Which PS holds each variable (or shard), in creation order, under one strategy."""
 
     strategy: str
@@ -88,28 +87,28 @@ class Placement:
         return {spec.name: ps for spec, ps in self.assignment}
 
 
-def round_robin(variables: Sequence[VariableSpec], num_ps: int) -> Placement:
+def round_robin(variables: Sequence[VariableSpec], num_ps: int) -> VariablePlacement:
     """Variable i to PS i mod n, as replica_device_setter's default strategy."""
     _check_num_ps(num_ps)
     assignment = tuple((spec, i % num_ps) for i, spec in enumerate(variables))
-    return Placement("round_robin", num_ps, assignment)
+    return VariablePlacement("round_robin", num_ps, assignment)
 
 
-def greedy(variables: Sequence[VariableSpec], num_ps: int) -> Placement:
+def greedy(variables: Sequence[VariableSpec], num_ps: int) -> VariablePlacement:
     """Each variable, in creation order, to the least-loaded PS by bytes."""
     _check_num_ps(num_ps)
-    return Placement("greedy", num_ps, _least_loaded(variables, num_ps))
+    return VariablePlacement("greedy", num_ps, _least_loaded(variables, num_ps))
 
 
-def lpt(variables: Sequence[VariableSpec], num_ps: int) -> Placement:
+def lpt(variables: Sequence[VariableSpec], num_ps: int) -> VariablePlacement:
     """Largest variable first, each to the least-loaded PS; reported in creation order."""
     _check_num_ps(num_ps)
-    return Placement("lpt", num_ps, _largest_first(variables, num_ps))
+    return VariablePlacement("lpt", num_ps, _largest_first(variables, num_ps))
 
 
 def partitioned(
     variables: Sequence[VariableSpec], num_ps: int, max_shard_bytes: int | None = None
-) -> Placement:
+) -> VariablePlacement:
     """Shard every variable above ``max_shard_bytes``, place the pieces largest first, rebalance.
 
     Without ``max_shard_bytes``, :func:`choose_max_shard_bytes` picks the coarsest limit that
@@ -142,21 +141,24 @@ def choose_max_shard_bytes(variables: Sequence[VariableSpec], num_ps: int) -> in
 
 def _place_shards(
     variables: Sequence[VariableSpec], num_ps: int, max_shard_bytes: int
-) -> Placement:
+) -> VariablePlacement:
     pieces = [shard for spec in variables for shard in shard_variable(spec, max_shard_bytes)]
     owners = _rebalance(pieces, [ps for _, ps in _largest_first(pieces, num_ps)], num_ps)
-    return Placement("partitioned", num_ps, tuple(zip(pieces, owners, strict=True)))
+    return VariablePlacement("partitioned", num_ps, tuple(zip(pieces, owners, strict=True)))
 
 
-PLACERS: dict[str, Callable[[Sequence[VariableSpec], int], Placement]] = {
+PLACERS: dict[str, Callable[[Sequence[VariableSpec], int], VariablePlacement]] = {
     "round_robin": round_robin,
     "greedy": greedy,
     "lpt": lpt,
     "partitioned": partitioned,
 }
+# The strategy names, listed here only: every program's --variable_placement and the placement
+# report take them from this tuple.
+STRATEGIES = tuple(PLACERS)
 
 
-def place(strategy: str, variables: Sequence[VariableSpec], num_ps: int) -> Placement:
+def place(strategy: str, variables: Sequence[VariableSpec], num_ps: int) -> VariablePlacement:
     """Run the named strategy; ValueError names the valid ones on a typo."""
     try:
         placer = PLACERS[strategy]
@@ -279,7 +281,7 @@ def _check_num_ps(num_ps: int) -> None:
         raise ValueError(f"the number of parameter servers must be at least 1, not {num_ps}")
 
 
-def summary(placement: Placement) -> dict[str, object]:
+def summary(placement: VariablePlacement) -> dict[str, object]:
     """A placement's figures as plain data (for JSON output and tables)."""
     loads = placement.bytes_per_ps
     return {
