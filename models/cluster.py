@@ -47,6 +47,7 @@ class ClusterInfo:
     job_name: str
     task_index: int
     source: str = field(default="the cluster", compare=False)  # where it came from, for messages
+    cluster_file: str | None = field(default=None, compare=False)  # when it came from one
 
     @property
     def name(self) -> str:
@@ -208,7 +209,7 @@ def _from_cluster_file(
                 f"--task_index, or set {TASK_ENV}=job:index (tflaunch sets it for every task)."
             )
         job_name, task_index = parse_task(task)
-    return ClusterInfo(cluster, job_name, task_index, source)
+    return ClusterInfo(cluster, job_name, task_index, source, cluster_file=path)
 
 
 def _from_tf_config(text: str) -> ClusterInfo:
