@@ -221,7 +221,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         validate(args)
-        return run(args, resolve_cluster(args, os.environ))
+        info = resolve_cluster(args, os.environ)
+        if info is not None:
+            log(f"{info.name}: cluster from {info.source}")
+        return run(args, info)
     except BenchmarkError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -586,6 +586,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_args(argv)
         info = resolve_cluster(args, os.environ)
         name = info.name
+        say(info, f"cluster from {info.source}")
         if info.job_name == "ps":
             return run_ps(info, args)
         if info.job_name in TRAINING_JOBS:

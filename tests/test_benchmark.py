@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import tflaunch, wait_until_gone, write_cluster
+from tests.helpers import tflaunch, wait_until_gone, write_cluster, write_cluster_file
 from tflaunch.models.bench.common import (
     BenchmarkError,
     perf_line,
@@ -263,4 +263,28 @@ def test_cluster_through_tflaunch_up(variable_update, real_data, tfrecord_dir, t
     own = sum(d["images_per_sec"]["worker"] for d in docs)
     assert totals["worker:0"] == totals["worker:1"] == pytest.approx(own, abs=0.01)
     assert all(d["cluster"]["num_workers"] == 2 and d["cluster"]["num_ps"] == 1 for d in docs)
+    assert wait_until_gone(str(tmp_path)) == []
+
+
+@pytest.mark.slow
+def test_collective_all_reduce_from_a_cluster_file(tmp_path) -> None:
+    """The cluster only from --cluster_file: MultiWorkerMirroredStrategy over the two workers
+    through ClusterFileResolver (the PS left out by its jobs filter, idle)."""
+    cluster_file = tmp_path / "cluster.json"
+    argv = [sys.executable, "-m", "tflaunch.models.benchmark", *TINY, "--num_batches", "2"]
+    argv += ["--num_warmup_batches", "1", "--variable_update", "collective_all_reduce"]
+    argv += ["--cluster_file", str(cluster_file)]
+    program = {"argv": argv, "env": {"TEST_MARKER": str(tmp_path)}}
+    config = write_cluster(tmp_path / "cluster.yaml", program, supervision={"ready_timeout": 240})
+    write_cluster_file(config, cluster_file)
+    result = tflaunch("up", str(config), cwd=ROOT, timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for task in ("ps:0", "worker:0", "worker:1"):
+        line = (
+            rf"^\[{task}\]\s+{task}: cluster from the cluster file {re.escape(str(cluster_file))}$"
+        )
+        assert re.search(line, result.stdout, re.M), result.stdout[-3000:]
+    assert "collective_all_reduce: worker 1 of 2, PS tasks unused" in result.stdout
+    totals = re.findall(r"^\[worker:\d\]\s+total images/sec: ([\d.]+)$", result.stdout, re.M)
+    assert len(totals) == 2 and totals[0] == totals[1]
     assert wait_until_gone(str(tmp_path)) == []
