@@ -106,6 +106,18 @@ def test_point_argv_adds_flags_and_refuses_reserved_ones() -> None:
         point_argv(["prog", "--data_dir=/x"], real, Path("/d"))
 
 
+def test_point_argv_checks_the_benchmark_model_against_the_registry() -> None:
+    point = Point(1, 1, "parameter_server", False)
+    bench = ["python3", "-m", "tflaunch.models.benchmark"]
+    for model in (["--model", "inception3"], ["--model=resnet50"], ["--model", "inception_v3"]):
+        assert point_argv([*bench, *model], point, None)[-1] == "parameter_server"
+    with pytest.raises(ConfigError, match="unknown --model 'vgg16'; choose one of: inception3"):
+        point_argv([*bench, "--model", "vgg16"], point, None)
+    with pytest.raises(ConfigError, match="not a CNN the benchmark trains"):
+        point_argv([*bench, "--model=mnist"], point, None)
+    assert point_argv(["my_bench.py", "--model", "vgg16"], point, None)  # not ours: not checked
+
+
 def test_parse_total_takes_worker_0_or_the_chief() -> None:
     out = "[worker:1] total images/sec: 5.00\n[worker:0] total images/sec: 12.34\n"
     assert parse_total(out) == 12.34

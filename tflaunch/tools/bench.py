@@ -49,6 +49,7 @@ import click
 import yaml
 
 from tflaunch.errors import ConfigError
+from tflaunch.models.registry import UnknownModelError, get_model_spec
 
 VARIABLE_UPDATES = ("parameter_server", "distributed_replicated", "collective_all_reduce")
 DATA_KINDS = ("synthetic", "real")
@@ -64,6 +65,7 @@ SWEEP_KEYS = (
     "output_dir",
 )
 RESERVED_FLAGS = ("--variable_update", "--data_dir")
+BENCHMARK_MODULE = "tflaunch.models.benchmark"
 TOTAL_LINE = re.compile(r"^\[(?:worker|chief):0\]\s+total images/sec: ([0-9.]+)\s*$", re.M)
 
 
@@ -227,10 +229,26 @@ def point_argv(base_argv: Sequence[str], point: Point, data_dir: Path | None) ->
             f"the cluster file's program already passes {reserved[0]}; tflaunch bench sets "
             f"{' and '.join(RESERVED_FLAGS)} for each grid point, so remove it from program.argv."
         )
+    check_benchmark_model(base_argv)
     argv = [*base_argv, "--variable_update", point.variable_update]
     if point.real_data:
         argv += ["--data_dir", str(data_dir)]
     return tuple(argv)
+
+
+def check_benchmark_model(argv: Sequence[str]) -> None:
+    """Refuse a ``--model`` that ``tflaunch.models.benchmark`` would refuse at every grid point,
+    before any point runs (the names are those of ``tflaunch.models.registry``)."""
+    if BENCHMARK_MODULE not in argv:
+        return
+    for i, arg in enumerate(argv):
+        flag, sep, value = arg.partition("=")
+        if flag == "--model" and (sep or i + 1 < len(argv)):
+            name = value if sep else argv[i + 1]
+            try:
+                get_model_spec(name, benchmark=True)
+            except UnknownModelError as exc:
+                raise ConfigError(f"the cluster file's program: {exc}.") from None
 
 
 def parse_total(output: str) -> float | None:
