@@ -1,0 +1,26 @@
+"""What runs on the cluster: programs, the networks they train, their data, and a small library for
+users' own programs. The only part of tflaunch that imports TensorFlow.
+
+Programs (run as ``python -m tflaunch.models.<name>``; each task of a cluster runs one):
+
+- ``mnist``: the distributed MNIST case study (TF1 between-graph replication on PS);
+- ``benchmark``: tf_cnn_benchmarks-style CNN throughput; its runners are ``bench.graph``
+  (TF1 graph mode) and ``bench.eager`` (``tf.function``, MultiWorkerMirroredStrategy), over the
+  pieces they share in ``bench.common``;
+- ``tfrecords``: writes a small ImageNet-layout TFRecord set for the benchmark.
+
+Below them:
+
+- ``nets/``: the networks (``inception``, ``resnet`` on the ``layers`` library, ``deep_mnist``);
+- ``registry``: the networks by name (tf_cnn_benchmarks' names, older ones as aliases), for the
+  benchmark, ``tflaunch placement`` and ``tflaunch bench``; no TensorFlow at import;
+- ``data/``: ``digits`` (MNIST files or scikit-learn's digits) and ``imagenet`` (TFRecords);
+- ``cluster``: every program's cluster and task, from TF1 flags, a cluster file or TF_CONFIG; no
+  TensorFlow. ``cluster_file_resolver``: the cluster file as a TF ClusterResolver for TF2
+  strategies;
+- ``placement`` (on TensorFlow graphs) and ``placement_math`` (the arithmetic): variable
+  placement across PS tasks, for any TF1-style program.
+
+Nothing here imports tflaunch's core or its launchers: programs learn their cluster from their
+arguments and environment only.
+"""
