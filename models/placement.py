@@ -12,7 +12,7 @@ The arithmetic lives in :mod:`tflaunch.models.placement_math` (no TensorFlow); t
   TensorFlow partitioned variables (``<name>/part_<i>``) along the axis
   :func:`tflaunch.models.placement_math.split_axis` chooses, sliced as ``tf.compat.v1.get_variable`` with a
   partitioner would slice them. Works for ``tf.Variable`` (the tf.Module models) and
-  ``tf.compat.v1.get_variable`` (models/mnist.py) in graph mode; tf.Module's
+  ``tf.compat.v1.get_variable`` (models/nets/deep_mnist.py) in graph mode; tf.Module's
   ``trainable_variables`` lists the shards, and checkpoints store the whole variable.
 - :func:`ps_strategy_for_model` (a strategy by name) and :func:`variable_placement` (the device
   setter and the strategy's variable scope in one), what a program enters around model

@@ -1,4 +1,4 @@
-"""InceptionV3 in plain TensorFlow variables and ops (see models/layers.py for why not Keras).
+"""InceptionV3 in plain TensorFlow variables and ops (see models/nets/layers.py for why not Keras).
 
 Layer for layer the network of Keras's ``InceptionV3`` (Szegedy et al. 2015; 94 convolutions
 without bias, each followed by batch norm with beta but no gamma, then the classifier): with 1000

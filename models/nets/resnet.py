@@ -1,4 +1,4 @@
-"""ResNet-50 (v1) in plain TensorFlow variables and ops (see models/layers.py for why not Keras).
+"""ResNet-50 (v1) in plain TensorFlow variables and ops (see models/nets/layers.py for why not Keras).
 
 Layer for layer Keras's ``ResNet50``: convolutions with bias, batch norm with gamma and beta
 (epsilon 1.001e-5), bottleneck blocks whose stride sits on the first 1x1 convolution, a projection
