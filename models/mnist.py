@@ -65,7 +65,7 @@ from tflaunch.models.cluster import (  # noqa: E402
     cluster_from_args,
 )
 from tflaunch.models.data import digits  # noqa: E402
-from tflaunch.models.nets.deep_mnist import deep_mnist  # noqa: E402
+from tflaunch.models.nets.deep_mnist import build_on_placeholder, deep_mnist  # noqa: E402
 from tflaunch.models.placement_math import STRATEGIES  # noqa: E402
 
 v1 = tf.compat.v1
@@ -264,7 +264,7 @@ def build_graph(
         ps_strategy = placement.ps_strategy_for_model(
             args.variable_placement,
             len(info.cluster["ps"]),
-            lambda: deep_mnist(v1.placeholder(tf.float32, [None, 28, 28, 1]), data_format, 0.0),
+            lambda: build_on_placeholder(digits.NUM_CLASSES, data_format),
         )
         setter = v1.train.replica_device_setter(
             cluster=tf.train.ClusterSpec(info.cluster),

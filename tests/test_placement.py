@@ -200,11 +200,12 @@ def test_fixture_matches_keras_and_models_inception():
         from make_inception_v3_variables import keras_inception_v3_document
     finally:
         sys.path.remove(str(DATA))
-    from tflaunch.models.registry import model_variables
+    from tflaunch.models.registry import get_model_spec
+    from tflaunch.tools.placement import model_variables
 
     stored = json.loads((DATA / "inception_v3_variables.json").read_text())["variables"]
     assert keras_inception_v3_document()["variables"] == stored
-    ours = model_variables("inception_v3", 1000)
+    ours = model_variables(get_model_spec("inception_v3"), 1000)
     assert [list(v.shape) for v in ours] == [shape for _, shape, _ in stored]
 
 

@@ -52,3 +52,10 @@ def deep_mnist(
     x = tf.nn.relu(_dense("fc1", x, 7 * 7 * 64, 1024))
     x = tf.nn.dropout(x, rate=drop_rate)
     return _dense("fc2", x, 1024, num_classes)
+
+
+def build_on_placeholder(num_classes: int = NUM_CLASSES, data_format: str = "NHWC") -> tf.Tensor:
+    """The net on an image placeholder (dropout off): the registry's factory, for learning the
+    variables it creates in a graph."""
+    images = v1.placeholder(tf.float32, [None, IMAGE_SIZE, IMAGE_SIZE, 1], name="images")
+    return deep_mnist(images, data_format, 0.0, num_classes)

@@ -16,8 +16,8 @@ import click
 
 from tflaunch.errors import TflaunchError
 from tflaunch.models import placement_math as pm
-from tflaunch.models.placement_math import STRATEGIES
-from tflaunch.models.registry import get_model_spec, model_names, model_variables
+from tflaunch.models.placement_math import STRATEGIES, VariableSpec
+from tflaunch.models.registry import ModelSpec, get_model_spec, model_names
 
 MAX_PS = 4096
 MB = 1e6
@@ -119,6 +119,23 @@ def _draw_strategy(ax, rows: Sequence[dict]) -> None:
     ax.set_xlim(-1, x - 1)
 
 
+def model_variables(
+    spec: ModelSpec, num_classes: int = 1000, trainable_only: bool = True
+) -> list[VariableSpec]:
+    """A model's variables in creation order, from one graph-mode build (nothing computed): what
+    a replica_device_setter would place. Imports TensorFlow."""
+    try:
+        from tflaunch.models.placement import graph_variables
+    except ImportError as exc:
+        raise PlacementError(
+            f"tflaunch placement builds the model with TensorFlow, which cannot be imported "
+            f"here ({exc}); install tflaunch[tf] or run it where TensorFlow is installed."
+        ) from None
+    classes = spec.default_num_classes if spec.fixed_num_classes else num_classes
+    variables = graph_variables(lambda: spec.build(classes, "NHWC"))
+    return [v for v in variables if v.trainable or not trainable_only]
+
+
 @click.command()
 @click.option(
     "--model",
@@ -160,15 +177,8 @@ def placement(
     plot: str | None,
 ) -> None:
     """Compare variable placement strategies across PS counts (needs TensorFlow)."""
-    try:
-        import tensorflow  # noqa: F401
-    except ImportError as exc:
-        raise PlacementError(
-            f"tflaunch placement builds the model with TensorFlow, which cannot be imported "
-            f"here ({exc}); install tflaunch[tf] or run it where TensorFlow is installed."
-        ) from None
     spec = get_model_spec(model)
-    variables = model_variables(spec.name, num_classes, trainable_only=not all_variables)
+    variables = model_variables(spec, num_classes, trainable_only=not all_variables)
     kind = "variables" if all_variables else "trainable variables"
     total = sum(v.nbytes for v in variables)
     classes = "" if spec.fixed_num_classes else f", {num_classes} classes"
