@@ -64,7 +64,7 @@ class ClusterInfo:
 
     @property
     def num_training_tasks(self) -> int:
-        return len(self.training_tasks)
+        return sum(len(self.cluster.get(job, [])) for job in TRAINING_JOBS)
 
     @property
     def num_ps(self) -> int:
@@ -72,12 +72,17 @@ class ClusterInfo:
 
     @property
     def is_training_task(self) -> bool:
-        return (self.job_name, self.task_index) in self.training_tasks
+        tasks = len(self.cluster.get(self.job_name, []))
+        return self.job_name in TRAINING_JOBS and 0 <= self.task_index < tasks
 
     @property
     def rank(self) -> int:
-        """This training task's position in :attr:`training_tasks` (0: the chief or worker 0)."""
-        return self.training_tasks.index((self.job_name, self.task_index))
+        """This training task's position in :attr:`training_tasks` (0: the chief or worker 0),
+        computed without listing them: clusters may hold tens of thousands of tasks."""
+        if not self.is_training_task:
+            raise ValueError(f"{self.name} is not a training task, so it has no rank")
+        chiefs = len(self.cluster.get("chief", [])) if self.job_name == "worker" else 0
+        return chiefs + self.task_index
 
     @property
     def is_chief(self) -> bool:
@@ -161,7 +166,7 @@ def checked(info: ClusterInfo) -> ClusterInfo:
             f"{where}: the cluster is empty; give --ps_hosts and --worker_hosts (host:port lists) "
             "or a cluster file with --cluster_file."
         )
-    if not info.training_tasks:
+    if not info.num_training_tasks:
         raise ClusterError(f"{where}: the cluster has no worker or chief task.")
     if len(info.cluster.get("chief", [])) > 1:
         raise ClusterError(f"{where}: at most one chief, got {len(info.cluster['chief'])}.")

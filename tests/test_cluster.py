@@ -78,6 +78,10 @@ def test_rank_order_chief_first_and_the_chief_role():
     assert not ClusterInfo(CLUSTER, "ps", 0).is_training_task
     assert info.jobs("chief", "worker") == {"chief": ["c:1"], "worker": ["w:1", "w:2"]}
     assert (info.name, info.device) == ("worker:1", "/job:worker/task:1")
+    for rank, (job, index) in enumerate(info.training_tasks):
+        assert ClusterInfo(CLUSTER, job, index).rank == rank
+    with pytest.raises(ValueError, match="ps:0 is not a training task"):
+        _ = ClusterInfo(CLUSTER, "ps", 0).rank
 
 
 def test_the_file_comes_from_the_environment_and_the_task_from_flags_or_environment(tmp_path):
