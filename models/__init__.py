@@ -4,6 +4,7 @@ users' own programs. The only part of tflaunch that imports TensorFlow.
 Programs (run as ``python -m tflaunch.models.<name>``; each task of a cluster runs one):
 
 - ``mnist``: the distributed MNIST case study (TF1 between-graph replication on PS);
+- ``pss``: digit classification with TF2's ParameterServerStrategy, checkpointed and resumable;
 - ``benchmark``: tf_cnn_benchmarks-style CNN throughput; its runners are ``bench.graph``
   (TF1 graph mode) and ``bench.eager`` (``tf.function``, MultiWorkerMirroredStrategy), over the
   pieces they share in ``bench.common``;
@@ -17,7 +18,7 @@ Below them:
 - ``data/``: ``digits`` (MNIST files or scikit-learn's digits) and ``imagenet`` (TFRecords);
 - ``cluster``: every program's cluster and task, from TF1 flags, a cluster file or TF_CONFIG; no
   TensorFlow. ``cluster_file_resolver``: the cluster file as a TF ClusterResolver for TF2
-  strategies;
+  strategies, and ``resolver_for`` (a resolver for a cluster from any source);
 - ``placement`` (on TensorFlow graphs) and ``placement_math`` (the arithmetic): variable
   placement across PS tasks, for any TF1-style program.
 

@@ -1,7 +1,8 @@
 """Digit classification with TF2's ParameterServerStrategy: a custom training loop driven by a
 ``ClusterCoordinator`` on the chief, checkpointed with ``CheckpointManager``, resumable.
 
-Every task runs this same program and reads its role from ``TF_CONFIG`` (which tflaunch sets):
+Every task runs this same program and reads its role from ``TF_CONFIG`` (which tflaunch sets), or
+from a cluster file or TF1 flags (:mod:`tflaunch.models.cluster`, as every program here):
 
 * ``ps`` and ``worker`` tasks start a ``tf.distribute.Server`` and serve until they are stopped;
   they never exit by themselves (run the cluster with ``supervision.success: chief``).
@@ -40,6 +41,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow's C++ ru
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tflaunch.models.cluster import ClusterError, add_cluster_flags, cluster_from_args  # noqa: E402
+from tflaunch.models.cluster_file_resolver import resolver_for  # noqa: E402
 from tflaunch.models.data import digits  # noqa: E402
 
 HIDDEN = 128
@@ -83,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data_dir", help="MNIST IDX files or mnist.npz; default: sklearn digits")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=_positive_int, default=1, help="per process")
+    add_cluster_flags(parser)
     return parser
 
 
@@ -93,19 +97,27 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def resolve() -> tf.distribute.cluster_resolver.ClusterResolver:
-    if not os.environ.get("TF_CONFIG", "").strip():
-        raise UsageError("TF_CONFIG is not set; run this program under tflaunch (or set it)")
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    spec = resolver.cluster_spec().as_dict()
-    if resolver.task_type not in ("chief", *SERVER_JOBS):
-        raise UsageError(f"task type {resolver.task_type!r}: expected chief, worker or ps")
-    if not spec.get("chief") or not spec.get("ps") or not spec.get("worker"):
+def resolve(args: argparse.Namespace) -> tf.distribute.cluster_resolver.ClusterResolver:
+    """This task's cluster as a resolver for the strategy; ParameterServerStrategy needs a chief,
+    PS and workers."""
+    try:
+        info = cluster_from_args(args, os.environ)
+    except ClusterError as exc:
+        raise UsageError(str(exc)) from None
+    if info is None:
+        raise UsageError(
+            "no cluster: TF_CONFIG is not set and neither --cluster_file nor the cluster flags "
+            "were given; run this program under tflaunch (or set TF_CONFIG)"
+        )
+    print(f"{info.name}: cluster from {info.source}", flush=True)
+    if info.job_name not in ("chief", *SERVER_JOBS):
+        raise UsageError(f"task type {info.job_name!r}: expected chief, worker or ps")
+    if not info.cluster.get("chief") or not info.num_ps or not info.cluster.get("worker"):
         raise UsageError(
             "ParameterServerStrategy needs a chief, at least one PS and one worker "
-            f"(TF_CONFIG's cluster has {sorted(spec)}); set roles.chief: 1"
+            f"({info.source}'s cluster has {sorted(info.cluster)}); set roles.chief: 1"
         )
-    return resolver
+    return resolver_for(info)
 
 
 def serve(resolver: tf.distribute.cluster_resolver.ClusterResolver, threads: int) -> int:
@@ -273,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     name = "pss"
     try:
-        resolver = resolve()
+        resolver = resolve(args)
         name = f"{resolver.task_type}:{resolver.task_id}"
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads + 3)

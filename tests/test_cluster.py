@@ -248,6 +248,32 @@ def test_resolver_reads_file_and_task_from_the_environment(tf, monkeypatch, tmp_
         ClusterFileResolver()
 
 
+def test_resolver_for_any_source_answers_as_tf_config_resolver(tf, monkeypatch, tmp_path):
+    from tflaunch.models.cluster_file_resolver import (
+        ClusterFileResolver,
+        StaticClusterResolver,
+        resolver_for,
+    )
+
+    theirs = _tf_config_resolver(tf, monkeypatch, "worker", 1)
+    from_tf_config = cluster_from_args(_args(), os.environ)
+    from_file = cluster_from_args(
+        _args("--cluster_file", _file(tmp_path), "--job_name=worker", "--task_index=1"), {}
+    )
+    for info in (from_tf_config, from_file):
+        ours = resolver_for(info)
+        assert ours.cluster_spec().as_dict() == theirs.cluster_spec().as_dict()
+        assert (ours.task_type, ours.task_id, ours.master()) == ("worker", 1, theirs.master())
+        # This machine's devices, as TFConfigClusterResolver counts them (SimpleClusterResolver
+        # would report none, and MultiWorkerMirroredStrategy would leave a GPU unused).
+        assert ours.num_accelerators() == theirs.num_accelerators()
+    assert type(resolver_for(from_tf_config)) is StaticClusterResolver
+    assert type(resolver_for(from_file)) is ClusterFileResolver
+    training = resolver_for(from_tf_config, rpc_layer="grpc", jobs=("chief", "worker"))
+    assert sorted(training.cluster_spec().jobs) == ["chief", "worker"]
+    assert training.master() == "grpc://w:2"
+
+
 @pytest.mark.slow  # one process: 2 PS and 2 worker servers in-process, the chief coordinating
 def test_parameter_server_strategy_trains_from_a_cluster_file(tmp_path):
     import socket

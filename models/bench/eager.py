@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tflaunch.models.bench.common import Timing, images_per_sec, log, timed_loop
 from tflaunch.models.cluster import TRAINING_JOBS, ClusterInfo
+from tflaunch.models.cluster_file_resolver import resolver_for
 from tflaunch.models.data.imagenet import list_shards, make_dataset
 from tflaunch.models.registry import get_model_spec
 
@@ -138,21 +139,8 @@ def collective_step(
 
 
 def _make_strategy(info: ClusterInfo) -> tf.distribute.Strategy:
-    """MultiWorkerMirroredStrategy over the chief and workers (PS tasks, if any, left out), with
-    the cluster file's resolver when the cluster came from one."""
-    if info.cluster_file is not None:
-        from tflaunch.models.cluster_file_resolver import ClusterFileResolver
-
-        resolver = ClusterFileResolver(
-            info.cluster_file, info.job_name, info.task_index, "grpc", jobs=TRAINING_JOBS
-        )
-    else:
-        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            tf.train.ClusterSpec(info.jobs(*TRAINING_JOBS)),
-            task_type=info.job_name,
-            task_id=info.task_index,
-            rpc_layer="grpc",
-        )
+    """MultiWorkerMirroredStrategy over the chief and workers (PS tasks, if any, left out)."""
+    resolver = resolver_for(info, rpc_layer="grpc", jobs=TRAINING_JOBS)
     return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
 
 
