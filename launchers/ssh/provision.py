@@ -133,7 +133,7 @@ while :; do
   fi
   sleep "$STEP"
 done
-echo "tflaunch watchdog: $why; powering off" | tee /dev/kmsg 2>/dev/null
+echo "tflaunch watchdog: $why; powering off"
 shutdown -h now
 """
 
