@@ -221,3 +221,41 @@ def test_mnist_from_provisioning_to_termination(
     report = tflaunch("report", run_id, "--run-dir", str(tmp_path / "runs"), timeout=120)
     assert report.returncode == 0, report.stderr
     assert "instances: 3; " in report.stdout and "instance-hours, USD " in report.stdout
+
+
+def test_kept_instances_take_exec_and_down_terminates(
+    ssh_test_hosts, tmp_path, clean_region, monkeypatch
+):
+    cluster = cloud_cluster(tmp_path, ssh_test_hosts, clean_region, monkeypatch)
+    result = tflaunch("up", str(cluster), timeout=180)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "the instances keep running: 'tflaunch down" in result.stderr
+    assert len(instances(clean_region, ("running",))) == 3
+    run_id, runs = only_run(tmp_path).name, str(tmp_path / "runs")
+    command = ["sh", "-c", "hostname -I | cut -d' ' -f1; pwd; exit 4"]
+    done = tflaunch("exec", run_id, "--run-dir", runs, "--", *command)
+    assert done.returncode == 4, done.stderr
+    for name, host in zip(["worker-1", "worker-2", "worker-3"], ssh_test_hosts.hosts, strict=True):
+        assert f"[{name}] {host.public_address}" in done.stdout
+        assert f"[{name}] {tmp_path / 'work'}" in done.stdout
+        assert f"[{name}] exit code 4" in done.stdout
+    down = tflaunch("down", run_id, "--run-dir", runs)
+    assert down.returncode == 0, down.stderr
+    assert "terminated 3 instance(s)" in down.stdout
+
+
+def test_max_runtime_stops_the_run_and_terminates(
+    ssh_test_hosts, tmp_path, clean_region, monkeypatch
+):
+    cluster = cloud_cluster(
+        tmp_path,
+        ssh_test_hosts,
+        clean_region,
+        monkeypatch,
+        program={"env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "120"}},
+        supervision={"max_runtime": 8},
+    )
+    result = tflaunch("up", str(cluster), "--down", timeout=180)
+    assert result.returncode == 130, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "reached supervision.max_runtime (8 s); stopping it" in result.stderr
+    assert "terminating 3 instance(s)" in result.stderr

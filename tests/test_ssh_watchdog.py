@@ -10,6 +10,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 from tflaunch.launchers.ssh.provision import user_data, watchdog_script
 
 
@@ -33,6 +34,7 @@ def busy(marker: str, seconds: float) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})", marker])
 
 
+@pytest.mark.slow
 def test_idle_timeout_counts_from_the_last_activity(tmp_path):
     env, record = fake_shutdown(tmp_path)
     marker = f"wd-{uuid.uuid4().hex}"
@@ -48,6 +50,7 @@ def test_idle_timeout_counts_from_the_last_activity(tmp_path):
     assert elapsed >= 4.5  # 3 s busy, then 2 s idle
 
 
+@pytest.mark.slow
 def test_max_runtime_ends_a_busy_machine(tmp_path):
     env, record = fake_shutdown(tmp_path)
     marker = f"wd-{uuid.uuid4().hex}"
