@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tflaunch.launchers.ssh.provision import ADDRESS_MAP_ENV, TAG_RUN
 
 from tests.helpers import FAKE_TASK, read_until, start_tflaunch, tflaunch
 from tests.hosts import ssh_hosts
 from tests.test_ssh_provision import aws_env, ec2_endpoint  # noqa: F401 (fixtures)
+from tflaunch.launchers.ssh.provision import ADDRESS_MAP_ENV, TAG_RUN
 
 ssh_test_hosts = ssh_hosts.ssh_test_hosts  # the session fixture
 

@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from tflaunch.launchers.ssh.provision import user_data, watchdog_script
 
 
