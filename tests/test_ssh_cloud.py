@@ -259,3 +259,22 @@ def test_max_runtime_stops_the_run_and_terminates(
     assert result.returncode == 130, result.stdout[-3000:] + result.stderr[-3000:]
     assert "reached supervision.max_runtime (8 s); stopping it" in result.stderr
     assert "terminating 3 instance(s)" in result.stderr
+
+
+def test_detached_run_keeps_its_instances_until_down(
+    ssh_test_hosts, tmp_path, clean_region, monkeypatch
+):
+    cluster = cloud_cluster(
+        tmp_path,
+        ssh_test_hosts,
+        clean_region,
+        monkeypatch,
+        program={"env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "120"}},
+    )
+    started = tflaunch("up", str(cluster), "--detach", "--down", timeout=180)
+    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
+    run_id = started.stdout.strip().splitlines()[-1]
+    assert len(instances(clean_region, ("running",))) == 3  # the run goes on without the laptop
+    down = tflaunch("down", run_id, "--run-dir", str(tmp_path / "runs"), timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert "terminated 3 instance(s)" in down.stdout

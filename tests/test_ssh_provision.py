@@ -330,3 +330,22 @@ def test_sweep_terminates_runs_whose_launcher_is_gone_or_ended(
     sweep.sweep(access, lambda m: None)
     assert [len(run_instances_of(ec2_endpoint, r.id)) for r in runs] == [1, 0, 0]
     provision.terminate_run(runs[0], lambda m: None)
+
+
+def test_ctrl_c_while_waiting_for_the_instances_terminates_them(
+    tmp_path, ec2_endpoint, aws_env, banner_port, monkeypatch
+):
+    config = provision_config(
+        tmp_path, "roles: {ps: 1, worker: 2}\n", ec2_endpoint, ssh_port=banner_port
+    )
+    address_map(tmp_path, ["worker-1", "worker-2"], monkeypatch)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(provision, "wait_for_ssh", interrupted)
+    run = Run.create(tmp_path / "runs", "t")
+    with pytest.raises(provision.Interrupted) as err:
+        provisioned_run(config, run, lambda plan: 0, lambda m: None)
+    assert err.value.exit_code == 130
+    assert run_instances_of(ec2_endpoint, run.id, ("pending", "running", "stopped")) == []

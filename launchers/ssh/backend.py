@@ -188,6 +188,14 @@ class SshBackend(Backend):
         self, config: ClusterConfig, plan: Plan, run: Run, cluster_file: str, run_root: str
     ) -> str:
         """``up --detach``: the run lives on the hosts; the laptop may disconnect."""
+        from tflaunch.launchers.ssh import provision
+
+        if config.ssh.provision is not None:  # make the instances; they outlive this command
+            on_hosts = dataclasses.replace(
+                config, ssh=dataclasses.replace(config.ssh, provision=None)
+            )
+            start = lambda made: self.detach(on_hosts, made, run, cluster_file, run_root)  # noqa: E731
+            return provision.provisioned_run(config, run, start, self.session.say, detach=True)
         try:
             detached.start(self.session, config, plan, run)
         except TflaunchError as err:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from tflaunch.config import ClusterConfig, Ec2ProvisionSection
-from tflaunch.errors import ConfigError, LaunchError
+from tflaunch.errors import ConfigError, LaunchError, TflaunchError
 from tflaunch.launchers.ssh.pricing import CostLine, Price, cost_table, gpus_of, resolve_prices
 from tflaunch.plan import Host, Plan, make_plan
 from tflaunch.run import Run
@@ -51,6 +51,12 @@ TAG_ROLE, TAG_LAUNCHER, TAG_RUN_DIR = "tflaunch:role", "tflaunch:launcher", "tfl
 ALIVE_STATES = ["pending", "running", "stopping", "stopped"]
 Say = Callable[[str], None]
 POLL_SECONDS = 2.0  # between EC2 state queries and SSH probes
+
+
+class Interrupted(TflaunchError):
+    """Ctrl-C, SIGTERM or SIGHUP while instances were being made (exit code as for SIGINT)."""
+
+    exit_code = 130
 
 
 @dataclasses.dataclass(frozen=True)
@@ -488,9 +494,17 @@ def _signals_interrupt() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def provisioned_run(config: ClusterConfig, run: Run, start: Callable[[Plan], Any], say: Say) -> Any:
+def provisioned_run(
+    config: ClusterConfig,
+    run: Run,
+    start: Callable[[Plan], Any],
+    say: Say,
+    detach: bool = False,
+) -> Any:
     """Show the cost, create the instances, run ``start(plan)`` on them, and terminate them
-    when asked (or whenever the cluster never started)."""
+    when asked (or whenever the cluster never started). A detached run (``detach``) keeps its
+    instances once started: they terminate when 'down' or 'gc' says so, or by themselves when
+    idle after the run ended."""
     section = _section(config)
     planned = planned_instances(config)
     say("cost of the instances this run creates:\n" + cost_table(cost_lines(config, planned)))
@@ -513,13 +527,22 @@ def provisioned_run(config: ClusterConfig, run: Run, start: Callable[[Plan], Any
             _record(run, planned, ids, prices)
             found = prov.wait_running(list(ids.values()), section.ready_timeout)
             hosts = hosts_of(planned, ids, found, config.ssh.jump_host is not None, say)
-            wait_for_ssh(hosts, config.ssh.port, section.ready_timeout, say)
+            if config.ssh.jump_host is None:  # behind a jump host sshd is not reachable from here
+                wait_for_ssh(hosts, config.ssh.port, section.ready_timeout, say)
             plan = make_plan(config, hosts)
             run.write_plan(plan)
         started = True
         return start(plan)
+    except KeyboardInterrupt as err:
+        if started:
+            raise
+        raise Interrupted(
+            f"interrupted ({err or 'SIGINT'}) while the instances were being made; those made "
+            "so far are terminated below"
+        ) from None
     finally:
-        keep = started and not (section.terminate_at_end or run.read_meta().get("down_at_end"))
+        asked = section.terminate_at_end or run.read_meta().get("down_at_end")
+        keep = started and (detach or not asked)
         if keep:
             say(
                 f"the instances keep running: 'tflaunch down {run.id}' terminates them (they "

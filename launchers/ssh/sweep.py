@@ -75,7 +75,12 @@ def sweep(access, say: Callable[[str], None], dry_run: bool = False) -> list[Ver
         verdicts.append(Verdict(run_id, ids, leaked, reason))
         if not leaked or dry_run:
             continue
-        groups = {g["GroupId"] for i in instances for g in i.get("SecurityGroups", [])}
+        groups = {  # the run's own group only, never one the instances merely share
+            g["GroupId"]
+            for i in instances
+            for g in i.get("SecurityGroups", [])
+            if g.get("GroupName") == f"tflaunch-{run_id}"
+        }
         prov.terminate(list(ids))
         for group in sorted(groups):
             prov.delete_group(group, wait=60)
