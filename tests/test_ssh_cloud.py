@@ -56,13 +56,13 @@ def cloud_cluster(tmp_path: Path, hosts, endpoint: str, monkeypatch, **overrides
         },
         "roles": {"ps": 2, "worker": 3},
         "supervision": {"grace_period": 2, "heartbeat": 1, "heartbeat_timeout": 6},
-        "run_dir": str(tmp_path / "runs"),
+        "runs_dir": str(tmp_path / "runs"),
         "ssh": {
             "user": "root",
             "identity_file": str(hosts.client_key),
             "known_hosts": str(known),
             "python": python_here(tmp_path),
-            "remote_run_dir": str(tmp_path / "remote"),
+            "remote_runs_dir": str(tmp_path / "remote"),
             "upload": [str(FAKE_TASK)],
             "provision": {
                 "image": "ami-12c6146b",

@@ -140,7 +140,7 @@ def test_failing_setup_line_stops_the_launch_naming_host_and_line(ssh_test_hosts
         "backend": "ssh",
         "program": {"argv": [sys.executable, "fake_task.py"], "workdir": str(work)},
         "roles": {"ps": 1, "worker": 2},
-        "run_dir": str(tmp_path / "runs"),
+        "runs_dir": str(tmp_path / "runs"),
         "hosts": [
             {"name": h.name, "connect": h.public_address, "address": h.private_address}
             for h in ssh_test_hosts.hosts
@@ -150,7 +150,7 @@ def test_failing_setup_line_stops_the_launch_naming_host_and_line(ssh_test_hosts
             "identity_file": str(ssh_test_hosts.client_key),
             "known_hosts": str(known),
             "python": sys.executable,
-            "remote_run_dir": str(tmp_path / "remote"),
+            "remote_runs_dir": str(tmp_path / "remote"),
             "upload": [str(FAKE_TASK)],
             "setup": [
                 "echo first",
