@@ -39,16 +39,18 @@ def busy(marker: str, seconds: float) -> subprocess.Popen:
 def test_idle_timeout_counts_from_the_last_activity(tmp_path):
     env, record = fake_shutdown(tmp_path)
     marker = f"wd-{uuid.uuid4().hex}"
-    activity = busy(marker, 3)
+    activity = busy(marker, 4)
     # "[w]d-..." matches the busy process but not the grep that looks for it.
-    script = watchdog_script(None, idle_timeout=2, step=1, activity=f"[w]{marker[1:]}")
+    script = watchdog_script(None, idle_timeout=3, step=1, activity=f"[w]{marker[1:]}")
     started = time.monotonic()
     done = watch(tmp_path, script, env)
     elapsed = time.monotonic() - started
     activity.wait()
     assert record.read_text().split() == ["-h", "now"]
-    assert "idle for 2 s" in done.stdout
-    assert elapsed >= 4.5  # 3 s busy, then 2 s idle
+    assert "idle for 3 s" in done.stdout
+    # 4 s busy, then 3 s idle, less a step (1 s) and the whole-second clock (1 s): at least 5 s;
+    # a watchdog that ignored the activity would stop after about 3 s.
+    assert elapsed >= 4.5
 
 
 @pytest.mark.slow
