@@ -73,6 +73,14 @@ class Backend(ABC):
 
         return runctl.stop_local_coordinator(run, grace)
 
+    def exec_command(self, run: Run, argv: list[str], show: Any) -> int:
+        """``tflaunch exec``: run a command on every host of a run; its exit code."""
+        from tflaunch.errors import TflaunchError
+
+        raise TflaunchError(
+            f"exec runs commands on the hosts of ssh runs; run {run.id} has backend {self.name}."
+        )
+
     def cluster_alive(self, run: Run) -> bool:
         """Whether the run's coordinator (and so its cluster) is still running."""
         from tflaunch import runctl

@@ -126,6 +126,12 @@ def render(cluster_file: str, task_name: str, fmt: str) -> None:
     is_flag=True,
     help="Print what would be started (Slurm: the job script) and start nothing.",
 )
+@click.option(
+    "--down",
+    "down_at_end",
+    is_flag=True,
+    help="Terminate the machines the run created (ssh.provision) when it ends, however it ends.",
+)
 @click.option("--run-id", default=None, hidden=True)
 @click.option("--attached-daemon", is_flag=True, hidden=True)
 @click.option(
@@ -140,6 +146,7 @@ def up(
     detach: bool,
     runs_dir: str | None,
     dry_run: bool,
+    down_at_end: bool,
     run_id: str | None,
     attached_daemon: bool,
     terminals: str | None,
@@ -149,7 +156,9 @@ def up(
     if dry_run:
         click.echo(launch.dry_run(config, runs_dir, run_id))
         return
-    result = launch.up(config, cluster_file, runs_dir, run_id, detach, attached_daemon, terminals)
+    result = launch.up(
+        config, cluster_file, runs_dir, run_id, detach, attached_daemon, terminals, down_at_end
+    )
     if isinstance(result, str):
         click.echo(result)
         return
@@ -227,6 +236,37 @@ def down(run_id: str, runs_dir: str) -> None:
     backend = launch.backend_of(run)
     grace = run.read_plan().supervision.grace_period
     click.echo(backend.down(run, grace))
+
+
+@cli.command(name="exec", context_settings={"ignore_unknown_options": True})
+@click.argument("run_id")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@run_dir_option
+def exec_(run_id: str, command: tuple[str, ...], runs_dir: str) -> None:
+    """Run COMMAND on every host of a run, in its workdir, output prefixed by host:
+    tflaunch exec RUN -- nvidia-smi"""
+    run = Run.open(runs_dir, run_id)
+    sys.exit(launch.backend_of(run).exec_command(run, list(command), click.echo))
+
+
+@cli.command()
+@click.argument("cluster_file", required=False, type=click.Path(dir_okay=False))
+@click.option("--region", default=None, help="AWS region (default: the cluster file's).")
+@click.option("--profile", default=None, help="AWS profile (default: the cluster file's).")
+@click.option("--endpoint-url", default=None, hidden=True)
+@click.option("--dry-run", is_flag=True, help="List what would be terminated; terminate nothing.")
+def gc(
+    cluster_file: str | None,
+    region: str | None,
+    profile: str | None,
+    endpoint_url: str | None,
+    dry_run: bool,
+) -> None:
+    """Terminate leaked instances: tflaunch-tagged EC2 instances whose run ended or whose
+    launcher is gone."""
+    config = load_config(cluster_file) if cluster_file else None
+    for line in launch.sweep_instances(config, region, profile, endpoint_url, dry_run, click.echo):
+        click.echo(line)
 
 
 cli.add_command(placement)

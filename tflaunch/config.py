@@ -217,6 +217,12 @@ class Supervision:
         r"\bstep[ :=]+(\d+)",
         doc="regular expression finding a step number (its first group) in a task's output line",
     )
+    max_runtime: float | None = field(
+        None,
+        minimum=1,
+        doc="seconds a run may last; then it is stopped as on Ctrl-C (ssh backend; provisioned "
+        "instances also power off and terminate by themselves at this age)",
+    )
 
 
 @dataclass(frozen=True)
@@ -267,6 +273,47 @@ class Ec2Section:
 
 
 @dataclass(frozen=True)
+class Ec2ProvisionSection:
+    """Create EC2 instances for the run (needs the aws extra: boto3). tflaunch owns them: they are
+    tagged with the run and terminated by 'tflaunch down', 'up --down', the runtime limits, or
+    'tflaunch gc'."""
+
+    image: str = field(doc="AMI id; it needs Python 3 and sshd (the setup lines install the rest)")
+    key_name: str | None = field(None, doc="EC2 key pair; its private key is ssh.identity_file")
+    subnet: str | None = field(None, doc="subnet id (default: the default VPC's default subnet)")
+    region: str | None = field(None, doc="AWS region (default: the usual AWS environment)")
+    profile: str | None = field(None, doc="AWS profile")
+    endpoint_url: str | None = field(
+        None, doc="EC2 API endpoint (for tests against a local stand-in)"
+    )
+    ps_instance_type: str = field("c5.xlarge", doc="instance type of dedicated PS hosts")
+    worker_instance_type: str = field(
+        "p3.2xlarge", doc="instance type of worker hosts (chief, workers, evaluator, co-located PS)"
+    )
+    spot_workers: bool = field(False, doc="request worker hosts as spot instances")
+    ssh_from: str | None = field(
+        None, doc="CIDR allowed to reach port 22 (default: this machine's public address /32)"
+    )
+    prices: Mapping[str, str] = field(
+        factory=dict, doc="USD per hour by instance type, overriding the price list"
+    )
+    pricing_api: bool = field(True, doc="ask AWS's pricing API first (falls back to the list)")
+    idle_timeout: float = field(
+        1800.0,
+        minimum=60,
+        doc="an instance that runs no tflaunch process and no SSH session this long terminates "
+        "itself",
+    )
+    terminate_at_end: bool = field(
+        False, doc="terminate the instances when the run ends (as 'up --down')"
+    )
+    ready_timeout: float = field(
+        600.0, minimum=1, doc="seconds to wait for the instances to run and accept SSH"
+    )
+    tags: Mapping[str, str] = field(factory=dict, doc="extra tags on every instance")
+
+
+@dataclass(frozen=True)
 class SshSection:
     """SSH settings (backend: ssh)."""
 
@@ -290,6 +337,24 @@ class SshSection:
     python: str = field("python3", doc="Python interpreter on the hosts")
     remote_runs_dir: str | None = field(
         None, doc="run directory on the hosts (default: the local runs_dir path)"
+    )
+    provision: Ec2ProvisionSection | None = field(None, doc="create EC2 instances for the run")
+    sync: str | None = field(
+        None,
+        doc="local directory copied to every host's workdir before the run (honours .gitignore; "
+        "copies only what changed)",
+    )
+    setup: tuple[str, ...] = field(
+        (), doc="shell lines run once on every host before the pre-flight check, in the workdir"
+    )
+    setup_inputs: tuple[str, ...] = field(
+        (),
+        doc="with setup_once: local files whose contents, with the setup lines, decide whether "
+        "setup must run again (e.g. requirements.txt)",
+    )
+    setup_once: bool = field(
+        False,
+        doc="skip the setup lines on a host where they (and setup_inputs) already succeeded",
     )
 
 
@@ -425,6 +490,18 @@ def _check(config: ClusterConfig, positions: Mapping[tuple, int]) -> None:
     for i, name in enumerate(names):
         if names.index(name) != i:
             fail(("hosts", i, "name"), f"host '{name}' is listed twice")
+    if config.ssh.provision is not None:
+        for path, used in (
+            (("hosts",), bool(config.hosts)),
+            (("ssh", "public_ips_file"), bool(config.ssh.public_ips_file)),
+            (("ssh", "ec2"), config.ssh.ec2 is not None),
+        ):
+            if used:
+                fail(
+                    path,
+                    "cannot be combined with ssh.provision, which creates the hosts; "
+                    "remove one of the two",
+                )
     if config.ssh.public_ips_file and not config.ssh.private_ips_file:
         fail(
             ("ssh", "private_ips_file"),

@@ -8,6 +8,7 @@ The CLI, ``tflaunch bench`` and other callers go through here; only this module 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -94,8 +95,10 @@ def up(
     detach: bool = False,
     attached_daemon: bool = False,
     terminals: str | None = None,
+    down_at_end: bool = False,
 ) -> Outcome | str:
-    """``tflaunch up``: the run's outcome, or with ``detach`` what to print (the run id)."""
+    """``tflaunch up``: the run's outcome, or with ``detach`` what to print (the run id).
+    ``down_at_end``: terminate the machines the run created when it ends (``up --down``)."""
     backend = backend_for(config.backend)
     runs_dir = runs_dir or config.runs_dir
     if terminals:
@@ -107,6 +110,8 @@ def up(
         plan, run = prepare(config, runs_dir, run_id, cluster_file)
     if terminals:
         run.update_meta(terminals=terminals)  # the local backend opens the windows
+    if down_at_end:
+        run.update_meta(down_at_end=True)  # read by the backend that created the machines
     if detach:
         return backend.detach(config, plan, run, cluster_file, runs_dir)
     return backend.launch(config, plan, run)
@@ -124,3 +129,25 @@ def attach(run: Run) -> None:
     from tflaunch.launchers.terminals import attach as attach_session
 
     attach_session(run)
+
+
+def sweep_instances(
+    config: ClusterConfig | None,
+    region: str | None,
+    profile: str | None,
+    endpoint_url: str | None,
+    dry_run: bool,
+    say: Callable[[str], None],
+) -> list[str]:
+    """``tflaunch gc``: terminate leaked tflaunch instances (AWS access from the options, else
+    the cluster file's ``ssh.provision``); one line per run found."""
+    from tflaunch.launchers.ssh.provision import Access
+    from tflaunch.launchers.ssh.sweep import format_verdicts, sweep
+
+    section = config.ssh.provision if config else None
+    access = Access(
+        region=region or (section.region if section else None),
+        profile=profile or (section.profile if section else None),
+        endpoint_url=endpoint_url or (section.endpoint_url if section else None),
+    )
+    return format_verdicts(sweep(access, say, dry_run), dry_run)

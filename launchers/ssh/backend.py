@@ -21,9 +21,11 @@ copied into the local run directory when the run ends.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import paramiko
@@ -129,13 +131,31 @@ class SshBackend(Backend):
         self.session = HostSession()
 
     def hosts(self, config: ClusterConfig) -> list[Host]:
+        if config.ssh.provision is not None:  # instances not made yet: addresses pending
+            from tflaunch.launchers.ssh import provision
+
+            return provision.pending_hosts(provision.planned_instances(config))
         return resolve_hosts(config)
 
     # ---- attached runs: the launcher is the coordinator ------------------------------------
 
     def launch(self, config: ClusterConfig, plan: Plan, run: Run, on_ready: Any = None) -> Outcome:
+        from tflaunch.launchers.ssh import limits, provision
+
+        if config.ssh.provision is not None:  # make the instances, then launch on them
+            on_hosts = dataclasses.replace(
+                config, ssh=dataclasses.replace(config.ssh, provision=None)
+            )
+            start = lambda made: self.launch(on_hosts, made, run, on_ready)  # noqa: E731
+            try:
+                return provision.provisioned_run(config, run, start, self.session.say)
+            except TflaunchError as err:
+                if not run.ended:
+                    run.finish(Outcome(err.exit_code, str(err)))
+                raise
         try:
-            return super().launch(config, plan, run, on_ready)
+            with limits.runtime_limit(config.supervision.max_runtime, self.session.say):
+                return super().launch(config, plan, run, on_ready)
         finally:
             try:
                 self.session.fetch_logs(plan, run)
@@ -168,6 +188,14 @@ class SshBackend(Backend):
         self, config: ClusterConfig, plan: Plan, run: Run, cluster_file: str, run_root: str
     ) -> str:
         """``up --detach``: the run lives on the hosts; the laptop may disconnect."""
+        from tflaunch.launchers.ssh import provision
+
+        if config.ssh.provision is not None:  # make the instances; they outlive this command
+            on_hosts = dataclasses.replace(
+                config, ssh=dataclasses.replace(config.ssh, provision=None)
+            )
+            start = lambda made: self.detach(on_hosts, made, run, cluster_file, run_root)  # noqa: E731
+            return provision.provisioned_run(config, run, start, self.session.say, detach=True)
         try:
             detached.start(self.session, config, plan, run)
         except TflaunchError as err:
@@ -203,6 +231,15 @@ class SshBackend(Backend):
         return not ended_before
 
     def down(self, run: Run, grace: float) -> str:
+        from tflaunch.launchers.ssh.provision import terminate_run
+
         if not run.read_meta().get("detached"):
-            return super().down(run, grace)
-        return detached.down(self.session, run, grace)
+            stopped = super().down(run, grace)
+        else:
+            stopped = detached.down(self.session, run, grace)
+        return "; ".join(s for s in (stopped, terminate_run(run, self.session.say)) if s)
+
+    def exec_command(self, run: Run, argv: Sequence[str], show: Any) -> int:
+        from tflaunch.launchers.ssh.remote_exec import exec_on_hosts
+
+        return exec_on_hosts(self.session, run, argv, show)

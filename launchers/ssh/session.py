@@ -26,6 +26,7 @@ from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import Connection, SshOptions, close_all, connect_all, parallel
 from tflaunch.launchers.ssh.preflight import format_table, raise_on_problems, run_preflight
 from tflaunch.launchers.ssh.preflight import warnings as preflight_warnings
+from tflaunch.launchers.ssh.setup import prepare_hosts
 from tflaunch.link import agent_argv
 from tflaunch.plan import Plan
 from tflaunch.run import Run
@@ -86,6 +87,7 @@ class HostSession:
                 self.say(note)
         self.paths = self._prepare(config, run)
         workdirs = {name: p.workdir for name, p in self.paths.items()}
+        prepare_hosts(config, self.connections, workdirs, self.say, self.out, (run.dir.parent,))
         reports = run_preflight(self.connections, plan, config.ssh.python, workdirs)
         self.say("pre-flight:\n" + format_table(reports, plan))
         for warning in preflight_warnings(reports):

@@ -229,6 +229,34 @@ def format_summary(run_id: str, data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def instance_cost(records: list[dict[str, Any]], now: float) -> dict[str, Any]:
+    """Instance-hours and USD of the machines a run created (``instances`` in run.json: launch
+    and termination times, hourly price); a machine still running counts up to ``now``."""
+    hours, usd, priced = 0.0, 0.0, True
+    for record in records:
+        spent = max(0.0, (record.get("terminated") or now) - record["launched"]) / 3600
+        hours += spent
+        if record.get("hourly_usd") is None:
+            priced = False
+        else:
+            usd += spent * record["hourly_usd"]
+    running = sum(1 for r in records if not r.get("terminated"))
+    return {
+        "count": len(records),
+        "running": running,
+        "instance_hours": round(hours, 4),
+        "usd": round(usd, 4) if priced else None,
+    }
+
+
+def format_instance_cost(cost: dict[str, Any]) -> str:
+    usd = "unknown (a type without a price)" if cost["usd"] is None else f"USD {cost['usd']:.4f}"
+    still = f", {cost['running']} still running" if cost["running"] else ""
+    return (
+        f"\ninstances: {cost['count']}{still}; {cost['instance_hours']:.4f} instance-hours, {usd}\n"
+    )
+
+
 def _round(value: float | None, digits: int = 1) -> float | None:
     return None if value is None else round(value, digits)
 
@@ -346,6 +374,10 @@ def make_report(
     usage = usage_from_samples(hosts)
     data = summary(usage)
     text = format_summary(run.id, data)
+    instances = run.read_meta().get("instances")
+    if instances:
+        data["instances"] = instance_cost(instances, time.time())
+        text += format_instance_cost(data["instances"])
     (out / "summary.txt").write_text(text)
     (out / "summary.json").write_text(json.dumps(data, indent=2) + "\n")
     files = [out / "summary.txt", out / "summary.json"]

@@ -1,0 +1,351 @@
+"""EC2 provisioning against moto's server (the EC2 API stand-in): planning, the cost table,
+creation with types, tags and security group, termination on every way a run ends, the sweep.
+
+The instances moto makes do not exist as machines; where a step must reach them over SSH these
+tests point them (``TFLAUNCH_EC2_ADDRESS_MAP``) at a local listener that answers with an SSH
+banner. tests/test_ssh_cloud.py runs real clusters on the namespace test hosts instead.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from tflaunch.config import parse_config
+from tflaunch.errors import LaunchError
+from tflaunch.launchers.ssh import provision, sweep
+from tflaunch.launchers.ssh.pricing import PRICE_LIST, cost_table, resolve_prices
+from tflaunch.launchers.ssh.provision import (
+    TAG_CLUSTER,
+    TAG_HOST,
+    TAG_LAUNCHER,
+    TAG_ROLE,
+    TAG_RUN,
+    planned_instances,
+    port_ranges,
+    provisioned_run,
+)
+from tflaunch.run import Run
+
+HEAD = "program: [python, train.py]\nbackend: ssh\n"
+
+
+def provision_config(tmp_path: Path, extra: str = "", endpoint: str | None = None, **over):
+    lines = [
+        "ssh:",
+        f"  port: {over.get('ssh_port', 22)}",
+        "  provision:",
+        "    image: ami-12c6146b",
+        "    region: us-east-1",
+        "    ssh_from: 198.51.100.7/32",
+        "    ps_instance_type: c5.xlarge",
+        f"    worker_instance_type: {over.get('worker_type', 'p3.2xlarge')}",
+        "    ready_timeout: 20",
+    ]
+    if endpoint:
+        lines.append(f"    endpoint_url: {endpoint}")
+    text = HEAD + extra + "\n".join(lines) + "\n" + over.get("more", "")
+    return parse_config(text, source=str(tmp_path / "c.yaml"), base_dir=str(tmp_path))
+
+
+# ---- planning and prices (pure) ---------------------------------------------------------------
+
+
+def test_dedicated_ps_get_cpu_instances_and_workers_gpu_instances(tmp_path):
+    extra = "roles: {ps: 2, worker: 3}\nplacement: {ps: dedicated}\n"
+    planned = planned_instances(provision_config(tmp_path, extra))
+    assert [(p.name, p.role, p.instance_type, p.gpus) for p in planned] == [
+        ("worker-1", "worker", "p3.2xlarge", 1),
+        ("worker-2", "worker", "p3.2xlarge", 1),
+        ("worker-3", "worker", "p3.2xlarge", 1),
+        ("ps-1", "ps", "c5.xlarge", 0),
+        ("ps-2", "ps", "c5.xlarge", 0),
+    ]
+
+
+def test_workers_share_a_multi_gpu_instance_and_colocated_ps_need_none(tmp_path):
+    extra = "roles: {ps: 2, worker: 6}\n"
+    planned = planned_instances(provision_config(tmp_path, extra, worker_type="p3.8xlarge"))
+    assert [(p.name, p.instance_type, p.gpus) for p in planned] == [
+        ("worker-1", "p3.8xlarge", 4),
+        ("worker-2", "p3.8xlarge", 4),
+    ]
+
+
+def test_cost_table_matches_the_price_list(tmp_path):
+    extra = "roles: {ps: 2, worker: 3}\nplacement: {ps: dedicated}\n"
+    config = provision_config(tmp_path, extra)
+    table = cost_table(provision.cost_lines(config, planned_instances(config)))
+    worker, ps = PRICE_LIST["p3.2xlarge"].hourly_usd, PRICE_LIST["c5.xlarge"].hourly_usd
+    lines = table.splitlines()
+    assert lines[1].split() == [
+        "worker", "3", "p3.2xlarge", f"{worker:.4f}", f"{3 * worker:.4f}", "price", "list"
+    ]  # fmt: skip
+    assert lines[2].split() == [
+        "ps", "2", "c5.xlarge", f"{ps:.4f}", f"{2 * ps:.4f}", "price", "list"
+    ]  # fmt: skip
+    assert lines[3] == (f"estimated cost: USD {3 * worker + 2 * ps:.4f} per hour for 5 instance(s)")
+
+
+def test_cluster_file_prices_override_and_the_api_comes_before_the_list(tmp_path):
+    config = provision_config(tmp_path, more="    prices: {c5.xlarge: 0.2}\n")
+    section = config.ssh.provision
+    asked = []
+
+    def api(kind: str, region: str) -> float | None:
+        asked.append((kind, region))
+        return 2.5 if kind == "p3.2xlarge" else None
+
+    prices = resolve_prices(section, ["c5.xlarge", "p3.2xlarge", "x9.huge"], ask_api=api)
+    assert [(p.hourly_usd, p.source) for p in prices.values()] == [
+        (0.2, "cluster file"),
+        (2.5, "AWS pricing API"),
+        (None, "unknown"),
+    ]
+    assert asked == [("p3.2xlarge", "us-east-1"), ("x9.huge", "us-east-1")]
+    assert "unknown prices" in cost_table(
+        [provision.CostLine("worker", "x9.huge", 1, False, prices["x9.huge"])]
+    )
+
+
+def test_port_ranges_merge_neighbours():
+    assert port_ranges([2231, 2220, 2221, 2230, 2222]) == [(2220, 2222), (2230, 2231)]
+
+
+def test_provision_cannot_be_combined_with_listed_hosts(tmp_path):
+    from tflaunch.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="cannot be combined with ssh.provision"):
+        provision_config(tmp_path, "hosts: [a]\n")
+
+
+# ---- against moto's server ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ec2_endpoint():
+    moto_server = pytest.importorskip("moto.server")
+    pytest.importorskip("boto3")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture()
+def aws_env(monkeypatch, tmp_path):
+    """Credentials for the stand-in only; no real profile or account is ever read."""
+    monkeypatch.setattr(provision, "POLL_SECONDS", 0.1)  # the stand-in answers at once
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+
+
+@pytest.fixture()
+def banner_port():
+    """A local listener that greets like sshd (all the provisioning wait looks for)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            conn.sendall(b"SSH-2.0-banner-only\r\n")
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield server.getsockname()[1]
+    stop.set()
+    server.close()
+
+
+def ec2(endpoint: str):
+    import boto3
+
+    return boto3.client("ec2", region_name="us-east-1", endpoint_url=endpoint)
+
+
+def run_instances_of(endpoint: str, run_id: str, states=("pending", "running")) -> list[dict]:
+    found = ec2(endpoint).describe_instances(
+        Filters=[{"Name": f"tag:{TAG_RUN}", "Values": [run_id]},
+                 {"Name": "instance-state-name", "Values": list(states)}]
+    )  # fmt: skip
+    return [i for r in found["Reservations"] for i in r["Instances"]]
+
+
+def address_map(tmp_path: Path, names, monkeypatch) -> None:
+    path = tmp_path / "addresses.json"
+    path.write_text(
+        json.dumps({n: {"connect": "127.0.0.1", "address": "127.0.0.1"} for n in names})
+    )
+    monkeypatch.setenv(provision.ADDRESS_MAP_ENV, str(path))
+
+
+DEDICATED = "roles: {ps: 1, worker: 2}\nplacement: {ps: dedicated}\n"
+
+
+def test_up_creates_exactly_the_planned_instances(
+    tmp_path, ec2_endpoint, aws_env, banner_port, monkeypatch
+):
+    config = provision_config(tmp_path, DEDICATED, ec2_endpoint, ssh_port=banner_port)
+    address_map(tmp_path, ["worker-1", "worker-2", "ps-1"], monkeypatch)
+    run = Run.create(tmp_path / "runs", "t")
+    seen: dict = {}
+    said: list[str] = []
+
+    def say(message: str) -> None:
+        if message.startswith("cost of the instances"):  # nothing exists yet
+            seen["before"] = run_instances_of(ec2_endpoint, run.id)
+        said.append(message)
+
+    def start(plan):
+        seen["instances"] = run_instances_of(ec2_endpoint, run.id, ("running",))
+        seen["plan"] = plan
+        return "outcome"
+
+    assert provisioned_run(config, run, start, say) == "outcome"
+    assert seen["before"] == []
+    instances = seen["instances"]
+    tags = [{t["Key"]: t["Value"] for t in i["Tags"]} for i in instances]
+    assert sorted(
+        (t[TAG_HOST], t[TAG_ROLE], i["InstanceType"]) for t, i in zip(tags, instances, strict=True)
+    ) == [
+        ("ps-1", "ps", "c5.xlarge"),
+        ("worker-1", "worker", "p3.2xlarge"),
+        ("worker-2", "worker", "p3.2xlarge"),
+    ]
+    assert {t[TAG_RUN] for t in tags} == {run.id}
+    assert {t[TAG_CLUSTER] for t in tags} == {"tflaunch"}
+    assert all(t[TAG_LAUNCHER].split(":")[1] == str(__import__("os").getpid()) for t in tags)
+    (group_id,) = {g["GroupId"] for i in instances for g in i["SecurityGroups"]}
+    group = ec2(ec2_endpoint).describe_security_groups(GroupIds=[group_id])["SecurityGroups"][0]
+    rules = {
+        (r["FromPort"], r["ToPort"]): (
+            [p["GroupId"] for p in r.get("UserIdGroupPairs", [])],
+            [c["CidrIp"] for c in r.get("IpRanges", [])],
+        )
+        for r in group["IpPermissions"]
+    }
+    # The cluster's ports (PS 2230, a worker 2220 on each host) from members only, SSH from
+    # the launcher's address only.
+    assert rules == {
+        (2220, 2220): ([group_id], []),
+        (2230, 2230): ([group_id], []),
+        (banner_port, banner_port): ([], ["198.51.100.7/32"]),
+    }
+    attribute = ec2(ec2_endpoint).describe_instance_attribute(
+        InstanceId=instances[0]["InstanceId"], Attribute="instanceInitiatedShutdownBehavior"
+    )
+    assert attribute["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+    assert [h.name for h in seen["plan"].hosts] == ["worker-1", "worker-2", "ps-1"]
+    # The run did not ask to terminate: the instances keep running, and 'down' terminates them.
+    assert len(run_instances_of(ec2_endpoint, run.id, ("running",))) == 3
+    assert "terminated 3 instance(s)" in provision.terminate_run(run, said.append)
+    assert run_instances_of(ec2_endpoint, run.id, ("pending", "running", "stopped")) == []
+    assert all(r["terminated"] for r in run.read_meta()["instances"])
+
+
+@pytest.mark.parametrize("ending", ["success", "failure", "ctrl-c", "error before start"])
+def test_terminate_at_end_leaves_nothing_running(
+    tmp_path, ec2_endpoint, aws_env, banner_port, monkeypatch, ending
+):
+    config = provision_config(
+        tmp_path, "roles: {ps: 1, worker: 2}\n", ec2_endpoint, ssh_port=banner_port
+    )
+    address_map(tmp_path, ["worker-1", "worker-2"], monkeypatch)
+    run = Run.create(tmp_path / "runs", "t")
+    run.update_meta(down_at_end=True)
+
+    def start(plan):
+        assert len(run_instances_of(ec2_endpoint, run.id, ("running",))) == 2
+        if ending == "ctrl-c":
+            raise KeyboardInterrupt
+        if ending == "error before start":
+            raise LaunchError("pre-flight failed")
+        return 0 if ending == "success" else 1
+
+    raises = {"ctrl-c": KeyboardInterrupt, "error before start": LaunchError}.get(ending)
+    if raises:
+        with pytest.raises(raises):
+            provisioned_run(config, run, start, lambda m: None)
+    else:
+        provisioned_run(config, run, start, lambda m: None)
+    assert run_instances_of(ec2_endpoint, run.id, ("pending", "running", "stopped")) == []
+
+
+def test_unreachable_instances_are_terminated(tmp_path, ec2_endpoint, aws_env, monkeypatch):
+    config = parse_config(
+        HEAD + "roles: {ps: 1, worker: 1}\nssh:\n  port: 1\n  provision:\n"
+        "    image: ami-12c6146b\n    region: us-east-1\n    ssh_from: 198.51.100.7/32\n"
+        f"    ready_timeout: 1\n    endpoint_url: {ec2_endpoint}\n",
+        source=str(tmp_path / "c.yaml"),
+    )
+    address_map(tmp_path, ["worker-1"], monkeypatch)
+    run = Run.create(tmp_path / "runs", "t")
+    with pytest.raises(LaunchError, match="did not accept SSH"):
+        provisioned_run(config, run, lambda plan: 0, lambda m: None)
+    assert run_instances_of(ec2_endpoint, run.id, ("pending", "running", "stopped")) == []
+
+
+def test_sweep_terminates_runs_whose_launcher_is_gone_or_ended(
+    tmp_path, ec2_endpoint, aws_env, banner_port, monkeypatch
+):
+    config = provision_config(
+        tmp_path, "roles: {ps: 1, worker: 1}\n", ec2_endpoint, ssh_port=banner_port
+    )
+    address_map(tmp_path, ["worker-1"], monkeypatch)
+    runs = [Run.create(tmp_path / "runs", f"r{i}") for i in range(3)]
+    for run in runs:
+        provisioned_run(config, run, lambda plan: 0, lambda m: None)  # kept running
+    # runs[0]: its launcher (this process) still runs and it has not ended: kept.
+    # runs[1]: ended. runs[2]: launcher gone (a pid that is not running).
+    runs[1].update_meta(state="succeeded")
+    client = ec2(ec2_endpoint)
+    (gone,) = run_instances_of(ec2_endpoint, runs[2].id)
+    client.create_tags(
+        Resources=[gone["InstanceId"]],
+        Tags=[{"Key": TAG_LAUNCHER, "Value": f"{socket.gethostname()}:999999999:1"}],
+    )
+    access = provision.Access(region="us-east-1", endpoint_url=ec2_endpoint)
+    verdicts = {v.run_id: v for v in sweep.sweep(access, lambda m: None, dry_run=True)}
+    assert verdicts[runs[0].id].sweep is False
+    assert verdicts[runs[1].id].reason == "its run succeeded"
+    assert verdicts[runs[2].id].reason == "its launcher is gone"
+    assert len(run_instances_of(ec2_endpoint, runs[1].id)) == 1  # dry run: nothing terminated
+    sweep.sweep(access, lambda m: None)
+    assert [len(run_instances_of(ec2_endpoint, r.id)) for r in runs] == [1, 0, 0]
+    provision.terminate_run(runs[0], lambda m: None)
+
+
+def test_ctrl_c_while_waiting_for_the_instances_terminates_them(
+    tmp_path, ec2_endpoint, aws_env, banner_port, monkeypatch
+):
+    config = provision_config(
+        tmp_path, "roles: {ps: 1, worker: 2}\n", ec2_endpoint, ssh_port=banner_port
+    )
+    address_map(tmp_path, ["worker-1", "worker-2"], monkeypatch)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(provision, "wait_for_ssh", interrupted)
+    run = Run.create(tmp_path / "runs", "t")
+    with pytest.raises(provision.Interrupted) as err:
+        provisioned_run(config, run, lambda plan: 0, lambda m: None)
+    assert err.value.exit_code == 130
+    assert run_instances_of(ec2_endpoint, run.id, ("pending", "running", "stopped")) == []
