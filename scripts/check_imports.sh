@@ -11,5 +11,5 @@ rm -rf build
 root=$PWD
 # From the installed copy: lint-imports puts the working directory on the path first.
 (cd "$target" && PYTHONPATH="$target" lint-imports --no-cache "$root/pyproject.toml")
-# (cd "$target" && PYTHONPATH="$target" python3 "$root/scripts/import_cycles.py" tflaunch)
+(cd "$target" && PYTHONPATH="$target" python3 "$root/scripts/import_cycles.py" tflaunch)
 python3 scripts/private_names.py
