@@ -117,6 +117,11 @@ def test_success_with_down_terminates(ssh_test_hosts, tmp_path, clean_region, mo
         "creating 3 instance(s)"
     )
     assert "terminating 3 instance(s)" in err
+    # New instances' host keys go to the run's own known_hosts, recorded on first contact.
+    known = (only_run(tmp_path) / "known_hosts").read_text().splitlines()
+    assert sorted(line.split()[0] for line in known) == [
+        h.public_address for h in ssh_test_hosts.hosts
+    ]
     meta = json.loads((only_run(tmp_path) / "run.json").read_text())
     assert [r["name"] for r in meta["instances"]] == ["worker-1", "worker-2", "worker-3"]
     assert all(r["terminated"] and r["hourly_usd"] == 0.17 for r in meta["instances"])

@@ -349,3 +349,28 @@ def test_ctrl_c_while_waiting_for_the_instances_terminates_them(
         provisioned_run(config, run, lambda plan: 0, lambda m: None)
     assert err.value.exit_code == 130
     assert run_instances_of(ec2_endpoint, run.id, ("pending", "running", "stopped")) == []
+
+
+def test_pricing_api_answer_is_read_for_the_on_demand_hourly_price():
+    from tflaunch.launchers.ssh.pricing import on_demand_usd
+
+    # The shape of one GetProducts PriceList entry (a JSON document as a string), trimmed.
+    document = {
+        "product": {
+            "attributes": {"instanceType": "p3.2xlarge", "location": "US East (N. Virginia)"}
+        },
+        "terms": {
+            "OnDemand": {
+                "ABC.JRTCKXETXF": {
+                    "priceDimensions": {
+                        "ABC.JRTCKXETXF.6YS6EN2CT7": {
+                            "unit": "Hrs",
+                            "pricePerUnit": {"USD": "3.0600000000"},
+                        }
+                    }
+                }
+            }
+        },
+    }
+    assert on_demand_usd([json.dumps(document)]) == 3.06
+    assert on_demand_usd([]) is None

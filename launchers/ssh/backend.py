@@ -21,7 +21,6 @@ copied into the local run directory when the run ends.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import queue
 import threading
 import time
@@ -143,9 +142,7 @@ class SshBackend(Backend):
         from tflaunch.launchers.ssh import limits, provision
 
         if config.ssh.provision is not None:  # make the instances, then launch on them
-            on_hosts = dataclasses.replace(
-                config, ssh=dataclasses.replace(config.ssh, provision=None)
-            )
+            on_hosts = provision.on_instances(config, run)
             start = lambda made: self.launch(on_hosts, made, run, on_ready)  # noqa: E731
             try:
                 return provision.provisioned_run(config, run, start, self.session.say)
@@ -191,9 +188,7 @@ class SshBackend(Backend):
         from tflaunch.launchers.ssh import provision
 
         if config.ssh.provision is not None:  # make the instances; they outlive this command
-            on_hosts = dataclasses.replace(
-                config, ssh=dataclasses.replace(config.ssh, provision=None)
-            )
+            on_hosts = provision.on_instances(config, run)
             start = lambda made: self.detach(on_hosts, made, run, cluster_file, run_root)  # noqa: E731
             return provision.provisioned_run(config, run, start, self.session.say, detach=True)
         try:

@@ -494,6 +494,21 @@ def _signals_interrupt() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def on_instances(config: ClusterConfig, run: Run) -> ClusterConfig:
+    """The cluster file as the SSH backend uses it on the instances once they exist.
+
+    Their host keys are new, and EC2 hands a terminated instance's public address to the next
+    one, so the keys go into a known_hosts file of the run's own, recorded on first contact
+    (accept-new); a key that changes within the run is still refused."""
+    ssh = dataclasses.replace(
+        config.ssh,
+        provision=None,
+        known_hosts=str(run.dir / "known_hosts"),
+        host_key_policy="accept-new",
+    )
+    return dataclasses.replace(config, ssh=ssh)
+
+
 def provisioned_run(
     config: ClusterConfig,
     run: Run,
