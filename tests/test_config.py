@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,7 @@ def test_schema_is_json_schema_of_the_same_format():
         "ports",
         "supervision",
         "runs_dir",
+        "run_dir_mode",
         "slurm",
         "ssh",
     }
@@ -228,3 +230,244 @@ def test_version_and_help():
 def test_config_error_is_a_domain_error():
     with pytest.raises(ConfigError):
         parse_config("program: [p]\nbogus: 1\n")
+
+
+# --- Hostile and unlucky files (issue 15): each finding's smallest reproducer. -----------------
+
+
+def _error(text: str) -> str:
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, source="c.yaml")
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def _cli(tmp_path, raw: bytes | str, *args: str):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(raw.encode() if isinstance(raw, str) else raw)
+    result = CliRunner().invoke(cli, [*(args or ("validate",)), str(path)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result
+
+
+def _lol_bomb(levels: int, width: int = 9, at: str = "") -> str:
+    lines = ['l0: &l0 ["lol"' + ', "lol"' * (width - 1) + "]"]
+    for i in range(1, levels):
+        lines.append(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * width) + "]")
+    return "\n".join(lines) + f"\n{at}"
+
+
+def test_alias_bomb_is_fast_and_refused():
+    """The 541-byte billion laughs took 20 s and >4 GB: positions were recorded per path."""
+    started = time.monotonic()
+    message = _error(_lol_bomb(9))  # 8 x 9 aliases, 9^9 strings if expanded
+    assert "c.yaml:1: l0: unknown key 'l0'" in message
+    # Under keys the format knows, the walk stops at the first value of the wrong shape.
+    nested = (
+        "program: [p]\nslurm:\n  python: &a lol\n  options: &b [*a, *a, *a, *a, *a, *a]\n"
+        "  setup: &c [*b, *b, *b, *b, *b, *b]\nssh:\n  upload: [*c, *c, *c, *c, *c, *c]\n"
+    )
+    assert "c.yaml:5: slurm.setup[0]: expected a string, got a list" in _error(nested)
+    assert time.monotonic() - started < 2
+    too_many = _error(_lol_bomb(13))
+    assert "more than 100 aliases" in too_many
+
+
+def test_merge_key_bomb_is_refused():
+    lines = ["m0: &m0 {k0: 1}"]
+    for i in range(1, 25):
+        lines.append(f"m{i}: &m{i} {{<<: [*m{i - 1}, *m{i - 1}], k{i}: 1}}")
+    started = time.monotonic()
+    assert "merge keys (<<) make this mapping hold more than" in _error("\n".join(lines))
+    assert time.monotonic() - started < 2
+
+
+def test_deep_nesting_is_refused_not_a_recursion_error():
+    message = _error("program: [p]\nname: " + "[" * 600 + "]" * 600 + "\n")
+    assert message.startswith("c.yaml:2: nested more than 32 levels deep")
+
+
+def test_non_utf8_bytes_name_file_and_line(tmp_path):
+    result = _cli(tmp_path, b"program: [p]\nname: caf\xe9\n")
+    assert result.exit_code == 2
+    assert "c.yaml:2: byte 0xe9 at column 10 is not UTF-8" in result.output
+
+
+def test_control_character_names_file_and_line(tmp_path):
+    result = _cli(tmp_path, "program: [p]\nname: a\x01b\n")
+    assert result.exit_code == 2
+    assert "c.yaml:2: the control character U+0001 at column 8" in result.output
+
+
+def test_file_past_one_mib_is_refused(tmp_path):
+    result = _cli(tmp_path, "program: [p]\n" + "#" * (1 << 20) + "\n")
+    assert result.exit_code == 2 and "larger than 1024 KiB" in result.output
+
+
+def test_long_numbers_are_refused_before_python_converts_them():
+    """An int of 400 digits overflowed float(); one of 5,000 digits cannot be printed."""
+    assert "c.yaml:2: a number of 401 characters" in _error(
+        "program: [p]\nsupervision: {heartbeat: 1" + "0" * 400 + "}\n"
+    )
+    assert "a number of 5,000 characters" in _error(
+        "program: [p]\nroles: {ps: " + "9" * 5000 + "}\n"
+    )
+
+
+def test_duplicate_keys_are_errors():
+    message = _error("program: [p]\nroles: {ps: 1}\nroles: {ps: 2}\n")
+    assert "c.yaml:3: the key 'roles' is given twice (first at line 2)" in message
+    assert "c.yaml:2: the key 'ps'" in _error("program: [p]\nroles: {ps: 1, ps: 2}\n")
+
+
+def test_merge_keys_still_work_and_may_be_overridden():
+    text = "program: [p]\nhosts:\n  - &h {name: a, gpus: 2}\n  - {<<: *h, name: b}\n"
+    assert [(h.name, h.gpus) for h in parse_config(text).hosts] == [("a", 2), ("b", 2)]
+
+
+@pytest.mark.parametrize(
+    ("value", "number"), [("1:00:00", 3600), ("30:00", 1800), ("0123", 83), ("1_000", 1000)]
+)
+def test_number_where_a_string_is_meant_says_quote_it(value, number):
+    message = _error(f"program: [p]\nbackend: slurm\nslurm:\n  account: {value}\n")
+    assert f"c.yaml:4: slurm.account: expected a string, but YAML 1.1 reads {value} as " in message
+    assert f"the number {number}; quote it: '{value}'" in message
+    assert "quote it: '1:00:00'" in _error("program: [p]\nslurm: {time: 1:00:00}\n")
+
+
+def test_number_that_reads_back_as_written_is_a_string():
+    config = parse_config("program: [p, --steps, 100, 0.5]\nslurm: {account: 1234}\n")
+    assert config.program.argv == ("p", "--steps", "100", "0.5")
+    assert config.slurm.account == "1234"
+    assert "quote it: '0x1F'" in _error("program: {argv: [p], env: {MASK: 0x1F}}\n")
+
+
+@pytest.mark.parametrize(
+    "time_value", ["90", "30:00", "01:00:00", "2-0", "2-12", "2-12:30", "1-00:00:00", "UNLIMITED"]
+)
+def test_slurm_time_formats_sbatch_accepts(time_value):
+    assert parse_config(f"program: [p]\nslurm: {{time: '{time_value}'}}\n").slurm.time == time_value
+
+
+@pytest.mark.parametrize("time_value", ["1h", "1:2:3:4", "-5", "1-", "soon", "1.5"])
+def test_other_slurm_times_are_errors(time_value):
+    message = _error(f"program: [p]\nslurm:\n  time: '{time_value}'\n")
+    assert "c.yaml:3: slurm.time: " in message and "is not a Slurm time" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("hosts: [{name: a, gpus: 1000000000}]", "hosts[0].gpus: must be at most 256"),
+        ("roles: {ps: 1000000}", "roles.ps: must be at most 4,096"),
+        ("roles: {worker: 5000}", "roles.worker: must be at most 4,096"),
+        ("roles: {ps: 4096, worker: 1}", "roles: 4097 tasks in all; at most 4,096"),
+        ("slurm: {gpus_per_node: 10000000}", "slurm.gpus_per_node: must be at most 256"),
+        ("slurm: {nodes: 100000}", "slurm.nodes: must be at most 4,096"),
+        ("slurm: {cpus_per_task: 100000}", "slurm.cpus_per_task: must be at most 65,536"),
+        ("placement: {workers_per_host: 100000}", "workers_per_host: must be at most 4,096"),
+        ("placement: {ps_per_host: 100000}", "placement.ps_per_host: must be at most 4,096"),
+        ("placement: {gpus_per_worker: 1000}", "gpus_per_worker: must be at most 256"),
+        ("ssh: {gpus: 1000}", "ssh.gpus: must be at most 256"),
+        ("ssh: {ec2: {gpus: 1000}}", "ssh.ec2.gpus: must be at most 256"),
+        ("ports: {ps: 70000}", "ports.ps: must be at most 65,535"),
+        ("ssh: {port: 70000}", "ssh.port: must be at most 65,535"),
+        ("supervision: {ready_timeout: 1.0e+12}", "ready_timeout: must be at most 2,592,000"),
+        ("supervision: {grace_period: .inf}", "grace_period: must be a finite number, got inf"),
+        ("supervision: {finish_timeout: .nan}", "finish_timeout: must be a finite number"),
+        ("supervision: {heartbeat: 15}", "heartbeat_timeout: 20 s is less than twice the"),
+        ("supervision: {heartbeat: 5, heartbeat_timeout: 6}", "less than twice the heartbeat"),
+        ("slurm: {options: [" + ", ".join(["x"] * 4097) + "]}", "has 4097 items; at most 4,096"),
+        ("run_dir_mode: '0644'", "run_dir_mode: '0644' must give the owner"),
+        ("run_dir_mode: 'rwx'", "run_dir_mode: 'rwx' is not an octal mode"),
+    ],
+)
+def test_every_count_and_duration_is_bounded(text, expected):
+    message = _error(f"program: [p]\n{text}\n")
+    assert message.startswith("c.yaml:2: ") and expected in message
+
+
+def test_bounds_are_in_the_json_schema():
+    props = config_schema()["properties"]
+    assert props["roles"]["properties"]["ps"]["maximum"] == 4096
+    assert props["ssh"]["properties"]["port"]["maximum"] == 65535
+    assert props["program"]["anyOf"][0]["properties"]["argv"]["maxItems"] == 4096
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('program: {argv: [p], env: {"X; touch /tmp/pwned #": 1}}', "'X; touch /tmp/pwned #' is"),
+        ('program: {argv: [p], env: {"A=B": 1}}', "program.env.A=B: 'A=B' is not a valid"),
+        ('program: {argv: [p], env: {"1X": 1}}', "'1X' is not a valid environment variable"),
+        ('program: {argv: [p], env_from: ["--split-string=x"]}', "program.env_from[0]: "),
+        ("program: {argv: [p], env_from: [A, A]}", "env_from[1]: 'A' is listed twice"),
+        ("program: {argv: [p], env: {A: x}, env_from: [A]}", "also set in program.env"),
+        ('program: [p, "a\\0b"]', "program.argv[1]: 'a\\x00b' holds a NUL character"),
+        ('program: {argv: [p], env: {A: "a\\0b"}}', "program.env.A: 'a\\x00b' holds a NUL"),
+        ('program: [p]\nslurm: {partition: "a\\nb"}', "slurm.partition: must fit on one line"),
+        ('program: [p]\nslurm: {account: "a\\rb"}', "slurm.account: must fit on one line"),
+        ('program: [p]\nslurm: {options: ["--x=a\\nb"]}', "slurm.options[0]: must fit on one"),
+        ('program: [p]\nname: "a\\nb"', "name: must fit on one line"),
+        ('program: [p]\nbackend: slurm\nrun_dir: "r\\nx"', "run_dir: must fit on one line"),
+    ],
+)
+def test_injection_is_refused_at_validation(text, expected):
+    assert expected in _error(text + "\n")
+
+
+def test_env_from_fits_the_backend():
+    ssh = "program: {argv: [p], env_from: [TOKEN]}\nbackend: ssh\nhosts: [a]\n"
+    assert "is not supported by backend ssh yet" in _error(ssh)
+    slurm = "program: {argv: [p], env_from: [T]}\nbackend: slurm\nslurm: {options: [--export=NONE]}"
+    assert "slurm.options[0]: '--export=NONE' would stop sbatch" in _error(slurm)
+    ok = "program: {argv: [p], env_from: [T]}\nbackend: slurm\nslurm: {options: [--export=ALL]}"
+    assert parse_config(ok).program.env_from == ("T",)
+
+
+def test_env_from_must_be_set_at_up():
+    from tflaunch.errors import LaunchError
+    from tflaunch.launch import check_env_from
+
+    config = parse_config("program: {argv: [p], env_from: [TOKEN, KEY]}\n", source="c.yaml")
+    check_env_from(config, {"TOKEN": "t", "KEY": "k"})
+    with pytest.raises(LaunchError, match="names KEY, which is not set in this environment"):
+        check_env_from(config, {"TOKEN": "t"})
+    slurm = parse_config("program: {argv: [p], env_from: [T]}\nbackend: slurm\n")
+    with pytest.raises(LaunchError, match="SBATCH_EXPORT=NONE would keep sbatch"):
+        check_env_from(slurm, {"T": "t", "SBATCH_EXPORT": "NONE"})
+
+
+@pytest.mark.parametrize("arg", ["{job_name:d}", "{task_index!r}", "{port:>{port}}"])
+def test_placeholder_format_specs_are_a_clear_error(tmp_path, arg):
+    result = _cli(tmp_path, f"program: [p, '{arg}']\n")
+    assert result.exit_code == 2, result.output
+    assert "placeholders are replaced as they are, without format specs" in result.output
+
+
+def test_render_env_prints_quoted_exports_only(tmp_path):
+    result = _cli(
+        tmp_path,
+        'program: {argv: [p], env: {A: "x\'; touch pwned #"}}\n',
+        "render",
+        "--task",
+        "worker:0",
+        "--format",
+        "env",
+    )
+    assert result.exit_code == 0, result.output
+    assert "export A='x'\"'\"'; touch pwned #'\n" in result.output
+    bad = _cli(tmp_path, 'program: {argv: [p], env: {"X; touch pwned #": 1}}\n', "render",
+               "--task", "worker:0", "--format", "env")  # fmt: skip
+    assert bad.exit_code == 2 and "export" not in bad.output
+
+
+def test_validate_aws_example_without_boto3_is_a_clear_error(monkeypatch):
+    for name in ("boto3", "botocore", "botocore.exceptions"):
+        monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
+    result = CliRunner().invoke(cli, ["validate", str(ROOT / "examples" / "aws.yaml")])
+    assert result.exit_code == 2, result.output
+    assert "ssh.ec2 needs boto3, which is not installed: pip install 'tflaunch[aws]'" in (
+        result.output
+    )

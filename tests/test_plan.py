@@ -163,3 +163,70 @@ def test_plans_never_collide_and_are_deterministic(
     assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
     assert [t.name for t in plan.tasks if t.job == "ps"] == [f"ps:{i}" for i in range(ps)]
     assert all(t.env["CUDA_VISIBLE_DEVICES"] == "" for t in plan.tasks if t.job == "ps")
+
+
+def _ports_by_search_from_the_base(plan_text: str, hosts: list[Host]) -> dict[str, int]:
+    """The quadratic reference: each task searches up from its job's base port."""
+    plan = plan_of(plan_text, hosts)
+    config = parse_config(plan_text)
+    taken: dict[str, set[int]] = {}
+    ports = {}
+    for task in plan.tasks:
+        if task.job == "evaluator":
+            continue
+        used = taken.setdefault(task.cluster_address, set())
+        port = getattr(config.ports, task.job)
+        while port in used:
+            port += 1
+        used.add(port)
+        ports[task.name] = port
+    return ports
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    ps=st.integers(0, 12),
+    workers=st.integers(1, 12),
+    chief=st.integers(0, 1),
+    bases=st.lists(st.integers(2200, 2215), min_size=3, max_size=3),
+    n_hosts=st.integers(1, 3),
+    shared_address=st.booleans(),
+)
+def test_linear_port_assignment_matches_the_search_from_the_base(
+    ps, workers, chief, bases, n_hosts, shared_address
+):
+    text = (
+        f"program: [p]\nroles: {{ps: {ps}, worker: {workers}, chief: {chief}}}\n"
+        f"ports: {{ps: {bases[0]}, worker: {bases[1]}, chief: {bases[2]}}}\n"
+    )
+    hosts = [Host(f"h{i}", "a" if shared_address else f"h{i}", f"h{i}") for i in range(n_hosts)]
+    try:
+        plan = plan_of(text, hosts)
+    except PlanError:
+        return
+    got = {t.name: t.port for t in plan.tasks if t.port is not None}
+    assert got == _ports_by_search_from_the_base(text, hosts)
+
+
+def test_port_assignment_is_linear():
+    """1,000 PS and 1,000 workers from one base on one address: each worker's search from the
+    base would pass every port taken before it."""
+    import time
+
+    text = "program: [p]\nroles: {ps: 1000, worker: 1000}\nports: {ps: 3000, worker: 3000}\n"
+    started = time.monotonic()
+    plan = plan_of(text, [Host("h", "a", "h")])
+    assert time.monotonic() - started < 5
+    assert sorted(t.port for t in plan.tasks) == list(range(3000, 5000))
+
+
+def test_ports_past_65535_are_a_plan_error():
+    with pytest.raises(PlanError, match="no free port for worker:1 on h: counting up"):
+        plan_of("program: [p]\nroles: {ps: 0, worker: 2}\nports: {worker: 65535}\n", [Host("h", "a", "h")])  # fmt: skip
+
+
+def test_plan_that_would_be_huge_is_refused_before_it_is_built():
+    """Every TF_CONFIG lists the whole cluster: 3,000 tasks would hold ~170 MB."""
+    text = "program: [p, '{worker_hosts}']\nroles: {ps: 1, worker: 3000}\n"
+    with pytest.raises(PlanError, match=r"the plan would hold about \d+ MiB .* at most 128 MiB"):
+        plan_of(text, [Host("h", "a", "h")])

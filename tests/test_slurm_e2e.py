@@ -379,3 +379,23 @@ def test_job_state_from_squeue_json_and_plain_format_agree(cluster) -> None:
     assert (from_json.state, from_json.exit_code) == ("FAILED", 3)
     assert (plain.state, plain.nodes) == ("FAILED", from_json.nodes)
     assert job_state("999999").state == "GONE"  # unknown to squeue, and no accounting here
+
+
+def test_env_from_reaches_the_tasks_and_no_run_file(cluster, tmp_path) -> None:
+    """program.env_from: sbatch exports the submitting environment; plan.json and the job's
+    copy of the cluster file name the variable, never its value."""
+    secret = "env-from-secret-4711"
+    argv = [sys.executable, "-c", "import os; print('got', os.environ['TFL_SECRET'])"]
+    path = write_cluster(tmp_path, argv, {"ps": 0, "worker": 2})
+    data = yaml.safe_load(path.read_text())
+    data["program"]["env_from"] = ["TFL_SECRET"]
+    path.write_text(yaml.safe_dump(data))
+    result = tflaunch("up", str(path), timeout=300, env={"TFL_SECRET": secret})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run = the_run(tmp_path)
+    for log in ("worker-0.log", "worker-1.log"):
+        assert f"got {secret}" in (run / log).read_text()
+    assert run.stat().st_mode & 0o777 == 0o700
+    for name in ("plan.json", "run.json", "cluster.yaml", "job.sbatch", "slurm.json"):
+        assert (run / name).stat().st_mode & 0o777 == 0o600, name
+        assert secret not in (run / name).read_text(), name

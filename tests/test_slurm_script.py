@@ -341,3 +341,14 @@ def test_signal_ahead_of_the_time_limit_is_a_directive_of_the_job() -> None:
 def test_signal_other_than_usr1_or_usr2_is_bad_input() -> None:
     with pytest.raises(ConfigError, match="slurm.signal: 'TERM@60' is not USR1@SECONDS"):
         config(slurm={"signal": "TERM@60"})
+
+
+def test_newline_in_the_cluster_file_path_stays_inside_the_comment():
+    """A path such as 'a\\ntouch pwned' once ended the header comment: the next line ran, and
+    Slurm, finding a command before them, read no #SBATCH line at all."""
+    inputs = ScriptInputs("r-1", "/runs/r-1", "/home/u/a\ntouch /tmp/pwned\n#.yaml")
+    text = render_sbatch(config(), layout(config()), inputs)
+    lines = text.splitlines()
+    assert lines[1] == '# tflaunch run r-1, from "/home/u/a\\ntouch /tmp/pwned\\n#.yaml"'
+    assert all(line.startswith("#") for line in lines[:6])
+    assert not any(line.startswith("touch") for line in lines)

@@ -236,3 +236,16 @@ def test_jump_host_reaches_private_addresses(ssh_test_hosts, tmp_path):
         assert target.private_address in result.stdout
     finally:
         close_all(conns.values())
+
+
+@pytest.mark.parametrize("name", ["--split-string=sh -c id", "A=B", "X; touch pwned #", "1A", ""])
+def test_remote_command_refuses_env_names_that_are_not_posix(name):
+    """GNU env reads a NAME beginning with -S/--split-string= as an option: it would run."""
+    with pytest.raises(ValueError, match="is not a valid environment variable name"):
+        remote_command(["true"], env={name: "x"})
+
+
+def test_remote_command_passes_env_values_quoted():
+    command = remote_command(["printenv", "A_1"], env={"A_1": HOSTILE})
+    result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30)
+    assert result.stdout == HOSTILE + "\n"

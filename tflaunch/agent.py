@@ -42,6 +42,7 @@ from tflaunch.link import read_lines
 from tflaunch.monitor import Sampler
 from tflaunch.plan import Plan, Task
 from tflaunch.restart import STALLED
+from tflaunch.run import make_run_dir, open_run_file
 from tflaunch.stall import StallWatch
 
 Emit = Callable[[dict[str, Any]], None]
@@ -268,7 +269,7 @@ class Agent:
         restarts = self.restarts.get(task.name, 0)
         env["TFLAUNCH_TASK_RESTARTS"] = str(restarts)
         env["TFLAUNCH_CLUSTER_RESTARTS"] = str(self.generation)
-        log = open(self.run_dir / task.log_name, "ab")  # noqa: SIM115 - closed by TaskProcess
+        log = open_run_file(self.run_dir / task.log_name, "ab")  # closed by TaskProcess
         proc = procs.spawn(task.argv, env, task.workdir)
         if task.job in self.watched:
             with self._stall_lock:
@@ -446,7 +447,7 @@ def serve(
     """Run ``host``'s agent with its commands coming from and its events going to two streams
     (pipes, an SSH channel, a TCP connection): the one agent loop of every backend. Signals
     stop it as a ``stop`` command does. Returns the agent's exit code."""
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    make_run_dir(Path(run_dir))
     emitter = LineEmitter(events, host)
     agent = Agent(plan, host, run_dir, emitter, reap_strays=procs.become_subreaper())
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

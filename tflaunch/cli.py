@@ -11,8 +11,8 @@ import traceback
 import click
 
 from tflaunch import __version__, launch
-from tflaunch.config import ClusterConfig, config_schema, load_config
-from tflaunch.errors import TflaunchError
+from tflaunch.config import ClusterConfig, config_schema, env_name_problem, load_config
+from tflaunch.errors import ConfigError, TflaunchError
 from tflaunch.plan import Plan, parse_task_name, tf_config
 from tflaunch.run import Run
 from tflaunch.text import aligned
@@ -106,6 +106,9 @@ def render(cluster_file: str, task_name: str, fmt: str) -> None:
         click.echo(json.dumps({j: list(a) for j, a in the_plan.cluster.items()}, indent=2))
     elif fmt == "env":
         for key in sorted(task.env):
+            problem = env_name_problem(key)
+            if problem:  # the plan came from a checked file; this guards 'eval "$(render)"'
+                raise ConfigError(f"{cluster_file}: program.env: {problem}.")
             click.echo(f"export {key}={shlex.quote(task.env[key])}")
     else:
         click.echo(f"cd {shlex.quote(task.workdir)} && {shlex.join(task.argv)}")

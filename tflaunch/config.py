@@ -18,13 +18,52 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
-from tflaunch import schema
+from tflaunch import schema, yamlfile
 from tflaunch.errors import ConfigError
 from tflaunch.schema import field
 
 JOBS = ("ps", "chief", "worker", "evaluator")
+
+# Bounds on every count: far above any real cluster, low enough that no file can make the launcher
+# build huge lists. A plan's size also grows with tasks squared (every TF_CONFIG lists the whole
+# cluster), which tflaunch.plan bounds separately.
+MAX_TASKS = 4096  # tasks of one role, and of all roles together
+MAX_HOSTS = 4096  # hosts listed, and slurm.nodes
+MAX_GPUS = 256  # GPUs of one host or node, and per worker
+MAX_CPUS = 65_536  # slurm.cpus_per_task
+MAX_ITEMS = 4096  # items of any list: argv, sbatch options, setup lines, uploads, instance ids
+MAX_SECONDS = 30 * 24 * 3600.0  # any timeout or interval: 30 days
+MAX_RESTARTS = 10_000  # any restart limit
+MAX_PORT = 65_535
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SLURM_TIME = re.compile(r"(\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|(?i:infinite|unlimited))")
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be an environment variable name (POSIX: letters, digits, _), or None."""
+    if ENV_NAME.fullmatch(name):
+        return None
+    return (
+        f"{name!r} is not a valid environment variable name; use letters, digits and _, "
+        "not starting with a digit"
+    )
+
+
+def _slurm_time_problem(value: str) -> str | None:
+    if SLURM_TIME.fullmatch(value):
+        return None
+    return (
+        f"{value!r} is not a Slurm time; write minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or "
+        "D-HH:MM:SS (quoted, e.g. '01:00:00'), or UNLIMITED"
+    )
+
+
+def _mode_problem(value: str) -> str | None:
+    if not re.fullmatch(r"0?[0-7]{3}", value):
+        return f"{value!r} is not an octal mode such as '0700' or '0750'"
+    if int(value, 8) & 0o700 != 0o700:
+        return f"{value!r} must give the owner read, write and search permission (0700)"
+    return None
 
 
 def _host_entry(raw: Any) -> Any:
@@ -43,9 +82,21 @@ class Program:
     {worker_hosts} {chief_hosts} {num_ps} {num_workers} {host} {port} {checkpoint_dir};
     write {{ for a brace."""
 
-    argv: tuple[str, ...] = field(doc="the command as a list of arguments, e.g. [python, train.py]")
+    argv: tuple[str, ...] = field(
+        doc="the command as a list of arguments, e.g. [python, train.py]", maximum=MAX_ITEMS
+    )
     workdir: str = field(".", doc="directory the tasks run in (relative to the cluster file)")
-    env: Mapping[str, str] = field(factory=dict, doc="extra environment variables for every task")
+    env: Mapping[str, str] = field(
+        factory=dict,
+        doc="extra environment variables for every task; the values are written to the run "
+        "directory's plan.json (and the Slurm job's copy of this file): use env_from for secrets",
+    )
+    env_from: tuple[str, ...] = field(
+        (),
+        doc="names of variables the tasks take from the launcher's environment at 'up', never "
+        "written to plan files (e.g. [WANDB_API_KEY]); backends local and slurm",
+        maximum=MAX_ITEMS,
+    )
     checkpoint_dir: str | None = field(
         None,
         doc="checkpoint directory: {checkpoint_dir} in argv and $TFLAUNCH_CHECKPOINT_DIR "
@@ -57,22 +108,28 @@ class Program:
 class Roles:
     """How many tasks of each kind."""
 
-    ps: int = field(1, minimum=0, doc="parameter servers")
-    worker: int = field(2, minimum=0, doc="workers")
-    chief: int = field(0, minimum=0, doc="chief (0 or 1); without one, worker 0 is the chief")
-    evaluator: int = field(0, minimum=0, doc="evaluator (0 or 1); runs beside the training cluster")
+    ps: int = field(1, minimum=0, maximum=MAX_TASKS, doc="parameter servers")
+    worker: int = field(2, minimum=0, maximum=MAX_TASKS, doc="workers")
+    chief: int = field(
+        0, minimum=0, maximum=MAX_TASKS, doc="chief (0 or 1); without one, worker 0 is the chief"
+    )
+    evaluator: int = field(
+        0, minimum=0, maximum=MAX_TASKS, doc="evaluator (0 or 1); runs beside the training cluster"
+    )
 
 
 @dataclass(frozen=True)
 class HostEntry:
     """One machine. Written as a bare name or as a mapping."""
 
-    name: str = field(doc="host name; also the cluster address unless 'address' is given")
-    address: str | None = field(None, doc="address the tasks use to reach each other")
-    connect: str | None = field(
-        None, doc="address the launcher connects to (ssh); default: address"
+    name: str = field(
+        doc="host name; also the cluster address unless 'address' is given", line=True
     )
-    gpus: int = field(0, minimum=0, doc="number of GPUs on the host")
+    address: str | None = field(None, doc="address the tasks use to reach each other", line=True)
+    connect: str | None = field(
+        None, doc="address the launcher connects to (ssh); default: address", line=True
+    )
+    gpus: int = field(0, minimum=0, maximum=MAX_GPUS, doc="number of GPUs on the host")
 
 
 @dataclass(frozen=True)
@@ -86,16 +143,19 @@ class Placement:
     ps_per_host: int | None = field(
         None,
         minimum=1,
+        maximum=MAX_TASKS,
         doc="at most this many co-located PS per host; default: spread evenly over the worker hosts",
     )
     workers_per_host: int | None = field(
         None,
         minimum=1,
+        maximum=MAX_TASKS,
         doc="worker slots per host (chief and evaluator take slots too); default: as few hosts as the GPUs allow, else spread evenly",
     )
     gpus_per_worker: int | None = field(
         None,
         minimum=0,
+        maximum=MAX_GPUS,
         doc="GPUs per worker; default 1, or all of the host's GPUs with one worker per host",
     )
 
@@ -104,10 +164,13 @@ class Placement:
 class Ports:
     """Base port of each job on each host; tasks on one host count up from it, skipping taken ports."""
 
-    ps: int = field(2230, minimum=1, doc="first PS port on a host")
-    worker: int = field(2220, minimum=1, doc="first worker port on a host")
+    ps: int = field(2230, minimum=1, maximum=MAX_PORT, doc="first PS port on a host")
+    worker: int = field(2220, minimum=1, maximum=MAX_PORT, doc="first worker port on a host")
     chief: int = field(
-        2210, minimum=1, doc="chief port (the evaluator needs none: it is not in the cluster)"
+        2210,
+        minimum=1,
+        maximum=MAX_PORT,
+        doc="chief port (the evaluator needs none: it is not in the cluster)",
     )
 
 
@@ -137,7 +200,9 @@ class RoleRestart:
         doc="task: restart the failed task alone; cluster: restart every task from the "
         "checkpoints (default: cluster for ps and chief, task for worker and evaluator)",
     )
-    max_restarts: int = field(3, minimum=0, doc="restarts of one task of this role, at most")
+    max_restarts: int = field(
+        3, minimum=0, maximum=MAX_RESTARTS, doc="restarts of one task of this role, at most"
+    )
 
 
 @dataclass(frozen=True)
@@ -149,17 +214,23 @@ class Restart:
     worker: RoleRestart = field(factory=RoleRestart, doc="workers", coerce=_role_restart_entry)
     evaluator: RoleRestart = field(factory=RoleRestart, doc="evaluator", coerce=_role_restart_entry)
     max_restarts: int = field(
-        10, minimum=0, doc="restarts of single tasks in the run, all tasks together, at most"
+        10,
+        minimum=0,
+        maximum=MAX_RESTARTS,
+        doc="restarts of single tasks in the run, all tasks together, at most",
     )
     max_cluster_restarts: int = field(
-        2, minimum=0, doc="whole-cluster restarts in the run, at most"
+        2, minimum=0, maximum=MAX_RESTARTS, doc="whole-cluster restarts in the run, at most"
     )
     backoff: float = field(
         1.0,
         minimum=0,
+        maximum=MAX_SECONDS,
         doc="seconds before a task's first restart; each further restart of it waits twice as long",
     )
-    backoff_max: float = field(30.0, minimum=0, doc="the longest wait before a restart")
+    backoff_max: float = field(
+        30.0, minimum=0, maximum=MAX_SECONDS, doc="the longest wait before a restart"
+    )
 
     def of(self, job: str) -> RoleRestart:
         return getattr(self, job)
@@ -181,25 +252,36 @@ class Supervision:
     """How tasks are watched and stopped."""
 
     ready_timeout: float = field(
-        120.0, minimum=0, doc="seconds to wait for every PS port to accept connections"
+        120.0,
+        minimum=0,
+        maximum=MAX_SECONDS,
+        doc="seconds to wait for every PS port to accept connections",
     )
     grace_period: float = field(
-        5.0, minimum=0, doc="seconds between SIGTERM and SIGKILL at teardown"
+        5.0, minimum=0, maximum=MAX_SECONDS, doc="seconds between SIGTERM and SIGKILL at teardown"
     )
     finish_timeout: float = field(
         300.0,
         minimum=0,
+        maximum=MAX_SECONDS,
         doc="seconds the other workers may run on after the chief finished successfully",
     )
     heartbeat: float = field(
-        2.0, minimum=0.1, doc="seconds between launcher heartbeats to the agents"
+        2.0,
+        minimum=0.1,
+        maximum=MAX_SECONDS,
+        doc="seconds between launcher heartbeats to the agents",
     )
     heartbeat_timeout: float = field(
         20.0,
         minimum=1,
-        doc="an agent that hears nothing from its launcher this long tears its tasks down",
+        maximum=MAX_SECONDS,
+        doc="an agent that hears nothing from its launcher this long tears its tasks down "
+        "(at least twice the heartbeat)",
     )
-    sample_interval: float = field(1.0, minimum=0, doc="seconds between resource samples (0: off)")
+    sample_interval: float = field(
+        1.0, minimum=0, maximum=MAX_SECONDS, doc="seconds between resource samples (0: off)"
+    )
     success: Literal["workers", "chief"] = field(
         "workers",
         doc="workers: the run succeeds when the chief (else worker 0) and every worker exit 0; "
@@ -210,6 +292,7 @@ class Supervision:
     stall_timeout: float = field(
         0.0,
         minimum=0,
+        maximum=MAX_SECONDS,
         doc="a task that prints nothing this many seconds (or, once it has printed a step, "
         "whose step stops growing) fails as 'stalled' and is handled by its restart policy (0: off)",
     )
@@ -220,6 +303,7 @@ class Supervision:
     max_runtime: float | None = field(
         None,
         minimum=1,
+        maximum=MAX_SECONDS,
         doc="seconds a run may last; then it is stopped as on Ctrl-C (ssh backend; provisioned "
         "instances also power off and terminate by themselves at this age)",
     )
@@ -230,27 +314,47 @@ class SlurmSection:
     """Slurm settings (backend: slurm)."""
 
     nodes: int | None = field(
-        None, minimum=1, doc="number of nodes (default: as many as the plan needs)"
+        None,
+        minimum=1,
+        maximum=MAX_HOSTS,
+        doc="number of nodes (default: as many as the plan needs)",
     )
-    time: str | None = field(None, doc="walltime, e.g. 00:30:00")
-    partition: str | None = field(None, doc="partition")
-    account: str | None = field(None, doc="account")
-    qos: str | None = field(None, doc="quality of service")
-    constraint: str | None = field(None, doc="node constraint, e.g. gpu")
+    time: str | None = field(
+        None,
+        doc="walltime as sbatch --time takes it, quoted: '00:30:00', '1-12:00:00', '90'",
+        line=True,
+        check=lambda v: _slurm_time_problem(v),
+    )
+    partition: str | None = field(None, doc="partition", line=True)
+    account: str | None = field(None, doc="account", line=True)
+    qos: str | None = field(None, doc="quality of service", line=True)
+    constraint: str | None = field(None, doc="node constraint, e.g. gpu", line=True)
     ps_constraint: str | None = field(
-        None, doc="node constraint of dedicated PS nodes (their own job component), e.g. mc"
+        None,
+        doc="node constraint of dedicated PS nodes (their own job component), e.g. mc",
+        line=True,
     )
-    gpus_per_node: int | None = field(None, minimum=0, doc="GPUs per node (--gpus-per-node)")
-    gres: str | None = field(None, doc="generic resources (--gres), instead of gpus_per_node")
-    cpus_per_task: int | None = field(None, minimum=1, doc="CPUs per agent (one agent per node)")
-    mem: str | None = field(None, doc="memory per node, e.g. 32G")
-    options: tuple[str, ...] = field((), doc="extra sbatch options, e.g. ['--exclusive']")
+    gpus_per_node: int | None = field(
+        None, minimum=0, maximum=MAX_GPUS, doc="GPUs per node (--gpus-per-node)"
+    )
+    gres: str | None = field(
+        None, doc="generic resources (--gres), instead of gpus_per_node", line=True
+    )
+    cpus_per_task: int | None = field(
+        None, minimum=1, maximum=MAX_CPUS, doc="CPUs per agent (one agent per node)"
+    )
+    mem: str | None = field(None, doc="memory per node, e.g. 32G", line=True)
+    options: tuple[str, ...] = field(
+        (), doc="extra sbatch options, e.g. ['--exclusive']", line=True, maximum=MAX_ITEMS
+    )
     setup: tuple[str, ...] = field(
-        (), doc="shell lines run before the step (module loads, activation), verbatim"
+        (),
+        doc="shell lines run before the step (module loads, activation), verbatim",
+        maximum=MAX_ITEMS,
     )
-    output: str | None = field(None, doc="sbatch --output path")
-    error: str | None = field(None, doc="sbatch --error path")
-    python: str = field("python3", doc="Python interpreter on the nodes")
+    output: str | None = field(None, doc="sbatch --output path", line=True)
+    error: str | None = field(None, doc="sbatch --error path", line=True)
+    python: str = field("python3", doc="Python interpreter on the nodes", line=True)
     signal: str | None = field(
         None,
         doc="USR1@SECONDS or USR2@SECONDS: Slurm signals the agents that long before the time "
@@ -265,11 +369,11 @@ class Ec2Section:
     region: str | None = field(None, doc="AWS region (default: the usual AWS environment)")
     profile: str | None = field(None, doc="AWS profile")
     filters: Mapping[str, str] = field(factory=dict, doc="EC2 filters, e.g. {'tag:cluster': 'tf'}")
-    instance_ids: tuple[str, ...] = field((), doc="instance ids")
+    instance_ids: tuple[str, ...] = field((), doc="instance ids", maximum=MAX_ITEMS)
     endpoint_url: str | None = field(
         None, doc="EC2 API endpoint (for tests against a local stand-in)"
     )
-    gpus: int = field(0, minimum=0, doc="GPUs per discovered instance")
+    gpus: int = field(0, minimum=0, maximum=MAX_GPUS, doc="GPUs per discovered instance")
 
 
 @dataclass(frozen=True)
@@ -301,6 +405,7 @@ class Ec2ProvisionSection:
     idle_timeout: float = field(
         1800.0,
         minimum=60,
+        maximum=MAX_SECONDS,
         doc="an instance that runs no tflaunch process and no SSH session this long terminates "
         "itself",
     )
@@ -308,7 +413,10 @@ class Ec2ProvisionSection:
         False, doc="terminate the instances when the run ends (as 'up --down')"
     )
     ready_timeout: float = field(
-        600.0, minimum=1, doc="seconds to wait for the instances to run and accept SSH"
+        600.0,
+        minimum=1,
+        maximum=MAX_SECONDS,
+        doc="seconds to wait for the instances to run and accept SSH",
     )
     tags: Mapping[str, str] = field(factory=dict, doc="extra tags on every instance")
 
@@ -319,8 +427,10 @@ class SshSection:
 
     user: str | None = field(None, doc="remote user (default: the local user)")
     identity_file: str | None = field(None, doc="private key file")
-    port: int = field(22, minimum=1, doc="SSH port")
-    connect_timeout: float = field(10.0, minimum=0.1, doc="seconds to connect to a host")
+    port: int = field(22, minimum=1, maximum=MAX_PORT, doc="SSH port")
+    connect_timeout: float = field(
+        10.0, minimum=0.1, maximum=MAX_SECONDS, doc="seconds to connect to a host"
+    )
     host_key_policy: Literal["strict", "accept-new"] = field(
         "strict",
         doc="strict: known hosts only; accept-new: record unknown keys, refuse changed ones",
@@ -332,8 +442,10 @@ class SshSection:
         None, doc="file of cluster addresses, line i = same host as public line i"
     )
     ec2: Ec2Section | None = field(None, doc="discover hosts from EC2")
-    gpus: int = field(0, minimum=0, doc="GPUs per host for hosts from files")
-    upload: tuple[str, ...] = field((), doc="files copied to each host's workdir before the start")
+    gpus: int = field(0, minimum=0, maximum=MAX_GPUS, doc="GPUs per host for hosts from files")
+    upload: tuple[str, ...] = field(
+        (), doc="files copied to each host's workdir before the start", maximum=MAX_ITEMS
+    )
     python: str = field("python3", doc="Python interpreter on the hosts")
     remote_runs_dir: str | None = field(
         None, doc="run directory on the hosts (default: the local runs_dir path)"
@@ -363,19 +475,27 @@ class ClusterConfig:
     """A distributed TensorFlow cluster: what runs, how many tasks, where, and how."""
 
     program: Program = field(doc="what every task runs", coerce=_program_entry)
-    name: str = field("tflaunch", doc="cluster name; prefixes run ids")
+    name: str = field("tflaunch", doc="cluster name; prefixes run ids", line=True)
     backend: Literal["local", "slurm", "ssh"] = field("local", doc="how tasks are started")
     roles: Roles = field(factory=Roles, doc="task counts")
     hosts: tuple[HostEntry, ...] = field(
         (),
         doc="machines (local default: localhost)",
+        maximum=MAX_HOSTS,
         coerce=lambda v: [_host_entry(h) for h in v] if isinstance(v, list) else v,
     )
     placement: Placement = field(factory=Placement, doc="task placement")
     ports: Ports = field(factory=Ports, doc="base ports")
     supervision: Supervision = field(factory=Supervision, doc="supervision")
     runs_dir: str = field(
-        "runs", doc="where run directories go (relative to the working directory)"
+        "runs", doc="where run directories go (relative to the working directory)", line=True
+    )
+    run_dir_mode: str = field(
+        "0700",
+        doc="permissions of each run directory, as an octal string; its files get the same "
+        "without the search bits (0700: only you can read plans and logs; '0750' shares them "
+        "with your group)",
+        check=lambda v: _mode_problem(v),
     )
     slurm: SlurmSection = field(factory=SlurmSection, doc="Slurm backend settings")
     ssh: SshSection = field(factory=SshSection, doc="SSH backend settings")
@@ -400,18 +520,26 @@ def load_config(path: str | os.PathLike) -> ClusterConfig:
     """Read and validate a cluster file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        with path.open("rb") as f:
+            raw = f.read(yamlfile.MAX_FILE_BYTES + 1)
     except OSError as err:
         raise ConfigError(
             f"{path}: cannot read the cluster file ({err.strerror}). "
             "Check the path and its permissions."
         ) from err
+    try:
+        text = yamlfile.decode(raw)
+    except yamlfile.YamlFileError as err:
+        raise ConfigError(_file_error(str(path), err)) from None
     return parse_config(text, source=str(path), base_dir=str(path.resolve().parent))
 
 
 def parse_config(text: str, source: str = "<string>", base_dir: str = ".") -> ClusterConfig:
     """Validate cluster-file text; errors are ConfigError naming source:line and the key path."""
-    data, positions = _load_yaml(text, source)
+    try:
+        data, positions = yamlfile.load(text)
+    except yamlfile.YamlFileError as err:
+        raise ConfigError(_file_error(source, err)) from None
     if data is None:
         raise ConfigError(
             f"{source}: the cluster file is empty. It needs at least a 'program:' "
@@ -424,6 +552,11 @@ def parse_config(text: str, source: str = "<string>", base_dir: str = ".") -> Cl
     config = dataclasses.replace(config, source=source, base_dir=base_dir)
     _check(config, positions)
     return config
+
+
+def _file_error(source: str, err: yamlfile.YamlFileError) -> str:
+    where = f"{source}:{err.line}" if err.line else source
+    return f"{where}: {err.message}."
 
 
 def _located(source: str, positions: Mapping[tuple, int], path: tuple, message: str) -> str:
@@ -486,10 +619,23 @@ def _check(config: ClusterConfig, positions: Mapping[tuple, int]) -> None:
             ("supervision", "step_pattern"),
             f"{pattern!r} has no group; put the step number in parentheses, e.g. 'step (\\d+)'",
         )
-    names = [h.name for h in config.hosts]
-    for i, name in enumerate(names):
-        if names.index(name) != i:
-            fail(("hosts", i, "name"), f"host '{name}' is listed twice")
+    total = roles.ps + roles.worker + roles.chief + roles.evaluator
+    if total > MAX_TASKS:
+        fail(("roles",), f"{total} tasks in all; at most {MAX_TASKS:,} are allowed")
+    first_at: dict[str, int] = {}
+    for i, host in enumerate(config.hosts):
+        if host.name in first_at:
+            fail(("hosts", i, "name"), f"host '{host.name}' is listed twice")
+        first_at[host.name] = i
+    _check_env(config, fail)
+    supervision = config.supervision
+    if supervision.heartbeat * 2 > supervision.heartbeat_timeout:
+        fail(
+            ("supervision", "heartbeat_timeout"),
+            f"{supervision.heartbeat_timeout:g} s is less than twice the heartbeat "
+            f"({supervision.heartbeat:g} s), so one late heartbeat would tear the run down; "
+            "raise heartbeat_timeout or lower heartbeat",
+        )
     if config.ssh.provision is not None:
         for path, used in (
             (("hosts",), bool(config.hosts)),
@@ -507,6 +653,42 @@ def _check(config: ClusterConfig, positions: Mapping[tuple, int]) -> None:
             ("ssh", "private_ips_file"),
             "is required with public_ips_file (line i of each is one host)",
         )
+
+
+def _check_env(config: ClusterConfig, fail: Any) -> None:
+    """Environment names are POSIX names (a key such as ``X; touch f #`` or ``A=B`` would be
+    shell or a second assignment wherever it is exported), and env_from can be delivered."""
+    program = config.program
+    for key in program.env:
+        problem = env_name_problem(key)
+        if problem:
+            fail(("program", "env", key), problem)
+    for i, name in enumerate(program.env_from):
+        problem = env_name_problem(name)
+        if problem:
+            fail(("program", "env_from", i), problem)
+        if name in program.env:
+            fail(("program", "env_from", i), f"'{name}' is also set in program.env; keep one")
+        if name in program.env_from[:i]:
+            fail(("program", "env_from", i), f"'{name}' is listed twice")
+    if not program.env_from:
+        return
+    if config.backend == "ssh":
+        fail(
+            ("program", "env_from"),
+            "is not supported by backend ssh yet: the remote agents do not inherit the "
+            "launcher's environment. Set the variables on the hosts (e.g. in a file the "
+            "program reads) or use program.env",
+        )
+    if config.backend == "slurm":
+        for i, option in enumerate(config.slurm.options):
+            if option.startswith("--export") and not option.startswith("--export=ALL"):
+                fail(
+                    ("slurm", "options", i),
+                    f"'{option}' would stop sbatch from passing the launcher's environment "
+                    "to the job, which program.env_from relies on; drop it or list the "
+                    "variables in program.env",
+                )
 
 
 def _moved_module(config: ClusterConfig) -> tuple[int, str] | None:
@@ -532,40 +714,6 @@ def _has_module(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
-
-
-def _load_yaml(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
-    """Parse YAML safely, also returning the line of every key path."""
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        problem = getattr(err, "problem", None) or str(err)
-        raise ConfigError(
-            f"{where}: the cluster file is not valid YAML ({problem}). "
-            "Check indentation and quoting around that line."
-        ) from None
-    finally:
-        loader.dispose()
-    positions: dict[tuple, int] = {}
-    if node is not None:
-        _record_positions(node, (), positions)
-    return data, positions
-
-
-def _record_positions(node: yaml.Node, path: tuple, out: dict[tuple, int]) -> None:
-    out.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            key = path + (key_node.value,)
-            out[key] = key_node.start_mark.line + 1
-            _record_positions(value_node, key, out)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _record_positions(item, path + (i,), out)
 
 
 def config_schema() -> dict:

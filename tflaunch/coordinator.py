@@ -37,7 +37,7 @@ from tflaunch.link import AgentLink
 from tflaunch.monitor import SampleLog
 from tflaunch.plan import Plan
 from tflaunch.restart import STALLED, Decision, Failure, RestartBook, describe_code
-from tflaunch.run import Outcome, Run
+from tflaunch.run import Outcome, Run, open_run_file
 
 TAIL_LINES = 20
 _EVENTS_KEPT = {
@@ -101,7 +101,7 @@ class Coordinator:
         self.ready = False
         self.started_at = time.monotonic()
         self.width = max(len(n) for n in self.tasks) + 2
-        self._events_file = run.events_path.open("a")
+        self._events_file = open_run_file(run.events_path, "a")
         self._samples = SampleLog(run.dir)  # resource samples: samples-<host>.jsonl, not events
         self._signal: int | None = None
         self._passed_on: list[int] = []  # SIGUSR1/2 received, to pass on to every agent's tasks

@@ -7,13 +7,14 @@ The CLI, ``tflaunch bench`` and other callers go through here; only this module 
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tflaunch.config import ClusterConfig
-from tflaunch.errors import PlanError
+from tflaunch.errors import LaunchError, PlanError
 from tflaunch.plan import Plan, make_plan
 from tflaunch.run import ENDED, Outcome, Run, new_run_id
 
@@ -54,8 +55,9 @@ def prepare(
     cluster_file: str | None = None,
 ) -> tuple[Plan, Run]:
     """Plan the cluster and create its run directory."""
+    check_env_from(config)
     hosts = backend_for(config.backend).hosts(config)
-    run = Run.create(runs_dir or config.runs_dir, config.name, run_id)
+    run = Run.create(runs_dir or config.runs_dir, config.name, run_id, int(config.run_dir_mode, 8))
     try:
         plan = make_plan(config, hosts, run.dir)
     except PlanError:
@@ -71,6 +73,24 @@ def prepare(
         created=time.time(),
     )
     return plan, run
+
+
+def check_env_from(config: ClusterConfig, environ: Mapping[str, str] = os.environ) -> None:
+    """Every ``program.env_from`` variable is set here, where the tasks will inherit it from:
+    the agent (local) or the job sbatch submits (slurm; sbatch exports this environment)."""
+    missing = [name for name in config.program.env_from if name not in environ]
+    if missing:
+        raise LaunchError(
+            f"{config.source}: program.env_from names {', '.join(missing)}, which "
+            f"{'is' if len(missing) == 1 else 'are'} not set in this environment; export "
+            f"{'it' if len(missing) == 1 else 'them'} before 'tflaunch up'."
+        )
+    export = environ.get("SBATCH_EXPORT", "ALL")
+    if config.backend == "slurm" and config.program.env_from and not export.startswith("ALL"):
+        raise LaunchError(
+            f"SBATCH_EXPORT={export} would keep sbatch from passing program.env_from "
+            f"({', '.join(config.program.env_from)}) to the job; unset SBATCH_EXPORT."
+        )
 
 
 def run_cluster(config: ClusterConfig, runs_dir: str | None = None) -> tuple[Run, Outcome]:

@@ -31,6 +31,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 import psutil
 
+from tflaunch.run import open_run_file
+
 if TYPE_CHECKING:
     from tflaunch.config import Supervision
 
@@ -277,7 +279,7 @@ class SampleLog:
     def write(self, host: str, event: Mapping[str, Any]) -> None:
         out = self._files.get(host)
         if out is None:
-            out = self._files[host] = samples_path(self.run_dir, host).open("a")
+            out = self._files[host] = open_run_file(samples_path(self.run_dir, host), "a")
         record = {
             "time": event.get("time"),
             "host": host,

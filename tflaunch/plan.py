@@ -33,6 +33,10 @@ from tflaunch.errors import PlanError
 
 LOCAL_ADDRESS = "127.0.0.1"
 MAX_PORT = 65535
+# Every task's TF_CONFIG (and any {worker_hosts}-like argument) lists the whole cluster, so a
+# plan grows with tasks squared; past this many bytes of arguments and environment in all it is
+# refused before it is built (2,048 workers: about 80 MB; with {worker_hosts} in argv, twice).
+MAX_PLAN_BYTES = 128 << 20
 
 
 @dataclass(frozen=True)
@@ -188,6 +192,7 @@ def make_plan(
             cluster.setdefault(job, ())
             cluster[job] += (f"{host.cluster_address}:{ports[(job, index)]}",)
     checkpoints = checkpoint_dir(config, run_dir)
+    _check_size(config, cluster, len(placed))
     tasks = tuple(
         _make_task(config, cluster, job, index, host, ports.get((job, index)), gpus, checkpoints)
         for job, index, host, gpus in placed
@@ -270,16 +275,22 @@ def _assign_gpus(config: ClusterConfig, host: Host, n_tasks: int) -> list[tuple[
 
 
 def _assign_ports(config: ClusterConfig, placed: list) -> dict[tuple[str, int], int]:
-    """Count up from each job's base port per address, skipping ports taken on that address."""
+    """Count up from each job's base port per address, skipping ports taken on that address.
+
+    Ports taken on an address only ever grow, so the lowest free port at or above a job's base
+    never goes down: each (address, job) resumes its search where it last stopped, which makes
+    the whole assignment linear in the tasks (a search from the base each time is quadratic)."""
     taken: dict[str, set[int]] = {}
+    resume: dict[tuple[str, str], int] = {}
     ports: dict[tuple[str, int], int] = {}
     for job, index, host, _ in placed:
         if job == "evaluator":
             continue
         used = taken.setdefault(host.cluster_address, set())
-        port = getattr(config.ports, job)
+        port = resume.get((host.cluster_address, job), getattr(config.ports, job))
         while port in used:
             port += 1
+        resume[(host.cluster_address, job)] = port
         if port > MAX_PORT:
             raise PlanError(
                 f"no free port for {job}:{index} on {host.name}: counting up from "
@@ -288,6 +299,28 @@ def _assign_ports(config: ClusterConfig, placed: list) -> dict[tuple[str, int], 
         used.add(port)
         ports[(job, index)] = port
     return ports
+
+
+def _check_size(config: ClusterConfig, cluster: Mapping[str, tuple[str, ...]], n: int) -> None:
+    """Refuse a plan whose tasks would hold more than MAX_PLAN_BYTES, from an upper bound of
+    one task's arguments and environment (placeholders at their longest), before building it."""
+    lists = {job: sum(len(a) + 4 for a in addresses) for job, addresses in cluster.items()}
+    longest = {"ps_hosts": "ps", "worker_hosts": "worker", "chief_hosts": "chief"}
+    per_task = sum(lists.values()) + 128  # TF_CONFIG
+    per_task += sum(len(k) + len(v) for k, v in config.program.env.items())
+    for arg in config.program.argv:
+        per_task += len(arg)
+        if "{" in arg:
+            for name in longest:
+                per_task += arg.count("{" + name + "}") * lists.get(longest[name], 0)
+            per_task += arg.count("{") * 64  # {host}, {port}, {task_index}, ...
+    if per_task * n > MAX_PLAN_BYTES:
+        raise PlanError(
+            f"{config.source}: the plan would hold about {per_task * n >> 20} MiB of task "
+            f"arguments and environment ({n} tasks, each listing the whole cluster in TF_CONFIG"
+            f"{' and its arguments' if '{' in ''.join(config.program.argv) else ''}); at most "
+            f"{MAX_PLAN_BYTES >> 20} MiB. Lower roles.worker or roles.ps."
+        )
 
 
 def _make_task(
@@ -343,12 +376,20 @@ def _make_task(
 
 def _fill(arg: str, values: Mapping[str, str], config: ClusterConfig) -> str:
     try:
-        names = [name for _, name, _, _ in string.Formatter().parse(arg) if name is not None]
+        fields = [(n, s, c) for _, n, s, c in string.Formatter().parse(arg) if n is not None]
     except ValueError as err:
         raise PlanError(
             f"{config.source}: program.argv item {arg!r} has unbalanced braces "
             f"({err}); write {{{{ and }}}} for literal braces."
         ) from None
+    names = [name for name, _, _ in fields]
+    for name, spec, conversion in fields:
+        if spec or conversion:
+            raise PlanError(
+                f"{config.source}: program.argv item {arg!r}: placeholders are replaced as "
+                f"they are, without format specs or conversions; write {{{name}}} "
+                f"(or {{{{ and }}}} for literal braces)."
+            )
     unknown = [n for n in names if n not in values]
     if unknown:
         raise PlanError(

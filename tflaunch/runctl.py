@@ -21,7 +21,7 @@ import psutil
 
 from tflaunch import procs
 from tflaunch.errors import LaunchError
-from tflaunch.run import ENDED, Outcome, Run
+from tflaunch.run import ENDED, Outcome, Run, open_run_file
 
 
 def spawn_detached(config_path: str, run: Run, runs_dir: str, timeout: float) -> None:
@@ -38,7 +38,7 @@ def spawn_detached(config_path: str, run: Run, runs_dir: str, timeout: float) ->
         run.id,
         "--attached-daemon",
     ]
-    with open(run.dir / "console.log", "ab") as console:
+    with open_run_file(run.dir / "console.log", "ab") as console:
         proc = procs.spawn(
             argv,
             os.environ,

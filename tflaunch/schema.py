@@ -7,14 +7,23 @@ the two can never disagree.
 
 Supported field types: str, int, float, bool, ``Literal[...]``, ``X | None``, ``tuple[X, ...]``,
 ``dict[str, str]`` and nested dataclasses. A field's ``metadata`` may hold ``doc`` (a description),
-``minimum`` (for numbers) and ``coerce`` (a function applied to the raw value first, e.g. to accept
-a bare string where a mapping is expected).
+``minimum`` and ``maximum`` (for numbers; for lists, ``maximum`` bounds the length), ``line``
+(a string or list of strings that must fit on one line: no CR or LF), ``check`` (a function
+returning an error message or None) and ``coerce`` (a function applied to the raw value first,
+e.g. to accept a bare string where a mapping is expected).
+
+Every count and duration has a maximum, so that no file can make the launcher build huge lists.
+Numbers are finite (``.inf`` and ``.nan`` are refused) and strings hold no NUL character (no
+argument, environment value or path can carry one). Where a string is meant, a YAML number is
+accepted only when it reads back as written: ``1:00:00`` (YAML 1.1 reads 3600) or ``0123`` (83)
+is an error that says to quote it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -46,11 +55,21 @@ def field(
     *,
     doc: str = "",
     minimum: float | None = None,
+    maximum: float | None = None,
+    line: bool = False,
+    check: Callable[[Any], str | None] | None = None,
     coerce: Callable[[Any], Any] | None = None,
     factory: Callable[[], Any] | None = None,
 ):
     """A dataclass field carrying the documentation and checks the reader and schema use."""
-    meta = {"doc": doc, "minimum": minimum, "coerce": coerce}
+    meta = {
+        "doc": doc,
+        "minimum": minimum,
+        "maximum": maximum,
+        "line": line,
+        "check": check,
+        "coerce": coerce,
+    }
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -98,12 +117,43 @@ def _read_dataclass(cls: type, data: Any, path: tuple) -> Any:
             if coerce is not None:
                 raw = coerce(raw)
             values[name] = _read_value(hints[name], raw, path + (name,))
-            minimum = f.metadata.get("minimum")
-            if minimum is not None and values[name] is not None and values[name] < minimum:
-                raise SchemaError(path + (name,), f"must be at least {minimum}, got {values[name]}")
+            _check_field(f, values[name], path + (name,))
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise SchemaError(path + (name,), f"is required ({f.metadata.get('doc', '')})")
     return cls(**values)
+
+
+def _check_field(f: dataclasses.Field, value: Any, path: tuple) -> None:
+    """The field's own bounds: minimum, maximum (a list's length), one line, its check."""
+    if value is None:
+        return
+    minimum, maximum = f.metadata.get("minimum"), f.metadata.get("maximum")
+    if isinstance(value, tuple):
+        if maximum is not None and len(value) > maximum:
+            raise SchemaError(path, f"has {len(value)} items; at most {_number(maximum)} allowed")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        if minimum is not None and value < minimum:
+            raise SchemaError(path, f"must be at least {_number(minimum)}, got {value}")
+        if maximum is not None and value > maximum:
+            raise SchemaError(path, f"must be at most {_number(maximum)}, got {value}")
+    if f.metadata.get("line"):
+        items = value if isinstance(value, tuple) else (value,)
+        for i, item in enumerate(items):
+            if isinstance(item, str) and ("\n" in item or "\r" in item):
+                where = path + (i,) if isinstance(value, tuple) else path
+                raise SchemaError(
+                    where, f"must fit on one line, but {item!r} holds a line break; remove it"
+                )
+    check = f.metadata.get("check")
+    if check is not None:
+        problem = check(value)
+        if problem:
+            raise SchemaError(path, problem)
+
+
+def _number(value: float) -> str:
+    """``65535`` as ``65,535``: bounds read at a glance."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
 
 
 def _public_fields(cls: type) -> dict[str, dataclasses.Field]:
@@ -164,7 +214,8 @@ def _read_value(tp: Any, value: Any, path: tuple) -> Any:
         for key, item in value.items():
             if not isinstance(item, (str, int, float, bool)):
                 raise SchemaError(path + (str(key),), f"expected a string, got {_describe(item)}")
-            out[str(key)] = item if isinstance(item, str) else _scalar_text(item)
+            text = _scalar_text(item) if isinstance(item, bool) else item
+            out[str(key)] = _read_scalar(str, text, path + (str(key),))
         return types.MappingProxyType(out)
     return _read_scalar(tp, value, path)
 
@@ -175,21 +226,44 @@ def _scalar_text(value: Any) -> str:
     return str(value)
 
 
+def _number_as_text(value: int | float, path: tuple) -> str:
+    """A YAML number where a string is meant: its text, if reading it did not change it."""
+    text = getattr(value, "yaml_text", None)
+    if text is None or text == str(value):
+        return str(value)
+    raise SchemaError(
+        path,
+        f"expected a string, but YAML 1.1 reads {text} as the number {value}; quote it: '{text}'",
+    )
+
+
 def _read_scalar(tp: Any, value: Any, path: tuple) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
-            return value
+            return int(value)
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                number = float(value)
+            except OverflowError:
+                number = math.inf
+            if not math.isfinite(number):
+                raise SchemaError(path, f"must be a finite number, got {number}")
+            return number
     elif tp is str:
-        if isinstance(value, str):
-            return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
+            value = _number_as_text(value, path)
+        if isinstance(value, str):
+            if "\0" in value:
+                raise SchemaError(
+                    path,
+                    f"{value!r} holds a NUL character, which no argument, environment value or "
+                    "path can carry; remove it",
+                )
+            return value
     else:
         raise TypeError(f"unsupported schema type {tp!r}")
     raise SchemaError(path, f"expected {_type_name(tp)}, got {_describe(value)}")
@@ -213,8 +287,12 @@ def _schema_of(tp: Any) -> dict:
             prop = _schema_of(hints[f.name])
             if f.metadata.get("doc"):
                 prop["description"] = f.metadata["doc"]
-            if f.metadata.get("minimum") is not None:
-                prop["minimum"] = f.metadata["minimum"]
+            minimum, maximum = f.metadata.get("minimum"), f.metadata.get("maximum")
+            array = prop.get("type") == "array"
+            if minimum is not None:
+                prop["minimum"] = minimum
+            if maximum is not None:
+                prop["maxItems" if array else "maximum"] = maximum
             if f.metadata.get("coerce") is not None and dataclasses.is_dataclass(hints[f.name]):
                 prop = {
                     "anyOf": [prop, {"type": "string"}],

@@ -37,7 +37,7 @@ from tflaunch.launchers.slurm.client import JobState, cancel, job_state, submit
 from tflaunch.launchers.slurm.node import SETUP_FILE, SNAPSHOT_FILE
 from tflaunch.launchers.slurm.script import Layout, ScriptInputs, layout, render_sbatch
 from tflaunch.plan import Host, Plan
-from tflaunch.run import ENDED, INTERRUPT_CODES, Outcome, Run
+from tflaunch.run import ENDED, INTERRUPT_CODES, Outcome, Run, write_run_file
 
 SCRIPT_FILE = "job.sbatch"
 POLL_SECONDS = 0.5
@@ -201,9 +201,9 @@ class SlurmBackend(Backend):
     def prepare(self, config: ClusterConfig, run: Run) -> Path:
         """Write the job script and what the nodes read (cluster file snapshot, slurm.json)."""
         script = run.dir / SCRIPT_FILE
-        script.write_text(self.render(config, run))
+        write_run_file(script, self.render(config, run))
         snapshot = Path(config.source).read_text()
-        (run.dir / SNAPSHOT_FILE).write_text(snapshot)
+        write_run_file(run.dir / SNAPSHOT_FILE, snapshot)
         setup = {
             "run_id": run.id,
             "cluster_file": str(Path(config.source).resolve()),
@@ -213,7 +213,7 @@ class SlurmBackend(Backend):
             "error": config.slurm.error,
             "submit_dir": os.getcwd(),
         }
-        (run.dir / SETUP_FILE).write_text(json.dumps(setup, indent=2) + "\n")
+        write_run_file(run.dir / SETUP_FILE, json.dumps(setup, indent=2) + "\n")
         return script
 
     def submit(self, config: ClusterConfig, run: Run, out: IO[str] = sys.stdout) -> str:

@@ -16,6 +16,7 @@ are the one exception on purpose: they are shell the user writes (``module load 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shlex
@@ -118,6 +119,15 @@ def directive_word(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def comment_text(value: str) -> str:
+    """``value`` inside a ``#`` comment line: as it is, or, when it holds a control character
+    (a newline would end the comment and run the rest), as a JSON string, whose escapes hold
+    none."""
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        return json.dumps(value)
+    return value
+
+
 def shell_word(value: str) -> str:
     """``value`` as one word of the script's shell body."""
     return shlex.quote(value)
@@ -142,7 +152,7 @@ def render_sbatch(config: ClusterConfig, job: Layout, inputs: ScriptInputs) -> s
     slurm = config.slurm
     lines = [
         "#!/bin/bash",
-        f"# tflaunch run {inputs.run_id}, from {inputs.cluster_file}",
+        f"# tflaunch run {comment_text(inputs.run_id)}, from {comment_text(inputs.cluster_file)}",
         "# Generated; edits are not read back. Resubmitting it starts the same run directory.",
     ]
     output = slurm.output or _slurm_path(inputs.run_dir) + "/slurm-%j.out"

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import paramiko
 
-from tflaunch.config import SshSection
+from tflaunch.config import SshSection, env_name_problem
 from tflaunch.errors import LaunchError
 
 T = TypeVar("T")
@@ -93,6 +93,10 @@ def remote_command(
         return shlex.quote(path)
 
     words = [shlex.quote(arg) for arg in argv]
+    for name in env or {}:
+        problem = env_name_problem(name)
+        if problem:  # env would take NAME=VALUE words apart, or options such as -S, otherwise
+            raise ValueError(f"remote_command: {problem}")
     if env:
         words = ["env", *(shlex.quote(f"{k}={v}") for k, v in env.items()), *words]
     prefix = f"cd -- {quote_path(cwd)} || exit 97; " if cwd else ""

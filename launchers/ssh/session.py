@@ -29,7 +29,7 @@ from tflaunch.launchers.ssh.preflight import warnings as preflight_warnings
 from tflaunch.launchers.ssh.setup import prepare_hosts
 from tflaunch.link import agent_argv
 from tflaunch.plan import Plan
-from tflaunch.run import Run
+from tflaunch.run import Run, open_run_file
 
 
 def _safe_name(name: str) -> str:
@@ -125,6 +125,8 @@ class HostSession:
                     ),
                 )
                 sftp_makedirs(sftp, paths.run_dir)
+                for private in (posixpath.dirname(paths.run_dir), paths.run_dir):
+                    sftp.chmod(private, int(config.run_dir_mode, 8))  # plans hold env values
                 if uploads:
                     sftp_makedirs(sftp, paths.workdir)
                     for path in uploads:
@@ -236,7 +238,7 @@ def fetch_new_bytes(conn: Connection, files: Sequence[tuple[str, Path]]) -> None
             have = local.stat().st_size if local.exists() else 0
             if size <= have:
                 continue
-            with sftp.open(remote, "rb") as source, local.open("ab") as target:
+            with sftp.open(remote, "rb") as source, open_run_file(local, "ab") as target:
                 source.seek(have)
                 target.write(source.read(size - have))
 

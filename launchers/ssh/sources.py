@@ -145,9 +145,9 @@ def _ec2_filters(section: Ec2Section) -> list[dict[str, Any]]:
 
 
 def _describe_instances(section: Ec2Section) -> list[dict[str, Any]]:
-    import botocore.exceptions
+    client = _ec2_client(section)  # imports boto3, or says how to install it
+    import botocore.exceptions  # installed with boto3
 
-    client = _ec2_client(section)
     kwargs: dict[str, Any] = {"Filters": _ec2_filters(section)}
     if section.instance_ids:
         kwargs["InstanceIds"] = list(section.instance_ids)

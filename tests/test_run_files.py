@@ -1,0 +1,81 @@
+"""Run directories are private (0700, files 0600) unless run_dir_mode says otherwise, and
+program.env_from reaches the tasks without being written to the run directory."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import tflaunch, write_cluster
+from tflaunch.config import parse_config
+from tflaunch.launch import prepare
+from tflaunch.run import Run, open_run_file
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.fixture
+def usual_umask():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def test_run_directory_0700_and_plan_json_0600(tmp_path, usual_umask):
+    config = parse_config("program: [p]\nroles: {ps: 1, worker: 1}\n", source="c.yaml")
+    plan, run = prepare(config, str(tmp_path / "runs"))
+    assert mode(run.dir) == 0o700
+    assert mode(run.plan_path) == 0o600 and mode(run.meta_path) == 0o600
+    with open_run_file(run.events_path, "a") as f:
+        f.write("{}\n")
+    assert mode(run.events_path) == 0o600
+
+
+def test_run_dir_mode_shares_with_the_group(tmp_path, usual_umask):
+    config = parse_config("program: [p]\nrun_dir_mode: '0750'\n", source="c.yaml")
+    _, run = prepare(config, str(tmp_path / "runs"))
+    assert mode(run.dir) == 0o750 and mode(run.plan_path) == 0o640
+
+
+def test_an_existing_run_directory_keeps_its_mode(tmp_path, usual_umask):
+    run = Run.create(tmp_path, "x", "r1")
+    os.chmod(run.dir, 0o750)
+    Run.create(tmp_path, "x", "r1")  # a resubmitted job, an agent beside the launcher
+    assert mode(run.dir) == 0o750
+
+
+def test_env_from_reaches_the_task_but_no_run_file(tmp_path, usual_umask):
+    secret = "s3cr3t-value-for-the-test"
+    program = {
+        "argv": [sys.executable, "-c", "import os; print('got', os.environ['TFL_SECRET'])"],
+        "env_from": ["TFL_SECRET"],
+    }
+    cluster = write_cluster(tmp_path / "c.yaml", program, roles={"ps": 0, "worker": 1})
+    unset = {k: v for k, v in os.environ.items() if k != "TFL_SECRET"}
+    missing = subprocess.run(
+        [sys.executable, "-m", "tflaunch", "up", str(cluster)],
+        env=unset,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert missing.returncode == 2
+    assert "program.env_from names TFL_SECRET, which is not set" in missing.stderr
+    assert not (tmp_path / "runs").exists()
+    result = tflaunch("up", str(cluster), env={"TFL_SECRET": secret})
+    assert result.returncode == 0, result.stderr
+    assert f"got {secret}" in result.stdout
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert mode(run_dir) == 0o700
+    files = [p for p in run_dir.iterdir() if p.is_file()]
+    assert {"plan.json", "run.json", "events.jsonl", "worker-0.log"} <= {p.name for p in files}
+    for path in files:
+        assert mode(path) == 0o600, path
+        if path.name != "worker-0.log":
+            assert secret not in path.read_text(), path

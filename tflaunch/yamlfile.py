@@ -1,0 +1,222 @@
+"""Reading a cluster file's YAML with bounds: size, nesting, aliases, merge keys, duplicate keys.
+
+``yaml.safe_load`` alone is not safe against a hostile or unlucky file: an alias bomb ("billion
+laughs") grows exponentially once anything walks it per path, deep nesting ends in RecursionError,
+merge keys (``<<``) double a mapping per level, and a duplicate key silently replaces the first.
+:func:`load` refuses all of these with a message naming the line, keeps the source text of every
+number (so a string field can tell the user that ``1:00:00`` was read as 3600), and records the
+line of every key path without expanding aliases, so its cost is linear in the file.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+MAX_FILE_BYTES = 1 << 20  # a cluster file is a few KiB; 1 MiB is far beyond any real one
+MAX_DEPTH = 32  # the format nests 4 levels; deeper is never a cluster file
+MAX_ALIASES = 100  # alias uses (*name) per file
+MAX_MAPPING_KEYS = 10_000  # keys of one mapping after merge keys (<<) are applied
+MAX_NUMBER_CHARS = 32  # digits of one number: far beyond any count, port or duration
+
+# Characters YAML allows in a stream (the YAML 1.1 printable set), as PyYAML checks them.
+_NOT_PRINTABLE = re.compile(
+    "[^\x09\x0a\x0d\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]"
+)
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class YamlInt(int):
+    """An integer from the file that remembers how it was written (``0123`` was read as 83)."""
+
+    yaml_text: str
+
+    def __new__(cls, value: int, text: str) -> YamlInt:
+        obj = super().__new__(cls, value)
+        obj.yaml_text = text
+        return obj
+
+
+class YamlFloat(float):
+    """A number with a fraction or a base-60 time (``1:00:00`` was read as 3600) and its text."""
+
+    yaml_text: str
+
+    def __new__(cls, value: float, text: str) -> YamlFloat:
+        obj = super().__new__(cls, value)
+        obj.yaml_text = text
+        return obj
+
+
+class YamlFileError(Exception):
+    """The text is not a cluster file this reader accepts; ``line`` is 1-based, or None."""
+
+    def __init__(self, line: int | None, message: str):
+        super().__init__(message)
+        self.line = line
+        self.message = message
+
+
+class _Refused(yaml.MarkedYAMLError):
+    def __init__(self, mark: yaml.Mark | None, problem: str):
+        super().__init__(problem=problem, problem_mark=mark)
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader with a nesting depth, an alias budget, bounded merges and no duplicate keys."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self._depth = 0
+        self._aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise _Refused(
+                    self.peek_event().start_mark,
+                    f"more than {MAX_ALIASES} aliases (*name); write the values out",
+                )
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _Refused(
+                    self.peek_event().start_mark,
+                    f"nested more than {MAX_DEPTH} levels deep; a cluster file needs 4",
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        super().flatten_mapping(node)  # recursive merges come back through here, level by level
+        if len(node.value) > MAX_MAPPING_KEYS:
+            raise _Refused(
+                node.start_mark,
+                f"merge keys (<<) make this mapping hold more than {MAX_MAPPING_KEYS} keys",
+            )
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            self._refuse_duplicates(node)
+        return super().construct_mapping(node, deep=deep)
+
+    def _refuse_duplicates(self, node: yaml.MappingNode) -> None:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG or not isinstance(key_node, yaml.ScalarNode):
+                continue  # merged keys may be overridden; a non-scalar key fails construction
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _Refused(
+                    key_node.start_mark,
+                    f"the key '{key}' is given twice (first at line {seen[key]}); keep one",
+                )
+            seen[key] = line
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> Any:
+        self._refuse_long_number(node)
+        return YamlInt(super().construct_yaml_int(node), node.value)
+
+    def construct_yaml_float(self, node: yaml.ScalarNode) -> Any:
+        self._refuse_long_number(node)
+        return YamlFloat(super().construct_yaml_float(node), node.value)
+
+    @staticmethod
+    def _refuse_long_number(node: yaml.ScalarNode) -> None:
+        """No setting needs a long number; a 5,000-digit one cannot even be printed back."""
+        if len(node.value) > MAX_NUMBER_CHARS:
+            raise _Refused(
+                node.start_mark,
+                f"a number of {len(node.value):,} characters; no setting takes more than "
+                f"{MAX_NUMBER_CHARS} (quote it if it is meant as text)",
+            )
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
+_BoundedLoader.add_constructor("tag:yaml.org,2002:float", _BoundedLoader.construct_yaml_float)
+
+
+def decode(raw: bytes) -> str:
+    """The file's bytes as text: UTF-8 only, and only characters YAML allows."""
+    if len(raw) > MAX_FILE_BYTES:
+        raise YamlFileError(
+            None,
+            f"the file is larger than {MAX_FILE_BYTES // 1024} KiB; a cluster file is a few KiB "
+            "(is this the right file?)",
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        column = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+        raise YamlFileError(
+            line,
+            f"byte 0x{raw[err.start]:02x} at column {column} is not UTF-8; save the file as UTF-8",
+        ) from None
+    return text
+
+
+def _check_printable(text: str) -> None:
+    bad = _NOT_PRINTABLE.search(text)
+    if bad:
+        line = text.count("\n", 0, bad.start()) + 1
+        column = bad.start() - (text.rfind("\n", 0, bad.start()) + 1) + 1
+        raise YamlFileError(
+            line,
+            f"the control character U+{ord(bad.group()):04X} at column {column} is not allowed in "
+            'YAML; remove it, or write it as an escape inside double quotes ("\\t")',
+        )
+
+
+def load(text: str) -> tuple[Any, dict[tuple, int]]:
+    """Parse one YAML document; returns the data and the 1-based line of every key path."""
+    if len(text) > MAX_FILE_BYTES:
+        raise YamlFileError(None, f"the file is larger than {MAX_FILE_BYTES // 1024} KiB")
+    _check_printable(text)
+    loader = _BoundedLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        problem = getattr(err, "problem", None) or str(err)
+        problem = " ".join(str(problem).split())
+        if isinstance(err, _Refused):
+            raise YamlFileError(mark.line + 1 if mark else None, problem) from None
+        raise YamlFileError(
+            mark.line + 1 if mark else None,
+            f"the cluster file is not valid YAML ({problem}); check indentation and quoting "
+            "around that line",
+        ) from None
+    finally:
+        loader.dispose()
+    positions: dict[tuple, int] = {}
+    if node is not None:
+        _record_positions(node, positions)
+    return data, positions
+
+
+def _record_positions(root: yaml.Node, out: dict[tuple, int]) -> None:
+    """Line of every key path; an aliased node is entered once (its first path), so this is
+    linear in the file however often an anchor is used. Iterative: depth is bounded anyway."""
+    entered: set[int] = set()
+    stack: list[tuple[yaml.Node, tuple]] = [(root, ())]
+    while stack:
+        node, path = stack.pop()
+        out.setdefault(path, node.start_mark.line + 1)
+        if id(node) in entered:
+            continue
+        entered.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                key = path + (key_node.value,)
+                out.setdefault(key, key_node.start_mark.line + 1)
+                stack.append((value_node, key))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                stack.append((item, path + (i,)))
