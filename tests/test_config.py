@@ -410,7 +410,7 @@ def test_bounds_are_in_the_json_schema():
         ('program: [p]\nslurm: {account: "a\\rb"}', "slurm.account: must fit on one line"),
         ('program: [p]\nslurm: {options: ["--x=a\\nb"]}', "slurm.options[0]: must fit on one"),
         ('program: [p]\nname: "a\\nb"', "name: must fit on one line"),
-        ('program: [p]\nbackend: slurm\nrun_dir: "r\\nx"', "run_dir: must fit on one line"),
+        ('program: [p]\nbackend: slurm\nruns_dir: "r\\nx"', "runs_dir: must fit on one line"),
     ],
 )
 def test_injection_is_refused_at_validation(text, expected):
