@@ -13,7 +13,8 @@ import pytest
 from tests.helpers import tflaunch, write_cluster
 from tflaunch.config import parse_config
 from tflaunch.launch import prepare
-from tflaunch.run import Run, open_run_file
+from tflaunch.run import Run
+from tflaunch.runfiles import open_run_file
 
 
 def mode(path) -> int:

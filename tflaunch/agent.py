@@ -42,7 +42,7 @@ from tflaunch.link import read_lines
 from tflaunch.monitor import Sampler
 from tflaunch.plan import Plan, Task
 from tflaunch.restart import STALLED
-from tflaunch.run import make_run_dir, open_run_file
+from tflaunch.runfiles import make_run_dir, open_run_file
 from tflaunch.stall import StallWatch
 
 Emit = Callable[[dict[str, Any]], None]

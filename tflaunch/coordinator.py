@@ -37,7 +37,8 @@ from tflaunch.link import AgentLink
 from tflaunch.monitor import SampleLog
 from tflaunch.plan import Plan
 from tflaunch.restart import STALLED, Decision, Failure, RestartBook, describe_code
-from tflaunch.run import Outcome, Run, open_run_file
+from tflaunch.run import Outcome, Run
+from tflaunch.runfiles import open_run_file
 
 TAIL_LINES = 20
 _EVENTS_KEPT = {

@@ -31,7 +31,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import psutil
 
-from tflaunch.run import open_run_file
+from tflaunch.runfiles import open_run_file
 
 if TYPE_CHECKING:
     from tflaunch.config import Supervision

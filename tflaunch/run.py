@@ -7,7 +7,7 @@ backend adds (``job.sbatch``, ``samples.jsonl``).
 
 Plans hold ``program.env`` values and logs hold whatever the program prints, so a run directory is
 private by default: 0700, its files 0600 (the cluster file's ``run_dir_mode`` chooses otherwise,
-e.g. ``'0750'`` for a group). Every writer creates its files through :func:`open_run_file`, which
+e.g. ``'0750'`` for a group). Every writer creates its files through :func:`tflaunch.runfiles.open_run_file`, which
 takes the file mode from the directory's, so agents on other hosts need not be told.
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,8 +26,7 @@ import psutil
 
 from tflaunch.errors import RunNotFoundError
 from tflaunch.plan import Plan
-
-DEFAULT_DIR_MODE = 0o700
+from tflaunch.runfiles import DEFAULT_DIR_MODE, make_run_dir, write_run_file
 
 # A run's states, in run.json: created → (submitted →) starting → running → one of ENDED.
 ENDED = ("succeeded", "failed", "stopped")
@@ -175,38 +173,6 @@ def list_runs(root: str | os.PathLike) -> list[Path]:
     return sorted(
         (p for p in root.iterdir() if (p / "run.json").exists()), key=lambda p: p.stat().st_mtime
     )
-
-
-def make_run_dir(path: Path, mode: int = DEFAULT_DIR_MODE) -> None:
-    """Create a run directory with ``mode`` (whatever the umask), its parents as usual."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        path.mkdir(mode=mode)
-    except FileExistsError:
-        return  # a run directory made earlier (a resubmitted job, an agent beside the launcher)
-    os.chmod(path, mode)
-
-
-def file_mode(directory: str | os.PathLike) -> int:
-    """The mode of new files in a run directory: the directory's, without the search bits."""
-    try:
-        return stat.S_IMODE(os.stat(directory).st_mode) & 0o666
-    except OSError:
-        return 0o600
-
-
-def open_run_file(path: str | os.PathLike, mode: str = "a", **kwargs: Any):
-    """Open a file of a run directory for writing ("w", "a", "wb", "ab"), creating it with
-    :func:`file_mode` of its directory."""
-    path = Path(path)
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if "a" in mode else os.O_TRUNC)
-    fd = os.open(path, flags, file_mode(path.parent))
-    return os.fdopen(fd, mode, **kwargs)
-
-
-def write_run_file(path: str | os.PathLike, text: str) -> None:
-    with open_run_file(path, "w") as f:
-        f.write(text)
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -21,7 +21,8 @@ import psutil
 
 from tflaunch import procs
 from tflaunch.errors import LaunchError
-from tflaunch.run import ENDED, Outcome, Run, open_run_file
+from tflaunch.run import ENDED, Outcome, Run
+from tflaunch.runfiles import open_run_file
 
 
 def spawn_detached(config_path: str, run: Run, runs_dir: str, timeout: float) -> None:

@@ -37,7 +37,8 @@ from tflaunch.launchers.slurm.client import JobState, cancel, job_state, submit
 from tflaunch.launchers.slurm.node import SETUP_FILE, SNAPSHOT_FILE
 from tflaunch.launchers.slurm.script import Layout, ScriptInputs, layout, render_sbatch
 from tflaunch.plan import Host, Plan
-from tflaunch.run import ENDED, INTERRUPT_CODES, Outcome, Run, write_run_file
+from tflaunch.run import ENDED, INTERRUPT_CODES, Outcome, Run
+from tflaunch.runfiles import write_run_file
 
 SCRIPT_FILE = "job.sbatch"
 POLL_SECONDS = 0.5

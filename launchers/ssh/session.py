@@ -29,7 +29,8 @@ from tflaunch.launchers.ssh.preflight import warnings as preflight_warnings
 from tflaunch.launchers.ssh.setup import prepare_hosts
 from tflaunch.link import agent_argv
 from tflaunch.plan import Plan
-from tflaunch.run import Run, open_run_file
+from tflaunch.run import Run
+from tflaunch.runfiles import open_run_file
 
 
 def _safe_name(name: str) -> str:
