@@ -21,6 +21,7 @@ import os
 import random
 import resource
 import select
+import shutil
 import signal
 import sys
 import tempfile
@@ -336,6 +337,7 @@ def fuzz(seed: int, count: int, seconds: float, memory_mib: int, keep: Path | No
             path.unlink()
     finally:
         os.chdir(old_cwd)
+        shutil.rmtree(workdir, ignore_errors=True)
     return {
         "files": count,
         "invocations": sum(codes.values()),
