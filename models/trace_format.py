@@ -207,7 +207,7 @@ def _length(intervals: Sequence[tuple[float, float]], lo: float, hi: float) -> f
     return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in intervals)
 
 
-def _by_process(trace: Mapping) -> tuple[dict[int, str], dict[int, list[dict]]]:
+def events_by_task(trace: Mapping) -> tuple[dict[int, str], dict[int, list[dict]]]:
     names: dict[int, str] = {}
     events: dict[int, list[dict]] = {}
     for e in trace["traceEvents"]:
@@ -220,7 +220,7 @@ def _by_process(trace: Mapping) -> tuple[dict[int, str], dict[int, list[dict]]]:
 
 def step_windows(trace: Mapping) -> dict[str, list[tuple[int, float, float]]]:
     """Each worker's traced steps: (step_num, start µs, end µs)."""
-    names, events = _by_process(trace)
+    names, events = events_by_task(trace)
     out: dict[str, list[tuple[int, float, float]]] = {}
     for pid, evs in events.items():
         steps = [
@@ -244,7 +244,7 @@ def summarize(trace: Mapping) -> dict[str, dict]:
     thread), communication (a send, receive or collective kernel), recv wait (a remote receive
     outstanding), idle.
     """
-    names, events = _by_process(trace)
+    names, events = events_by_task(trace)
     steps = step_windows(trace)
     all_steps = [s for task_steps in steps.values() for s in task_steps]
     summary: dict[str, dict] = {}

@@ -25,7 +25,7 @@ from tflaunch.models.trace_format import (  # noqa: F401 - the format, re-export
     TaskTrace,
     TraceError,
     TraceWindow,
-    _by_process,
+    events_by_task,
     load_trace,
     merge,
     parse_window,
@@ -53,10 +53,10 @@ COLOURS = {
 def render_png(trace: Mapping, path: Path, max_rows_per_task: int = 4) -> Path:
     """A timeline: one band per task (its step row, then its busiest threads), coloured by
     category, on the shared time axis."""
-    from tflaunch.tools.bench_plot import _pyplot
+    from tflaunch.tools.bench_plot import pyplot
 
-    plt = _pyplot()
-    names, events = _by_process(trace)
+    plt = pyplot()
+    names, events = events_by_task(trace)
     rows: list[tuple[str, list[dict]]] = []
     for pid in sorted(events):
         by_tid: dict[int, list[dict]] = {}
