@@ -230,3 +230,34 @@ def test_plan_that_would_be_huge_is_refused_before_it_is_built():
     text = "program: [p, '{worker_hosts}']\nroles: {ps: 1, worker: 3000}\n"
     with pytest.raises(PlanError, match=r"the plan would hold about \d+ MiB .* at most 128 MiB"):
         plan_of(text, [Host("h", "a", "h")])
+
+
+def test_cpus_per_task_gives_each_task_on_a_host_its_own_core_slots(tmp_path) -> None:
+    from tflaunch.config import load_config
+    from tflaunch.plan import cpu_list
+
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "name: pin\nprogram: [python3, t.py]\nroles: {ps: 2, worker: 4}\n"
+        "placement: {cpus_per_task: 3}\n"
+    )
+    hosts = [Host("a", "10.0.0.1", "10.0.0.1"), Host("b", "10.0.0.2", "10.0.0.2")]
+    plan = make_plan(load_config(path), hosts)
+    slots = {t.name: (t.host, t.cpus) for t in plan.tasks}
+    # Plan order (PS first) on each host: a holds ps:0, worker:0, worker:1; b the others.
+    assert slots == {
+        "ps:0": ("a", (0, 1, 2)),
+        "ps:1": ("b", (0, 1, 2)),
+        "worker:0": ("a", (3, 4, 5)),
+        "worker:1": ("a", (6, 7, 8)),
+        "worker:2": ("b", (3, 4, 5)),
+        "worker:3": ("b", (6, 7, 8)),
+    }
+    assert Plan.from_dict(plan.to_dict()) == plan
+    assert cpu_list((3, 4, 5, 9)) == "3-5,9" and cpu_list(()) == "-"
+    table = CliRunner().invoke(cli, ["plan", str(path)]).output.splitlines()
+    assert table[0].split()[:5] == ["TASK", "HOST", "ADDRESS", "GPUS", "CPUS"]
+    path.write_text("name: pin\nprogram: [python3, t.py]\nroles: {ps: 1, worker: 1}\n")
+    unpinned = make_plan(load_config(path), hosts)
+    assert all(t.cpus == () for t in unpinned.tasks)
+    assert all("cpus" not in t for t in unpinned.to_dict()["tasks"])  # plan.json as before

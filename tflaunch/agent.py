@@ -239,7 +239,16 @@ class Agent:
         }
 
     def _preflight(self) -> str | None:
-        """Check what would make a task fail at once: missing workdir or program, busy ports."""
+        """Check what would make a task fail at once: missing workdir or program, busy ports,
+        too few cores for the tasks' CPU binding."""
+        slots = max((max(t.cpus) + 1 for t in self.tasks if t.cpus), default=0)
+        usable = _usable_cpus()
+        if slots > len(usable):
+            return (
+                f"{self.host} lets tasks use {len(usable)} cores, but placement.cpus_per_task "
+                f"binds its {len(self.tasks)} tasks to {slots}. Lower cpus_per_task or place "
+                "fewer tasks on the host."
+            )
         for task in self.tasks:
             if not os.path.isdir(task.workdir):
                 return f"{task.name}: the working directory {task.workdir} does not exist on {self.host}."
@@ -270,21 +279,24 @@ class Agent:
         env["TFLAUNCH_TASK_RESTARTS"] = str(restarts)
         env["TFLAUNCH_CLUSTER_RESTARTS"] = str(self.generation)
         log = open_run_file(self.run_dir / task.log_name, "ab")  # closed by TaskProcess
-        proc = procs.spawn(task.argv, env, task.workdir)
+        usable = _usable_cpus()
+        cpus = [usable[slot] for slot in task.cpus]
+        proc = procs.spawn(task.argv, env, task.workdir, cpus=cpus)
         if task.job in self.watched:
             with self._stall_lock:
                 self.stall.watch(task.name, time.monotonic())
         self.running[task.name] = TaskProcess(task, proc, log, self.emit, self._observe)
-        self.emit(
-            {
-                "event": "started",
-                "task": task.name,
-                "pid": proc.pid,
-                "log": str(self.run_dir / task.log_name),
-                "restarts": restarts,
-                "generation": self.generation,
-            }
-        )
+        event = {
+            "event": "started",
+            "task": task.name,
+            "pid": proc.pid,
+            "log": str(self.run_dir / task.log_name),
+            "restarts": restarts,
+            "generation": self.generation,
+        }
+        if cpus:
+            event["cpus"] = cpus
+        self.emit(event)
 
     def _wait_for_ps(self) -> bool:
         """Wait until every PS of the cluster accepts connections. False on timeout or stop."""
@@ -461,6 +473,11 @@ def serve(
         return agent.run()
     finally:
         emitter.close()
+
+
+def _usable_cpus() -> list[int]:
+    """The cores this agent may use (its affinity: a Slurm allocation's, or the whole host's)."""
+    return sorted(os.sched_getaffinity(0))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,11 +13,15 @@ import click
 from tflaunch import __version__, launch
 from tflaunch.config import ClusterConfig, config_schema, env_name_problem, load_config
 from tflaunch.errors import ConfigError, TflaunchError
-from tflaunch.plan import Plan, parse_task_name, tf_config
-from tflaunch.run import Run
+from tflaunch.plan import Plan, cpu_list, parse_task_name, tf_config
+from tflaunch.run import Run, new_run_id
 from tflaunch.text import aligned
+from tflaunch.tools import trace as trace_tools
 from tflaunch.tools.bench import bench_command
+from tflaunch.tools.netbench import netbench_command
+from tflaunch.tools.perfmodel import model_command
 from tflaunch.tools.placement import placement
+from tflaunch.tools.tensorboard import tensorboard_command
 
 RENDER_FORMATS = ("tf_config", "cluster_spec", "env", "command")
 
@@ -76,10 +80,12 @@ def plan(cluster_file: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(the_plan.to_dict(), indent=2))
         return
-    rows = [("TASK", "HOST", "ADDRESS", "GPUS", "COMMAND")]
+    pinned = any(task.cpus for task in the_plan.tasks)
+    rows = [("TASK", "HOST", "ADDRESS", "GPUS", *(("CPUS",) if pinned else ()), "COMMAND")]
     for task in the_plan.tasks:
         gpus = ",".join(task.gpus) if task.gpus else "-"
-        rows.append((task.name, task.host, task.address or "-", gpus, shlex.join(task.argv)))
+        cpus = (cpu_list(task.cpus),) if pinned else ()
+        rows.append((task.name, task.host, task.address or "-", gpus, *cpus, shlex.join(task.argv)))
     for line in aligned(rows):
         click.echo(line)
 
@@ -144,6 +150,21 @@ def render(cluster_file: str, task_name: str, fmt: str) -> None:
     help="Local backend: one window per task showing its output (tmux: headless, "
     "see 'tflaunch attach').",
 )
+@click.option(
+    "--trace",
+    "trace_steps",
+    default=None,
+    metavar="STEPS",
+    help="Profile every task for STEPS timed steps (N, or FIRST:N) and merge the traces into "
+    "<run>/trace/trace.json (programs using tflaunch.models' hooks, e.g. models.benchmark).",
+)
+@click.option(
+    "--trace-port-offset",
+    type=int,
+    default=trace_tools.DEFAULT_PORT_OFFSET,
+    show_default=True,
+    help="Each task's profiler server listens on its cluster port plus this.",
+)
 def up(
     cluster_file: str,
     detach: bool,
@@ -153,9 +174,16 @@ def up(
     run_id: str | None,
     attached_daemon: bool,
     terminals: str | None,
+    trace_steps: str | None,
+    trace_port_offset: int,
 ) -> None:
     """Start the cluster, stream its output, and exit with its result."""
     config = load_config(cluster_file)
+    if trace_steps:
+        window = trace_tools.parse_window(trace_steps)
+        run_id = run_id or new_run_id(config.name)
+        trace_dir = trace_tools.trace_dir_for(config, runs_dir or config.runs_dir, run_id)
+        config = trace_tools.traced_config(config, window, trace_dir, trace_port_offset)
     if dry_run:
         click.echo(launch.dry_run(config, runs_dir, run_id))
         return
@@ -165,7 +193,20 @@ def up(
     if isinstance(result, str):
         click.echo(result)
         return
+    if trace_steps:
+        _show_trace(config, Run.open(runs_dir or config.runs_dir, run_id))
     sys.exit(result.code)
+
+
+def _show_trace(config: ClusterConfig, run: Run) -> None:
+    trace_dir = run.dir / "trace"
+    if (trace_dir / trace_tools.TRACE_FILE).exists():
+        trace_tools.show_trace(trace_dir, click.echo)
+    elif config.backend == "ssh":
+        where = config.program.env[trace_tools.DIR_ENV]
+        click.echo(f"trace: on the first worker's host under {where}")
+    else:
+        click.echo("trace: no trace was written (see the first worker's log)", err=True)
 
 
 run_dir_option = click.option(
@@ -274,6 +315,9 @@ def gc(
 
 cli.add_command(placement)
 cli.add_command(bench_command)
+cli.add_command(netbench_command)
+cli.add_command(model_command)
+cli.add_command(tensorboard_command)
 
 
 @cli.command()
@@ -286,6 +330,14 @@ def report(run_id: str, runs_dir: str, out_dir: str | None) -> None:
 
     _, files = make_report(Run.open(runs_dir, run_id), out_dir, show=click.echo)
     click.echo("wrote " + ", ".join(str(f) for f in files))
+
+
+@cli.command()
+@click.argument("run_id")
+@run_dir_option
+def trace(run_id: str, runs_dir: str) -> None:
+    """Summarise a traced run (up --trace) per task and draw its timeline into trace.png."""
+    trace_tools.show_trace(Run.open(runs_dir, run_id).dir / "trace", click.echo)
 
 
 @cli.command()

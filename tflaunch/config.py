@@ -158,6 +158,12 @@ class Placement:
         maximum=MAX_GPUS,
         doc="GPUs per worker; default 1, or all of the host's GPUs with one worker per host",
     )
+    cpus_per_task: int | None = field(
+        None,
+        minimum=1,
+        doc="pin every task to this many cores of its host, disjoint per task, as Slurm's "
+        "--cpus-per-task binding; default: unpinned (tasks share all cores)",
+    )
 
 
 @dataclass(frozen=True)

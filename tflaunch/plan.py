@@ -24,7 +24,7 @@ import math
 import os
 import string
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tflaunch import schema
@@ -63,6 +63,7 @@ class Task:
     env: Mapping[str, str]
     workdir: str
     log_name: str
+    cpus: tuple[int, ...] = ()  # core slots on its host (placement.cpus_per_task); () unpinned
 
     @property
     def name(self) -> str:
@@ -108,13 +109,25 @@ class Plan:
         return tuple(self.cluster.get("ps", ()))
 
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(asdict(self)))
+        data = json.loads(json.dumps(asdict(self)))
+        for task in data["tasks"]:
+            if not task["cpus"]:
+                del task["cpus"]  # unpinned: plan.json as it was before CPU binding
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
         hosts = tuple(Host(**{**h, "gpu_ids": tuple(h["gpu_ids"])}) for h in data["hosts"])
         tasks = tuple(
-            Task(**{**t, "gpus": tuple(t["gpus"]), "argv": tuple(t["argv"]), "env": dict(t["env"])})
+            Task(
+                **{
+                    **t,
+                    "gpus": tuple(t["gpus"]),
+                    "argv": tuple(t["argv"]),
+                    "env": dict(t["env"]),
+                    "cpus": tuple(t.get("cpus", ())),
+                }
+            )
             for t in data["tasks"]
         )
         cluster = {job: tuple(addrs) for job, addrs in data["cluster"].items()}
@@ -193,11 +206,42 @@ def make_plan(
             cluster[job] += (f"{host.cluster_address}:{ports[(job, index)]}",)
     checkpoints = checkpoint_dir(config, run_dir)
     _check_size(config, cluster, len(placed))
-    tasks = tuple(
-        _make_task(config, cluster, job, index, host, ports.get((job, index)), gpus, checkpoints)
-        for job, index, host, gpus in placed
+    tasks = _pin_cpus(
+        config,
+        tuple(
+            _make_task(
+                config, cluster, job, index, host, ports.get((job, index)), gpus, checkpoints
+            )
+            for job, index, host, gpus in placed
+        ),
     )
     return Plan(config.name, hosts, tasks, cluster, config.supervision)
+
+
+def _pin_cpus(config: ClusterConfig, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
+    """With ``placement.cpus_per_task = k``, the i-th task on a host (plan order) gets core slots
+    ``i*k .. i*k+k-1``; the agent maps slots onto the cores the host lets it use."""
+    k = config.placement.cpus_per_task
+    if not k:
+        return tasks
+    seen: dict[str, int] = {}
+    pinned = []
+    for task in tasks:
+        i = seen.get(task.host, 0)
+        seen[task.host] = i + 1
+        pinned.append(replace(task, cpus=tuple(range(i * k, (i + 1) * k))))
+    return tuple(pinned)
+
+
+def cpu_list(cpus: Iterable[int]) -> str:
+    """``0-5,12`` for a set of cores (as taskset and Slurm write them); ``-`` for none."""
+    runs: list[list[int]] = []
+    for c in sorted(cpus):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in runs) or "-"
 
 
 def _split_hosts(

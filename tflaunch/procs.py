@@ -39,8 +39,17 @@ def spawn(
     stderr: int | None = subprocess.STDOUT,
     die_with_parent: bool = True,
     text: bool = False,
+    cpus: Sequence[int] = (),
 ) -> subprocess.Popen:
-    """Start ``argv`` as the leader of a new session (its own process group)."""
+    """Start ``argv`` as the leader of a new session (its own process group), bound to ``cpus``
+    when given (set before exec, so every thread the program starts inherits it)."""
+
+    def prepare() -> None:  # runs in the child between fork and exec
+        if die_with_parent:
+            _die_with_parent()
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
     return subprocess.Popen(
         list(argv),
         env=dict(env),
@@ -49,7 +58,7 @@ def spawn(
         stdout=stdout,
         stderr=stderr,
         start_new_session=True,
-        preexec_fn=_die_with_parent if die_with_parent else None,
+        preexec_fn=prepare if die_with_parent or cpus else None,
         text=text,
         bufsize=1 if text else -1,
     )

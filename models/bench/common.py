@@ -9,6 +9,7 @@ No TensorFlow here.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -81,16 +82,34 @@ def timed_loop(
     timing.start_time = time.time()
     loop_start = time.perf_counter()
     result = None
+    tracer = _tracer()
     for i in range(1, num_batches + 1):
-        t0 = time.perf_counter()
-        result = step()
+        if tracer is None:
+            t0 = time.perf_counter()
+            result = step()
+        else:
+            tracer.at_step(i, times)
+            t0 = time.perf_counter()
+            result = tracer.run_step(step, i)
         times.append(time.perf_counter() - t0)
         if should_display(i, display_every):
             log(perf_line(i, batch_size, times))
     timing.elapsed = time.perf_counter() - loop_start
     timing.end_time = time.time()
+    if tracer is not None:
+        tracer.finish()
     timing.final_loss = _as_float(result)
     return timing
+
+
+def _tracer():
+    """The profiler window of a traced run (``tflaunch up --trace``), or None. The tracer
+    imports TensorFlow: only a traced run loads it from here."""
+    if not os.environ.get("TFLAUNCH_TRACE_STEPS"):
+        return None
+    from tflaunch.models import trace
+
+    return trace.active()
 
 
 def images_per_sec(batch_size: int, timing: Timing) -> float:

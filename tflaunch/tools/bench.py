@@ -515,10 +515,15 @@ def write_outputs(sweep: Sweep, measurements: Sequence[Measurement]) -> list[Pat
 
 
 def run_bench(
-    sweep_file: str, repeats: int | None, dry_run: bool, echo: Callable[[str], None]
+    sweep_file: str,
+    repeats: int | None,
+    dry_run: bool,
+    echo: Callable[[str], None],
+    predict: str | None = None,
 ) -> int:
     """The body of ``tflaunch bench``: run, report, write; exit code 0 unless every run failed."""
     sweep = load_sweep(sweep_file)
+    inputs = _load_model_inputs(predict)
     if repeats is not None:
         sweep = dataclasses.replace(sweep, repeats=repeats)
     points = grid(sweep)
@@ -550,11 +555,35 @@ def run_bench(
     echo("")
     echo(best_table(rows))
     echo("")
+    if inputs is not None:
+        echo_predictions(sweep, rows, inputs, echo)
     for path in write_outputs(sweep, measurements):
         echo(f"wrote {path}")
     if interrupted is not None:
         return interrupted
     return 0 if any(m.images_per_sec is not None for m in measurements) else 1
+
+
+def _load_model_inputs(path: str | None):
+    if path is None:
+        return None
+    from tflaunch.tools.perfmodel import load_inputs
+
+    return load_inputs(Path(path))
+
+
+def echo_predictions(sweep: Sweep, rows: Sequence[Row], inputs, echo) -> None:
+    """The performance model's prediction beside each measured row, with the error."""
+    from tflaunch.config import load_config
+    from tflaunch.tools.netbench import placement_of
+    from tflaunch.tools.perfmodel import measured_lines
+
+    strategy = placement_of(load_config(sweep.cluster).program.argv)
+    echo(f"Predicted (tflaunch model, variable placement {strategy}) beside measured")
+    lines, _ = measured_lines(inputs, rows, strategy)
+    for line in lines:
+        echo(line)
+    echo("")
 
 
 @click.command("bench")
@@ -563,6 +592,13 @@ def run_bench(
     "--repeats", type=click.IntRange(min=1), default=None, help="Override the sweep file's repeats."
 )
 @click.option("--dry-run", is_flag=True, help="List the grid points; run nothing.")
-def bench_command(sweep_file: str, repeats: int | None, dry_run: bool) -> None:
+@click.option(
+    "--predict",
+    default=None,
+    metavar="INPUTS",
+    help="Print the performance model's prediction beside each row (inputs from "
+    "'tflaunch model --save INPUTS').",
+)
+def bench_command(sweep_file: str, repeats: int | None, dry_run: bool, predict: str | None) -> None:
     """Run a throughput sweep (workers x PS x variable updates x data) and report it."""
-    sys.exit(run_bench(sweep_file, repeats, dry_run, click.echo))
+    sys.exit(run_bench(sweep_file, repeats, dry_run, click.echo, predict))

@@ -15,7 +15,8 @@ from pathlib import Path
 from tflaunch.errors import TflaunchError
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend; a clear error where matplotlib is missing."""
     try:
         import matplotlib
     except ImportError:
@@ -39,7 +40,7 @@ def plot_results(
     workers); returns their paths (none if no run succeeded)."""
     if not any(r.mean is not None for r in rows):
         return []
-    plt = _pyplot()
+    plt = pyplot()
     kinds = _kinds(rows)
     workers = sorted({r.point.workers for r in rows})
     paths = [out_dir / "images_per_sec.png", out_dir / "efficiency.png"]

@@ -1,0 +1,125 @@
+"""The performance model: its arithmetic on hand-checked cases, its inputs, the recommendation,
+and the bench table of prediction beside measurement (pure)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+from click.testing import CliRunner
+
+from tflaunch.cli import cli
+from tflaunch.tools import perfmodel as pm
+from tflaunch.tools.bench import Point, Row
+
+MB = 1_000_000
+# Four float32 variables: 4, 2, 1 and 1 MB (shape (n,), 4 bytes each), in creation order.
+VARS = tuple((f"v{i}", (mb * MB // 4,), 4) for i, mb in enumerate((4, 2, 1, 1)))
+LINK = pm.Link(latency_s=0.001, bandwidth=100 * MB)
+
+
+def _inputs(**kw) -> pm.Inputs:
+    return pm.Inputs(
+        **{"compute_s": 0.5, "batch_size": 32, "variable_bytes": VARS, "link": LINK, **kw}
+    )
+
+
+def test_parameter_server_bound_by_its_own_step_or_the_busiest_ps() -> None:
+    inputs = _inputs()
+    # 1 PS holds 8 MB: t_comm = 2 (0.001 + 0.08) = 0.162; step 0.662 s; PS bound 100/16 = 6.25/s.
+    one = pm.predict(inputs, 1, 1, "parameter_server")
+    assert one.images_per_sec == pytest.approx(32 / 0.662)
+    assert one.bound == "workers"
+    # 8 workers on 1 PS: 8 / 0.662 = 12.1 steps/s > 6.25: the PS's link bounds them.
+    eight = pm.predict(inputs, 8, 1, "parameter_server")
+    assert eight.bound == "ps" and eight.images_per_sec == pytest.approx(6.25 * 32)
+    # lpt at 2 PS: {4} and {2, 1, 1}: 4 MB each; round robin: {4, 1} = 5 MB on PS 0.
+    lpt = pm.predict(inputs, 8, 2, "parameter_server", "lpt")
+    rr = pm.predict(inputs, 8, 2, "parameter_server", "round_robin")
+    assert pm.bytes_per_ps(inputs, 2, "lpt") == (4 * MB, 4 * MB)
+    assert pm.bytes_per_ps(inputs, 2, "round_robin") == (5 * MB, 3 * MB)
+    assert lpt.images_per_sec == pytest.approx(min(8 / (0.5 + 2 * (0.001 + 0.04)), 100 / 8) * 32)
+    assert lpt.images_per_sec > rr.images_per_sec
+
+
+def test_per_variable_cost_and_replicated_match_ps() -> None:
+    a = pm.predict(_inputs(per_variable_s=0.001), 1, 1, "parameter_server")
+    assert a.step_s == pytest.approx(0.662 + 2 * 0.001 * 4)
+    b = pm.predict(_inputs(), 2, 2, "distributed_replicated", "lpt")
+    assert b.images_per_sec == pytest.approx(
+        pm.predict(_inputs(), 2, 2, "parameter_server", "lpt").images_per_sec
+    )
+
+
+def test_ring_all_reduce() -> None:
+    # W = 4: 2 * 3/4 * 8 MB / 100 MB/s = 0.12 s, plus 2 * 3 * 1 ms.
+    p = pm.predict(_inputs(), 4, 0, "collective_all_reduce")
+    assert p.step_s == pytest.approx(0.5 + 0.12 + 0.006)
+    assert p.images_per_sec == pytest.approx(4 * 32 / 0.626)
+    assert pm.predict(_inputs(), 1, 0, "collective_all_reduce").step_s == pytest.approx(0.5)
+
+
+def test_bad_requests() -> None:
+    with pytest.raises(pm.ModelError, match="at least one PS"):
+        pm.predict(_inputs(), 2, 0, "parameter_server")
+    with pytest.raises(pm.ModelError, match="unknown variable update"):
+        pm.predict(_inputs(), 2, 1, "horovod")
+
+
+def test_recommendation_prefers_fewer_ps_within_one_percent() -> None:
+    preds = [
+        pm.Prediction(4, 4, "parameter_server", "lpt", 100.0, 1, "workers"),
+        pm.Prediction(4, 2, "parameter_server", "lpt", 99.5, 1, "workers"),
+        pm.Prediction(4, 1, "parameter_server", "lpt", 50.0, 1, "ps"),
+        pm.Prediction(2, 1, "parameter_server", "round_robin", 40.0, 1, "workers"),
+    ]
+    best = pm.recommend(preds)
+    assert best[4].ps == 2 and best[2].ps == 1
+    grid = pm.grid(_inputs(), [8], [1, 2, 4])
+    assert len(grid) == 2 * 3 * 4 + 1
+    assert pm.recommend(grid)[8].images_per_sec == max(p.images_per_sec for p in grid)
+
+
+def test_link_from_netbench() -> None:
+    rows = [
+        {"src": "a", "dst": "b", "bytes": 1024, "median_s": 0.0002},
+        {"src": "a", "dst": "b", "bytes": 16 * MB, "median_s": 0.0102},
+        {"src": "a", "dst": "b", "bytes": 64 * MB, "median_s": 0.0402},
+        {"src": "b", "dst": "a", "bytes": 1024, "median_s": 0.0004},
+        {"src": "b", "dst": "a", "bytes": 16 * MB, "median_s": 0.0204},
+        {"src": "b", "dst": "a", "bytes": 64 * MB, "median_s": 0.0804},
+    ]
+    link = pm.link_from_netbench({"sizes": [1024, 16 * MB, 64 * MB], "point_to_point": rows})
+    assert link.latency_s == pytest.approx(0.0003)
+    assert link.bandwidth == pytest.approx(statistics.median([48 * MB / 0.03, 48 * MB / 0.06]))
+    with pytest.raises(pm.ModelError):
+        pm.link_from_netbench({"sizes": [1024], "point_to_point": rows[:1]})
+
+
+def test_inputs_round_trip_and_cli(tmp_path) -> None:
+    path = tmp_path / "inputs.json"
+    path.write_text(json.dumps(_inputs().to_dict()))
+    assert pm.load_inputs(path) == _inputs()
+    result = CliRunner().invoke(cli, ["model", "--inputs", str(path), "--workers", "1,8"])
+    assert result.exit_code == 0, result.output
+    assert "Assumptions:" in result.output and "Recommended per worker count:" in result.output
+    assert "latency 1000 µs, bandwidth 100 MB/s" in result.output
+    missing = CliRunner().invoke(cli, ["model"])
+    assert missing.exit_code == 2 and "--compute-img-s" in missing.output
+    (tmp_path / "bad.json").write_text("{}")
+    bad = CliRunner().invoke(cli, ["model", "--inputs", str(tmp_path / "bad.json")])
+    assert bad.exit_code == 2 and "incomplete" in bad.output
+
+
+def test_prediction_beside_measurement() -> None:
+    inputs = _inputs()
+    measured = pm.predict(inputs, 2, 1, "parameter_server").images_per_sec * 1.25
+    rows = [
+        Row(Point(2, 1, "parameter_server", False), measured, None, 1, 0),
+        Row(Point(4, 1, "parameter_server", False), None, None, 1, 1),  # failed: left out
+    ]
+    lines, median = pm.measured_lines(inputs, rows, "round_robin")
+    assert median == pytest.approx(20.0)  # predicted / measured = 0.8
+    assert lines[1].split()[-1] == "-20.0"
+    assert lines[-1] == "median absolute error: 20.0 % over 1 rows"

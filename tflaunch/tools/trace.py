@@ -1,0 +1,132 @@
+"""The launcher side of traces (``tflaunch up --trace``, ``tflaunch trace RUN``): the traced
+run's environment and trace directory, the summary printed again, and the timeline drawn.
+The format itself (merge, summary) is ``tflaunch.models.trace_format``; see its docstring for how
+a trace is taken and what its categories mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from tflaunch.models.trace_format import (  # noqa: F401 - the format, re-exported
+    CATEGORIES,
+    DEFAULT_FIRST_STEP,
+    DEFAULT_PORT_OFFSET,
+    DIR_ENV,
+    HOW_TO_OPEN,
+    PNG_FILE,
+    PORT_OFFSET_ENV,
+    STEPS_ENV,
+    SUMMARY_JSON,
+    SUMMARY_TXT,
+    TRACE_FILE,
+    Event,
+    TaskTrace,
+    TraceError,
+    TraceWindow,
+    events_by_task,
+    load_trace,
+    merge,
+    parse_window,
+    profiler_port,
+    step_windows,
+    summarize,
+    summary_lines,
+    trace_env,
+    write_outputs,
+)
+
+# -- picture ---------------------------------------------------------------------------------
+
+# Waits are long and overlap the kernels run meanwhile: drawn first, under them.
+DRAW_ORDER = ("step", "recv_wait", "compute", "communication", "runtime")
+COLOURS = {
+    "step": "#bbbbbb",
+    "compute": "#2b7bba",
+    "communication": "#e6550d",
+    "recv_wait": "#fdd0a2",
+    "runtime": "#31a354",
+}
+
+
+def render_png(trace: Mapping, path: Path, max_rows_per_task: int = 4) -> Path:
+    """A timeline: one band per task (its step row, then its busiest threads), coloured by
+    category, on the shared time axis."""
+    from tflaunch.tools.bench_plot import pyplot
+
+    plt = pyplot()
+    names, events = events_by_task(trace)
+    rows: list[tuple[str, list[dict]]] = []
+    for pid in sorted(events):
+        by_tid: dict[int, list[dict]] = {}
+        for e in events[pid]:
+            by_tid.setdefault(e["tid"], []).append(e)
+        for tid in sorted(by_tid)[:max_rows_per_task]:
+            rows.append((f"{names.get(pid, pid)} t{tid}", by_tid[tid]))
+    fig, ax = plt.subplots(figsize=(14, 0.45 * len(rows) + 1.6))
+    for y, (_, evs) in enumerate(rows):
+        for cat in DRAW_ORDER:
+            spans = [(e["ts"] / 1000.0, e["dur"] / 1000.0) for e in evs if e["cat"] == cat]
+            if not spans:
+                continue
+            if cat == "step":  # alternate shades so that adjacent steps stay apart
+                colours = ["#999999", "#cccccc"] * len(spans)
+                ax.broken_barh(spans, (y - 0.4, 0.8), color=colours[: len(spans)], lw=0)
+                for e in evs:
+                    if e["cat"] == "step":
+                        mid = (e["ts"] + e["dur"] / 2) / 1000.0
+                        ax.text(
+                            mid,
+                            y,
+                            str(e["args"].get("step_num", "")),
+                            ha="center",
+                            va="center",
+                            fontsize=7,
+                        )
+            else:
+                ax.broken_barh(spans, (y - 0.3, 0.6), color=COLOURS[cat], lw=0)
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms since the first traced event (each host's wall clock)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLOURS[c]) for c in CATEGORIES]
+    ax.legend(handles, CATEGORIES, loc="upper right", fontsize=8, ncol=len(CATEGORIES))
+    ax.set_title("tflaunch trace: every task on one time axis")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# -- launcher side ---------------------------------------------------------------------------
+
+
+def traced_config(config, window: TraceWindow, trace_dir: str, port_offset: int):
+    """``config`` with the trace variables in every task's environment."""
+    from dataclasses import replace
+
+    env = {**config.program.env, **trace_env(window, trace_dir, port_offset)}
+    return replace(config, program=replace(config.program, env=env))
+
+
+def trace_dir_for(config, runs_dir: str, run_id: str) -> str:
+    """Where the first worker writes the trace: the run directory for local and Slurm runs (a
+    file system the nodes share), the hosts' run directory for SSH runs."""
+    import posixpath
+
+    if config.backend == "ssh":  # as the SSH backend lays runs out on the hosts
+        root = (config.ssh.remote_runs_dir if config.ssh else None) or config.runs_dir
+        if not posixpath.isabs(root) and not root.startswith("~"):
+            root = posixpath.join("~", root)  # the task expands it: relative to the home
+        return posixpath.join(root, run_id, "trace")
+    return str(Path(runs_dir).resolve() / run_id / "trace")
+
+
+def show_trace(trace_dir: Path, show) -> list[Path]:
+    """Print the per-task summary and how to open the trace; draw trace.png. Returns the files."""
+    trace = load_trace(trace_dir / TRACE_FILE)
+    for line in summary_lines(summarize(trace)):
+        show(line)
+    png = render_png(trace, trace_dir / PNG_FILE)
+    show(f"trace: {trace_dir / TRACE_FILE} ({HOW_TO_OPEN}); timeline {png}")
+    return [trace_dir / TRACE_FILE, png]
