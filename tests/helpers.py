@@ -42,6 +42,16 @@ def _free(port: int) -> bool:
             return False
 
 
+def checkout_python(folder: Path, checkout: Path = ROOT) -> str:
+    """An interpreter for ``ssh.python`` that imports this checkout's tflaunch: sshd hands
+    remote commands a fresh environment, without the tests' PYTHONPATH, so a bare interpreter
+    on the (shared) hosts would run the installed tflaunch instead of the code under test."""
+    path = folder / f"python-{checkout.name}"
+    path.write_text(f'#!/bin/sh\nPYTHONPATH={checkout} exec {sys.executable} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
 def mnist_argv(python: str = sys.executable, *extra: str) -> list[str]:
     """``tflaunch.models.mnist`` with the TF1-style cluster placeholders, as examples/local.yaml runs it."""
     return [

@@ -18,10 +18,12 @@ from tests.helpers import FAKE_TASK, tflaunch, wait_until_gone, write_cluster
 from tests.hosts import ssh_hosts
 from tflaunch.config import Supervision
 from tflaunch.monitor import (
+    MAX_SAMPLES_PER_SECOND,
     NET_FIELDS,
     SampleLog,
     Sampler,
     TreeSampler,
+    cluster_sample_interval,
     is_task_process,
     latest_samples,
     process_tree,
@@ -216,13 +218,17 @@ def test_is_task_process_checks_task_name_and_tf_config():
     proc = subprocess.Popen(["sleep", "60"], env=env)
     try:
         time.sleep(0.1)
-        assert is_task_process(proc.pid, "worker:3", '{"x": 1}')
-        assert not is_task_process(proc.pid, "worker:3", '{"x": 2}')  # another run's worker:3
-        assert not is_task_process(proc.pid, "worker:1", '{"x": 1}')
+        assert is_task_process(proc.pid, "worker:3", {"TF_CONFIG": '{"x": 1}'})
+        assert not is_task_process(proc.pid, "worker:3", {"TF_CONFIG": '{"x": 2}'})  # another run
+        assert not is_task_process(proc.pid, "worker:1", {"TF_CONFIG": '{"x": 1}'})
+        # a run whose tasks read the cluster file: the file's path tells runs apart
+        assert not is_task_process(
+            proc.pid, "worker:3", {"TF_CONFIG": '{"x": 1}', "TFLAUNCH_CLUSTER_FILE": "/r/c.json"}
+        )
     finally:
         proc.kill()
         proc.wait()
-    assert not is_task_process(proc.pid, "worker:3", '{"x": 1}')
+    assert not is_task_process(proc.pid, "worker:3", {"TF_CONFIG": '{"x": 1}'})
 
 
 def traffic_cluster(tmp_path: Path, traffic_bytes: int, **env: str) -> Path:
@@ -376,3 +382,11 @@ def test_ssh_agents_sample_their_own_nodes_and_samples_reach_the_launcher(ssh_te
         assert "lo" in interfaces and interfaces != root_interfaces  # the host's own namespace
         assert not (tmp_path / "remote" / run.name / host / f"samples-{host}.jsonl").exists()
     assert wait_hosts_clean(ssh_test_hosts, 10) == []
+
+
+def test_big_clusters_sample_less_often_so_the_coordinator_keeps_up():
+    assert cluster_sample_interval(1.0, 3) == 1.0
+    assert cluster_sample_interval(1.0, MAX_SAMPLES_PER_SECOND) == 1.0
+    assert cluster_sample_interval(1.0, 4096) == 4096 / MAX_SAMPLES_PER_SECOND == 8.0
+    assert cluster_sample_interval(20.0, 4096) == 20.0  # a slower setting stands
+    assert cluster_sample_interval(0.0, 4096) == 0.0  # off stays off

@@ -18,7 +18,7 @@ from tflaunch.launchers.slurm.node import (
     node_gpu_ids,
 )
 from tflaunch.launchers.slurm.script import Layout, layout
-from tflaunch.plan import Host
+from tflaunch.plan import Host, render_task
 from tflaunch.run import Run
 
 
@@ -67,22 +67,27 @@ def test_workers_split_the_gpus_slurm_gave_their_node() -> None:
     )
     env = {"SLURM_JOB_NODELIST": "gpu-[1-2]", "CUDA_VISIBLE_DEVICES": "2,3"}
     plan = node(cfg, env, "gpu-2").plan()
-    gpus = {t.name: (t.host, t.env["CUDA_VISIBLE_DEVICES"]) for t in plan.tasks}
+    gpus = {t.name: (t.host, render_task(plan, t).env["CUDA_VISIBLE_DEVICES"]) for t in plan.tasks}
     assert gpus["worker:2"] == ("gpu-2", "2") and gpus["worker:3"] == ("gpu-2", "3")
     assert gpus["ps:0"] == ("gpu-1", "")
 
 
 def test_every_node_plans_the_same_cluster() -> None:
     cfg = config(roles={"ps": 2, "worker": 3}, slurm={"gpus_per_node": 1})
-    plans = [
-        node(cfg, {"SLURM_JOB_NODELIST": "n[1-3]", "CUDA_VISIBLE_DEVICES": cvd}, name).plan()
+    nodes = [
+        node(cfg, {"SLURM_JOB_NODELIST": "n[1-3]", "CUDA_VISIBLE_DEVICES": cvd}, name)
         for name, cvd in (("n1", "0"), ("n2", "3"), ("n3", "1"))
     ]
+    plans = [n.plan() for n in nodes]
     assert plans[0].cluster == plans[1].cluster == plans[2].cluster
-    tf_configs = [{t.name: t.env["TF_CONFIG"] for t in p.tasks} for p in plans]
+    tf_configs = [{t.name: render_task(p, t).env["TF_CONFIG"] for t in p.tasks} for p in plans]
     assert tf_configs[0] == tf_configs[1] == tf_configs[2]
     # each node's own worker gets that node's GPU
     assert [p.task(f"worker:{i}").gpus for i, p in enumerate(plans)] == [("0",), ("3",), ("1",)]
+    # a joining node plans the same cluster and only its own tasks
+    own = [n.own_plan() for n in nodes]
+    assert all(p.cluster == plans[0].cluster for p in own)
+    assert [p.tasks for p in own] == [p.tasks_on(n.name) for p, n in zip(plans, nodes, strict=True)]
 
 
 def test_heterogeneous_job_puts_ps_on_the_ps_component() -> None:
@@ -101,5 +106,5 @@ def test_heterogeneous_job_puts_ps_on_the_ps_component() -> None:
         "worker:0": "node2",
         "worker:1": "node3",
     }
-    assert plan.task("ps:0").env["CUDA_VISIBLE_DEVICES"] == ""
+    assert render_task(plan, plan.task("ps:0")).env["CUDA_VISIBLE_DEVICES"] == ""
     assert plan.task("worker:0").gpus == ("0",)

@@ -152,3 +152,23 @@ def test_table_and_one_error_for_all_problems(tmp_path):
     message = str(err.value)
     assert message.startswith("pre-flight failed on 1 of 2 hosts; nothing was started.")
     assert message.count("b (203.0.113.1): ") == 2
+
+
+def test_probe_makes_the_run_dir_and_writes_the_files_from_stdin(tmp_path):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    plan = plan_for(tmp_path, [sys.executable, "train.py"])
+    request = probe_request(plan, "a", "work", run_dir="runs/r1/a", files=True)
+    (tmp_path / "work").mkdir()
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(request)],
+        input=json.dumps({"plan.json": "{}\n", "token": "t"}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,  # the remote home: relative paths are under it
+    )
+    facts = json.loads(result.stdout)
+    run_dir = tmp_path / "runs" / "r1" / "a"
+    assert facts["run_dir"] == str(run_dir) and facts["workdir"] == str(tmp_path / "work")
+    assert (run_dir / "plan.json").read_text() == "{}\n"
+    assert (run_dir / "token").stat().st_mode & 0o777 == 0o600

@@ -11,7 +11,7 @@ from tflaunch.config import Ec2Section, parse_config
 from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.launchers.ssh.backend import SshBackend
 from tflaunch.launchers.ssh.sources import discover_ec2, read_ip_files, resolve_hosts
-from tflaunch.plan import Host
+from tflaunch.plan import Host, render_task
 
 SSH_HEAD = "program: [python, train.py]\nbackend: ssh\n"
 
@@ -232,8 +232,8 @@ def test_aws_example_plans_one_gpu_workers_and_gpu_less_colocated_ps(ec2_endpoin
     for i, host in enumerate(hosts):
         ps, worker = plan.task(f"ps:{i}"), plan.task(f"worker:{i}")
         assert ps.host == worker.host == host.name  # PS i co-located on worker host i
-        assert ps.env["CUDA_VISIBLE_DEVICES"] == ""  # the PS never sees the GPU
-        assert worker.env["CUDA_VISIBLE_DEVICES"] == "0"
+        assert render_task(plan, ps).env["CUDA_VISIBLE_DEVICES"] == ""  # the PS never sees it
+        assert render_task(plan, worker).env["CUDA_VISIBLE_DEVICES"] == "0"
         assert worker.cluster_address == host.cluster_address != host.connect_address
     files = dataclasses.replace(
         cfg.ssh,

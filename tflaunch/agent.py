@@ -24,6 +24,7 @@ Run as ``python -m tflaunch.agent --plan plan.json --host NAME --run-dir DIR``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import queue
@@ -40,8 +41,9 @@ from typing import IO, Any
 from tflaunch import procs
 from tflaunch.link import read_lines
 from tflaunch.monitor import Sampler
-from tflaunch.plan import Plan, Task
+from tflaunch.plan import Plan, Task, TaskView, render_task
 from tflaunch.restart import STALLED
+from tflaunch.run import write_cluster_file
 from tflaunch.runfiles import make_run_dir, open_run_file
 from tflaunch.stall import StallWatch
 
@@ -101,6 +103,13 @@ class TaskProcess:
         return thread
 
 
+def _resolved(view: TaskView) -> TaskView:
+    """The view with its workdir made absolute here: an SSH host's plan keeps the workdir as the
+    cluster file wrote it (``~/...`` or relative), which means the remote home, where sshd starts
+    the agent."""
+    return dataclasses.replace(view, workdir=os.path.abspath(os.path.expanduser(view.workdir)))
+
+
 class Agent:
     """Runs the tasks of one host of a plan."""
 
@@ -116,6 +125,7 @@ class Agent:
         # With the agent a subreaper, what escaped a task's group is below the agent: kill it.
         self.reap_strays = reap_strays
         self.tasks = plan.tasks_on(host)
+        self.views = {t.name: _resolved(render_task(plan, t, self.run_dir)) for t in self.tasks}
         self.emit = emit
         self.running: dict[str, TaskProcess] = {}
         self.stopping = threading.Event()
@@ -140,8 +150,12 @@ class Agent:
         self.emit(
             {"event": "agent_started", "pid": os.getpid(), "tasks": [t.name for t in self.tasks]}
         )
-        sampler = Sampler.from_supervision(self.plan.supervision, self._task_pids, self.emit)
+        sampler = Sampler.from_supervision(
+            self.plan.supervision, self._task_pids, self.emit, hosts=len(self.plan.hosts)
+        )
         try:
+            if self.tasks:
+                write_cluster_file(self.plan, self.run_dir)
             problem = self._preflight()
             if problem:
                 self.emit({"event": "error", "code": 2, "message": problem})
@@ -250,19 +264,20 @@ class Agent:
                 "fewer tasks on the host."
             )
         for task in self.tasks:
-            if not os.path.isdir(task.workdir):
-                return f"{task.name}: the working directory {task.workdir} does not exist on {self.host}."
-            program = task.argv[0]
-            path = task.env.get("PATH", os.environ.get("PATH", ""))
+            view = self.views[task.name]
+            if not os.path.isdir(view.workdir):
+                return f"{task.name}: the working directory {view.workdir} does not exist on {self.host}."
+            program = view.argv[0]
+            path = view.env.get("PATH", os.environ.get("PATH", ""))
             found = (
-                os.path.exists(os.path.join(task.workdir, program))
+                os.path.exists(os.path.join(view.workdir, program))
                 if os.sep in program
                 else shutil.which(program, path=path)
             )
             if not found:
                 return (
                     f"{task.name}: the program '{program}' was not found on {self.host} "
-                    f"(workdir {task.workdir}). Install it or fix program.argv."
+                    f"(workdir {view.workdir}). Install it or fix program.argv."
                 )
             if task.port is not None and not procs.port_free(task.port):
                 return (
@@ -272,8 +287,9 @@ class Agent:
         return None
 
     def _start(self, task: Task) -> None:
+        view: TaskView = self.views[task.name]
         env = dict(os.environ)
-        env.update(task.env)
+        env.update(view.env)
         env[procs.RUN_MARKER] = str(self.run_dir.resolve())
         restarts = self.restarts.get(task.name, 0)
         env["TFLAUNCH_TASK_RESTARTS"] = str(restarts)
@@ -281,7 +297,7 @@ class Agent:
         log = open_run_file(self.run_dir / task.log_name, "ab")  # closed by TaskProcess
         usable = _usable_cpus()
         cpus = [usable[slot] for slot in task.cpus]
-        proc = procs.spawn(task.argv, env, task.workdir, cpus=cpus)
+        proc = procs.spawn(view.argv, env, view.workdir, cpus=cpus)
         if task.job in self.watched:
             with self._stall_lock:
                 self.stall.watch(task.name, time.monotonic())
@@ -300,23 +316,26 @@ class Agent:
 
     def _wait_for_ps(self) -> bool:
         """Wait until every PS of the cluster accepts connections. False on timeout or stop."""
-        ps = [t for t in self.plan.tasks if t.job == "ps"]
+        ps = self.plan.ps_addresses()
         if not ps:
             return True  # (a PS-only node waits too: it reports its PS ready, for cluster_ready)
         timeout = self.plan.supervision.ready_timeout
         deadline = time.monotonic() + timeout
-        pending = {t.name: t for t in ps}
+        # From the shared cluster: a Slurm node's plan holds only its own tasks.
+        pending = {f"ps:{i}": address for i, address in enumerate(ps)}
+        own = {t.name for t in self.tasks if t.job == "ps"}
         self.emit({"event": "waiting", "what": "PS ports", "tasks": sorted(pending)})
         while pending and not self.stopping.is_set():
-            for name, task in list(pending.items()):
-                if procs.port_open(task.cluster_address, task.port, timeout=0.3):
+            for name, address in list(pending.items()):
+                host, _, port = address.rpartition(":")
+                if procs.port_open(host, int(port), timeout=0.3):
                     del pending[name]
-                    if task.host == self.host:
+                    if name in own:
                         self.emit({"event": "ready", "task": name})
             if not pending:
                 break
             if time.monotonic() > deadline:
-                missing = ", ".join(f"{n} at {pending[n].address}" for n in sorted(pending))
+                missing = ", ".join(f"{n} at {pending[n]}" for n in sorted(pending))
                 self.emit(
                     {
                         "event": "error",

@@ -13,7 +13,14 @@ import click
 from tflaunch import __version__, launch
 from tflaunch.config import ClusterConfig, config_schema, env_name_problem, load_config
 from tflaunch.errors import ConfigError, TflaunchError
-from tflaunch.plan import Plan, cpu_list, parse_task_name, tf_config
+from tflaunch.plan import (
+    Plan,
+    cpu_list,
+    long_placeholders,
+    parse_task_name,
+    render_task,
+    tf_config,
+)
 from tflaunch.run import Run, new_run_id
 from tflaunch.text import aligned
 from tflaunch.tools import trace as trace_tools
@@ -74,20 +81,41 @@ def schema() -> None:
 @cli.command()
 @click.argument("cluster_file", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the whole plan as JSON.")
-def plan(cluster_file: str, as_json: bool) -> None:
+@click.option(
+    "--expand",
+    is_flag=True,
+    help="With --json: also every task's argv and environment, rendered (grows with the square "
+    "of the cluster: for small clusters).",
+)
+def plan(cluster_file: str, as_json: bool, expand: bool) -> None:
     """Show every task: role, host, address:port, GPUs, command."""
     _, the_plan = _load_plan(cluster_file)
     if as_json:
-        click.echo(json.dumps(the_plan.to_dict(), indent=2))
+        if expand:
+            data = the_plan.to_dict()
+            for task, entry in zip(the_plan.tasks, data["tasks"], strict=True):
+                view = render_task(the_plan, task)
+                entry.update(argv=list(view.argv), env=dict(view.env))
+            click.echo(json.dumps(data, indent=2))
+        else:
+            click.echo(the_plan.to_json(), nl=False)
         return
     pinned = any(task.cpus for task in the_plan.tasks)
+    # Lists of the whole cluster would make the table grow with its square: shown once below.
+    kept = long_placeholders(the_plan)
     rows = [("TASK", "HOST", "ADDRESS", "GPUS", *(("CPUS",) if pinned else ()), "COMMAND")]
     for task in the_plan.tasks:
         gpus = ",".join(task.gpus) if task.gpus else "-"
         cpus = (cpu_list(task.cpus),) if pinned else ()
-        rows.append((task.name, task.host, task.address or "-", gpus, *cpus, shlex.join(task.argv)))
+        command = shlex.join(render_task(the_plan, task, keep=kept).argv)
+        rows.append((task.name, task.host, task.address or "-", gpus, *cpus, command))
     for line in aligned(rows):
         click.echo(line)
+    for name, count in kept.items():
+        click.echo(
+            f"{{{name}}}: {count:,} addresses, left unexpanded above; see "
+            f"'tflaunch render {cluster_file} --task TASK --format command'"
+        )
 
 
 @cli.command()
@@ -111,13 +139,15 @@ def render(cluster_file: str, task_name: str, fmt: str) -> None:
     elif fmt == "cluster_spec":
         click.echo(json.dumps({j: list(a) for j, a in the_plan.cluster.items()}, indent=2))
     elif fmt == "env":
-        for key in sorted(task.env):
+        env = render_task(the_plan, task).env
+        for key in sorted(env):
             problem = env_name_problem(key)
             if problem:  # the plan came from a checked file; this guards 'eval "$(render)"'
                 raise ConfigError(f"{cluster_file}: program.env: {problem}.")
-            click.echo(f"export {key}={shlex.quote(task.env[key])}")
+            click.echo(f"export {key}={shlex.quote(env[key])}")
     else:
-        click.echo(f"cd {shlex.quote(task.workdir)} && {shlex.join(task.argv)}")
+        view = render_task(the_plan, task)
+        click.echo(f"cd {shlex.quote(view.workdir)} && {shlex.join(view.argv)}")
 
 
 @cli.command()

@@ -25,9 +25,9 @@ from tflaunch.schema import field
 JOBS = ("ps", "chief", "worker", "evaluator")
 
 # Bounds on every count: far above any real cluster, low enough that no file can make the launcher
-# build huge lists. A plan's size also grows with tasks squared (every TF_CONFIG lists the whole
-# cluster), which tflaunch.plan bounds separately.
-MAX_TASKS = 4096  # tasks of one role, and of all roles together
+# build huge lists. The plan grows linearly with the tasks (benchmarks/plan_scale.py: 33,280 tasks,
+# 4,096 nodes x 8 GPUs, plan in about a second), so tasks are bounded at twice that scale.
+MAX_TASKS = 65_536  # tasks of one role, and of all roles together
 MAX_HOSTS = 4096  # hosts listed, and slurm.nodes
 MAX_GPUS = 256  # GPUs of one host or node, and per worker
 MAX_CPUS = 65_536  # slurm.cpus_per_task
@@ -79,8 +79,8 @@ def _program_entry(raw: Any) -> Any:
 @dataclass(frozen=True)
 class Program:
     """What every task runs. Placeholders in argv: {job_name} {task_index} {ps_hosts}
-    {worker_hosts} {chief_hosts} {num_ps} {num_workers} {host} {port} {checkpoint_dir};
-    write {{ for a brace."""
+    {worker_hosts} {chief_hosts} {num_ps} {num_workers} {host} {port} {checkpoint_dir}
+    {cluster_file}; write {{ for a brace."""
 
     argv: tuple[str, ...] = field(
         doc="the command as a list of arguments, e.g. [python, train.py]", maximum=MAX_ITEMS
@@ -101,6 +101,11 @@ class Program:
         None,
         doc="checkpoint directory: {checkpoint_dir} in argv and $TFLAUNCH_CHECKPOINT_DIR "
         "(relative to the workdir; default: checkpoints/ in the run directory)",
+    )
+    tf_config: bool = field(
+        True,
+        doc="export TF_CONFIG to every task; false for clusters too big for one environment "
+        "string (128 KiB), whose tasks read the file named by $TFLAUNCH_CLUSTER_FILE",
     )
 
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 import contextlib
 import json
 import queue
+import selectors
 import socket
 import subprocess
 import threading
+import time
+import weakref
 from typing import IO, Any, Protocol
 
 MAX_LINE = 1 << 20  # bytes of one event line; longer lines are cut (an agent's lines are small)
@@ -39,10 +42,17 @@ def agent_argv(
     python: str, plan: str, host: str, run_dir: str, heartbeat_timeout: float | None = None
 ) -> list[str]:
     """The command that runs the agent of ``host`` from the plan file at ``plan``."""
-    argv = [python, "-m", "tflaunch.agent", "--plan", plan, "--host", host, "--run-dir", run_dir]
+    return [python, "-m", "tflaunch.agent", *agent_args(plan, host, run_dir, heartbeat_timeout)]
+
+
+def agent_args(
+    plan: str, host: str, run_dir: str, heartbeat_timeout: float | None = None
+) -> list[str]:
+    """The agent's arguments (``tflaunch.agent.main``'s argv)."""
+    args = ["--plan", plan, "--host", host, "--run-dir", run_dir]
     if heartbeat_timeout is not None:
-        argv += ["--heartbeat-timeout", f"{heartbeat_timeout:g}"]
-    return argv
+        args += ["--heartbeat-timeout", f"{heartbeat_timeout:g}"]
+    return args
 
 
 def read_lines(stream: IO[str], limit: int = MAX_LINE):
@@ -120,16 +130,24 @@ class ProcessLink(StreamLink):
 
 
 class SocketLink(StreamLink):
-    """An agent on another node, reached over one TCP connection."""
+    """An agent on another node, reached over one TCP connection. Its events are read by the
+    sink's one :class:`SocketReader` thread, however many nodes the job has."""
 
     def __init__(self, host: str, sock: socket.socket):
         super().__init__(host, *socket_streams(sock))
         self.sock = sock
+        self.reader: SocketReader | None = None
+
+    def start_reader(self, sink: queue.Queue) -> None:
+        self.reader = SocketReader.of(sink)
+        self.reader.add(self)
 
     def close(self, timeout: float) -> None:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_WR)  # the agent's input ends: it tears down
         self.ended.wait(timeout)
+        if self.reader is not None:
+            self.reader.discard(self)
         with contextlib.suppress(OSError):
             self.sock.close()
 
@@ -140,3 +158,89 @@ def socket_streams(sock: socket.socket) -> tuple[IO[str], IO[str]]:
         sock.makefile("r", encoding="utf-8", errors="replace", newline="\n"),
         sock.makefile("w", encoding="utf-8", newline="\n"),
     )
+
+
+class SocketReader:
+    """Reads the event lines of many socket links in one thread, through one selector.
+
+    A thread per link, as :class:`StreamLink` reads, suits the handful of agents of a local or
+    SSH run. A Slurm job's first node coordinates one agent per node, thousands of them, and
+    thousands of reader threads contending for the interpreter stall the coordinator
+    (benchmarks/coordinator_scale.py: at 4,096 agents it handled a dozen events a minute and
+    held 1.5 GB). One reader serves every socket link feeding one sink.
+    """
+
+    _by_sink: weakref.WeakKeyDictionary[queue.Queue, SocketReader] = weakref.WeakKeyDictionary()
+    _lock = threading.Lock()
+
+    def __init__(self, sink: queue.Queue):
+        self.sink = sink
+        self.selector = selectors.DefaultSelector()
+        self._partial: dict[SocketLink, bytearray] = {}
+        self._skipping: set[SocketLink] = set()  # inside a line longer than MAX_LINE
+        threading.Thread(target=self._read_all, daemon=True).start()
+
+    @classmethod
+    def of(cls, sink: queue.Queue) -> SocketReader:
+        """The reader of ``sink``, started on first use."""
+        with cls._lock:
+            reader = cls._by_sink.get(sink)
+            if reader is None:
+                reader = cls._by_sink[sink] = cls(sink)
+            return reader
+
+    def add(self, link: SocketLink) -> None:
+        self._partial[link] = bytearray()
+        self.selector.register(link.sock, selectors.EVENT_READ, link)
+
+    def _read_all(self) -> None:
+        while True:
+            if not self.selector.get_map():
+                time.sleep(0.05)  # no link yet, or every link ended
+                continue
+            for key, _ in self.selector.select(timeout=1.0):
+                self._read(key.data)
+
+    def _read(self, link: SocketLink) -> None:
+        try:
+            data = link.sock.recv(1 << 16)  # readable: returns at once
+        except OSError:
+            data = b""
+        if not data:
+            self._end(link)
+            return
+        buffer = self._partial[link]
+        buffer += data
+        *lines, rest = buffer.split(b"\n")
+        for line in lines:
+            if link in self._skipping:
+                self._skipping.discard(link)  # the end of an over-long line
+                continue
+            self._put(link, bytes(line))
+        if len(rest) > MAX_LINE:  # a peer that never sends a newline costs bounded memory
+            self._put(link, bytes(rest[:MAX_LINE]))
+            self._skipping.add(link)
+            rest = bytearray()
+        self._partial[link] = bytearray(rest)
+
+    def _put(self, link: SocketLink, line: bytes) -> None:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            event = None
+        if not isinstance(event, dict):
+            text = line.decode("utf-8", "replace").rstrip("\r")
+            event = {"event": "output", "task": f"agent@{link.host}", "line": text}
+        self.sink.put((link.host, event))
+
+    def discard(self, link: SocketLink) -> None:
+        """Stop reading ``link`` (before its socket is closed, so its fd can be reused)."""
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self.selector.unregister(link.sock)
+        self._partial.pop(link, None)
+        self._skipping.discard(link)
+
+    def _end(self, link: SocketLink) -> None:
+        self.discard(link)
+        link.ended.set()
+        self.sink.put((link.host, {"event": "link_closed"}))

@@ -226,10 +226,11 @@ class Sampler:
 
     @classmethod
     def from_supervision(
-        cls, supervision: Supervision, task_pids: PidSource, emit: Emit
+        cls, supervision: Supervision, task_pids: PidSource, emit: Emit, hosts: int = 1
     ) -> Sampler | None:
-        """A started sampler at the plan's ``sample_interval``; None when that is 0 (off)."""
-        interval = supervision.sample_interval
+        """A started sampler at the plan's ``sample_interval``, slowed for clusters of many
+        ``hosts`` (:func:`cluster_sample_interval`); None when that is 0 (off)."""
+        interval = cluster_sample_interval(supervision.sample_interval, hosts)
         if interval <= 0:
             return None
         sampler = cls(interval, task_pids, emit)
@@ -267,6 +268,22 @@ class Sampler:
 
 
 # ---- storing and reading samples --------------------------------------------------------------
+
+
+# Samples the coordinator takes in per second at most, from all agents together. Measured with
+# benchmarks/coordinator_scale.py at 4,096 agents: 4,096 a second (1 Hz each) outran it (events
+# queued up to 1.2 GB, a failure took 19 s to stop every agent); 512 a second cost it 14 % of a
+# core and left the stop at 0.7 s.
+MAX_SAMPLES_PER_SECOND = 512
+
+
+def cluster_sample_interval(interval: float, hosts: int) -> float:
+    """Each agent's sampling interval: ``supervision.sample_interval``, or longer when the
+    cluster has more than MAX_SAMPLES_PER_SECOND hosts (4,096 hosts: every 8 s), so that the
+    coordinator's load, and the samples files, stay bounded however many nodes there are."""
+    if interval <= 0:
+        return 0.0
+    return max(interval, hosts / MAX_SAMPLES_PER_SECOND)
 
 
 class SampleLog:
@@ -342,13 +359,16 @@ def _last_record(path: Path, chunk: int = 65536) -> dict[str, Any] | None:
 # ---- live usage for `tflaunch status` ---------------------------------------------------------
 
 
-def is_task_process(pid: int, task_name: str, tf_config: str | None) -> bool:
-    """Whether ``pid`` on this machine is that task (not a pid of another node, nor a reused one)."""
+def is_task_process(pid: int, task_name: str, planned_env: Mapping[str, str]) -> bool:
+    """Whether ``pid`` on this machine is that task (not a pid of another node, nor a reused one):
+    its environment names the task and holds the planned TF_CONFIG and cluster file."""
     try:
         env = psutil.Process(pid).environ()
     except (psutil.Error, OSError):
         return False
-    return env.get("TFLAUNCH_TASK") == task_name and env.get("TF_CONFIG") == tf_config
+    return env.get("TFLAUNCH_TASK") == task_name and all(
+        env.get(key) == planned_env.get(key) for key in ("TF_CONFIG", "TFLAUNCH_CLUSTER_FILE")
+    )
 
 
 def live_usage(pids: Mapping[str, int], window: float = 0.3) -> dict[str, dict[str, Any]]:

@@ -1,9 +1,13 @@
 """The plan: a pure, deterministic function of a cluster config and a concrete host list.
 
-It yields one Task per process — job, index, host, cluster address and port, GPUs, environment
-(with TF_CONFIG and CUDA_VISIBLE_DEVICES, always exported), argv with placeholders filled — and the
-ClusterSpec. Every backend runs the same plan: the laptop builds it for local and SSH runs, each
-agent inside a Slurm allocation rebuilds it from SLURM_JOB_NODELIST, and all get the same answer.
+It holds the ClusterSpec and the program (argv with placeholders, environment) once, and one
+small Task per process: job, index, host, cluster address and port, GPUs, workdir, log. A task's
+full view — argv with placeholders filled, environment with TF_CONFIG, CUDA_VISIBLE_DEVICES
+(always exported) and the cluster file's path — is rendered from those by ``render_task`` where
+and when it is needed (by the agent that starts the task), so the plan's size and the time to
+make it grow linearly with the cluster. Every backend runs the same plan: the laptop builds it for
+local and SSH runs, and each node of a Slurm allocation builds the shared cluster and its own
+tasks from SLURM_JOB_NODELIST; all get the same answer.
 
 Placement rules:
 - Slot tasks (chief, then workers, then evaluator) fill the worker hosts in order, at most
@@ -25,6 +29,7 @@ import os
 import string
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from tflaunch import schema
@@ -33,10 +38,12 @@ from tflaunch.errors import PlanError
 
 LOCAL_ADDRESS = "127.0.0.1"
 MAX_PORT = 65535
-# Every task's TF_CONFIG (and any {worker_hosts}-like argument) lists the whole cluster, so a
-# plan grows with tasks squared; past this many bytes of arguments and environment in all it is
-# refused before it is built (2,048 workers: about 80 MB; with {worker_hosts} in argv, twice).
-MAX_PLAN_BYTES = 128 << 20
+CLUSTER_FILE = "cluster_spec.json"
+# Linux refuses (E2BIG) any one argument or environment string longer than 32 pages, NUL included.
+MAX_ARG_STRLEN = 32 * 4096
+# Bytes counted for the cluster file's path in an argv item: run directories live deeper than
+# ``runs/<run-id>/`` on some hosts (SSH: <remote_runs_dir>/<run-id>/<host>/).
+CLUSTER_FILE_PATH_RESERVE = 512
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,8 @@ class Host:
 
 @dataclass(frozen=True)
 class Task:
-    """One process of the cluster."""
+    """One process of the cluster: only its own fields. Its argv, environment and TF_CONFIG are
+    rendered from the plan's shared cluster and program when needed (``render_task``)."""
 
     job: str
     index: int
@@ -59,8 +67,6 @@ class Task:
     cluster_address: str
     port: int | None
     gpus: tuple[str, ...]
-    argv: tuple[str, ...]
-    env: Mapping[str, str]
     workdir: str
     log_name: str
     cpus: tuple[int, ...] = ()  # core slots on its host (placement.cpus_per_task); () unpinned
@@ -75,29 +81,66 @@ class Task:
 
 
 @dataclass(frozen=True)
+class Program:
+    """What every task runs, held once: argv with its placeholders, the environment the cluster
+    file adds, and whether tasks get a TF_CONFIG (off for clusters past the kernel's limit)."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    tf_config: bool = True
+    checkpoint_dir: str = ""  # {checkpoint_dir}, $TFLAUNCH_CHECKPOINT_DIR: one for every task
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """One task as its process sees it: argv with placeholders filled, environment, workdir."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    workdir: str
+
+
+@dataclass(frozen=True)
 class Plan:
-    """Every task of the cluster, the ClusterSpec they share, and how they are supervised."""
+    """The ClusterSpec (once), what every task runs (once), one small Task per process, and how
+    they are supervised. Size and time grow linearly with the number of tasks."""
 
     name: str
     hosts: tuple[Host, ...]
     tasks: tuple[Task, ...]
     cluster: Mapping[str, tuple[str, ...]]
+    program: Program
     supervision: Supervision = field(default_factory=Supervision)
 
-    def task(self, name: str) -> Task:
+    @cached_property
+    def _by_name(self) -> dict[str, Task]:
+        return {t.name: t for t in self.tasks}
+
+    @cached_property
+    def _by_host(self) -> dict[str, tuple[Task, ...]]:
+        by_host: dict[str, list[Task]] = {}
         for task in self.tasks:
-            if task.name == name:
-                return task
-        raise PlanError(
-            f"no task '{name}' in the plan; tasks are {', '.join(t.name for t in self.tasks)}"
-        )
+            by_host.setdefault(task.host, []).append(task)
+        return {host: tuple(tasks) for host, tasks in by_host.items()}
+
+    @cached_property
+    def cluster_json(self) -> str:
+        """The ClusterSpec as JSON (sorted keys), as TF_CONFIG and the cluster file hold it."""
+        return json.dumps({job: list(addrs) for job, addrs in self.cluster.items()}, sort_keys=True)
+
+    def task(self, name: str) -> Task:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            shown = ", ".join(t.name for t in self.tasks[:20])
+            more = f" and {len(self.tasks) - 20} more" if len(self.tasks) > 20 else ""
+            raise PlanError(f"no task '{name}' in the plan; tasks are {shown}{more}") from None
 
     def tasks_on(self, host: str) -> tuple[Task, ...]:
-        return tuple(t for t in self.tasks if t.host == host)
+        return self._by_host.get(host, ())
 
     def hosts_with_tasks(self) -> tuple[Host, ...]:
-        used = {t.host for t in self.tasks}
-        return tuple(h for h in self.hosts if h.name in used)
+        return tuple(h for h in self.hosts if h.name in self._by_host)
 
     def host(self, name: str) -> Host:
         for host in self.hosts:
@@ -109,30 +152,78 @@ class Plan:
         return tuple(self.cluster.get("ps", ()))
 
     def to_dict(self) -> dict[str, Any]:
-        data = json.loads(json.dumps(asdict(self)))
-        for task in data["tasks"]:
-            if not task["cpus"]:
-                del task["cpus"]  # unpinned: plan.json as it was before CPU binding
-        return data
+        return {
+            "name": self.name,
+            "supervision": asdict(self.supervision),
+            "program": {
+                "argv": list(self.program.argv),
+                "env": dict(self.program.env),
+                "tf_config": self.program.tf_config,
+                "checkpoint_dir": self.program.checkpoint_dir,
+            },
+            "cluster": {job: list(addrs) for job, addrs in self.cluster.items()},
+            "hosts": [{**asdict(h), "gpu_ids": list(h.gpu_ids)} for h in self.hosts],
+            "tasks": [_task_dict(t) for t in self.tasks],
+        }
+
+    def to_json(self) -> str:
+        """plan.json: readable at the top, one line per cluster job, host and task, so that
+        writing and reading it stays fast at tens of thousands of tasks."""
+        data = self.to_dict()
+        parts = []
+        for key, value in data.items():
+            if key in ("cluster", "hosts", "tasks") and value:
+                items = value.items() if key == "cluster" else enumerate(value)
+                lines = ",\n".join(
+                    f"    {json.dumps(k)}: {json.dumps(v)}" if key == "cluster"
+                    else f"    {json.dumps(v)}"
+                    for k, v in items
+                )  # fmt: skip
+                brackets = "{}" if key == "cluster" else "[]"
+                text = f"{brackets[0]}\n{lines}\n  {brackets[1]}"
+            else:
+                text = json.dumps(value, indent=2).replace("\n", "\n  ")
+            parts.append(f"  {json.dumps(key)}: {text}")
+        return "{\n" + ",\n".join(parts) + "\n}\n"
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
         hosts = tuple(Host(**{**h, "gpu_ids": tuple(h["gpu_ids"])}) for h in data["hosts"])
         tasks = tuple(
-            Task(
-                **{
-                    **t,
-                    "gpus": tuple(t["gpus"]),
-                    "argv": tuple(t["argv"]),
-                    "env": dict(t["env"]),
-                    "cpus": tuple(t.get("cpus", ())),
-                }
-            )
+            Task(**{**t, "gpus": tuple(t["gpus"]), "cpus": tuple(t.get("cpus", ()))})
             for t in data["tasks"]
         )
         cluster = {job: tuple(addrs) for job, addrs in data["cluster"].items()}
-        supervision = schema.read(Supervision, data["supervision"])
-        return cls(data["name"], hosts, tasks, cluster, supervision)
+        program = data["program"]
+        return cls(
+            data["name"],
+            hosts,
+            tasks,
+            cluster,
+            Program(
+                tuple(program["argv"]),
+                dict(program["env"]),
+                program["tf_config"],
+                program["checkpoint_dir"],
+            ),
+            schema.read(Supervision, data["supervision"]),
+        )
+
+
+def _task_dict(task: Task) -> dict[str, Any]:
+    entry = {
+        "job": task.job,
+        "index": task.index,
+        "host": task.host,
+        "cluster_address": task.cluster_address,
+        "port": task.port,
+        "gpus": list(task.gpus),
+        "workdir": task.workdir,
+        "log_name": task.log_name,
+    }
+    if task.cpus:  # unpinned tasks leave it out
+        entry["cpus"] = list(task.cpus)
+    return entry
 
 
 def tf_config(plan: Plan, task: Task) -> dict[str, Any]:
@@ -146,6 +237,102 @@ def tf_config(plan: Plan, task: Task) -> dict[str, Any]:
 def gpu_ids(count: int) -> tuple[str, ...]:
     """The ids of a host's ``count`` GPUs, as CUDA numbers them."""
     return tuple(str(i) for i in range(count))
+
+
+def tf_config_text(plan: Plan, job: str, index: int) -> str:
+    """TF_CONFIG as the environment holds it: ``json.dumps(tf_config, sort_keys=True)``, built
+    around the plan's one serialised cluster instead of serialising it again."""
+    return f'{{"cluster": {plan.cluster_json}, "task": {{"index": {index}, "type": {json.dumps(job)}}}}}'
+
+
+def cluster_file_text(plan: Plan) -> str:
+    """The cluster file every task may read (``{cluster_file}``, ``$TFLAUNCH_CLUSTER_FILE``)."""
+    return f'{{"cluster": {plan.cluster_json}}}\n'
+
+
+def cluster_file_path(run_dir: str | os.PathLike | None) -> str:
+    """Where the cluster file of a run directory is; ``<run_dir>/...`` when there is no run yet
+    (``tflaunch render``), as the checkpoint directory shows."""
+    if run_dir is None:
+        return f"<run directory>/{CLUSTER_FILE}"
+    return os.path.join(os.path.abspath(run_dir), CLUSTER_FILE)
+
+
+def render_task(
+    plan: Plan,
+    task: Task,
+    run_dir: str | os.PathLike | None = None,
+    keep: Iterable[str] = (),
+) -> TaskView:
+    """One task's argv and environment, from the shared cluster and the task's own fields.
+
+    The environment holds ``TF_CONFIG`` (unless ``program.tf_config`` is off),
+    ``CUDA_VISIBLE_DEVICES`` (always exported; empty for PS), ``TFLAUNCH_TASK`` and
+    ``TFLAUNCH_CLUSTER_FILE``; ``run_dir`` is the directory whose cluster file the task reads.
+    Placeholders named in ``keep`` stay as written (for display)."""
+    values = _placeholder_values(plan, task, cluster_file_path(run_dir))
+    for name in keep:
+        values[name] = "{" + name + "}"
+    argv = tuple(arg.format_map(values) for arg in plan.program.argv)
+    env = dict(plan.program.env)
+    if plan.program.tf_config:
+        env["TF_CONFIG"] = tf_config_text(plan, task.job, task.index)
+    env.update(
+        {
+            "CUDA_VISIBLE_DEVICES": ",".join(task.gpus),
+            "TFLAUNCH_TASK": task.name,
+            "TFLAUNCH_CLUSTER_FILE": values["cluster_file"],
+            "TFLAUNCH_CHECKPOINT_DIR": plan.program.checkpoint_dir,
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return TaskView(argv, env, task.workdir)
+
+
+def long_placeholders(plan: Plan, width: int = 120) -> dict[str, int]:
+    """The cluster-list placeholders that ``program.argv`` uses whose values are longer than
+    ``width`` characters, with their address counts: what a per-task table should not repeat."""
+    used = {
+        name
+        for arg in plan.program.argv
+        for _, name, _, _ in string.Formatter().parse(arg)
+        if name in ("ps_hosts", "worker_hosts", "chief_hosts")
+    }
+    values = _cluster_values(plan.cluster)
+    return {
+        name: len(plan.cluster.get(name.removesuffix("_hosts"), ()))
+        for name in sorted(used)
+        if len(values[name]) > width
+    }
+
+
+def _placeholder_values(plan: Plan, task: Task, cluster_file: str) -> dict[str, str]:
+    return {
+        "job_name": task.job,
+        "task_index": str(task.index),
+        "host": task.cluster_address,
+        "port": "" if task.port is None else str(task.port),
+        "cluster_file": cluster_file,
+        "checkpoint_dir": plan.program.checkpoint_dir,
+        **_cluster_values(plan.cluster),
+    }
+
+
+def _cluster_values(cluster: Mapping[str, tuple[str, ...]]) -> dict[str, str]:
+    """The placeholders every task fills the same way."""
+    return {
+        "ps_hosts": ",".join(cluster.get("ps", ())),
+        "worker_hosts": ",".join(cluster.get("worker", ())),
+        "chief_hosts": ",".join(cluster.get("chief", ())),
+        "num_ps": str(len(cluster.get("ps", ()))),
+        "num_workers": str(len(cluster.get("worker", ()))),
+    }
+
+
+TASK_PLACEHOLDERS = ("job_name", "task_index", "host", "port", "cluster_file", "checkpoint_dir")
+CLUSTER_PLACEHOLDERS = (
+    "ps_hosts", "worker_hosts", "chief_hosts", "num_ps", "num_workers",
+)  # fmt: skip
 
 
 def hosts_from_config(config: ClusterConfig) -> list[Host]:
@@ -172,10 +359,17 @@ def checkpoint_dir(config: ClusterConfig, run_dir: str | os.PathLike | None) -> 
 
 
 def make_plan(
-    config: ClusterConfig, hosts: Iterable[Host], run_dir: str | os.PathLike | None = None
+    config: ClusterConfig,
+    hosts: Iterable[Host],
+    run_dir: str | os.PathLike | None = None,
+    only_host: str | None = None,
 ) -> Plan:
-    """Place every task of ``config`` on ``hosts``. Raises PlanError when it cannot.
-    ``run_dir`` only places the default checkpoint directory."""
+    """Place every task of ``config`` on ``hosts``. Raises PlanError when it cannot, or when a
+    task's TF_CONFIG or argv would not fit what Linux passes to a process. ``run_dir`` only
+    places the default checkpoint directory.
+
+    With ``only_host``, the plan holds the whole cluster but only that host's tasks: what a
+    Slurm node needs to run its share, without building every other node's tasks."""
     hosts = tuple(hosts)
     if not hosts:
         raise PlanError("no hosts to place the cluster on; list some under 'hosts:'.")
@@ -199,23 +393,44 @@ def make_plan(
     placed.sort(key=lambda p: (order[p[0]], p[1]))
     ports = _assign_ports(config, placed)
 
-    cluster: dict[str, tuple[str, ...]] = {}
+    cluster: dict[str, list[str]] = {}
     for job, index, host, _ in placed:
         if job != "evaluator":
-            cluster.setdefault(job, ())
-            cluster[job] += (f"{host.cluster_address}:{ports[(job, index)]}",)
-    checkpoints = checkpoint_dir(config, run_dir)
-    _check_size(config, cluster, len(placed))
+            cluster.setdefault(job, []).append(f"{host.cluster_address}:{ports[(job, index)]}")
+    workdir = config.workdir
     tasks = _pin_cpus(
         config,
         tuple(
-            _make_task(
-                config, cluster, job, index, host, ports.get((job, index)), gpus, checkpoints
+            Task(
+                job=job,
+                index=index,
+                host=host.name,
+                cluster_address=host.cluster_address,
+                port=ports.get((job, index)),
+                gpus=gpus,
+                workdir=workdir,
+                log_name=f"{job}-{index}.log",
             )
             for job, index, host, gpus in placed
+            if only_host is None or host.name == only_host
         ),
     )
-    return Plan(config.name, hosts, tasks, cluster, config.supervision)
+    program = Program(
+        config.program.argv,
+        dict(config.program.env),
+        config.program.tf_config,
+        checkpoint_dir(config, run_dir),
+    )
+    plan = Plan(
+        config.name,
+        hosts,
+        tasks,
+        {job: tuple(addrs) for job, addrs in cluster.items()},
+        program,
+        config.supervision,
+    )
+    _check_program(config, plan, [(job, index, host) for job, index, host, _ in placed])
+    return plan
 
 
 def _pin_cpus(config: ClusterConfig, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
@@ -345,103 +560,82 @@ def _assign_ports(config: ClusterConfig, placed: list) -> dict[tuple[str, int], 
     return ports
 
 
-def _check_size(config: ClusterConfig, cluster: Mapping[str, tuple[str, ...]], n: int) -> None:
-    """Refuse a plan whose tasks would hold more than MAX_PLAN_BYTES, from an upper bound of
-    one task's arguments and environment (placeholders at their longest), before building it."""
-    lists = {job: sum(len(a) + 4 for a in addresses) for job, addresses in cluster.items()}
-    longest = {"ps_hosts": "ps", "worker_hosts": "worker", "chief_hosts": "chief"}
-    per_task = sum(lists.values()) + 128  # TF_CONFIG
-    per_task += sum(len(k) + len(v) for k, v in config.program.env.items())
-    for arg in config.program.argv:
-        per_task += len(arg)
-        if "{" in arg:
-            for name in longest:
-                per_task += arg.count("{" + name + "}") * lists.get(longest[name], 0)
-            per_task += arg.count("{") * 64  # {host}, {port}, {task_index}, ...
-    if per_task * n > MAX_PLAN_BYTES:
-        raise PlanError(
-            f"{config.source}: the plan would hold about {per_task * n >> 20} MiB of task "
-            f"arguments and environment ({n} tasks, each listing the whole cluster in TF_CONFIG"
-            f"{' and its arguments' if '{' in ''.join(config.program.argv) else ''}); at most "
-            f"{MAX_PLAN_BYTES >> 20} MiB. Lower roles.worker or roles.ps."
-        )
-
-
-def _make_task(
-    config: ClusterConfig,
-    cluster: Mapping[str, tuple[str, ...]],
-    job: str,
-    index: int,
-    host: Host,
-    port: int | None,
-    gpus: tuple[str, ...],
-    checkpoints: str,
-) -> Task:
-    values = {
-        "job_name": job,
-        "task_index": str(index),
-        "host": host.cluster_address,
-        "port": "" if port is None else str(port),
-        "ps_hosts": ",".join(cluster.get("ps", ())),
-        "worker_hosts": ",".join(cluster.get("worker", ())),
-        "chief_hosts": ",".join(cluster.get("chief", ())),
-        "num_ps": str(config.roles.ps),
-        "num_workers": str(config.roles.worker),
-        "checkpoint_dir": checkpoints,
+def _check_program(config: ClusterConfig, plan: Plan, placed: list[tuple[str, int, Host]]) -> None:
+    """Refuse, before anything starts, placeholders that do not exist and argument or
+    environment strings no process could be given (Linux's MAX_ARG_STRLEN)."""
+    templates = [_parse_template(arg, config) for arg in plan.program.argv]
+    # The longest task-specific values any task has: the strings it gets are at most this long.
+    widest = {
+        "job_name": max(len(job) for job, _, _ in placed),
+        "task_index": max(len(str(index)) for _, index, _ in placed),
+        "host": max(len(host.cluster_address.encode()) for _, _, host in placed),
+        "port": 5,
+        "cluster_file": CLUSTER_FILE_PATH_RESERVE,
     }
-    argv = tuple(_fill(arg, values, config) for arg in config.program.argv)
-    tf_conf = {
-        "cluster": {j: list(a) for j, a in cluster.items()},
-        "task": {"type": job, "index": index},
-    }
-    env = dict(config.program.env)
-    env.update(
-        {
-            "TF_CONFIG": json.dumps(tf_conf, sort_keys=True),
-            "CUDA_VISIBLE_DEVICES": ",".join(gpus),
-            "TFLAUNCH_TASK": f"{job}:{index}",
-            "TFLAUNCH_CHECKPOINT_DIR": checkpoints,
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    return Task(
-        job=job,
-        index=index,
-        host=host.name,
-        cluster_address=host.cluster_address,
-        port=port,
-        gpus=gpus,
-        argv=argv,
-        env=env,
-        workdir=config.workdir,
-        log_name=f"{job}-{index}.log",
-    )
+    widths = {k: len(v.encode()) for k, v in _cluster_values(plan.cluster).items()} | widest
+    for arg, pieces in zip(plan.program.argv, templates, strict=True):
+        size = sum(len(text.encode()) + widths.get(name, 0) for text, name in pieces) + 1
+        if size > MAX_ARG_STRLEN:
+            used = [name for _, name in pieces if name in CLUSTER_PLACEHOLDERS]
+            raise PlanError(
+                f"{config.source}: program.argv item {arg!r} would be {size:,} bytes for "
+                f"{len(plan.tasks):,} tasks, over Linux's limit of {MAX_ARG_STRLEN:,} bytes for one "
+                "argument (MAX_ARG_STRLEN): no process can be started with it. Let the program "
+                "read the cluster from a file instead: pass '{cluster_file}' (a JSON file "
+                '{"cluster": {...}} in the run directory, also named by $TFLAUNCH_CLUSTER_FILE) '
+                f"in place of {', '.join('{' + n + '}' for n in used)}."
+            )
+    for key, value in plan.program.env.items():
+        size = len(key.encode()) + len(value.encode()) + 2
+        if size > MAX_ARG_STRLEN:
+            raise PlanError(
+                f"{config.source}: program.env.{key} is {size:,} bytes, over Linux's limit of "
+                f"{MAX_ARG_STRLEN:,} bytes for one environment string (MAX_ARG_STRLEN). Put the "
+                "value in a file and pass its path."
+            )
+    if plan.program.tf_config and plan.cluster:
+        # "TF_CONFIG=" + the text + NUL, for the task with the longest job name and index
+        size = len('TF_CONFIG={"cluster": , "task": {"index": , "type": ""}}') + 1
+        size += len(plan.cluster_json) + widest["task_index"] + widest["job_name"]
+        if size > MAX_ARG_STRLEN:
+            raise PlanError(
+                f"{config.source}: every task's TF_CONFIG would be {size:,} bytes for "
+                f"{len(plan.tasks):,} tasks, over Linux's limit of {MAX_ARG_STRLEN:,} bytes for "
+                "one environment string (MAX_ARG_STRLEN): no task could be started with it. "
+                "Set program.tf_config: false and let the program read the cluster from the "
+                "file named by $TFLAUNCH_CLUSTER_FILE (or passed as '{cluster_file}' in "
+                'program.argv): JSON {"cluster": {...}} in the run directory, which '
+                "tflaunch.models.cluster_file_resolver.ClusterFileResolver hands to TF2 "
+                "strategies (cluster_resolver=); tflaunch's programs take it as --cluster_file."
+            )
 
 
-def _fill(arg: str, values: Mapping[str, str], config: ClusterConfig) -> str:
+def _parse_template(arg: str, config: ClusterConfig) -> list[tuple[str, str | None]]:
+    """An argv item as (literal text, placeholder name or None) pieces; errors name the item."""
     try:
-        fields = [(n, s, c) for _, n, s, c in string.Formatter().parse(arg) if n is not None]
+        parsed = list(string.Formatter().parse(arg))
     except ValueError as err:
         raise PlanError(
             f"{config.source}: program.argv item {arg!r} has unbalanced braces "
             f"({err}); write {{{{ and }}}} for literal braces."
         ) from None
-    names = [name for name, _, _ in fields]
-    for name, spec, conversion in fields:
-        if spec or conversion:
+    for _, name, spec, conversion in parsed:
+        if name is not None and (spec or conversion):
             raise PlanError(
                 f"{config.source}: program.argv item {arg!r}: placeholders are replaced as "
                 f"they are, without format specs or conversions; write {{{name}}} "
                 f"(or {{{{ and }}}} for literal braces)."
             )
-    unknown = [n for n in names if n not in values]
+    pieces = [(text, name) for text, name, _, _ in parsed]
+    known = TASK_PLACEHOLDERS + CLUSTER_PLACEHOLDERS
+    unknown = [name for _, name in pieces if name is not None and name not in known]
     if unknown:
         raise PlanError(
             f"{config.source}: program.argv item {arg!r} uses the unknown placeholder "
-            f"{{{unknown[0]}}}; known ones are "
-            f"{', '.join('{' + k + '}' for k in values)}."
+            f"{{{unknown[0]}}}; known ones are {', '.join('{' + k + '}' for k in known)}."
         )
-    return arg.format_map(values)
+    # a literal "{{" parses to "{": the rendered text is what the bytes count
+    return pieces
 
 
 def parse_task_name(name: str) -> tuple[str, int]:

@@ -1,6 +1,8 @@
 """Run state: one directory per ``tflaunch up``, so status, logs, down and report work later.
 
-``<run_dir>/<run-id>/`` holds ``plan.json`` (the resolved plan), ``run.json`` (backend, the
+``<run_dir>/<run-id>/`` holds ``plan.json`` (the resolved plan: the cluster once, one small
+entry per task), ``cluster_spec.json`` (the ClusterSpec alone, for programs that read the
+cluster from a file), ``run.json`` (backend, the
 coordinator's pid, state, exit code, and backend details such as a Slurm job id), ``events.jsonl``
 (task lifecycle events, one JSON object a line), one ``<job>-<index>.log`` per task, and whatever a
 backend adds (``job.sbatch``, ``samples.jsonl``).
@@ -25,7 +27,7 @@ from typing import Any
 import psutil
 
 from tflaunch.errors import RunNotFoundError
-from tflaunch.plan import Plan
+from tflaunch.plan import Plan, cluster_file_path, cluster_file_text
 from tflaunch.runfiles import DEFAULT_DIR_MODE, make_run_dir, write_run_file
 
 # A run's states, in run.json: created → (submitted →) starting → running → one of ENDED.
@@ -113,7 +115,9 @@ class Run:
         return self.dir / log_name
 
     def write_plan(self, plan: Plan) -> None:
-        _atomic_write(self.plan_path, json.dumps(plan.to_dict(), indent=2) + "\n")
+        """plan.json, and the cluster file its tasks may read (``{cluster_file}``)."""
+        _atomic_write(self.plan_path, plan.to_json())
+        write_cluster_file(plan, self.dir)
 
     def read_plan(self) -> Plan:
         return Plan.from_dict(json.loads(self.plan_path.read_text()))
@@ -164,6 +168,20 @@ class Run:
                         continue  # a line cut short by a crash
         except FileNotFoundError:
             return
+
+
+def write_cluster_file(plan: Plan, run_dir: str | os.PathLike) -> Path:
+    """Write ``<run_dir>/cluster_spec.json`` unless it already holds this plan's cluster (an
+    agent on a shared file system finds the one the coordinator wrote)."""
+    path = Path(cluster_file_path(run_dir))
+    text = cluster_file_text(plan)
+    try:
+        if path.stat().st_size == len(text) and path.read_text() == text:
+            return path
+    except OSError:
+        pass  # not there yet
+    _atomic_write(path, text)
+    return path
 
 
 def list_runs(root: str | os.PathLike) -> list[Path]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
@@ -104,8 +105,7 @@ def _read_dataclass(cls: type, data: Any, path: tuple) -> Any:
         data = {}
     if not isinstance(data, dict):
         raise SchemaError(path, f"expected a mapping, got {_describe(data)}")
-    hints = typing.get_type_hints(cls)
-    fields = _public_fields(cls)
+    hints, fields = _class_fields(cls)
     for key in data:
         if key not in fields:
             raise SchemaError(path + (key,), _unknown_key_message(key, fields))
@@ -154,6 +154,13 @@ def _check_field(f: dataclasses.Field, value: Any, path: tuple) -> None:
 def _number(value: float) -> str:
     """``65535`` as ``65,535``: bounds read at a glance."""
     return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
+@functools.cache
+def _class_fields(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
+    """Type hints and public fields of a dataclass, worked out once per class (a cluster file
+    may hold thousands of host entries)."""
+    return typing.get_type_hints(cls), _public_fields(cls)
 
 
 def _public_fields(cls: type) -> dict[str, dataclasses.Field]:

@@ -104,8 +104,15 @@ class Node:
         return self.env.get("SLURM_RESTART_COUNT", "0")
 
     def plan(self, known_gpus: Mapping[str, tuple[str, ...]] | None = None) -> Plan:
+        """The whole plan (the coordinating node's view)."""
         gpus = {self.name: self.gpu_ids, **(known_gpus or {})}
         return make_plan(self.config, allocation_hosts(self.env, self.job, gpus), self.run.dir)
+
+    def own_plan(self) -> Plan:
+        """The shared cluster and this node's tasks only: all a joining node runs, in time and
+        memory linear in the cluster however many nodes plan at once."""
+        hosts = allocation_hosts(self.env, self.job, {self.name: self.gpu_ids})
+        return make_plan(self.config, hosts, only_host=self.name)
 
 
 def load_node(run_dir: Path, env: Mapping[str, str]) -> Node:
@@ -226,7 +233,7 @@ def coordinate(node: Node) -> int:
 
 def join(node: Node) -> int:
     """Connect to the coordinator and run this node's agent over that connection."""
-    plan = node.plan()
+    plan = node.own_plan()
     if not plan.tasks_on(node.name):
         return 0  # a node the plan does not use has nothing to run or report
     timeout = plan.supervision.ready_timeout

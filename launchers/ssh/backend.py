@@ -1,12 +1,13 @@
 """SSH backend: one agent per host, started over paramiko, its event stream carried back.
 
 The launcher connects to every host's *connect* (public) address in parallel, while the plan wires
-the cluster on *cluster* (private) addresses. Before anything starts anywhere it resolves each
-host's working and run directories, uploads the files ``ssh.upload`` lists (SFTP), and runs the
-pre-flight check (:mod:`tflaunch.launchers.ssh.preflight`), printing one table. Then it writes the plan into
-each host's run directory and starts ``python -m tflaunch.agent`` there over an SSH channel without
-a PTY; the channel's stdout is the agent's JSON-lines event stream and its stdin carries the
-coordinator's commands and heartbeats.
+the cluster on *cluster* (private) addresses. Before anything starts anywhere each host, in a
+pipeline of its own (:mod:`tflaunch.launchers.ssh.session`), uploads the files ``ssh.upload``
+lists (SFTP) and runs the pre-flight probe (:mod:`tflaunch.launchers.ssh.preflight`), which also
+makes the host's run directory and writes its plan; one table shows every host. The probe then
+waits on its SSH channel (no PTY); once every host passed, it becomes the host's agent in the same
+process (``tflaunch.agent.main``): the channel's stdout is the agent's JSON-lines event stream and
+its stdin carries the coordinator's commands and heartbeats.
 
 No orphans: a channel without a PTY does not kill its remote process, and sshd notices a cut link
 only after TCP gives up, so the agent itself stops its tasks when its input closes *or* when no
@@ -36,7 +37,6 @@ from tflaunch.launchers.ssh import detached
 from tflaunch.launchers.ssh.connect import (
     Connection,
     parallel,
-    remote_command,
 )
 from tflaunch.launchers.ssh.session import HostSession
 from tflaunch.launchers.ssh.sources import resolve_hosts
@@ -161,13 +161,14 @@ class SshBackend(Backend):
 
     def start_agents(self, config: ClusterConfig, plan: Plan, run: Run) -> list[SshLink]:
         """Connect, prepare and check every host; only if all pass, start one agent on each."""
-        self.session.open(config, plan, run)
+        self.session.open(config, plan, run, keep_probes=True)
         heartbeat = plan.supervision.heartbeat
         timeout = plan.supervision.heartbeat_timeout
 
         def start(conn: Connection) -> SshLink:
-            argv = self.session.agent_argv(config.ssh.python, conn.name)
-            return SshLink(conn.name, conn, conn.start(remote_command(argv)), heartbeat, timeout)
+            # each host's probe, waiting on its channel since pre-flight, becomes its agent
+            channel = self.session.start_agent(conn.name)
+            return SshLink(conn.name, conn, channel, heartbeat, timeout)
 
         results = parallel(start, self.session.connections.values())
         links = [link for _, link, err in results if err is None]
@@ -176,6 +177,7 @@ class SshBackend(Backend):
             for link in links:
                 link.send({"cmd": "stop", "reason": "another host failed to start"})
                 link.close(timeout=10)
+            self.session.end_probes()
             raise LaunchError("cannot start the agents:\n  " + "\n  ".join(failures))
         return links
 

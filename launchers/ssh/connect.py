@@ -35,6 +35,8 @@ from tflaunch.errors import LaunchError
 T = TypeVar("T")
 _KNOWN_HOSTS_LOCK = threading.Lock()
 CHANNEL_WINDOW = 64 * 1024 * 1024
+# Threads of one fan-out: every host of a 64-host run at once (an SSH handshake mostly waits).
+MAX_PARALLEL = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -369,17 +371,22 @@ def parallel(
         except Exception as err:  # collected and reported per host by the caller
             return item, None, err
 
-    with ThreadPoolExecutor(max_workers=min(32, len(items))) as pool:
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(items))) as pool:
         return list(pool.map(call, items))
+
+
+def connect_jump(options: SshOptions) -> Connection | None:
+    """The connection to ``ssh.jump_host`` that the others tunnel through, if one is set."""
+    if not options.jump_host:
+        return None
+    user, jhost, jport = parse_jump(options.jump_host, options.user)
+    jump_options = dataclasses.replace(options, user=user, port=jport)
+    return connect(f"jump host {jhost}", jhost, jump_options)
 
 
 def connect_all(hosts: Sequence[tuple[str, str]], options: SshOptions) -> dict[str, Connection]:
     """Connect to every (name, address) in parallel; one LaunchError naming each failing host."""
-    jump = None
-    if options.jump_host:
-        user, jhost, jport = parse_jump(options.jump_host, options.user)
-        jump_options = dataclasses.replace(options, user=user, port=jport)
-        jump = connect(f"jump host {jhost}", jhost, jump_options)
+    jump = connect_jump(options)
     results = parallel(lambda h: connect(h[0], h[1], options, jump), hosts)
     failures = [str(err) for _, _, err in results if err is not None]
     connections = {h[0]: conn for h, conn, err in results if err is None}
@@ -387,11 +394,16 @@ def connect_all(hosts: Sequence[tuple[str, str]], options: SshOptions) -> dict[s
         close_all(connections.values())
         if jump is not None:
             jump.close()
-        raise LaunchError(
-            f"cannot connect to {len(failures)} of {len(hosts)} hosts; nothing was started.\n  "
-            + "\n  ".join(failures)
-        )
+        raise connect_failure(failures, len(hosts))
     return connections
+
+
+def connect_failure(failures: Sequence[str], hosts: int) -> LaunchError:
+    """The one error for hosts that could not be connected to."""
+    return LaunchError(
+        f"cannot connect to {len(failures)} of {hosts} hosts; nothing was started.\n  "
+        + "\n  ".join(failures)
+    )
 
 
 def close_all(connections: Iterable[Connection]) -> None:

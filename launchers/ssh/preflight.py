@@ -12,19 +12,39 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import paramiko
+
 from tflaunch.errors import LaunchError
-from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
-from tflaunch.plan import Plan
+from tflaunch.launchers.ssh.connect import CommandResult, Connection, remote_command
+from tflaunch.plan import Plan, render_task
 from tflaunch.text import aligned
 
 # Runs on the host; its only input is one JSON argument, its only output one JSON line.
 PROBE = r"""
 import importlib.util, json, os, shutil, socket, subprocess, sys
 req = json.loads(sys.argv[1])
-out = {"python": sys.version.split()[0], "problems": []}
+out = {"python": sys.version.split()[0], "problems": [], "home": os.getcwd()}
+
+# The run directory and its files (the plan, ...), given on stdin: no SFTP round trips needed.
+if req.get("run_dir"):
+    run_dir = os.path.normpath(os.path.join(os.getcwd(), os.path.expanduser(req["run_dir"])))
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        if req.get("run_dir_mode") is not None:
+            for private in (os.path.dirname(run_dir), run_dir):
+                os.chmod(private, req["run_dir_mode"])
+        files = json.loads(sys.stdin.readline()) if req.get("files_on_stdin") else {}
+        for name, text in files.items():
+            fd = os.open(os.path.join(run_dir, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        out["run_dir"] = run_dir
+    except OSError as err:
+        out["problems"].append("cannot write the run directory %s (%s)" % (run_dir, err))
 
 def has_module(name, path=None):
     old = list(sys.path)
@@ -113,7 +133,20 @@ else:
                 out["problems"].append("the script %s is not in %s" % (argv[1], workdir))
             else:
                 out["program"] = argv[1]
-print(json.dumps(out))
+print(json.dumps(out), flush=True)
+
+# Kept (an attached run): wait for the launcher's verdict on every host, then become this host's
+# agent in this very process, on this channel -- no second command, shell or interpreter.
+if req.get("then_agent"):
+    try:
+        import tflaunch.agent  # while the other hosts are checked
+    except Exception:
+        pass  # the verdict has seen the problem already
+    line = sys.stdin.readline()
+    command = json.loads(line) if line.strip() else {}
+    if command.get("agent"):
+        from tflaunch.agent import main as agent_main
+        sys.exit(agent_main(command["agent"]))
 """
 
 
@@ -129,24 +162,104 @@ class HostReport:
     warnings: list[str] = dataclasses.field(default_factory=list)
 
 
-def probe_request(plan: Plan, host: str, workdir: str) -> dict[str, Any]:
-    """The probe's input for one host: its cluster address, planned ports, workdir, program."""
+def probe_request(
+    plan: Plan,
+    host: str,
+    workdir: str,
+    run_dir: str | None = None,
+    files: bool = False,
+    then_agent: bool = False,
+    mode: int | None = None,
+) -> dict[str, Any]:
+    """The probe's input for one host: its cluster address, planned ports, workdir, program;
+    the run directory to make, with ``files`` to write there coming as one line on stdin; and
+    whether it then waits to become the host's agent."""
     tasks = plan.tasks_on(host)
     return {
+        "run_dir": run_dir,
+        "run_dir_mode": mode,
+        "files_on_stdin": files,
+        "then_agent": then_agent,
         "address": plan.host(host).cluster_address,
         "ports": sorted({t.port for t in tasks if t.port is not None}),
         "workdir": workdir,
-        "argv": list(tasks[0].argv) if tasks else [],
+        # what the probe looks at: the program, and a script or "-m module" after it
+        "argv": list(render_task(plan, tasks[0]).argv[:3]) if tasks else [],
     }
 
 
-def _check_host(
-    conn: Connection, plan: Plan, python: str, workdir: str, timeout: float
+def check_host(
+    conn: Connection,
+    plan: Plan,
+    python: str,
+    workdir: str,
+    timeout: float = 60.0,
+    run_dir: str | None = None,
+    files: Mapping[str, str] | None = None,
+    mode: int | None = None,
 ) -> HostReport:
-    host = plan.host(conn.name)
-    request = probe_request(plan, conn.name, workdir)
-    report = HostReport(conn.name, host.connect_address, host.cluster_address, {}, [])
-    result = conn.run(remote_command([python, "-c", PROBE, json.dumps(request)]), timeout=timeout)
+    """Run the probe on one host and judge what it found. With ``run_dir`` (absolute, ``~/...``
+    or relative to the remote home) the probe also makes that directory and writes ``files``
+    into it, in the same round trip."""
+    request = probe_request(plan, conn.name, workdir, run_dir, files is not None, mode=mode)
+    stdin = (json.dumps(dict(files)) + "\n").encode() if files is not None else b""
+    command = remote_command([python, "-c", PROBE, json.dumps(request)])
+    return _report(conn.name, plan, python, conn.run(command, timeout=timeout, stdin=stdin))
+
+
+def start_host_check(
+    conn: Connection,
+    plan: Plan,
+    python: str,
+    workdir: str,
+    run_dir: str,
+    files: Mapping[str, str],
+    timeout: float = 60.0,
+    mode: int | None = None,
+) -> tuple[HostReport, paramiko.Channel]:
+    """``check_host`` whose probe then waits on its channel to become the host's agent: send
+    ``{"agent": [agent arguments]}`` to start it, or close the channel to end it."""
+    request = probe_request(
+        plan, conn.name, workdir, run_dir, files=True, then_agent=True, mode=mode
+    )
+    channel = conn.start(remote_command([python, "-c", PROBE, json.dumps(request)]))
+    channel.sendall((json.dumps(dict(files)) + "\n").encode())
+    line = _first_line(channel, conn.name, time.monotonic() + timeout)
+    if line:
+        result = CommandResult(0, line, "")
+    else:  # the probe ended without a word: its exit status and stderr say why
+        deadline = time.monotonic() + 10
+        while not channel.exit_status_ready() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stderr = bytearray()
+        while channel.recv_stderr_ready():
+            stderr += channel.recv_stderr(65536)
+        status = channel.recv_exit_status() if channel.exit_status_ready() else 1
+        result = CommandResult(status or 1, "", stderr.decode(errors="replace"))
+    return _report(conn.name, plan, python, result), channel
+
+
+def _first_line(channel: paramiko.Channel, host: str, deadline: float) -> str:
+    """The probe's result line; byte by byte: what follows belongs to the agent's stream."""
+    data = bytearray()
+    while not data.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise LaunchError(f"{host}: the pre-flight probe did not answer in time.")
+        channel.settimeout(remaining)
+        try:
+            chunk = channel.recv(1)
+        except TimeoutError:
+            continue
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace")
+
+
+def _report(name: str, plan: Plan, python: str, result: CommandResult) -> HostReport:
+    host = plan.host(name)
+    report = HostReport(name, host.connect_address, host.cluster_address, {}, [])
     if result.exit_status != 0:
         detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
         if result.exit_status == 127:
@@ -191,27 +304,6 @@ def judge(report: HostReport, plan: Plan, python: str) -> None:
             f"nvidia-smi lists {host_gpus} GPU(s) but the cluster file gives the host none, so "
             "its tasks run on CPU; set its 'gpus' to use them"
         )
-
-
-def run_preflight(
-    connections: Mapping[str, Connection],
-    plan: Plan,
-    python: str,
-    workdirs: Mapping[str, str],
-    timeout: float = 60.0,
-) -> list[HostReport]:
-    """Check every host with tasks in parallel; a connection error is that host's problem."""
-
-    def check(name: str) -> HostReport:
-        return _check_host(connections[name], plan, python, workdirs[name], timeout)
-
-    reports = []
-    for name, report, err in parallel(check, [h.name for h in plan.hosts_with_tasks()]):
-        if err is not None:
-            host = plan.host(name)
-            report = HostReport(name, host.connect_address, host.cluster_address, {}, [str(err)])
-        reports.append(report)
-    return reports
 
 
 COLUMNS = (

@@ -9,12 +9,14 @@ logs back and reconnects to the hosts of an existing run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import posixpath
 import re
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
@@ -23,12 +25,27 @@ import paramiko
 
 from tflaunch.config import ClusterConfig
 from tflaunch.errors import LaunchError
-from tflaunch.launchers.ssh.connect import Connection, SshOptions, close_all, connect_all, parallel
-from tflaunch.launchers.ssh.preflight import format_table, raise_on_problems, run_preflight
+from tflaunch.launchers.ssh.connect import (
+    Connection,
+    SshOptions,
+    close_all,
+    connect,
+    connect_all,
+    connect_failure,
+    connect_jump,
+    parallel,
+)
+from tflaunch.launchers.ssh.preflight import (
+    HostReport,
+    check_host,
+    format_table,
+    raise_on_problems,
+    start_host_check,
+)
 from tflaunch.launchers.ssh.preflight import warnings as preflight_warnings
 from tflaunch.launchers.ssh.setup import prepare_hosts
-from tflaunch.link import agent_argv
-from tflaunch.plan import Plan
+from tflaunch.link import agent_args, agent_argv
+from tflaunch.plan import Host, Plan
 from tflaunch.run import Run
 from tflaunch.runfiles import open_run_file
 
@@ -72,29 +89,56 @@ class HostSession:
 
     def __init__(self, out: IO[str] | None = None) -> None:
         self.connections: dict[str, Connection] = {}
+        self.probes: dict[str, paramiko.Channel] = {}
+        self._reach_judged = False
         self.paths: dict[str, HostPaths] = {}
         self.out = out or sys.stderr
 
     def open(
-        self, config: ClusterConfig, plan: Plan, run: Run, extra: Mapping[str, str] | None = None
+        self,
+        config: ClusterConfig,
+        plan: Plan,
+        run: Run,
+        extra: Mapping[str, str] | None = None,
+        keep_probes: bool = False,
     ) -> None:
-        """Connect in parallel, prepare directories and uploads, pre-flight, write host plans."""
+        """Connect, prepare directories and uploads, pre-flight and write the host plans.
+
+        Each host goes through these steps in a pipeline of its own, all hosts at once; only
+        the verdict waits for every host, so the run starts when the slowest host is through,
+        not after the slowest host of every step in turn. Nothing starts unless every host
+        passed. Where the time of each step went is kept in run.json (``ssh_timings``).
+
+        With ``keep_probes`` each host's pre-flight probe stays on its channel, waiting to become
+        the host's agent (:meth:`start_agent`): one remote command per host, not two."""
         options = SshOptions.from_section(config.ssh, config.base_dir)
+        uploads = _uploads(config)
         hosts = plan.hosts_with_tasks()
         self.say(f"connecting to {len(hosts)} host(s) as {options.user}")
-        self.connections = connect_all([(h.name, h.connect_address) for h in hosts], options)
-        for conn in self.connections.values():
-            for note in conn.notes:
-                self.say(note)
-        self.paths = self._prepare(config, run)
-        workdirs = {name: p.workdir for name, p in self.paths.items()}
-        prepare_hosts(config, self.connections, workdirs, self.say, self.out, (run.dir.parent,))
-        reports = run_preflight(self.connections, plan, config.ssh.python, workdirs)
-        self.say("pre-flight:\n" + format_table(reports, plan))
-        for warning in preflight_warnings(reports):
-            self.say(f"warning: {warning}")
-        raise_on_problems(reports)
-        self._write_host_plans(plan, extra)
+        opening = time.monotonic()
+        jump = connect_jump(options)
+        steps = _HostSteps(config, plan, run, options, uploads, extra or {}, jump, keep_probes)
+        try:
+            opened = [result for _, result, _ in parallel(steps.open_host, hosts)]
+            self.connections = {o.name: o.conn for o in opened if o.conn is not None}
+            if steps.setup:
+                # Syncing the code and running setup lines span the hosts (one report): the
+                # hosts meet here, between connecting and pre-flight.
+                self._judge_reach(opened, uploads)
+                workdirs = {o.name: o.workdir for o in opened}
+                prepare_hosts(
+                    config, self.connections, workdirs, self.say, self.out, (run.dir.parent,)
+                )
+                opened = [result for _, result, _ in parallel(steps.check, opened)]
+            self.probes = {o.name: o.probe for o in opened if o.probe is not None}
+            self._judge(opened, plan, uploads)
+        except LaunchError:
+            self.end_probes()
+            self.close()
+            if jump is not None:
+                jump.close()
+            raise
+        self.paths = {o.name: o.paths for o in opened if o.paths is not None}
         resolved = tuple(
             dataclasses.replace(t, workdir=self.paths[t.host].workdir) for t in plan.tasks
         )
@@ -103,68 +147,61 @@ class HostSession:
             ssh_hosts={name: dataclasses.asdict(p) for name, p in self.paths.items()},
             ssh_options=dataclasses.asdict(options),
             ssh_python=config.ssh.python,
+            ssh_timings={o.name: o.seconds for o in opened},
+            ssh_open_seconds=round(time.monotonic() - opening, 3),
         )
 
-    def _prepare(self, config: ClusterConfig, run: Run) -> dict[str, HostPaths]:
-        """Resolve each host's workdir and run dir; create the run dir; upload listed files."""
-        uploads = [Path(config.base_dir) / os.path.expanduser(f) for f in config.ssh.upload]
-        for path in uploads:
-            if not path.is_file():
-                raise LaunchError(
-                    f"ssh.upload: {path} is not a file here; list files relative "
-                    "to the cluster file."
-                )
-        run_base = config.ssh.remote_runs_dir or config.runs_dir
+    def _judge(self, opened: list[_Opened], plan: Plan, uploads: list[Path]) -> None:
+        """Report the hosts' steps in order: connection, uploads, pre-flight."""
+        if not self._reach_judged:
+            self._judge_reach(opened, uploads)
+        reports = [o.report for o in opened if o.report is not None]
+        self.say("pre-flight:\n" + format_table(reports, plan))
+        for warning in preflight_warnings(reports):
+            self.say(f"warning: {warning}")
+        raise_on_problems(reports)
 
-        def prepare(conn: Connection) -> HostPaths:
-            with conn.sftp() as sftp:
-                home = sftp.normalize(".")
-                paths = HostPaths(
-                    workdir=remote_path(home, config.workdir),
-                    run_dir=remote_path(
-                        home, posixpath.join(run_base, run.id, _safe_name(conn.name))
-                    ),
-                )
-                sftp_makedirs(sftp, paths.run_dir)
-                for private in (posixpath.dirname(paths.run_dir), paths.run_dir):
-                    sftp.chmod(private, int(config.run_dir_mode, 8))  # plans hold env values
-                if uploads:
-                    sftp_makedirs(sftp, paths.workdir)
-                    for path in uploads:
-                        sftp.put(str(path), posixpath.join(paths.workdir, path.name))
-            return paths
+    def end_probes(self, timeout: float = 10.0) -> None:
+        """Tell every waiting probe that no agent starts, and wait (bounded) until they ended:
+        nothing of the run stays on the hosts."""
 
-        results = parallel(prepare, self.connections.values())
-        failures = [f"{c.name}: {err}" for c, _, err in results if err is not None]
-        if failures:
+        def end(probe: paramiko.Channel) -> None:
+            with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+                probe.sendall(b"{}\n")
+                probe.shutdown_write()
+                deadline = time.monotonic() + timeout
+                while not probe.exit_status_ready() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            probe.close()
+
+        parallel(end, self.probes.values())
+        self.probes.clear()
+
+    def _judge_reach(self, opened: list[_Opened], uploads: list[Path]) -> None:
+        """Every host connected and took its uploads, or one error for those that did not."""
+        self._reach_judged = True
+        failed = {step: [o for o in opened if o.failed_step == step] for step in _STEPS}
+        if failed["connect"]:
+            raise connect_failure([o.error for o in failed["connect"]], len(opened))
+        for conn in self.connections.values():
+            for note in conn.notes:
+                self.say(note)
+        if failed["upload"]:
             raise LaunchError(
-                "cannot prepare the hosts (SFTP); nothing was started.\n  " + "\n  ".join(failures)
+                "cannot upload ssh.upload to the hosts (SFTP); nothing was started.\n  "
+                + "\n  ".join(f"{o.name}: {o.error}" for o in failed["upload"])
             )
         if uploads:
             self.say(f"uploaded {', '.join(p.name for p in uploads)} to every host's workdir")
-        return {c.name: paths for c, paths, _ in results}
 
-    def _write_host_plans(self, plan: Plan, extra: Mapping[str, str] | None = None) -> None:
-        """Each host's plan.json (its tasks' workdir resolved there) and any extra files."""
-
-        def write(conn: Connection) -> None:
-            paths = self.paths[conn.name]
-            workdir = paths.workdir
-            tasks = tuple(
-                dataclasses.replace(t, workdir=workdir) if t.host == conn.name else t
-                for t in plan.tasks
-            )
-            files = {"plan.json": json.dumps(dataclasses.replace(plan, tasks=tasks).to_dict())}
-            files.update(extra or {})
-            with conn.sftp() as sftp:
-                for name, text in files.items():
-                    with sftp.open(posixpath.join(paths.run_dir, name), "w") as out:
-                        out.chmod(0o600)
-                        out.write(text)
-
-        for conn, _, err in parallel(write, self.connections.values()):
-            if err is not None:
-                raise LaunchError(f"{conn.name}: cannot write the run files there ({err}).")
+    def start_agent(self, host: str) -> paramiko.Channel:
+        """Turn ``host``'s waiting probe into its agent; returns the agent's channel."""
+        probe = self.probes[host]
+        run_dir = self.paths[host].run_dir
+        args = agent_args(posixpath.join(run_dir, "plan.json"), host, run_dir)
+        probe.sendall((json.dumps({"agent": args}) + "\n").encode())
+        del self.probes[host]  # (one that could not be told stays, for end_probes)
+        return probe
 
     def agent_argv(self, python: str, host: str) -> list[str]:
         """The agent's command line on ``host`` (its plan and logs in the host's run dir)."""
@@ -249,3 +286,130 @@ def _same_file(remote: str, local: Path) -> bool:
         return os.path.samefile(remote, local)
     except OSError:
         return False
+
+
+_STEPS = ("connect", "upload")  # steps whose failure stops the run before pre-flight
+
+
+def _uploads(config: ClusterConfig) -> list[Path]:
+    """The local files of ``ssh.upload``, checked before any host is contacted."""
+    uploads = [Path(config.base_dir) / os.path.expanduser(f) for f in config.ssh.upload]
+    for path in uploads:
+        if not path.is_file():
+            raise LaunchError(
+                f"ssh.upload: {path} is not a file here; list files relative to the cluster file."
+            )
+    return uploads
+
+
+@dataclasses.dataclass
+class _Opened:
+    """How far one host got, what it took, and what was found there."""
+
+    name: str
+    host: Host
+    conn: Connection | None = None
+    workdir: str = ""  # resolved on the host (only when sync or setup lines need it first)
+    paths: HostPaths | None = None
+    report: HostReport | None = None
+    probe: paramiko.Channel | None = None  # a kept probe, waiting to become the agent
+    failed_step: str | None = None
+    error: str = ""
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    mark: float = dataclasses.field(default_factory=time.monotonic)
+
+
+@dataclasses.dataclass
+class _HostSteps:
+    """One host's way from nothing to ready-to-start: connect, upload ``ssh.upload`` (SFTP, only
+    when there is something to upload), then one pre-flight probe that also makes the host's run
+    directory and writes its plan there — one round trip where SFTP took a dozen."""
+
+    config: ClusterConfig
+    plan: Plan
+    run: Run
+    options: SshOptions
+    uploads: list[Path]
+    extra: Mapping[str, str]
+    jump: Connection | None
+    keep_probe: bool = False
+
+    def __post_init__(self) -> None:
+        # The same plan for every host: each agent resolves its tasks' workdir there.
+        self.files = {"plan.json": self.plan.to_json(), **self.extra}
+
+    @property
+    def setup(self) -> bool:
+        """Whether code sync or setup lines run between connecting and pre-flight."""
+        return bool(self.config.ssh.sync or self.config.ssh.setup)
+
+    def open_host(self, host: Host) -> _Opened:
+        """Connect and upload; then, unless setup must run on every host first, pre-flight."""
+        opened = _Opened(host.name, host)
+        step = "connect"
+        try:
+            opened.conn = connect(host.name, host.connect_address, self.options, self.jump)
+            _done(opened, step)
+            if self.uploads or self.setup:
+                step = "upload"
+                opened.workdir = self._upload(opened.conn)
+                _done(opened, step)
+        except Exception as err:  # reported per host and step by HostSession._judge
+            opened.failed_step, opened.error = step, str(err)
+            return opened
+        return opened if self.setup else self.check(opened)
+
+    def check(self, opened: _Opened) -> _Opened:
+        """The pre-flight probe, which also makes the run directory and writes the plan; kept,
+        it waits to become the agent."""
+        host = opened.host
+        python, workdir, run_dir = (
+            self.config.ssh.python, self.config.workdir, self._run_dir(host.name)
+        )  # fmt: skip
+        mode = int(self.config.run_dir_mode, 8)  # plans hold env values
+        try:
+            if self.keep_probe:
+                opened.report, opened.probe = start_host_check(
+                    opened.conn, self.plan, python, workdir, run_dir, self.files, mode=mode
+                )
+            else:
+                opened.report = check_host(
+                    opened.conn,
+                    self.plan,
+                    python,
+                    workdir,
+                    run_dir=run_dir,
+                    files=self.files,
+                    mode=mode,
+                )
+            facts = opened.report.facts
+            if facts.get("run_dir"):
+                opened.paths = HostPaths(workdir=facts["workdir"], run_dir=facts["run_dir"])
+        except Exception as err:  # a pre-flight problem, shown in the table
+            opened.report = HostReport(
+                host.name, host.connect_address, host.cluster_address, {}, [str(err)]
+            )
+        _done(opened, "preflight")
+        return opened
+
+    def _run_dir(self, host: str) -> str:
+        """The host's run directory as written (absolute, ``~/...`` or under the remote home)."""
+        run_base = self.config.ssh.remote_runs_dir or self.config.runs_dir
+        return posixpath.join(run_base, self.run.id, _safe_name(host))
+
+    def _upload(self, conn: Connection) -> str:
+        """Upload ``ssh.upload`` into the workdir (made if missing); returns the workdir."""
+        with conn.sftp() as sftp:
+            workdir = remote_path(sftp.normalize("."), self.config.workdir)
+            if self.uploads:
+                sftp_makedirs(sftp, workdir)
+                for path in self.uploads:
+                    sftp.put(str(path), posixpath.join(workdir, path.name))
+        return workdir
+
+
+def _done(opened: _Opened, step: str) -> None:
+    """Record how long ``step`` took on the host (since the previous step ended)."""
+    now = time.monotonic()
+    opened.seconds[step] = round(now - opened.mark, 3)
+    opened.mark = now

@@ -2,11 +2,11 @@
 
 Every host ``tfl-ssh-hostN`` (N = 1, 2, ...) has two interfaces:
 
-* ``eth0`` on the "public" bridge ``tfl-ssh-pub`` (198.18.1.0/24, host at 198.18.1.1N), which the
+* ``eth0`` on the "public" bridge ``tfl-ssh-pub`` (198.18.1.0/24, host N at 198.18.1.(10+N)), which the
   launcher reaches from the root namespace at 198.18.1.1 through its own veth pair
   (``tfl-ssh-l0`` in the root namespace, ``tfl-ssh-l1`` on the bridge), so that one test can cut
   exactly the launcher's link (:func:`cut_launcher_link`);
-* ``eth1`` on the "private" bridge ``tfl-ssh-priv`` (198.18.2.0/24, host at 198.18.2.1N), which
+* ``eth1`` on the "private" bridge ``tfl-ssh-priv`` (198.18.2.0/24, host N at 198.18.2.(10+N)), which
   has no address in the root namespace, and the root namespace holds an ``unreachable`` route for
   198.18.2.0/24: the launcher has no route to it, as a laptop has none into a VPC.
 
@@ -55,7 +55,7 @@ LAUNCHER_VETH = "tfl-ssh-l0"  # root namespace side, holds 198.18.1.1
 LAUNCHER_PEER = "tfl-ssh-l1"  # enslaved to the public bridge
 LAUNCHER_ADDRESS = "198.18.1.1"
 PRIVATE_NETWORK = "198.18.2.0/24"
-MAX_HOSTS = 9
+MAX_HOSTS = 64  # addresses .11 to .74 of each /24 (host N at .10+N: hosts 1-9 at .11-.19)
 SSHD = "/usr/sbin/sshd"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 
@@ -76,11 +76,11 @@ class TestHost:
 
     @property
     def public_address(self) -> str:
-        return f"198.18.1.1{self.index}"
+        return f"198.18.1.{10 + self.index}"
 
     @property
     def private_address(self) -> str:
-        return f"198.18.2.1{self.index}"
+        return f"198.18.2.{10 + self.index}"
 
     @property
     def host_key(self) -> Path:

@@ -1,7 +1,9 @@
 """A stand-in task without TensorFlow, for fast tests of supervision.
 
-Reads its role from TF_CONFIG like a real task. A PS listens on its port (after PS_DELAY seconds)
-and serves forever. A worker checks that every PS accepts connections, prints what it sees, runs
+Reads its role from TF_CONFIG like a real task; without one (``program.tf_config: false``) it
+reads the cluster file named by its first argument (``{cluster_file}``) or by
+$TFLAUNCH_CLUSTER_FILE, and its role from $TFLAUNCH_TASK. A PS listens on its port (after
+PS_DELAY seconds) and serves forever. A worker checks that every PS accepts connections, prints what it sees, runs
 WORK_SECONDS (worker i: WORK_SECONDS + i * WORK_STEP), and exits with FAIL_CODE if its index is
 FAIL_INDEX (only in its first FAIL_RUNS runs, counted by $TFLAUNCH_TASK_RESTARTS and
 $TFLAUNCH_CLUSTER_RESTARTS).
@@ -19,8 +21,17 @@ import sys
 import time
 
 signal.signal(signal.SIGUSR1, lambda *_: print("got SIGUSR1", flush=True))
-config = json.loads(os.environ["TF_CONFIG"])
-job, index = config["task"]["type"], config["task"]["index"]
+if "TF_CONFIG" in os.environ:
+    config = json.loads(os.environ["TF_CONFIG"])
+    job, index = config["task"]["type"], config["task"]["index"]
+else:
+    path = sys.argv[1] if len(sys.argv) > 1 else os.environ["TFLAUNCH_CLUSTER_FILE"]
+    with open(path) as f:
+        config = json.load(f)
+    job, _, number = os.environ["TFLAUNCH_TASK"].partition(":")
+    index = int(number)
+    same = path == os.environ["TFLAUNCH_CLUSTER_FILE"]
+    print(f"cluster from file {path} (also $TFLAUNCH_CLUSTER_FILE: {same})", flush=True)
 print(f"{job}:{index} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}", flush=True)
 if os.environ.get("SPAWN_CHILD") == "1":
     child = subprocess.Popen(["sleep", "1000"])

@@ -25,6 +25,7 @@ from typing import Any
 
 from tflaunch.errors import TflaunchError
 from tflaunch.monitor import NET_FIELDS, read_samples
+from tflaunch.plan import render_task
 from tflaunch.run import Run
 from tflaunch.text import aligned
 
@@ -406,7 +407,7 @@ def task_table(run: Run) -> list[str]:
     local = {
         n: s["pid"]
         for n, s in running.items()
-        if is_task_process(s["pid"], n, plan.task(n).env.get("TF_CONFIG"))
+        if is_task_process(s["pid"], n, render_task(plan, plan.task(n), run.dir).env)
     }
     usage = live_usage(local) if local else {}
     latest = latest_samples(run.dir) if len(local) < len(running) else {}
