@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import random
@@ -88,16 +87,6 @@ def write_cluster(path: Path, program: dict, **overrides) -> Path:
         else:
             data[key] = value
     path.write_text(yaml.safe_dump(data))
-    return path
-
-
-def write_cluster_file(config: Path, path: Path) -> Path:
-    """The cluster tflaunch plans for ``config``, written as a tflaunch cluster file (JSON
-    ``{"cluster": {...}}``, what a program reads with ``--cluster_file``) at ``path``."""
-    rendered = tflaunch("render", str(config), "--task", "worker:0", "--format", "cluster_spec")
-    if rendered.returncode != 0:
-        raise RuntimeError(f"tflaunch render failed: {rendered.stderr}")
-    path.write_text(json.dumps({"cluster": json.loads(rendered.stdout)}))
     return path
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import tflaunch, wait_until_gone, write_cluster, write_cluster_file
+from tests.helpers import tflaunch, wait_until_gone, write_cluster
 from tflaunch.models.bench.common import (
     BenchmarkError,
     perf_line,
@@ -268,17 +268,18 @@ def test_cluster_through_tflaunch_up(variable_update, real_data, tfrecord_dir, t
 
 @pytest.mark.slow
 def test_collective_all_reduce_from_a_cluster_file(tmp_path) -> None:
-    """The cluster only from --cluster_file: MultiWorkerMirroredStrategy over the two workers
-    through ClusterFileResolver (the PS left out by its jobs filter, idle)."""
-    cluster_file = tmp_path / "cluster.json"
+    """The cluster only from the cluster file tflaunch writes ({cluster_file}, no TF_CONFIG):
+    MultiWorkerMirroredStrategy over the two workers through ClusterFileResolver (the PS left
+    out by its jobs filter, idle)."""
     argv = [sys.executable, "-m", "tflaunch.models.benchmark", *TINY, "--num_batches", "2"]
     argv += ["--num_warmup_batches", "1", "--variable_update", "collective_all_reduce"]
-    argv += ["--cluster_file", str(cluster_file)]
-    program = {"argv": argv, "env": {"TEST_MARKER": str(tmp_path)}}
+    argv += ["--cluster_file", "{cluster_file}"]
+    program = {"argv": argv, "env": {"TEST_MARKER": str(tmp_path)}, "tf_config": False}
     config = write_cluster(tmp_path / "cluster.yaml", program, supervision={"ready_timeout": 240})
-    write_cluster_file(config, cluster_file)
     result = tflaunch("up", str(config), cwd=ROOT, timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    cluster_file = run / "cluster_spec.json"
     for task in ("ps:0", "worker:0", "worker:1"):
         line = (
             rf"^\[{task}\]\s+{task}: cluster from the cluster file {re.escape(str(cluster_file))}$"

@@ -360,14 +360,14 @@ def test_other_slurm_times_are_errors(time_value):
     ("text", "expected"),
     [
         ("hosts: [{name: a, gpus: 1000000000}]", "hosts[0].gpus: must be at most 256"),
-        ("roles: {ps: 1000000}", "roles.ps: must be at most 4,096"),
-        ("roles: {worker: 5000}", "roles.worker: must be at most 4,096"),
-        ("roles: {ps: 4096, worker: 1}", "roles: 4097 tasks in all; at most 4,096"),
+        ("roles: {ps: 1000000}", "roles.ps: must be at most 65,536"),
+        ("roles: {worker: 70000}", "roles.worker: must be at most 65,536"),
+        ("roles: {ps: 65536, worker: 1}", "roles: 65537 tasks in all; at most 65,536"),
         ("slurm: {gpus_per_node: 10000000}", "slurm.gpus_per_node: must be at most 256"),
         ("slurm: {nodes: 100000}", "slurm.nodes: must be at most 4,096"),
         ("slurm: {cpus_per_task: 100000}", "slurm.cpus_per_task: must be at most 65,536"),
-        ("placement: {workers_per_host: 100000}", "workers_per_host: must be at most 4,096"),
-        ("placement: {ps_per_host: 100000}", "placement.ps_per_host: must be at most 4,096"),
+        ("placement: {workers_per_host: 100000}", "workers_per_host: must be at most 65,536"),
+        ("placement: {ps_per_host: 100000}", "placement.ps_per_host: must be at most 65,536"),
         ("placement: {gpus_per_worker: 1000}", "gpus_per_worker: must be at most 256"),
         ("ssh: {gpus: 1000}", "ssh.gpus: must be at most 256"),
         ("ssh: {ec2: {gpus: 1000}}", "ssh.ec2.gpus: must be at most 256"),
@@ -390,7 +390,7 @@ def test_every_count_and_duration_is_bounded(text, expected):
 
 def test_bounds_are_in_the_json_schema():
     props = config_schema()["properties"]
-    assert props["roles"]["properties"]["ps"]["maximum"] == 4096
+    assert props["roles"]["properties"]["ps"]["maximum"] == 65536
     assert props["ssh"]["properties"]["port"]["maximum"] == 65535
     assert props["program"]["anyOf"][0]["properties"]["argv"]["maxItems"] == 4096
 

@@ -219,9 +219,17 @@ def test_down_signals_nothing_when_the_coordinator_pid_was_reused(tmp_path):
             coordinator_pid=bystander.pid,
             coordinator_started=psutil.Process().create_time(),
         )
+        program = {"argv": ["p"], "env": {}, "tf_config": True, "checkpoint_dir": ""}
         (run.dir / "plan.json").write_text(
             json.dumps(
-                {"name": "stale", "hosts": [], "tasks": [], "cluster": {}, "supervision": {}}
+                {
+                    "name": "stale",
+                    "hosts": [],
+                    "tasks": [],
+                    "cluster": {},
+                    "program": program,
+                    "supervision": {},
+                }
             )
         )
         down = tflaunch("down", run.id, "--runs-dir", str(runs))

@@ -32,7 +32,6 @@ from tests.helpers import (  # noqa: E402
     tflaunch,
     wait_until_gone,
     write_cluster,
-    write_cluster_file,
 )
 from tflaunch.models import mnist  # noqa: E402  (imports tensorflow)
 
@@ -470,16 +469,16 @@ def test_tf_config_cluster_with_chief_evaluator_and_a_worker_that_starts_after_t
 
 @pytest.mark.slow
 def test_cluster_file_run_of_1_ps_and_2_workers_through_tflaunch_up(tmp_path):
-    """Each task's cluster comes from --cluster_file and its task from $TFLAUNCH_TASK (the flags
-    carry no cluster and the file wins over TF_CONFIG): issue 11's program side."""
-    cluster_file = tmp_path / "cluster.json"
-    argv = [sys.executable, "-m", "tflaunch.models.mnist", "--cluster_file", str(cluster_file)]
+    """Each task's cluster comes from the cluster file tflaunch writes (--cluster_file
+    {cluster_file}, no TF_CONFIG) and its task from $TFLAUNCH_TASK: issue 11 end to end."""
+    argv = [sys.executable, "-m", "tflaunch.models.mnist", "--cluster_file", "{cluster_file}"]
     argv += ["--train_steps=40", "--log_every=20"]
-    program = {"argv": argv, "env": {"TEST_MARKER": str(tmp_path)}}
+    program = {"argv": argv, "env": {"TEST_MARKER": str(tmp_path)}, "tf_config": False}
     config = write_cluster(tmp_path / "cluster.yaml", program, supervision={"ready_timeout": 240})
-    write_cluster_file(config, cluster_file)
     result = tflaunch("up", str(config), cwd=REPO, timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    cluster_file = run / "cluster_spec.json"
     for task in ("ps:0", "worker:0", "worker:1"):
         line = (
             rf"^\[{task}\]\s+{task}: cluster from the cluster file {re.escape(str(cluster_file))}$"

@@ -251,8 +251,8 @@ def cluster_file_text(plan: Plan) -> str:
 
 
 def cluster_file_path(run_dir: str | os.PathLike | None) -> str:
-    """Where the cluster file of a run directory is; ``<run_dir>/...`` when there is no run yet
-    (``tflaunch render``), as the checkpoint directory shows."""
+    """Where the cluster file of a run directory is; ``<run directory>/...`` when there is no run
+    yet (``tflaunch render``), as the checkpoint directory shows."""
     if run_dir is None:
         return f"<run directory>/{CLUSTER_FILE}"
     return os.path.join(os.path.abspath(run_dir), CLUSTER_FILE)

@@ -112,7 +112,7 @@ class Node:
         """The shared cluster and this node's tasks only: all a joining node runs, in time and
         memory linear in the cluster however many nodes plan at once."""
         hosts = allocation_hosts(self.env, self.job, {self.name: self.gpu_ids})
-        return make_plan(self.config, hosts, only_host=self.name)
+        return make_plan(self.config, hosts, self.run.dir, only_host=self.name)
 
 
 def load_node(run_dir: Path, env: Mapping[str, str]) -> Node:
