@@ -51,7 +51,7 @@ def cluster_file(work: Path, backend: str, scope: str, n: int) -> Path:
                 "backoff": 0,
             },
         },
-        "run_dir": str(work / "runs"),
+        "runs_dir": str(work / "runs"),
     }
     if backend == "slurm":
         data["slurm"] = {"python": sys.executable}
