@@ -46,7 +46,7 @@ class Backend(ABC):
 
     def reviver(self, config: ClusterConfig, plan: Plan, run: Run) -> Revive | None:
         """How to start a new agent on a host that stopped answering and answers again
-        (``supervision.host_wait``); None: this backend cannot, and a lost host fails the run."""
+        (``ssh.host_wait``); None: this backend cannot, and a lost host fails the run."""
         return None
 
     def detach(

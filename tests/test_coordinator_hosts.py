@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tflaunch.config import parse_config
-from tflaunch.coordinator import Coordinator, Requeue, coordinate
+from tflaunch.coordinator import Coordinator, Requeue, Revive, coordinate
 from tflaunch.plan import Host, make_plan
 from tflaunch.run import Run
 
@@ -82,10 +82,10 @@ class Agent:
         return [c["cmd"] for c in self.sent if c["cmd"] != "ping"]
 
 
-def make(tmp_path, supervision: str):
+def make(tmp_path, restart: str = "{}"):
     config = parse_config(
         "program: [p]\nroles: {ps: 1, worker: 2}\nplacement: {workers_per_host: 1}\n"
-        f"hosts: [a, b]\nsupervision: {{heartbeat: 0.2, grace_period: 0, {supervision}}}\n"
+        f"hosts: [a, b]\nsupervision: {{heartbeat: 0.2, grace_period: 0, restart: {restart}}}\n"
     )
     plan = make_plan(config, [Host("a", "10.0.0.1", "10.0.0.1"), Host("b", "10.0.0.2", "10.0.0.2")])
     return plan, Run.create(tmp_path / "runs", "t")
@@ -121,9 +121,9 @@ def short_margin(monkeypatch):
 
 
 def test_a_host_that_stops_answering_fails_the_run_naming_the_host(tmp_path):
-    plan, run = make(tmp_path, "host_wait: 0")
+    plan, run = make(tmp_path)
     a, b = Agent("a", ["ps:0", "worker:0"]), Agent("b", ["worker:1"])
-    thread, result, _ = run_in_thread(plan, run, [a, b], revive=lambda host, deadline: b)
+    thread, result, _ = run_in_thread(plan, run, [a, b])  # ssh.host_wait not set
     wait_for(lambda: b.sink is not None)
     b.lose()
     thread.join(10)
@@ -131,12 +131,12 @@ def test_a_host_that_stops_answering_fails_the_run_naming_the_host(tmp_path):
     assert outcome.code == 1
     assert outcome.message.startswith("host b stopped answering: silent for 6 s.")
     assert "Its tasks (worker:1) are stopped by its agent" in outcome.message
-    assert "Set supervision.host_wait" in outcome.message
+    assert "Set ssh.host_wait" in outcome.message
     assert a.commands() == ["stop"]
 
 
 def test_the_cluster_restarts_once_the_lost_host_answers_again(tmp_path):
-    plan, run = make(tmp_path, "host_wait: 30")
+    plan, run = make(tmp_path)
     a, b = Agent("a", ["ps:0", "worker:0"]), Agent("b", ["worker:1"])
     new_b = Agent("b", ["worker:1"])
     asked: list[tuple[str, float]] = []
@@ -145,7 +145,7 @@ def test_the_cluster_restarts_once_the_lost_host_answers_again(tmp_path):
         asked.append((host, deadline - time.monotonic()))
         return new_b  # its agent starts its own tasks
 
-    thread, result, out = run_in_thread(plan, run, [a, b], revive=revive)
+    thread, result, out = run_in_thread(plan, run, [a, b], revive=Revive(30, revive))
     wait_for(lambda: b.sink is not None)
     b.lose()
     wait_for(lambda: new_b.sink is not None)
@@ -169,21 +169,21 @@ def test_the_cluster_restarts_once_the_lost_host_answers_again(tmp_path):
 
 
 def test_a_host_still_silent_after_host_wait_fails_the_run_naming_it(tmp_path):
-    plan, run = make(tmp_path, "host_wait: 1")
+    plan, run = make(tmp_path)
     a, b = Agent("a", ["ps:0", "worker:0"]), Agent("b", ["worker:1"])
 
     def revive(host: str, deadline: float):
         time.sleep(max(0.0, deadline - time.monotonic()))
         raise OSError("no route to host")
 
-    thread, result, _ = run_in_thread(plan, run, [a, b], revive=revive)
+    thread, result, _ = run_in_thread(plan, run, [a, b], revive=Revive(1, revive))
     wait_for(lambda: b.sink is not None)
     b.lose()
     thread.join(15)
     outcome = result["outcome"]
     assert outcome.code == 1
     assert outcome.message.startswith(
-        "host b did not answer again within 1 s (supervision.host_wait): no route to host."
+        "host b did not answer again within 1 s (ssh.host_wait): no route to host."
     )
     assert "restarts: b stopped answering 1 time(s)" in outcome.message
     assert a.commands() == ["stop_tasks", "stop"]
@@ -191,9 +191,9 @@ def test_a_host_still_silent_after_host_wait_fails_the_run_naming_it(tmp_path):
 
 
 def test_host_losses_past_max_cluster_restarts_fail_the_run(tmp_path):
-    plan, run = make(tmp_path, "host_wait: 30, restart: {max_cluster_restarts: 0}")
+    plan, run = make(tmp_path, "{max_cluster_restarts: 0}")
     a, b = Agent("a", ["ps:0", "worker:0"]), Agent("b", ["worker:1"])
-    thread, result, _ = run_in_thread(plan, run, [a, b], revive=lambda h, d: b)
+    thread, result, _ = run_in_thread(plan, run, [a, b], revive=Revive(30, lambda h, d: b))
     wait_for(lambda: b.sink is not None)
     b.lose()
     thread.join(10)
@@ -208,7 +208,7 @@ def test_host_losses_past_max_cluster_restarts_fail_the_run(tmp_path):
 
 
 def test_the_warning_signal_stops_the_run_for_a_requeue_after_the_wait(tmp_path):
-    plan, run = make(tmp_path, "host_wait: 0")
+    plan, run = make(tmp_path)
     a, b = Agent("a", ["ps:0", "worker:0"]), Agent("b", ["worker:1"])
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGUSR1)).start()
     out = io.StringIO()
@@ -227,7 +227,7 @@ def test_the_warning_signal_stops_the_run_for_a_requeue_after_the_wait(tmp_path)
 
 
 def test_a_cancel_during_the_wait_is_never_requeued(tmp_path):
-    plan, run = make(tmp_path, "host_wait: 0")
+    plan, run = make(tmp_path)
     a, b = Agent("a", ["ps:0", "worker:0"]), Agent("b", ["worker:1"])
     threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1)).start()
     threading.Timer(0.8, os.kill, (os.getpid(), signal.SIGTERM)).start()  # scancel
@@ -237,7 +237,7 @@ def test_a_cancel_during_the_wait_is_never_requeued(tmp_path):
 
 
 def test_past_the_requeue_limit_the_warning_is_only_passed_on(tmp_path):
-    plan, run = make(tmp_path, "host_wait: 0")
+    plan, run = make(tmp_path)
     a, b = Agent("a", ["ps:0", "worker:0"]), Agent("b", ["worker:1"])
     threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1)).start()
     threading.Timer(1.0, lambda: (a.finish("worker:0"), b.finish("worker:1"))).start()

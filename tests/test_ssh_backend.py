@@ -488,13 +488,14 @@ def test_lost_host_that_answers_again_gets_a_new_agent_and_the_cluster_restarts(
     ssh_test_hosts, tmp_path
 ):
     """host2 drops off the launcher's network for a while (its tasks still reach the others):
-    with supervision.host_wait the other hosts stop their tasks, host2's agent stops its own on
+    with ssh.host_wait the other hosts stop their tasks, host2's agent stops its own on
     its heartbeat timeout, and once host2 answers again the whole cluster starts again."""
     cluster = ssh_cluster(
         tmp_path,
         ssh_test_hosts,
         env={"WORK_SECONDS": "20"},
-        supervision={"host_wait": 60, "restart": {"backoff": 0.5}},
+        ssh={"host_wait": 60},
+        supervision={"restart": {"backoff": 0.5}},
     )
     proc, _ = start_and_wait_ready(cluster)
     host2 = ssh_test_hosts.host(2)
@@ -511,7 +512,7 @@ def test_lost_host_that_answers_again_gets_a_new_agent_and_the_cluster_restarts(
             proc.kill()
     seen += out
     assert proc.returncode == 0, seen[-3000:] + err[-3000:]
-    assert "waiting up to 60 s (supervision.host_wait)" in seen
+    assert "waiting up to 60 s (ssh.host_wait)" in seen
     assert "restarts: host2 stopped answering 1 time(s); the cluster restarted 1 time(s)" in seen
     evs = events(only_run(tmp_path))
     assert [e["host"] for e in evs if e["event"] == "host_lost"] == ["host2"]
@@ -523,7 +524,7 @@ def test_lost_host_that_answers_again_gets_a_new_agent_and_the_cluster_restarts(
 
 def test_lost_host_still_silent_after_host_wait_fails_the_run_naming_it(ssh_test_hosts, tmp_path):
     cluster = ssh_cluster(
-        tmp_path, ssh_test_hosts, env={"WORK_SECONDS": "120"}, supervision={"host_wait": 14}
+        tmp_path, ssh_test_hosts, env={"WORK_SECONDS": "120"}, ssh={"host_wait": 14}
     )
     proc, _ = start_and_wait_ready(cluster)
     host2 = ssh_test_hosts.host(2)
@@ -539,7 +540,7 @@ def test_lost_host_still_silent_after_host_wait_fails_the_run_naming_it(ssh_test
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1
-    assert "host host2 did not answer again within 14 s (supervision.host_wait)" in stderr
+    assert "host host2 did not answer again within 14 s (ssh.host_wait)" in stderr
     assert "Its tasks (ps:1, worker:1) are stopped by its agent" in stderr
     assert "restarts: host2 stopped answering 1 time(s)" in stderr
     assert elapsed < 6 + 14 + 20

@@ -295,14 +295,6 @@ class Supervision:
         "stopped); the other tasks are then stopped",
     )
     restart: Restart = field(factory=Restart, doc="restart policies (default: never restart)")
-    host_wait: float = field(
-        0.0,
-        minimum=0,
-        doc="backend ssh: when a host stops answering, stop the other hosts' tasks and wait this "
-        "many seconds for it to answer again, then restart the whole cluster from the "
-        "checkpoints (counted in restart.max_cluster_restarts); 0: a host that stops answering "
-        "fails the run",
-    )
     stall_timeout: float = field(
         0.0,
         minimum=0,
@@ -494,6 +486,14 @@ class SshSection:
     setup_once: bool = field(
         False,
         doc="skip the setup lines on a host where they (and setup_inputs) already succeeded",
+    )
+    host_wait: float = field(
+        0.0,
+        minimum=0,
+        doc="when a host stops answering, stop the other hosts' tasks and wait this many seconds "
+        "for it to answer again, then start a new agent there and restart the whole cluster from "
+        "the checkpoints (counted in supervision.restart.max_cluster_restarts); 0: a host that "
+        "stops answering fails the run",
     )
 
 

@@ -16,9 +16,9 @@
 - SIGINT, SIGTERM or SIGHUP (Ctrl-C, ``tflaunch down``): the same teardown, never a restart;
   exit 130, 143 or 129.
 - A host that stops answering (its link's probe reports ``host_lost``) fails the run with a report
-  naming the host and its tasks — unless ``supervision.host_wait`` is set and the backend can
-  start a new agent there (``revive``, SSH): then the other hosts stop their tasks, the host gets
-  up to ``host_wait`` seconds to answer again, a new agent starts its tasks there and the others
+  naming the host and its tasks — unless the backend can start a new agent there (a
+  :class:`Revive`: SSH with ``ssh.host_wait``): then the other hosts stop their tasks, the host
+  gets up to ``host_wait`` seconds to answer again, a new agent starts its tasks there and the others
   start theirs (a cluster restart, counted in ``restart.max_cluster_restarts``); a host still
   silent after ``host_wait`` fails the run, naming it.
 - SIGUSR1 or SIGUSR2 (Slurm's warning ahead of the time limit) is passed on to every task. Given
@@ -51,9 +51,18 @@ from tflaunch.run import Outcome, Run
 from tflaunch.runfiles import open_run_file
 
 TAIL_LINES = 20
-# A new agent on a host that answers again: (host, deadline) -> its link; raises when the
-# host stays silent until the deadline (monotonic clock).
-Revive = Callable[[str, float], AgentLink]
+
+
+@dataclass(frozen=True)
+class Revive:
+    """How a backend waits for a host that stopped answering (SSH's ``ssh.host_wait``): up to
+    ``wait`` seconds; ``start(host, deadline)`` returns a new agent's link on the host once it
+    answers, and raises when it stays silent until the deadline (monotonic clock)."""
+
+    wait: float
+    start: Callable[[str, float], AgentLink]
+
+
 _EVENTS_KEPT = {
     "agent_started",
     "started",
@@ -96,6 +105,7 @@ class TaskState:
 
 class Coordinator:
     OLD_AGENT_MARGIN = 10.0  # seconds, beyond the grace period, for a lost host's agent to end
+
     def __init__(
         self,
         plan: Plan,
@@ -108,7 +118,7 @@ class Coordinator:
     ):
         self.plan, self.run, self.links = plan, run, list(links)
         self.revive = revive
-        self.host_wait = plan.supervision.host_wait
+        self.host_wait = revive.wait if revive else 0.0
         self.lost: dict[str, float] = {}  # hosts that stopped answering -> when
         self.revived: set[str] = set()  # hosts whose new agent started its own tasks
         self._new_links: dict[str, AgentLink] = {}  # from the revive threads
@@ -302,7 +312,7 @@ class Coordinator:
         elif kind == "host_gone" and self.outcome is None:
             self.outcome = self._host_failed(
                 host,
-                f"did not answer again within {self.host_wait:g} s (supervision.host_wait): "
+                f"did not answer again within {self.host_wait:g} s (ssh.host_wait): "
                 f"{event.get('message')}",
             )
         elif kind == "link_closed":
@@ -448,7 +458,7 @@ class Coordinator:
         self._record({"event": "host_lost", "host": host, "message": message})
         self.open_links.discard(host)
         self.stopped_hosts.discard(host)
-        if self.revive is None or not self.host_wait:
+        if self.revive is None:
             self.outcome = self._host_failed(host, f"stopped answering: {message}")
             return
         decision = self.book.decide_host_lost(host)
@@ -474,7 +484,7 @@ class Coordinator:
         )
         self._say(
             f"{host} stopped answering ({message}); stopping the tasks on the other hosts and "
-            f"waiting up to {self.host_wait:g} s (supervision.host_wait) for it to answer "
+            f"waiting up to {self.host_wait:g} s (ssh.host_wait) for it to answer "
             "again, then restarting the whole cluster from its checkpoints (cluster restart "
             f"{self.book.cluster_restarts} of at most "
             f"{self.plan.supervision.restart.max_cluster_restarts})"
@@ -503,7 +513,7 @@ class Coordinator:
         time.sleep(max(0.0, lost_at + self.grace + self.OLD_AGENT_MARGIN - time.monotonic()))
         try:
             assert self.revive is not None
-            link = self.revive(host, deadline)
+            link = self.revive.start(host, deadline)
         except Exception as err:  # reported as the host's failure
             self.events.put((host, {"event": "host_gone", "message": str(err)}))
             return
@@ -535,9 +545,9 @@ class Coordinator:
             f"nothing for {self.plan.supervision.heartbeat_timeout:g} s "
             "(supervision.heartbeat_timeout).",
         ]
-        if self.revive is not None and not self.host_wait:
+        if self.revive is None:  # only SSH links report a lost host
             lines.append(
-                "Set supervision.host_wait to wait for such a host and restart the cluster "
+                "Set ssh.host_wait to wait for such a host and restart the cluster "
                 "from its checkpoints."
             )
         restarts = self.book.summary()

@@ -11,7 +11,7 @@ feeds it failures and acts on its decisions.
 - Bounds: ``max_restarts`` per task of the role, ``restart.max_restarts`` single-task restarts per
   run, ``restart.max_cluster_restarts`` cluster restarts per run. Past a bound the run fails and
   the report names the task, its exits and the bound.
-- A host that stops answering (SSH, with ``supervision.host_wait``) costs a cluster restart too,
+- A host that stops answering (SSH, with ``ssh.host_wait``) costs a cluster restart too,
   within ``restart.max_cluster_restarts``, whatever the roles' policies.
 - Backoff: ``backoff`` seconds before a task's first restart, doubling with each further one of
   the same task (of the cluster, for cluster restarts), at most ``backoff_max``.

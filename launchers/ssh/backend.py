@@ -12,7 +12,7 @@ No orphans: a channel without a PTY does not kill its remote process, and sshd n
 only after TCP gives up, so the agent itself stops its tasks when its input closes *or* when no
 heartbeat arrived for ``supervision.heartbeat_timeout`` seconds. The launcher in turn probes every
 connection (an SSH global request, like ``ServerAliveInterval``) and reports a host whose
-connection stopped answering as lost, which fails the run — unless ``supervision.host_wait`` is
+connection stopped answering as lost, which fails the run — unless ``ssh.host_wait`` is
 set: then the other hosts stop their tasks, and once the lost host accepts a connection again
 (within ``host_wait``) a new agent is started there from the plan in its run directory, and the
 whole cluster starts again (see :mod:`tflaunch.coordinator`). Attached runs only: a detached run's
@@ -34,6 +34,7 @@ from typing import Any
 import paramiko
 
 from tflaunch.config import ClusterConfig
+from tflaunch.coordinator import Revive
 from tflaunch.errors import LaunchError, TflaunchError
 from tflaunch.launchers.base import Backend
 from tflaunch.launchers.ssh import detached
@@ -179,8 +180,8 @@ class SshBackend(Backend):
             raise LaunchError("cannot start the agents:\n  " + "\n  ".join(failures))
         return links
 
-    def reviver(self, config: ClusterConfig, plan: Plan, run: Run):
-        if not plan.supervision.host_wait:
+    def reviver(self, config: ClusterConfig, plan: Plan, run: Run) -> Revive | None:
+        if not config.ssh.host_wait:
             return None
 
         def revive(host: str, deadline: float) -> SshLink:
@@ -209,7 +210,7 @@ class SshBackend(Backend):
                 host, conn, conn.start(remote_command(argv)), sup.heartbeat, sup.heartbeat_timeout
             )
 
-        return revive
+        return Revive(config.ssh.host_wait, revive)
 
     # ---- detached runs: the coordinator runs on the first host -----------------------------
 
