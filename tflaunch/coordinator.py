@@ -51,18 +51,6 @@ from tflaunch.run import Outcome, Run
 from tflaunch.runfiles import open_run_file
 
 TAIL_LINES = 20
-
-
-@dataclass(frozen=True)
-class Revive:
-    """How a backend waits for a host that stopped answering (SSH's ``ssh.host_wait``): up to
-    ``wait`` seconds; ``start(host, deadline)`` returns a new agent's link on the host once it
-    answers, and raises when it stays silent until the deadline (monotonic clock)."""
-
-    wait: float
-    start: Callable[[str, float], AgentLink]
-
-
 _EVENTS_KEPT = {
     "agent_started",
     "started",
@@ -90,6 +78,16 @@ class Requeue:
     after: float = 0.0
     note: str = ""  # "requeue 1 of at most 2"
     refused: str = ""
+
+
+@dataclass(frozen=True)
+class Revive:
+    """How a backend waits for a host that stopped answering (SSH's ``ssh.host_wait``): up to
+    ``wait`` seconds; ``start(host, deadline)`` returns a new agent's link on the host once it
+    answers, and raises when it stays silent until the deadline (monotonic clock)."""
+
+    wait: float
+    start: Callable[[str, float], AgentLink]
 
 
 @dataclass
