@@ -495,7 +495,7 @@ def test_lost_host_that_answers_again_gets_a_new_agent_and_the_cluster_restarts(
         ssh_test_hosts,
         env={"WORK_SECONDS": "20"},
         ssh={"host_wait": 60},
-        supervision={"restart": {"backoff": 0.5}},
+        supervision={"restart": {"ps": "exit-code", "backoff": 0.5}},
     )
     proc, _ = start_and_wait_ready(cluster)
     host2 = ssh_test_hosts.host(2)
@@ -524,7 +524,11 @@ def test_lost_host_that_answers_again_gets_a_new_agent_and_the_cluster_restarts(
 
 def test_lost_host_still_silent_after_host_wait_fails_the_run_naming_it(ssh_test_hosts, tmp_path):
     cluster = ssh_cluster(
-        tmp_path, ssh_test_hosts, env={"WORK_SECONDS": "120"}, ssh={"host_wait": 14}
+        tmp_path,
+        ssh_test_hosts,
+        env={"WORK_SECONDS": "120"},
+        ssh={"host_wait": 14},
+        supervision={"restart": {"ps": "exit-code"}},
     )
     proc, _ = start_and_wait_ready(cluster)
     host2 = ssh_test_hosts.host(2)

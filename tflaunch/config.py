@@ -637,6 +637,13 @@ def _check(config: ClusterConfig, positions: Mapping[tuple, int]) -> None:
             "the agents pass only those on to the tasks",
         )
     _check_requeue(config, fail)
+    if config.ssh.host_wait and not config.supervision.restart.enabled:
+        fail(
+            ("ssh", "host_wait"),
+            "needs a restart policy in supervision.restart (e.g. ps: exit-code): only with one "
+            "do the other hosts' agents stay up to start their tasks again once the lost host "
+            "is back",
+        )
     pattern = config.supervision.step_pattern
     try:
         groups = re.compile(pattern).groups

@@ -108,6 +108,8 @@ class SshLink(StreamLink):
                 return
 
     def send(self, command: dict[str, Any]) -> None:
+        if self.channel.closed:
+            return  # a lost connection: nothing is buffered for a channel that is gone
         with contextlib.suppress(EOFError, OSError, paramiko.SSHException):
             super().send(command)  # a lost connection is reported by the probe and the reader
 
