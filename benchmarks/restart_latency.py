@@ -9,7 +9,14 @@ backoff. Two scopes:
 "Failure -> running again" is the agent's ``exited`` event of the failing run to the agent's
 ``started`` event of its next run (both stamped on the task's node), medians over ``--repeats``.
 
+On Slurm, ``--requeue-repeats N`` (default 1) adds a third row, requeue: a job with a 1-minute limit,
+``slurm.signal: USR1@50`` and ``slurm.requeue: 1`` whose first run outlasts the limit; the figure
+is the coordinator's ``requeueing`` event (the cluster is stopped and the job requeued) to worker 1
+started again in the requeued job. Slurm holds a requeued job back for ``cred_expire`` seconds (30
+on the test cluster, 120 by default), which dominates it.
+
 Usage: python benchmarks/restart_latency.py [--repeats 5] [--backend local|slurm|both]
+                                            [--requeue-repeats 1]
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ def cluster_file(work: Path, backend: str, scope: str, n: int) -> Path:
                 "backoff": 0,
             },
         },
-        "run_dir": str(work / "runs"),
+        "runs_dir": str(work / "runs"),
     }
     if backend == "slurm":
         data["slurm"] = {"python": sys.executable}
@@ -60,8 +67,40 @@ def cluster_file(work: Path, backend: str, scope: str, n: int) -> Path:
     return path
 
 
+def requeue_file(work: Path, n: int) -> Path:
+    """Stand-in tasks that outlast a 1-minute limit in the first run, and end soon once requeued."""
+    fake = ROOT / "tests" / "programs" / "fake_task.py"
+    first_long = (  # no braces: argv items are format strings for tflaunch's placeholders
+        'case "$SLURM_RESTART_COUNT" in ""|0) export WORK_SECONDS=600;; esac; '
+        f"exec {sys.executable} {fake}"
+    )
+    data = {
+        "name": "restart-requeue",
+        "backend": "slurm",
+        "program": {
+            "argv": ["bash", "-c", first_long],
+            "workdir": str(ROOT),
+            "env": {"WORK_SECONDS": "1"},
+        },
+        "roles": {"ps": 1, "worker": 2},
+        "ports": {"ps": 32300, "worker": 32310},
+        "supervision": {"grace_period": 3, "ready_timeout": 120},
+        "runs_dir": str(work / "runs"),
+        "slurm": {
+            "python": sys.executable,
+            "time": "1",
+            "signal": "USR1@50",
+            "requeue": 1,
+            "checkpoint_wait": 1,
+        },
+    }
+    path = work / f"slurm-requeue-{n}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
 def one_run(work: Path, backend: str, scope: str, n: int) -> float:
-    path = cluster_file(work, backend, scope, n)
+    path = requeue_file(work, n) if scope == "requeue" else cluster_file(work, backend, scope, n)
     runs = work / "runs"
     before = set(runs.iterdir()) if runs.exists() else set()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -76,6 +115,13 @@ def one_run(work: Path, backend: str, scope: str, n: int) -> float:
         raise SystemExit(f"{backend}/{scope} run failed: {result.stderr[-2000:]}")
     (run,) = [p for p in runs.iterdir() if p not in before]
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    if scope == "requeue":
+        requeued = next(e["time"] for e in events if e["event"] == "requeueing")
+        return next(
+            e["time"] - requeued
+            for e in events
+            if e["event"] == "started" and e["task"] == "worker:1" and e["time"] > requeued
+        )
     failed = next(
         e["time"]
         for e in events
@@ -93,6 +139,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--backend", choices=("local", "slurm", "both"), default="local")
+    parser.add_argument(
+        "--requeue-repeats", type=int, default=1, help="Slurm requeue runs (about 2 min each)"
+    )
     args = parser.parse_args()
     backends = ["local", "slurm"] if args.backend == "both" else [args.backend]
     results: dict[tuple[str, str], list[float]] = {}
@@ -110,12 +159,20 @@ def main() -> int:
                         results[backend, scope] = [
                             one_run(Path(tmp), backend, scope, i) for i in range(args.repeats)
                         ]
+                    if args.requeue_repeats:
+                        results[backend, "requeue"] = [
+                            one_run(Path(tmp), backend, "requeue", i)
+                            for i in range(args.requeue_repeats)
+                        ]
             else:
                 for scope in ("task", "cluster"):
                     results[backend, scope] = [
                         one_run(Path(tmp), backend, scope, i) for i in range(args.repeats)
                     ]
-    print(f"failure -> running again (seconds), medians of {args.repeats}; 1 PS + 2 workers")
+    print(
+        f"failure -> running again (seconds), medians of {args.repeats} "
+        f"(requeue: {args.requeue_repeats}); 1 PS + 2 workers"
+    )
     print(f"{'backend':10}{'scope':10}{'median':>8}{'min':>8}{'max':>8}")
     for (backend, scope), values in results.items():
         print(

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from tflaunch.config import ClusterConfig
-from tflaunch.coordinator import coordinate
+from tflaunch.coordinator import Requeue, Revive, coordinate
 from tflaunch.errors import TflaunchError
 from tflaunch.plan import Host, Plan
 from tflaunch.run import Outcome, Run
@@ -23,6 +23,7 @@ class Backend(ABC):
     """How one kind of infrastructure starts agents."""
 
     name: str = ""
+    requeue: Requeue | None = None  # what Slurm's warning signal leads to (the Slurm job only)
 
     @abstractmethod
     def hosts(self, config: ClusterConfig) -> list[Host]:
@@ -40,7 +41,13 @@ class Backend(ABC):
         except TflaunchError as err:
             run.finish(Outcome(err.exit_code, str(err)))
             raise
-        return coordinate(plan, run, links, on_ready)
+        revive = self.reviver(config, plan, run)
+        return coordinate(plan, run, links, on_ready, requeue=self.requeue, revive=revive)
+
+    def reviver(self, config: ClusterConfig, plan: Plan, run: Run) -> Revive | None:
+        """How to start a new agent on a host that stopped answering and answers again
+        (``ssh.host_wait``); None: this backend cannot, and a lost host fails the run."""
+        return None
 
     def detach(
         self, config: ClusterConfig, plan: Plan, run: Run, cluster_file: str, run_root: str

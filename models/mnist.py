@@ -51,6 +51,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow's C++ runtime loads
+# Slurm's --signal reaches every process of the job step at once, maybe while TensorFlow
+# still loads: ignored until the program says otherwise, it cannot kill a task.
+for _warning in (signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(_warning, signal.SIG_IGN)
 STARTED = time.monotonic()  # before importing TensorFlow: reported times include that import
 
 import numpy as np  # noqa: E402

@@ -37,6 +37,10 @@ import time
 from collections.abc import Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow's C++ runtime loads
+# Slurm's --signal reaches every process of the job step at once, maybe while TensorFlow
+# still loads: ignored until the program says otherwise, it cannot kill a task.
+for _warning in (signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(_warning, signal.SIG_IGN)
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -232,7 +236,9 @@ class Trainer:
             loss = float(np.mean([value.fetch() for value in losses]))
             print(f"global step {step}: loss {loss:.4f}", flush=True)
             if warned and manager:
-                print(f"chief: got signal {warned.pop()}: checkpointing now", flush=True)
+                # one checkpoint however many copies arrived (Slurm's, the agent's, the launcher's)
+                print(f"chief: got signal {warned[0]}: checkpointing now", flush=True)
+                warned.clear()
                 saved = -args.checkpoint_steps
             if manager and (step - saved >= args.checkpoint_steps or step >= args.train_steps):
                 path = manager.save(checkpoint_number=step)

@@ -471,3 +471,10 @@ def test_validate_aws_example_without_boto3_is_a_clear_error(monkeypatch):
     assert "ssh.ec2 needs boto3, which is not installed: pip install 'tflaunch[aws]'" in (
         result.output
     )
+
+
+def test_ssh_host_wait_needs_a_restart_policy() -> None:
+    base = "program: [p]\nbackend: ssh\nhosts: [a]\nssh: {host_wait: 30}\n"
+    with pytest.raises(ConfigError, match="ssh.host_wait: needs a restart policy"):
+        parse_config(base)
+    assert parse_config(base + "supervision: {restart: {ps: exit-code}}\n").ssh.host_wait == 30

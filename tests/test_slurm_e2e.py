@@ -8,6 +8,7 @@ done-when runs use the real distributed MNIST (models/mnist.py) with few steps.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -402,3 +403,51 @@ def test_env_from_reaches_the_tasks_and_no_run_file(cluster, tmp_path) -> None:
     for name in ("plan.json", "run.json", "cluster.yaml", "job.sbatch", "slurm.json"):
         assert (run / name).stat().st_mode & 0o777 == 0o600, name
         assert secret not in (run / name).read_text(), name
+
+
+# --- time limit, warning signal, requeue ------------------------------------------------------------
+
+
+def test_time_limit_warning_checkpoints_requeues_and_the_requeued_job_resumes(
+    cluster, tmp_path
+) -> None:
+    """A real TF2 PSS run that does not fit its 2-minute limit: Slurm's warning (USR1, 90 s
+    ahead) makes the chief checkpoint, tflaunch stops the cluster and requeues the job, and the
+    requeued job resumes from that checkpoint and completes; `up` follows it to the end."""
+    argv = [
+        sys.executable, "-m", "tflaunch.models.pss", "--train_steps", "500",
+        "--step_delay", "0.1", "--checkpoint_steps", "100000",  # only the warning checkpoints
+        "--checkpoint_dir", "{checkpoint_dir}",
+    ]  # fmt: skip
+    path = write_cluster(
+        tmp_path,
+        argv,
+        {"ps": 1, "worker": 1, "chief": 1},
+        name="requeue",
+        supervision={"success": "chief"},
+        slurm={"time": "2", "signal": "USR1@90", "requeue": 1, "checkpoint_wait": 10},
+    )
+    result = tflaunch("up", str(path), timeout=600)
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:] + result.stderr[-3000:]
+    run = the_run(tmp_path)
+    assert "--requeue" in (run / "job.sbatch").read_text()
+    job_id = json.loads((run / "run.json").read_text())["job_id"]
+    assert f"Slurm job {job_id} is requeued; following it until it ends" in out
+    assert "[chief:0]  chief: got signal 10: checkpointing now" in out
+    saved = int(re.findall(r"saved checkpoint \S+ at global step (\d+)", out)[0])
+    resumed = int(re.search(r"resumed from \S+ at global step (\d+)", out).group(1))
+    assert resumed == saved > 0  # the warning's checkpoint, not step 0
+    assert "global step 500:" in out
+    assert float(re.search(r"test accuracy: ([0-9.]+)", out).group(1)) > 0.9
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    assert kinds.count("coordinator_started") == 2
+    assert kinds.count("requeue_scheduled") == 1 and kinds.count("requeueing") == 1
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["state"] == "succeeded" and meta["exit_code"] == 0
+    show = subprocess.run(
+        ["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30
+    ).stdout
+    assert "Restarts=1" in show and "JobState=COMPLETED" in show
+    assert wait_gone(str(tmp_path)) == []

@@ -16,6 +16,8 @@ from tflaunch.launchers.slurm.node import (
     allocation_hosts,
     allocation_nodes,
     node_gpu_ids,
+    requeue_rule,
+    too_many_requeues,
 )
 from tflaunch.launchers.slurm.script import Layout, layout
 from tflaunch.plan import Host, render_task
@@ -108,3 +110,18 @@ def test_heterogeneous_job_puts_ps_on_the_ps_component() -> None:
     }
     assert render_task(plan, plan.task("ps:0")).env["CUDA_VISIBLE_DEVICES"] == ""
     assert plan.task("worker:0").gpus == ("0",)
+
+
+def test_requeue_rule_counts_slurms_restarts_against_the_limit() -> None:
+    cfg = config(slurm={"signal": "USR1@120", "requeue": 2, "checkpoint_wait": 20})
+    first = requeue_rule(cfg, 0)
+    assert (first.after, first.note, first.refused) == (20, "requeue 1 of at most 2", "")
+    assert requeue_rule(cfg, 1).note == "requeue 2 of at most 2"
+    assert "requeued 2 time(s), the limit of slurm.requeue (2)" in requeue_rule(cfg, 2).refused
+    assert requeue_rule(config(slurm={"signal": "USR1@120"}), 0) is None
+    assert too_many_requeues(cfg, 2, "7") is None
+    assert "Slurm job 7 was requeued 3 time(s) (SLURM_RESTART_COUNT), more than slurm.requeue" in (
+        too_many_requeues(cfg, 3, "7")
+    )
+    # without slurm.requeue, a job Slurm requeued on its own does not start again
+    assert "more than slurm.requeue allows (0)" in too_many_requeues(config(), 1, "7")

@@ -352,3 +352,26 @@ def test_newline_in_the_cluster_file_path_stays_inside_the_comment():
     assert lines[1] == '# tflaunch run r-1, from "/home/u/a\\ntouch /tmp/pwned\\n#.yaml"'
     assert all(line.startswith("#") for line in lines[:6])
     assert not any(line.startswith("touch") for line in lines)
+
+
+def test_requeue_makes_the_job_requeueable_with_its_output_appended() -> None:
+    cfg = config(slurm={"time": "00:10:00", "signal": "USR1@120", "requeue": 2})
+    lines = render_sbatch(cfg, layout(cfg), inputs()).splitlines()
+    assert "#SBATCH --requeue" in lines and "#SBATCH --open-mode=append" in lines
+    plain = config(slurm={"time": "00:10:00", "signal": "USR1@120"})
+    assert "--requeue" not in render_sbatch(plain, layout(plain), inputs())
+
+
+def test_requeue_needs_the_warning_signal() -> None:
+    with pytest.raises(ConfigError, match="slurm.requeue: needs slurm.signal"):
+        config(slurm={"requeue": 1})
+
+
+def test_checkpoint_wait_must_fit_before_the_time_limit() -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"slurm.checkpoint_wait: 30 s, plus 10 s to stop the tasks .* does not fit in "
+        r"the 40 s between the signal and the time limit",
+    ):
+        config(slurm={"signal": "USR1@40", "requeue": 1})
+    config(slurm={"signal": "USR1@40", "requeue": 1, "checkpoint_wait": 20})

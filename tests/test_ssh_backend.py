@@ -475,3 +475,71 @@ def test_mnist_2ps_3workers_on_private_addresses(ssh_test_hosts, tmp_path):
     assert "test accuracy:" in (run / "worker-0.log").read_text()
     assert "serving at 198.18.2." in (run / "ps-1.log").read_text()
     assert wait_hosts_clean(ssh_test_hosts, 10) == []
+
+
+# ---- a host that stops answering ------------------------------------------------------------
+
+
+def test_lost_host_that_answers_again_gets_a_new_agent_and_the_cluster_restarts(
+    ssh_test_hosts, tmp_path
+):
+    """host2 drops off the launcher's network for a while (its tasks still reach the others):
+    with ssh.host_wait the other hosts stop their tasks, host2's agent stops its own on
+    its heartbeat timeout, and once host2 answers again the whole cluster starts again."""
+    cluster = ssh_cluster(
+        tmp_path,
+        ssh_test_hosts,
+        env={"WORK_SECONDS": "20"},
+        ssh={"host_wait": 60},
+        supervision={"restart": {"ps": "exit-code", "backoff": 0.5}},
+    )
+    proc, _ = start_and_wait_ready(cluster)
+    host2 = ssh_test_hosts.host(2)
+    try:
+        ssh_hosts.cut_host_link(host2)
+        seen = read_until(proc.stdout, "host2 stopped answering", timeout=30)
+        time.sleep(4)
+        ssh_hosts.restore_host_link(host2)
+        seen += read_until(proc.stdout, "host2 answers again", timeout=60)
+        seen += read_until(proc.stdout, "succeeded", timeout=90)
+        assert proc.wait(timeout=60) == 0, seen[-3000:] + proc.stderr.read()[-3000:]
+    finally:
+        ssh_hosts.restore_host_link(host2)
+        if proc.poll() is None:
+            proc.kill()
+    assert "waiting up to 60 s (ssh.host_wait)" in seen
+    assert "restarts: host2 stopped answering 1 time(s); the cluster restarted 1 time(s)" in seen
+    evs = events(only_run(tmp_path))
+    assert [e["host"] for e in evs if e["event"] == "host_lost"] == ["host2"]
+    assert [e["host"] for e in evs if e["event"] == "host_back"] == ["host2"]
+    for task in ("ps:0", "ps:1", "worker:0", "worker:1", "worker:2"):
+        assert len([e for e in evs if e["event"] == "started" and e["task"] == task]) == 2, task
+    assert wait_hosts_clean(ssh_test_hosts, 30) == []
+
+
+def test_lost_host_still_silent_after_host_wait_fails_the_run_naming_it(ssh_test_hosts, tmp_path):
+    cluster = ssh_cluster(
+        tmp_path,
+        ssh_test_hosts,
+        env={"WORK_SECONDS": "120"},
+        ssh={"host_wait": 14},
+        supervision={"restart": {"ps": "exit-code"}},
+    )
+    proc, _ = start_and_wait_ready(cluster)
+    host2 = ssh_test_hosts.host(2)
+    try:
+        ssh_hosts.cut_host_link(host2)
+        cut_at = time.monotonic()
+        _, stderr = proc.communicate(timeout=90)
+        elapsed = time.monotonic() - cut_at
+        # host2's agent hears nothing and stops its tasks; the others are stopped by the launcher
+        assert wait_hosts_clean(ssh_test_hosts, 30) == []
+    finally:
+        ssh_hosts.restore_host_link(host2)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1
+    assert "host host2 did not answer again within 14 s (ssh.host_wait)" in stderr
+    assert "Its tasks (ps:1, worker:1) are stopped by its agent" in stderr
+    assert "restarts: host2 stopped answering 1 time(s)" in stderr
+    assert elapsed < 6 + 14 + 20

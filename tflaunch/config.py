@@ -13,7 +13,7 @@ import dataclasses
 import importlib.util
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -371,6 +371,19 @@ class SlurmSection:
         doc="USR1@SECONDS or USR2@SECONDS: Slurm signals the agents that long before the time "
         "limit (sbatch --signal) and they pass it on to every task, so the chief can checkpoint",
     )
+    requeue: int = field(
+        0,
+        minimum=0,
+        doc="times the job may be requeued (sbatch --requeue): when the signal arrives, tflaunch "
+        "waits checkpoint_wait seconds, stops the cluster and requeues the job with scontrol "
+        "requeue; the requeued job resumes from the checkpoints. Needs signal (0: never)",
+    )
+    checkpoint_wait: float = field(
+        30.0,
+        minimum=0,
+        doc="with requeue: seconds between the signal and stopping the cluster for the requeue, "
+        "for the chief to write its checkpoint; less than the signal's SECONDS",
+    )
 
 
 @dataclass(frozen=True)
@@ -478,6 +491,14 @@ class SshSection:
     setup_once: bool = field(
         False,
         doc="skip the setup lines on a host where they (and setup_inputs) already succeeded",
+    )
+    host_wait: float = field(
+        0.0,
+        minimum=0,
+        doc="when a host stops answering, stop the other hosts' tasks and wait this many seconds "
+        "for it to answer again, then start a new agent there and restart the whole cluster from "
+        "the checkpoints (counted in supervision.restart.max_cluster_restarts); 0: a host that "
+        "stops answering fails the run",
     )
 
 
@@ -620,6 +641,14 @@ def _check(config: ClusterConfig, positions: Mapping[tuple, int]) -> None:
             f"{config.slurm.signal!r} is not USR1@SECONDS or USR2@SECONDS (e.g. USR1@120); "
             "the agents pass only those on to the tasks",
         )
+    _check_requeue(config, fail)
+    if config.ssh.host_wait and not config.supervision.restart.enabled:
+        fail(
+            ("ssh", "host_wait"),
+            "needs a restart policy in supervision.restart (e.g. ps: exit-code): only with one "
+            "do the other hosts' agents stay up to start their tasks again once the lost host "
+            "is back",
+        )
     pattern = config.supervision.step_pattern
     try:
         groups = re.compile(pattern).groups
@@ -700,6 +729,29 @@ def _check_env(config: ClusterConfig, fail: Any) -> None:
                     "to the job, which program.env_from relies on; drop it or list the "
                     "variables in program.env",
                 )
+
+
+def _check_requeue(config: ClusterConfig, fail: Callable[[tuple, str], None]) -> None:
+    """``slurm.requeue`` needs the warning signal, and time after the wait to stop the tasks."""
+    slurm = config.slurm
+    if not slurm.requeue:
+        return
+    if not slurm.signal:
+        fail(
+            ("slurm", "requeue"),
+            "needs slurm.signal (e.g. USR1@120): the requeue happens when Slurm's warning "
+            "arrives ahead of the time limit, after the chief had time to checkpoint",
+        )
+    lead = int(str(slurm.signal).partition("@")[2])
+    stop = config.supervision.grace_period + 5
+    if slurm.checkpoint_wait + stop >= lead:
+        fail(
+            ("slurm", "checkpoint_wait"),
+            f"{slurm.checkpoint_wait:g} s, plus {stop:g} s to stop the tasks "
+            f"(supervision.grace_period + 5), does not fit in the {lead} s between the signal "
+            f"and the time limit (slurm.signal {slurm.signal}); lower checkpoint_wait or signal "
+            "earlier",
+        )
 
 
 def _moved_module(config: ClusterConfig) -> tuple[int, str] | None:

@@ -15,6 +15,16 @@
   a MonitoredTrainingSession worker that starts after the chief finished can wait forever.
 - SIGINT, SIGTERM or SIGHUP (Ctrl-C, ``tflaunch down``): the same teardown, never a restart;
   exit 130, 143 or 129.
+- A host that stops answering (its link's probe reports ``host_lost``) fails the run with a report
+  naming the host and its tasks — unless the backend can start a new agent there (a
+  :class:`Revive`: SSH with ``ssh.host_wait``): then the other hosts stop their tasks, the host
+  gets up to ``host_wait`` seconds to answer again, a new agent starts its tasks there and the others
+  start theirs (a cluster restart, counted in ``restart.max_cluster_restarts``); a host still
+  silent after ``host_wait`` fails the run, naming it.
+- SIGUSR1 or SIGUSR2 (Slurm's warning ahead of the time limit) is passed on to every task. Given
+  a :class:`Requeue` (Slurm with ``slurm.requeue``), the run is then stopped ``after`` seconds
+  later — time for the chief to checkpoint — with a ``requeued`` outcome, and the caller requeues
+  the job; a signal that stops the run first (``scancel``, ``down``) wins, and nothing is requeued.
 
 Agents are reached through links (``tflaunch.launchers.base.AgentLink``): a subprocess's pipes, an SSH
 channel or a TCP socket. The protocol is the same JSON lines on all of them.
@@ -29,7 +39,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -60,6 +70,26 @@ _EVENTS_KEPT = {
 }
 
 
+@dataclass(frozen=True)
+class Requeue:
+    """What Slurm's warning signal leads to when the job may be requeued: the run stops for the
+    requeue ``after`` seconds later. ``refused`` (the limit is reached) says why it does not."""
+
+    after: float = 0.0
+    note: str = ""  # "requeue 1 of at most 2"
+    refused: str = ""
+
+
+@dataclass(frozen=True)
+class Revive:
+    """How a backend waits for a host that stopped answering (SSH's ``ssh.host_wait``): up to
+    ``wait`` seconds; ``start(host, deadline)`` returns a new agent's link on the host once it
+    answers, and raises when it stays silent until the deadline (monotonic clock)."""
+
+    wait: float
+    start: Callable[[str, float], AgentLink]
+
+
 @dataclass
 class TaskState:
     name: str
@@ -72,6 +102,8 @@ class TaskState:
 
 
 class Coordinator:
+    OLD_AGENT_MARGIN = 10.0  # seconds, beyond the grace period, for a lost host's agent to end
+
     def __init__(
         self,
         plan: Plan,
@@ -79,8 +111,20 @@ class Coordinator:
         links: Sequence[AgentLink],
         out: IO[str] | None = None,
         on_ready: Any = None,
+        requeue: Requeue | None = None,
+        revive: Revive | None = None,
     ):
         self.plan, self.run, self.links = plan, run, list(links)
+        self.revive = revive
+        self.host_wait = revive.wait if revive else 0.0
+        self.lost: dict[str, float] = {}  # hosts that stopped answering -> when
+        self.revived: set[str] = set()  # hosts whose new agent started its own tasks
+        self._new_links: dict[str, AgentLink] = {}  # from the revive threads
+        self._ended = threading.Event()  # no new agent may start any more
+        self._revive_lock = threading.Lock()
+        self.requeue = requeue
+        self.requeue_at: float | None = None
+        self.warning = ""  # the first warning signal's name
         self.out = out or sys.stdout
         self.on_ready = on_ready
         self.events: queue.Queue = queue.Queue()
@@ -129,7 +173,7 @@ class Coordinator:
                 link.start_reader(self.events)
             self._record({"event": "coordinator_started", "hosts": sorted(self.open_links)})
             last_ping = time.monotonic()
-            while self.outcome is None and self.open_links:
+            while self.outcome is None and (self.open_links or self.lost):
                 try:
                     host, event = self.events.get(timeout=0.2)
                     self._handle(host, event)
@@ -144,6 +188,8 @@ class Coordinator:
                 self.outcome = self._fail_without_task(
                     "every agent ended before the run finished", 1
                 )
+            with self._revive_lock:
+                self._ended.set()
             self._teardown()
         finally:
             self._restore_signal_handlers(previous)
@@ -157,6 +203,7 @@ class Coordinator:
             name = signal.Signals(self._passed_on.pop(0)).name
             for link in self.links:
                 link.send({"cmd": "pass_on", "signal": name})
+            self._warned(name)
         now = time.monotonic()
         due = [item for item in self.scheduled if item[0] <= now]
         if due and self.outcome is None and self._signal is None:
@@ -171,6 +218,19 @@ class Coordinator:
                 128 + self._signal,
                 f"interrupted by {name}; the cluster was stopped",
                 interrupted=True,
+            )
+        elif (
+            self.requeue_at is not None
+            and self.outcome is None
+            and time.monotonic() >= self.requeue_at
+        ):
+            assert self.requeue is not None
+            self._record({"event": "requeueing", "signal": self.warning})
+            self.outcome = Outcome(
+                0,
+                f"stopped {self.requeue.after:g} s after Slurm's {self.warning} to be requeued "
+                f"({self.requeue.note}); the requeued job resumes from the checkpoints",
+                requeued=True,
             )
         elif (
             self.leader_done_at is not None
@@ -189,6 +249,24 @@ class Coordinator:
                 "finished (supervision.finish_timeout); a worker that starts after the chief "
                 "finished can wait forever",
             )
+
+    def _warned(self, name: str) -> None:
+        """Slurm's warning arrived: schedule the stop for a requeue, or say why there is none."""
+        if self.warning:
+            return  # Slurm signals every process of the step: one warning, seen more than once
+        self.warning = name
+        if self.requeue is None:
+            return
+        if self.requeue.refused:
+            self._say(f"{name} from Slurm passed on to the tasks; {self.requeue.refused}")
+            return
+        self.requeue_at = time.monotonic() + self.requeue.after
+        self._record({"event": "requeue_scheduled", "signal": name, "after": self.requeue.after})
+        self._say(
+            f"{name} from Slurm passed on to the tasks; stopping the cluster in "
+            f"{self.requeue.after:g} s (slurm.checkpoint_wait) to requeue the job "
+            f"({self.requeue.note})"
+        )
 
     # ---- events ----------------------------------------------------------------------------
 
@@ -235,7 +313,21 @@ class Coordinator:
             self.outcome = self._fail_without_task(
                 f"{host}: {event.get('message')}", int(event.get("code", 1))
             )
+        elif kind == "host_lost":
+            self._host_lost(host, str(event.get("message", "")))
+        elif kind == "host_back":
+            self._host_back(host)
+        elif kind == "host_gone" and self.outcome is None:
+            self.outcome = self._host_failed(
+                host,
+                f"did not answer again within {self.host_wait:g} s (ssh.host_wait): "
+                f"{event.get('message')}",
+            )
         elif kind == "link_closed":
+            current = next((link for link in self.links if link.host == host), None)
+            ended = getattr(current, "ended", None)
+            if host in self.lost or (ended is not None and not ended.is_set()):
+                return  # the old link of a host that is lost, or was since given a new agent
             self.open_links.discard(host)
             unfinished = [s.name for s in self.tasks_by_host[host] if s.state != "exited"]
             if unfinished and self.outcome is None:
@@ -352,16 +444,133 @@ class Coordinator:
             link.send({"cmd": "stop_tasks", "reason": "cluster restart"})
 
     def _check_cluster_stopped(self) -> None:
-        """Once every agent stopped its tasks, start them all again after the backoff."""
-        if self.cluster_phase != "stopping" or self.stopped_hosts < self.open_links:
+        """Once every agent stopped its tasks (and every lost host has a new agent), start them
+        all again after the backoff."""
+        if self.cluster_phase != "stopping" or not self.open_links <= self.stopped_hosts:
             return
+        if self.lost:
+            self.cluster_phase = "waiting"
+            for host in self.lost:
+                threading.Thread(target=self._wait_for_host, args=(host,), daemon=True).start()
+            return
+        self._start_again()
+
+    def _start_again(self) -> None:
         self.cluster_phase = ""
         self.ready = False
         for state in self.tasks.values():
             state.state, state.code, state.pid = "pending", None, None
             self._track(state)
         command = {"cmd": "start_tasks", "generation": self.book.cluster_restarts}
-        self.scheduled.append((time.monotonic() + self.cluster_delay, None, command))
+        when = time.monotonic() + self.cluster_delay
+        for host in sorted(self.open_links - self.revived):
+            self.scheduled.append((when, host, command))
+        self.revived = set()
+
+    # ---- hosts that stop answering -----------------------------------------------------------
+
+    def _host_lost(self, host: str, message: str) -> None:
+        if host in self.lost or self.outcome is not None:
+            return
+        self._record({"event": "host_lost", "host": host, "message": message})
+        self.open_links.discard(host)
+        self.stopped_hosts.discard(host)
+        if self.revive is None:
+            self.outcome = self._host_failed(host, f"stopped answering: {message}")
+            return
+        decision = self.book.decide_host_lost(host)
+        if decision.action == "fail":
+            self.outcome = self._host_failed(
+                host, f"stopped answering: {message}. Not waiting for it: {decision.reason}"
+            )
+            return
+        now = time.monotonic()
+        self.lost[host] = now
+        for state in self.tasks.values():
+            if state.host == host:
+                state.state = "exited"
+            self.failed_at.setdefault(state.name, now)
+        self._record(
+            {
+                "event": "cluster_restarting",
+                "cause": "host_lost",
+                "host": host,
+                "delay": decision.delay,
+                "generation": self.book.cluster_restarts,
+            }
+        )
+        self._say(
+            f"{host} stopped answering ({message}); stopping the tasks on the other hosts and "
+            f"waiting up to {self.host_wait:g} s (ssh.host_wait) for it to answer "
+            "again, then restarting the whole cluster from its checkpoints (cluster restart "
+            f"{self.book.cluster_restarts} of at most "
+            f"{self.plan.supervision.restart.max_cluster_restarts})"
+        )
+        if self.cluster_phase == "waiting":  # another host is being waited for already
+            threading.Thread(target=self._wait_for_host, args=(host,), daemon=True).start()
+            return
+        if self.cluster_phase != "stopping":
+            self.scheduled = []
+            self.cluster_phase, self.cluster_delay = "stopping", decision.delay
+            self.stopped_hosts = set()
+            self.leader_done_at = None
+            for link in self.links:
+                if link.host in self.open_links:
+                    link.send({"cmd": "stop_tasks", "reason": f"{host} stopped answering"})
+        self._check_cluster_stopped()
+
+    def _wait_for_host(self, host: str) -> None:
+        """(thread) Start a new agent on ``host`` once it answers; post host_back or host_gone.
+
+        Not before the old agent is surely gone: it stops its tasks when it has heard nothing
+        for its heartbeat timeout, which passed when the host was reported lost, and then takes
+        at most the grace period."""
+        lost_at = self.lost[host]
+        deadline = lost_at + self.host_wait
+        time.sleep(max(0.0, lost_at + self.grace + self.OLD_AGENT_MARGIN - time.monotonic()))
+        try:
+            assert self.revive is not None
+            link = self.revive.start(host, deadline)
+        except Exception as err:  # reported as the host's failure
+            self.events.put((host, {"event": "host_gone", "message": str(err)}))
+            return
+        with self._revive_lock:
+            if self._ended.is_set():
+                link.close(timeout=5)  # the run ended meanwhile: the new agent stops at once
+                return
+            self._new_links[host] = link
+            self.events.put((host, {"event": "host_back"}))
+
+    def _host_back(self, host: str) -> None:
+        link = self._new_links.pop(host)
+        lost_at = self.lost.pop(host)
+        self.links = [old for old in self.links if old.host != host] + [link]
+        self.open_links.add(host)
+        self.revived.add(host)
+        seconds = time.monotonic() - lost_at
+        self._record({"event": "host_back", "host": host, "seconds": round(seconds, 3)})
+        self._say(f"{host} answers again after {seconds:.1f} s: a new agent starts its tasks")
+        if not self.lost:
+            self._start_again()
+        link.start_reader(self.events)
+
+    def _host_failed(self, host: str, what: str) -> Outcome:
+        tasks = [s.name for s in self.tasks.values() if s.host == host]
+        lines = [
+            f"host {host} {what}.",
+            f"Its tasks ({', '.join(tasks)}) are stopped by its agent once that has heard "
+            f"nothing for {self.plan.supervision.heartbeat_timeout:g} s "
+            "(supervision.heartbeat_timeout).",
+        ]
+        if self.revive is None:  # only SSH links report a lost host
+            lines.append(
+                "Set ssh.host_wait to wait for such a host and restart the cluster "
+                "from its checkpoints."
+            )
+        restarts = self.book.summary()
+        if restarts:
+            lines.append("restarts: " + "; ".join(restarts))
+        return self._fail_without_task("\n".join(lines), 1)
 
     def _not_restarted(self, failure: Failure, decision: Decision) -> str:
         if self.plan.supervision.restart.of(failure.job).policy == "never":
@@ -469,11 +678,16 @@ def coordinate(
     links: Sequence[AgentLink],
     on_ready: Any = None,
     out: IO[str] | None = None,
+    requeue: Requeue | None = None,
+    revive: Revive | None = None,
 ) -> Outcome:
     """Coordinate ``links``' agents until the run ends, close the links, and record the end."""
     run.update_meta(state="running")
     try:
-        outcome = Coordinator(plan, run, links, out=out, on_ready=on_ready).run_cluster()
+        coordinator = Coordinator(
+            plan, run, links, out=out, on_ready=on_ready, requeue=requeue, revive=revive
+        )
+        outcome = coordinator.run_cluster()
     finally:
         for link in links:
             link.close(timeout=5)

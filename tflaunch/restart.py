@@ -11,6 +11,8 @@ feeds it failures and acts on its decisions.
 - Bounds: ``max_restarts`` per task of the role, ``restart.max_restarts`` single-task restarts per
   run, ``restart.max_cluster_restarts`` cluster restarts per run. Past a bound the run fails and
   the report names the task, its exits and the bound.
+- A host that stops answering (SSH, with ``ssh.host_wait``) costs a cluster restart too,
+  within ``restart.max_cluster_restarts``, whatever the roles' policies.
 - Backoff: ``backoff`` seconds before a task's first restart, doubling with each further one of
   the same task (of the cluster, for cluster restarts), at most ``backoff_max``.
 """
@@ -61,6 +63,7 @@ class RestartBook:
     task_restarts: dict[str, int] = field(default_factory=dict)
     run_task_restarts: int = 0
     cluster_restarts: int = 0
+    hosts_lost: dict[str, int] = field(default_factory=dict)
 
     def decide(self, failure: Failure) -> Decision:
         """Record ``failure`` and say what to do about it."""
@@ -102,6 +105,19 @@ class RestartBook:
         self.task_restarts[failure.task] = done + 1
         return Decision("restart_task", self._backoff(done + 1), done + 1)
 
+    def decide_host_lost(self, host: str) -> Decision:
+        """A host stopped answering: restart the cluster once it is back, within the bound."""
+        self.hosts_lost[host] = self.hosts_lost.get(host, 0) + 1
+        if self.cluster_restarts >= self.policy.max_cluster_restarts:
+            return Decision(
+                "fail",
+                reason=f"the cluster was restarted {self.cluster_restarts} time(s), the limit "
+                f"of supervision.restart.max_cluster_restarts "
+                f"({self.policy.max_cluster_restarts})",
+            )
+        self.cluster_restarts += 1
+        return Decision("restart_cluster", self._backoff(self.cluster_restarts))
+
     def _backoff(self, nth: int) -> float:
         return min(self.policy.backoff * 2 ** (nth - 1), self.policy.backoff_max)
 
@@ -117,6 +133,9 @@ class RestartBook:
         lines = [
             f"{task} restarted {n} time(s) (failures: {self.history(task)})"
             for task, n in sorted(self.task_restarts.items())
+        ]
+        lines += [
+            f"{host} stopped answering {n} time(s)" for host, n in sorted(self.hosts_lost.items())
         ]
         if self.cluster_restarts:
             lines.append(f"the cluster restarted {self.cluster_restarts} time(s)")

@@ -30,7 +30,8 @@ from tflaunch.errors import RunNotFoundError
 from tflaunch.plan import Plan, cluster_file_path, cluster_file_text
 from tflaunch.runfiles import DEFAULT_DIR_MODE, make_run_dir, write_run_file
 
-# A run's states, in run.json: created → (submitted →) starting → running → one of ENDED.
+# A run's states, in run.json: created → (submitted →) starting → running → one of ENDED; a
+# Slurm run may go running → requeued → running again before it ends.
 ENDED = ("succeeded", "failed", "stopped")
 INTERRUPT_CODES = (129, 130, 143)  # SIGHUP, SIGINT, SIGTERM: the run was stopped, not failed
 
@@ -38,14 +39,18 @@ INTERRUPT_CODES = (129, 130, 143)  # SIGHUP, SIGINT, SIGTERM: the run was stoppe
 @dataclass(frozen=True)
 class Outcome:
     """How a run ended: its exit code, one message (the failure report), and whether it was
-    stopped (Ctrl-C, ``tflaunch down``, a cancelled job) rather than failed."""
+    stopped (Ctrl-C, ``tflaunch down``, a cancelled job) rather than failed. A run stopped to be
+    requeued (Slurm) has not ended: its state is ``requeued`` until the requeued job ends it."""
 
     code: int
     message: str
     interrupted: bool = False
+    requeued: bool = False
 
     @property
     def state(self) -> str:
+        if self.requeued:
+            return "requeued"
         return "succeeded" if self.code == 0 else "stopped" if self.interrupted else "failed"
 
 
@@ -148,7 +153,11 @@ class Run:
         )
 
     def finish(self, outcome: Outcome) -> Outcome:
-        """Record how the run ended: the one place a run's end is written."""
+        """Record how the run ended: the one place a run's end is written. A run stopped to be
+        requeued has not ended: only its state and message are written."""
+        if outcome.requeued:
+            self.update_meta(state=outcome.state, message=outcome.message)
+            return outcome
         self.update_meta(
             state=outcome.state, exit_code=outcome.code, ended=time.time(), message=outcome.message
         )

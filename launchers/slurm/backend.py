@@ -6,7 +6,9 @@ job id; then follows the job until it ends, streaming the job's output file — 
 coordinator on the first node writes every task's output with a ``[worker:1]`` prefix — and exits
 with the run's result (the coordinator's exit code from ``run.json``; Slurm's verdict when the job
 ended without one: cancelled, out of time, node failure). Ctrl-C, SIGTERM or SIGHUP while
-following cancels the job. ``--detach`` returns after submission.
+following cancels the job. ``--detach`` returns after submission. A job requeued (``slurm.requeue``,
+or Slurm's own requeue) is followed on through the requeue: its output file is appended to, and the
+run ends when the requeued job ends.
 
 The run directory must be on a file system that the login node and every compute node share
 (``$SCRATCH`` on Piz Daint): the nodes read the plan inputs from it and write logs and events there.
@@ -71,6 +73,9 @@ class _Tail:
                 data = f.read()
         except OSError:
             return
+        if not data and self.path.exists() and self.path.stat().st_size < self.offset:
+            self.offset, self.partial = 0, b""  # truncated (a requeued job without append)
+            return
         self.offset += len(data)
         lines = (self.partial + data).split(b"\n")
         self.partial = lines.pop()
@@ -103,6 +108,7 @@ def follow(run: Run, job_id: str, out: IO[str] = sys.stdout, err: IO[str] = sys.
     previous = _catch_signals(caught)
     cancelled_at: float | None = None
     said = ""
+    requeued = False
     try:
         while True:
             for tail in tails:
@@ -110,6 +116,10 @@ def follow(run: Run, job_id: str, out: IO[str] = sys.stdout, err: IO[str] = sys.
             state = job_state(job_id)
             if state.ended:
                 break
+            if (run.read_meta().get("state") == "requeued") != requeued:
+                requeued = not requeued
+                if requeued:
+                    _say(out, f"Slurm job {job_id} is requeued; following it until it ends")
             if caught and cancelled_at is None:
                 cancelled_at = time.monotonic()
                 _say(err, f"{signal.Signals(caught[0]).name}: cancelling Slurm job {job_id}")

@@ -1,4 +1,4 @@
-"""A client for Slurm's commands: sbatch, squeue, sacct and scancel, with bounded waits.
+"""A client for Slurm's commands: sbatch, squeue, sacct, scancel and scontrol, with bounded waits.
 
 The only module that runs Slurm's client commands. ``job_state`` asks squeue (plain format while
 the job lives, JSON once it ended) and falls back to sacct where accounting exists.
@@ -161,3 +161,8 @@ def submit(script: Path) -> str:
 def cancel(job_id: str, check: bool = False) -> None:
     """``scancel`` the job."""
     slurm_command(["scancel", job_id], check=check)
+
+
+def requeue(job_id: str) -> None:
+    """``scontrol requeue`` the job: Slurm stops it and queues it again under the same id."""
+    slurm_command(["scontrol", "requeue", job_id])

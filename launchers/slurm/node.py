@@ -11,6 +11,14 @@ the coordinator over all of them. The other nodes connect, wait for ``start``, a
 with its JSON-lines stream on the TCP connection instead of stdin/stdout: same protocol, another
 transport. A lost connection or a silent coordinator makes an agent tear its tasks down.
 
+Requeue (``slurm.requeue: N`` with ``slurm.signal``): when Slurm's warning signal arrives, the
+coordinator passes it on (the chief checkpoints), waits ``slurm.checkpoint_wait`` seconds, stops
+the cluster, and this node runs ``scontrol requeue $SLURM_JOB_ID``; run.json says ``requeued``.
+The requeued job (same id, ``SLURM_RESTART_COUNT`` one higher, its own rendezvous) starts every
+task again and the programs resume from their checkpoints. Past N requeues the warning is only
+passed on, and a job requeued more than N times (by Slurm itself: node failure, preemption)
+refuses to start. A job stopped by ``scancel`` or ``tflaunch down`` is never requeued.
+
 Run as ``python -m tflaunch.launchers.slurm.node --run-dir DIR`` (from the generated job script only).
 """
 
@@ -20,6 +28,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -31,8 +40,10 @@ from pathlib import Path
 from tflaunch import hostlist, procs
 from tflaunch.agent import serve
 from tflaunch.config import ClusterConfig, parse_config
+from tflaunch.coordinator import Requeue
 from tflaunch.errors import TflaunchError
 from tflaunch.launchers.base import Backend
+from tflaunch.launchers.slurm.client import requeue as requeue_job
 from tflaunch.launchers.slurm.script import Layout, layout
 from tflaunch.link import MAX_LINE, ProcessLink, SocketLink, agent_argv, socket_streams
 from tflaunch.plan import Host, Plan, make_plan
@@ -80,6 +91,31 @@ def allocation_hosts(
     hosts = [Host(n, n, n, known_gpus.get(n, default)) for n in workers]
     hosts += [Host(n, n, n, ()) for n in ps]
     return hosts
+
+
+def requeue_rule(config: ClusterConfig, restarts: int) -> Requeue | None:
+    """What the warning signal leads to in a job Slurm has requeued ``restarts`` times."""
+    limit = config.slurm.requeue
+    if not limit or not config.slurm.signal:
+        return None
+    if restarts >= limit:
+        return Requeue(
+            refused=f"the job is not requeued again: it was requeued {restarts} time(s), the "
+            f"limit of slurm.requeue ({limit}), so it ends at its time limit"
+        )
+    return Requeue(config.slurm.checkpoint_wait, f"requeue {restarts + 1} of at most {limit}")
+
+
+def too_many_requeues(config: ClusterConfig, restarts: int, job_id: str) -> str | None:
+    """Why a job requeued ``restarts`` times must not start again (None: it may)."""
+    limit = config.slurm.requeue
+    if restarts <= limit:
+        return None
+    return (
+        f"Slurm job {job_id} was requeued {restarts} time(s) (SLURM_RESTART_COUNT), more than "
+        f"slurm.requeue allows ({limit}); not starting the cluster again. Raise slurm.requeue "
+        "to let a requeued job (preemption, node failure) resume, or resubmit the run."
+    )
 
 
 # --- node context ------------------------------------------------------------------------------
@@ -147,6 +183,7 @@ class AllocationBackend(Backend):
 
     def __init__(self, node: Node, remote: list[SocketLink]):
         self.node, self.remote = node, remote
+        self.requeue = requeue_rule(node.config, int(node.restart))
 
     def hosts(self, config: ClusterConfig) -> list[Host]:
         return allocation_hosts(self.node.env, self.node.job, {})
@@ -172,6 +209,17 @@ class AllocationBackend(Backend):
 
 def coordinate(node: Node) -> int:
     """Run the coordinator on this node; returns the run's exit code."""
+    refused = too_many_requeues(node.config, int(node.restart), node.job_id)
+    if refused:
+        node.run.finish(Outcome(1, refused))
+        print(f"tflaunch: {refused}", file=sys.stderr, flush=True)
+        return 1
+    if node.restart != "0":
+        print(
+            f"[tflaunch] Slurm job {node.job_id} requeued {node.restart} time(s): starting the "
+            "cluster again; the programs resume from their checkpoints",
+            flush=True,
+        )
     first_plan = node.plan()
     expected = {h.name for h in first_plan.hosts_with_tasks()} - {node.name}
     timeout = first_plan.supervision.ready_timeout
@@ -225,7 +273,17 @@ def coordinate(node: Node) -> int:
         job_id=node.job_id, coordinator_host=node.name, nodes=[h.name for h in plan.hosts]
     )
     links = [a.link for a in joined.values()]
-    return AllocationBackend(node, links).launch(node.config, plan, node.run).code
+    outcome = AllocationBackend(node, links).launch(node.config, plan, node.run)
+    if not outcome.requeued:
+        return outcome.code
+    try:
+        requeue_job(node.job_id)
+    except TflaunchError as err:
+        failed = node.run.finish(Outcome(1, f"the job could not be requeued: {err}"))
+        print(f"tflaunch: {failed.message}", file=sys.stderr, flush=True)
+        return 1
+    print(f"[tflaunch] requeued Slurm job {node.job_id}", flush=True)
+    return 0
 
 
 # --- the other nodes ---------------------------------------------------------------------------
@@ -278,6 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--run-dir", required=True, help="the run directory (shared file system)")
     args = parser.parse_args(argv)
+    # Slurm's warning (--signal) goes to every process of the step; until the coordinator or the
+    # agent handle it, it must not kill this process (its default action).
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)
     try:
         node = load_node(Path(args.run_dir), os.environ)
         return coordinate(node) if node.procid == 0 else join(node)

@@ -161,6 +161,10 @@ def render_sbatch(config: ClusterConfig, job: Layout, inputs: ScriptInputs) -> s
         common.append(f"--error={slurm.error}")
     if slurm.signal:
         common.append(f"--signal={slurm.signal}")  # to the step's agents, which pass it on
+    if slurm.requeue:
+        # The first node requeues the job after the signal; a requeued job appends its output to
+        # the same file, which the login node goes on following.
+        common += ["--requeue", "--open-mode=append"]
     if job.heterogeneous:
         lines += ["# component 0: worker nodes"]
         lines += _component(config, job.worker_nodes, job.gpus_per_node, common, ps=False)

@@ -13,7 +13,11 @@ No orphans: a channel without a PTY does not kill its remote process, and sshd n
 only after TCP gives up, so the agent itself stops its tasks when its input closes *or* when no
 heartbeat arrived for ``supervision.heartbeat_timeout`` seconds. The launcher in turn probes every
 connection (an SSH global request, like ``ServerAliveInterval``) and reports a host whose
-connection stopped answering as lost, which fails the run.
+connection stopped answering as lost, which fails the run — unless ``ssh.host_wait`` is
+set: then the other hosts stop their tasks, and once the lost host accepts a connection again
+(within ``host_wait``) a new agent is started there from the plan in its run directory, and the
+whole cluster starts again (see :mod:`tflaunch.coordinator`). Attached runs only: a detached run's
+coordinator on the first host fails the run.
 
 Per-task logs stay in the host's run directory (``<remote run dir>/<run id>/<host>/``) and are
 copied into the local run directory when the run ends.
@@ -31,11 +35,15 @@ from typing import Any
 import paramiko
 
 from tflaunch.config import ClusterConfig
+from tflaunch.coordinator import Revive
 from tflaunch.errors import LaunchError, TflaunchError
 from tflaunch.launchers.base import Backend
 from tflaunch.launchers.ssh import detached
 from tflaunch.launchers.ssh.connect import (
     Connection,
+    SshOptions,
+    connect,
+    connect_all,
     parallel,
 )
 from tflaunch.launchers.ssh.session import HostSession
@@ -90,23 +98,18 @@ class SshLink(StreamLink):
             answered = threading.Event()
             threading.Thread(target=ask, args=(answered,), daemon=True).start()
             if not answered.wait(self.timeout) and not self._closed.is_set():
-                sink.put(
-                    (
-                        self.host,
-                        {
-                            "event": "error",
-                            "code": 1,
-                            "message": f"the SSH connection to {self.conn.address} stopped "
-                            f"answering for {self.timeout:g} s (link lost); its agent "
-                            "stops its tasks when its heartbeat times out",
-                        },
-                    )
+                message = (
+                    f"its SSH connection ({self.conn.address}) stopped answering for "
+                    f"{self.timeout:g} s"
                 )
+                sink.put((self.host, {"event": "host_lost", "message": message}))
                 sink.put((self.host, {"event": "link_closed"}))
                 self.conn.close()  # unblocks the reader
                 return
 
     def send(self, command: dict[str, Any]) -> None:
+        if self.channel.closed:
+            return  # a lost connection: nothing is buffered for a channel that is gone
         with contextlib.suppress(EOFError, OSError, paramiko.SSHException):
             super().send(command)  # a lost connection is reported by the probe and the reader
 
@@ -180,6 +183,38 @@ class SshBackend(Backend):
             self.session.end_probes()
             raise LaunchError("cannot start the agents:\n  " + "\n  ".join(failures))
         return links
+
+    def reviver(self, config: ClusterConfig, plan: Plan, run: Run) -> Revive | None:
+        if not config.ssh.host_wait:
+            return None
+
+        def revive(host: str, deadline: float) -> SshLink:
+            """Connect to ``host`` until it answers or ``deadline``; start a new agent there."""
+            options = SshOptions.from_section(config.ssh, config.base_dir)
+            address = plan.host(host).connect_address
+            while True:
+                try:
+                    if options.jump_host:
+                        conn = connect_all([(host, address)], options)[host]
+                    else:
+                        conn = connect(host, address, options)
+                    break
+                except LaunchError as err:
+                    if time.monotonic() + 2 > deadline:
+                        raise LaunchError(f"the last try to connect said: {err}") from None
+                    time.sleep(2)
+            old = self.session.connections.get(host)
+            if old is not None:
+                with contextlib.suppress(Exception):
+                    old.close()
+            self.session.connections[host] = conn
+            argv = self.session.agent_argv(config.ssh.python, host)
+            sup = plan.supervision
+            return SshLink(
+                host, conn, conn.start(remote_command(argv)), sup.heartbeat, sup.heartbeat_timeout
+            )
+
+        return Revive(config.ssh.host_wait, revive)
 
     # ---- detached runs: the coordinator runs on the first host -----------------------------
 

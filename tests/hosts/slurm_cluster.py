@@ -52,6 +52,9 @@ HOSTS_END = "# END tflaunch slurm test cluster"
 REQUIRED_PROGRAMS = ("ip", "munged", "slurmctld", "slurmd", "scontrol", "sinfo", "sbatch", "srun")
 READY_TIMEOUT_S = 60.0
 LOCK_FILE = Path("/tmp/tfl-slurm.lock")
+# A step credential's lifetime, which is also how long a requeued job waits before it may start
+# again (Slurm's default 120 s would make every requeue test wait two minutes).
+CRED_EXPIRE_S = 30
 
 
 @dataclass(frozen=True)
@@ -286,7 +289,7 @@ SlurmdPort=6818
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket={d}/munge/munge.socket
+AuthInfo=socket={d}/munge/munge.socket,cred_expire={CRED_EXPIRE_S}
 CredType=cred/munge
 StateSaveLocation={d}/state
 SlurmdSpoolDir={d}/spool/%n

@@ -386,6 +386,17 @@ def restore_launcher_link() -> None:
     _ip("link", "set", LAUNCHER_PEER, "up")
 
 
+def cut_host_link(host: TestHost) -> None:
+    """Take one host's link to the public bridge down: the launcher loses that host, while the
+    hosts still reach each other on the private bridge (a host behind a failed route)."""
+    _ip("link", "set", f"tfl-sp{host.index}", "down")
+
+
+def restore_host_link(host: TestHost) -> None:
+    """Bring one host's public link back up."""
+    _ip("link", "set", f"tfl-sp{host.index}", "up")
+
+
 def processes_in(host: TestHost, exclude_sshd: bool = True) -> list[str]:
     """Command lines of the processes running in a host's namespace (sshd itself left out)."""
     found = []
