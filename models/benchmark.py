@@ -106,6 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--display_every", type=int, default=10)
     p.add_argument("--num_intra_threads", type=int, default=0, help="0: TensorFlow chooses")
     p.add_argument("--num_inter_threads", type=int, default=0, help="0: TensorFlow chooses")
+    p.add_argument(
+        "--mixed_precision",
+        default="none",
+        choices=("none", "bf16"),
+        help="bf16: TensorFlow's oneDNN auto mixed precision (convolutions and matrix products "
+        "in bfloat16 where the CPU has it; not numerically equivalent to float32, so opt-in)",
+    )
     p.add_argument("--result_json", default=None, help="write settings, step times, figures here")
     add_cluster_flags(p)
     return p
@@ -192,6 +199,10 @@ def result_document(
 
 def run(args: argparse.Namespace, info: ClusterInfo | None) -> int:
     """Dispatch to the PS join, the graph-mode runner or the tf.function runner."""
+    if args.mixed_precision == "bf16":  # before any graph is optimised
+        import tensorflow as tf
+
+        tf.config.optimizer.set_experimental_options({"auto_mixed_precision_onednn_bfloat16": True})
     if os.environ.get("TFLAUNCH_TRACE_STEPS"):  # tflaunch up --trace: every task takes part
         from tflaunch.models import trace
 

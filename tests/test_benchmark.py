@@ -4,7 +4,9 @@ through `tflaunch up` for every variable update (slow)."""
 from __future__ import annotations
 
 import json
+import math
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -289,3 +291,20 @@ def test_collective_all_reduce_from_a_cluster_file(tmp_path) -> None:
     totals = re.findall(r"^\[worker:\d\]\s+total images/sec: ([\d.]+)$", result.stdout, re.M)
     assert len(totals) == 2 and totals[0] == totals[1]
     assert wait_until_gone(str(tmp_path)) == []
+
+
+@pytest.mark.slow
+def test_bf16_mixed_precision_is_opt_in_and_trains(tmp_path) -> None:
+    """--mixed_precision bf16 (a per-process graph option, so in its own process)."""
+    result_json = tmp_path / "r.json"
+    argv = [sys.executable, "-m", "tflaunch.models.benchmark", *TINY, "--num_batches", "2"]
+    argv += ["--num_warmup_batches", "1", "--mixed_precision", "bf16"]
+    done = subprocess.run([*argv, "--result_json", str(result_json)], cwd=ROOT, text=True,
+                          capture_output=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    document = json.loads(result_json.read_text())
+    assert document["settings"]["mixed_precision"] == "bf16"
+    assert math.isfinite(document["timing"]["final_loss"])
+    from tflaunch.models.benchmark import build_parser
+
+    assert build_parser().parse_args([]).mixed_precision == "none"  # float32 unless asked
