@@ -45,6 +45,7 @@ from tflaunch.launchers.ssh.connect import (
     connect,
     connect_all,
     parallel,
+    remote_command,
 )
 from tflaunch.launchers.ssh.session import HostSession
 from tflaunch.launchers.ssh.sources import resolve_hosts
