@@ -199,21 +199,21 @@ def result_document(
 
 def run(args: argparse.Namespace, info: ClusterInfo | None) -> int:
     """Dispatch to the PS join, the graph-mode runner or the tf.function runner."""
-    if args.mixed_precision == "bf16":  # before any graph is optimised
-        import tensorflow as tf
-
-        tf.config.optimizer.set_experimental_options({"auto_mixed_precision_onednn_bfloat16": True})
     if os.environ.get("TFLAUNCH_TRACE_STEPS"):  # tflaunch up --trace: every task takes part
         from tflaunch.models import trace
 
         trace.setup(info)
+    if info is not None and not info.is_training_task:
+        log(f"task {info.job_name}:{info.task_index} has no part in the benchmark; exiting.")
+        return 0
+    if args.mixed_precision == "bf16":  # before any graph is optimised
+        import tensorflow as tf
+
+        tf.config.optimizer.set_experimental_options({"auto_mixed_precision_onednn_bfloat16": True})
     if info is not None and info.job_name == "ps":
         from tflaunch.models.bench.graph import run_ps
 
         run_ps(args, info)
-        return 0
-    if info is not None and not info.is_training_task:
-        log(f"task {info.job_name}:{info.task_index} has no part in the benchmark; exiting.")
         return 0
     if info is not None and args.variable_update != "collective_all_reduce":
         from tflaunch.models.bench.graph import run_worker
