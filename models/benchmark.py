@@ -203,6 +203,11 @@ def run(args: argparse.Namespace, info: ClusterInfo | None) -> int:
         from tflaunch.models import trace
 
         trace.setup(info)
+    if info is not None and info.job_name == "ps":
+        from tflaunch.models.bench.graph import run_ps
+
+        run_ps(args, info)
+        return 0
     if info is not None and not info.is_training_task:
         log(f"task {info.job_name}:{info.task_index} has no part in the benchmark; exiting.")
         return 0
@@ -210,11 +215,6 @@ def run(args: argparse.Namespace, info: ClusterInfo | None) -> int:
         import tensorflow as tf
 
         tf.config.optimizer.set_experimental_options({"auto_mixed_precision_onednn_bfloat16": True})
-    if info is not None and info.job_name == "ps":
-        from tflaunch.models.bench.graph import run_ps
-
-        run_ps(args, info)
-        return 0
     if info is not None and args.variable_update != "collective_all_reduce":
         from tflaunch.models.bench.graph import run_worker
     else:
