@@ -5,7 +5,9 @@ The clusters are the shape of the issue that asked for this (issue 11): 8 GPUs a
 a node (one per GPU), one co-located PS per 8 nodes. The SSH clusters list every node inline under
 ``hosts:`` (the cluster file grows with the cluster, as a user's would); the Slurm cluster gets its
 nodes from ``SLURM_JOB_NODELIST``, as inside a job, where every node plans its own tasks and the
-shared cluster. Tasks read the cluster from ``{cluster_file}`` (``program.tf_config: false``):
+shared cluster; ``validate`` and ``plan`` run on that Slurm file too (``(slurm)``), which spares
+them the SSH backend's paramiko import. Tasks read the cluster from ``{cluster_file}``
+(``program.tf_config: false``):
 past about 6,000 tasks a TF_CONFIG no longer fits one environment string.
 
 Every measurement is a fresh process (``python -m tflaunch ...``, as a user runs it) timed by wall
@@ -132,6 +134,9 @@ def bench(nodes: int, work: Path, repeats: int, memory_mb: int) -> dict:
             env,
         ),
         "slurm node plan": ([sys.executable, "-c", SLURM_NODE_PLAN, str(run_dir)], node_env),
+        # the same commands on the Slurm file: no paramiko import (0.2 s) and no host list
+        "validate (slurm)": (tflaunch + ["validate", str(run_dir / "cluster.yaml")], env),
+        "plan --json (slurm)": (tflaunch + ["plan", "--json", str(run_dir / "cluster.yaml")], env),
     }
     figures = {}
     for name, (argv, child_env) in commands.items():
@@ -176,7 +181,7 @@ def print_row(result: dict) -> None:
         f"{name} {f['seconds']:.2f} s ({f['cpu_seconds']:.2f} s CPU) {f['peak_rss_mb']:.0f} MB"
         for name, f in result["figures"].items()
     ]
-    size = result["figures"]["plan --json"]["stdout_bytes"] / 1e6
+    size = result["figures"]["plan --json"]["stdout_bytes"] / 1e6  # (the SSH file's plan)
     print(
         f"{result['nodes']:>5} nodes x {GPUS} ({result['tasks']:>6} tasks): "
         + " | ".join(cells)

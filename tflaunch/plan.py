@@ -162,7 +162,15 @@ class Plan:
                 "checkpoint_dir": self.program.checkpoint_dir,
             },
             "cluster": {job: list(addrs) for job, addrs in self.cluster.items()},
-            "hosts": [{**asdict(h), "gpu_ids": list(h.gpu_ids)} for h in self.hosts],
+            "hosts": [
+                {
+                    "name": h.name,
+                    "cluster_address": h.cluster_address,
+                    "connect_address": h.connect_address,
+                    "gpu_ids": list(h.gpu_ids),
+                }
+                for h in self.hosts
+            ],  # written out: dataclasses.asdict deep-copies, thousands of hosts add up
             "tasks": [_task_dict(t) for t in self.tasks],
         }
 
