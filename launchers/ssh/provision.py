@@ -544,7 +544,7 @@ def provisioned_run(
             hosts = hosts_of(planned, ids, found, config.ssh.jump_host is not None, say)
             if config.ssh.jump_host is None:  # behind a jump host sshd is not reachable from here
                 wait_for_ssh(hosts, config.ssh.port, section.ready_timeout, say)
-            plan = make_plan(config, hosts)
+            plan = make_plan(config, hosts, run.dir)  # the run's own checkpoint directory
             run.write_plan(plan)
         started = True
         return start(plan)
