@@ -42,6 +42,7 @@ from typing import Any
 from tflaunch.config import ClusterConfig, Ec2ProvisionSection
 from tflaunch.errors import ConfigError, LaunchError, TflaunchError
 from tflaunch.launchers.ssh.pricing import CostLine, Price, cost_table, gpus_of, resolve_prices
+from tflaunch.launchers.ssh.sources import ec2_client
 from tflaunch.plan import Host, Plan, make_plan
 from tflaunch.run import Run
 
@@ -169,28 +170,6 @@ def user_data(max_runtime: float | None, idle_timeout: float) -> str:
 # ---- EC2 -------------------------------------------------------------------------------------
 
 
-def ec2_client(section: Any) -> Any:
-    """A boto3 EC2 client for a section with region, profile and endpoint_url."""
-    try:
-        import boto3
-        import botocore.exceptions
-    except ImportError as err:
-        raise ConfigError(
-            "ssh.provision needs boto3, which is not installed: pip install 'tflaunch[aws]'."
-        ) from err
-    try:
-        session = boto3.Session(profile_name=section.profile, region_name=section.region)
-        return session.client("ec2", endpoint_url=section.endpoint_url)
-    except botocore.exceptions.ProfileNotFound as err:
-        raise ConfigError(
-            f"ssh.provision.profile: {err}; name a profile from ~/.aws/config."
-        ) from err
-    except botocore.exceptions.NoRegionError as err:
-        raise ConfigError(
-            "ssh.provision: no AWS region: set 'ssh.provision.region' or AWS_DEFAULT_REGION."
-        ) from err
-
-
 @contextmanager
 def aws_errors(doing: str) -> Iterator[None]:
     """AWS client errors as LaunchErrors that say what was being done."""
@@ -262,7 +241,7 @@ class Provisioner:
         self.section = section
         self.run_id = run_id
         self.say = say
-        self.client = ec2_client(section)
+        self.client = ec2_client(section, "ssh.provision")
 
     def _vpc_of(self, subnet: str | None) -> str:
         if subnet:

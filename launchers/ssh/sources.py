@@ -114,25 +114,28 @@ def read_ip_files(public_file: Path, private_file: Path, gpus: int = 0) -> list[
     ]
 
 
-def _ec2_client(section: Ec2Section) -> Any:
+def ec2_client(section: Any, key: str = "ssh.ec2") -> Any:
+    """A boto3 EC2 client for a cluster-file section with region, profile and endpoint_url
+    (``ssh.ec2`` or ``ssh.provision``, named by ``key`` in the errors). boto3 is the optional
+    'aws' extra, imported only here and only when EC2 is asked for."""
     try:
-        import boto3  # the optional 'aws' extra; imported only when EC2 discovery is asked for
+        import boto3
         import botocore.exceptions
     except ImportError as err:
         raise ConfigError(
-            "ssh.ec2 needs boto3, which is not installed: pip install 'tflaunch[aws]'."
+            f"{key} needs boto3, which is not installed: pip install 'tflaunch[aws]'."
         ) from err
     try:
         session = boto3.Session(profile_name=section.profile, region_name=section.region)
         return session.client("ec2", endpoint_url=section.endpoint_url)
     except botocore.exceptions.ProfileNotFound as err:
         raise ConfigError(
-            f"ssh.ec2.profile: {err}. Name a profile from ~/.aws/config or drop 'profile' to use "
+            f"{key}.profile: {err}. Name a profile from ~/.aws/config or drop 'profile' to use "
             "the AWS environment."
         ) from err
     except botocore.exceptions.NoRegionError as err:
         raise ConfigError(
-            "ssh.ec2: no AWS region: set 'ssh.ec2.region', AWS_DEFAULT_REGION, or a region in "
+            f"{key}: no AWS region: set '{key}.region', AWS_DEFAULT_REGION, or a region in "
             "your AWS profile."
         ) from err
 
@@ -145,7 +148,7 @@ def _ec2_filters(section: Ec2Section) -> list[dict[str, Any]]:
 
 
 def _describe_instances(section: Ec2Section) -> list[dict[str, Any]]:
-    client = _ec2_client(section)  # imports boto3, or says how to install it
+    client = ec2_client(section)  # imports boto3, or says how to install it
     import botocore.exceptions  # installed with boto3
 
     kwargs: dict[str, Any] = {"Filters": _ec2_filters(section)}
