@@ -18,7 +18,7 @@ import yaml
 
 from tests.helpers import FAKE_TASK, read_until, start_tflaunch, tflaunch
 from tests.hosts import ssh_hosts
-from tests.test_ssh_provision import aws_env, ec2_endpoint  # noqa: F401 (fixtures)
+from tests.test_ssh_provision import aws_env  # noqa: F401 (a fixture)
 from tflaunch.launchers.ssh.provision import ADDRESS_MAP_ENV, TAG_RUN
 
 ssh_test_hosts = ssh_hosts.ssh_test_hosts  # the session fixture
@@ -96,7 +96,7 @@ def instances(endpoint: str, states=("pending", "running", "stopping", "stopped"
 
 
 @pytest.fixture()
-def clean_region(ec2_endpoint, aws_env):  # noqa: F811
+def clean_region(ec2_endpoint, aws_env):  # noqa: F811 (aws_env is imported)
     """No instance of an earlier test of this module is left running in the stand-in."""
     assert instances(ec2_endpoint) == []
     yield ec2_endpoint

@@ -95,30 +95,9 @@ def test_exactly_one_host_source(tmp_path):
 # ---- EC2, against moto's server mode standing in for the AWS API ------------------------------
 
 
-@pytest.fixture(scope="module")
-def ec2_endpoint():
-    moto_server = pytest.importorskip("moto.server")
-    pytest.importorskip("boto3")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-
-
 @pytest.fixture()
-def aws_env(monkeypatch, tmp_path):
-    """Credentials for the stand-in only; no real profile or account is ever read."""
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv(
-        "AWS_EC2_METADATA_DISABLED", "true"
-    )  # never ask an instance-metadata service
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
+def aws_env(aws_credentials, monkeypatch):
+    """The stand-in's credentials, and no region from this machine's environment."""
     monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
 
 
