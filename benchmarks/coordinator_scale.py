@@ -48,9 +48,9 @@ SAMPLE_INTERVAL = float(os.environ.get("SCALE_SAMPLE_INTERVAL", "1"))  # the con
 
 def serve(agents: int, run_dir: Path, sample_interval: float) -> int:
     """Accept ``agents`` agents and coordinate them until the run ends (the process under test)."""
-    from tflaunch.coordinator import coordinate
-    from tflaunch.rendezvous import Listener, new_token, publish
-    from tflaunch.run import Run
+    from tflaunch.runtime.coordinator import coordinate
+    from tflaunch.runtime.rendezvous import Listener, new_token, publish
+    from tflaunch.runtime.run import Run
 
     plan = fake_plan(agents, sample_interval)
     run = Run("scale", run_dir)
@@ -71,8 +71,8 @@ def serve(agents: int, run_dir: Path, sample_interval: float) -> int:
 
 
 def fake_plan(agents: int, sample_interval: float):
-    from tflaunch.config import parse_config
-    from tflaunch.plan import Host, make_plan
+    from tflaunch.cluster.config import parse_config
+    from tflaunch.cluster.plan import Host, make_plan
 
     text = json.dumps(
         {
@@ -107,7 +107,7 @@ class FakeAgent:
 
 def real_sample() -> dict:
     """One sample event as an agent with 8 tasks sends it (the node's figures are this machine's)."""
-    from tflaunch.monitor import TreeSampler
+    from tflaunch.runtime.monitor import TreeSampler
 
     sleepers = [subprocess.Popen(["sleep", "30"]) for _ in range(TASKS_PER_AGENT)]
     try:
@@ -133,7 +133,7 @@ class Driver:
         self.selector = selectors.DefaultSelector()
         self.agents: list[FakeAgent] = []
         self.sample = real_sample()
-        from tflaunch.monitor import cluster_sample_interval
+        from tflaunch.runtime.monitor import cluster_sample_interval
 
         # what real agents of a cluster this size send: tflaunch slows them for big clusters
         self.sample_interval = cluster_sample_interval(SAMPLE_INTERVAL, agents)
@@ -148,8 +148,8 @@ class Driver:
             time.sleep(0.05)
         time.sleep(0.05)
         info = json.loads(info_path.read_text())
-        from tflaunch.plan import Plan
-        from tflaunch.rendezvous import connect
+        from tflaunch.cluster.plan import Plan
+        from tflaunch.runtime.rendezvous import connect
 
         plan = Plan.from_dict(json.loads((self.run_dir / "plan.json").read_text()))
         for host in plan.hosts:

@@ -32,8 +32,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tflaunch.agent import LineEmitter  # noqa: E402
-from tflaunch.monitor import SampleLog, Sampler, TreeSampler, process_tree  # noqa: E402
+from tflaunch.runtime.agent import LineEmitter  # noqa: E402
+from tflaunch.runtime.monitor import SampleLog, Sampler, TreeSampler, process_tree  # noqa: E402
 
 TASK = """
 import subprocess, threading, time

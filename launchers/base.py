@@ -12,11 +12,11 @@ import json
 from abc import ABC, abstractmethod
 from typing import Any
 
-from tflaunch.config import ClusterConfig
-from tflaunch.coordinator import Requeue, Revive, coordinate
+from tflaunch.cluster.config import ClusterConfig
+from tflaunch.cluster.plan import Host, Plan
 from tflaunch.errors import TflaunchError
-from tflaunch.plan import Host, Plan
-from tflaunch.run import Outcome, Run
+from tflaunch.runtime.coordinator import Requeue, Revive, coordinate
+from tflaunch.runtime.run import Outcome, Run
 
 
 class Backend(ABC):
@@ -56,7 +56,7 @@ class Backend(ABC):
 
         Default: a detached local coordinator, returning once the cluster is ready. Slurm
         returns once the job is submitted."""
-        from tflaunch import runctl
+        from tflaunch.runtime import runctl
 
         runctl.spawn_detached(cluster_file, run, run_root, config.supervision.ready_timeout + 60)
         return run.id
@@ -76,7 +76,7 @@ class Backend(ABC):
 
     def down(self, run: Run, grace: float) -> str:
         """Stop a detached run; returns what was done. Default: signal its local coordinator."""
-        from tflaunch import runctl
+        from tflaunch.runtime import runctl
 
         return runctl.stop_local_coordinator(run, grace)
 
@@ -90,6 +90,6 @@ class Backend(ABC):
 
     def cluster_alive(self, run: Run) -> bool:
         """Whether the run's coordinator (and so its cluster) is still running."""
-        from tflaunch import runctl
+        from tflaunch.runtime import runctl
 
         return runctl.coordinator_alive(run)

@@ -12,12 +12,12 @@ import subprocess
 import sys
 from typing import Any
 
-from tflaunch import procs
-from tflaunch.config import ClusterConfig
+from tflaunch.cluster.config import ClusterConfig
+from tflaunch.cluster.plan import Host, Plan, hosts_from_config
 from tflaunch.launchers.base import Backend
-from tflaunch.link import ProcessLink, agent_argv
-from tflaunch.plan import Host, Plan, hosts_from_config
-from tflaunch.run import Outcome, Run
+from tflaunch.runtime import procs
+from tflaunch.runtime.link import ProcessLink, agent_argv
+from tflaunch.runtime.run import Outcome, Run
 
 
 class LocalBackend(Backend):

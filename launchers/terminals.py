@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tflaunch import procs
+from tflaunch.cluster.plan import Plan
 from tflaunch.errors import LaunchError
-from tflaunch.plan import Plan
-from tflaunch.run import Run
+from tflaunch.runtime import procs
+from tflaunch.runtime.run import Run
 
 KINDS = ("tmux", "xterm", "gnome-terminal")
 TMUX_TIMEOUT = 10.0  # seconds for one tmux command: every wait has a deadline

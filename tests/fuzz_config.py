@@ -76,7 +76,7 @@ TEXT_GARBAGE = [b"\xff", b"\xc3", b"\x00", b"\x01", b"\x7f", b"\xef\xbb\xbf", b"
 
 def _schema_keys() -> dict[str, list[str]]:
     """Valid keys per section, from the JSON Schema (so new keys get fuzzed too)."""
-    from tflaunch.config import config_schema
+    from tflaunch.cluster.config import config_schema
 
     keys: dict[str, list[str]] = {}
 

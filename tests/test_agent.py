@@ -7,7 +7,7 @@ import json
 import os
 import time
 
-from tflaunch.agent import LineEmitter
+from tflaunch.runtime.agent import LineEmitter
 
 
 def test_emitter_writes_whole_json_lines_and_flushes_on_close():

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from tflaunch.cli import cli
-from tflaunch.config import config_schema, load_config, parse_config
+from tflaunch.cluster.config import config_schema, load_config, parse_config
 from tflaunch.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent

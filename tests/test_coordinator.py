@@ -11,10 +11,10 @@ import threading
 
 import pytest
 
-from tflaunch.config import parse_config
-from tflaunch.coordinator import coordinate
-from tflaunch.plan import Host, make_plan
-from tflaunch.run import Run
+from tflaunch.cluster.config import parse_config
+from tflaunch.cluster.plan import Host, make_plan
+from tflaunch.runtime.coordinator import coordinate
+from tflaunch.runtime.run import Run
 
 
 class FakeLink:

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from tflaunch.config import parse_config
-from tflaunch.coordinator import Coordinator, Requeue, Revive, coordinate
-from tflaunch.plan import Host, make_plan
-from tflaunch.run import Run
+from tflaunch.cluster.config import parse_config
+from tflaunch.cluster.plan import Host, make_plan
+from tflaunch.runtime.coordinator import Coordinator, Requeue, Revive, coordinate
+from tflaunch.runtime.run import Run
 
 
 class Agent:

@@ -14,10 +14,10 @@ import time
 import pytest
 
 from tests.helpers import fake_cluster, wait_until_gone
-from tflaunch.config import load_config
+from tflaunch.cluster.config import load_config
 from tflaunch.launch import plan_cluster
-from tflaunch.rendezvous import new_token
-from tflaunch.run import Run
+from tflaunch.runtime.rendezvous import new_token
+from tflaunch.runtime.run import Run
 
 ON_HOST = "tflaunch.launchers.ssh.on_host"
 

@@ -20,7 +20,7 @@ from tests.helpers import (
     wait_until_gone,
     write_cluster,
 )
-from tflaunch.run import Run
+from tflaunch.runtime.run import Run
 
 
 def events(tmp_path):

@@ -16,8 +16,8 @@ import pytest
 
 from tests.helpers import FAKE_TASK, tflaunch, wait_until_gone, write_cluster
 from tests.hosts import ssh_hosts
-from tflaunch.config import Supervision
-from tflaunch.monitor import (
+from tflaunch.cluster.config import Supervision
+from tflaunch.runtime.monitor import (
     MAX_SAMPLES_PER_SECOND,
     NET_FIELDS,
     SampleLog,

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from tests.golden import assert_golden
 from tflaunch.cli import cli
-from tflaunch.config import parse_config
+from tflaunch.cluster.config import parse_config
+from tflaunch.cluster.plan import Host, Plan, make_plan, render_task
 from tflaunch.errors import PlanError
-from tflaunch.plan import Host, Plan, make_plan, render_task
 
 GOLDEN = Path(__file__).parent / "golden" / "plan"
 CASES = sorted(p.stem for p in GOLDEN.glob("*.yaml"))
@@ -56,7 +56,7 @@ def test_plan_table_shows_every_task():
 
 def plan_of(text: str, hosts=None) -> Plan:
     config = parse_config(text)
-    from tflaunch.plan import hosts_from_config
+    from tflaunch.cluster.plan import hosts_from_config
 
     return make_plan(config, hosts or hosts_from_config(config))
 
@@ -239,8 +239,8 @@ def test_a_plan_holds_the_cluster_once():
 
 
 def test_cpus_per_task_gives_each_task_on_a_host_its_own_core_slots(tmp_path) -> None:
-    from tflaunch.config import load_config
-    from tflaunch.plan import cpu_list
+    from tflaunch.cluster.config import load_config
+    from tflaunch.cluster.plan import cpu_list
 
     path = tmp_path / "c.yaml"
     path.write_text(

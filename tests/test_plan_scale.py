@@ -12,9 +12,8 @@ import pytest
 import yaml
 
 from tests.helpers import FAKE_TASK, fake_cluster, tflaunch, wait_until_gone
-from tflaunch.config import parse_config
-from tflaunch.errors import PlanError
-from tflaunch.plan import (
+from tflaunch.cluster.config import parse_config
+from tflaunch.cluster.plan import (
     MAX_ARG_STRLEN,
     Host,
     Plan,
@@ -22,6 +21,7 @@ from tflaunch.plan import (
     render_task,
     tf_config_text,
 )
+from tflaunch.errors import PlanError
 
 
 def big_cluster(tmp_path, nodes: int, **program) -> str:

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from tflaunch import rendezvous
 from tflaunch.errors import LaunchError
-from tflaunch.rendezvous import Listener, connect, publish, wait_published
+from tflaunch.runtime import rendezvous
+from tflaunch.runtime.rendezvous import Listener, connect, publish, wait_published
 
 TOKEN = "0123456789abcdef"
 

@@ -169,7 +169,7 @@ def test_report_without_matplotlib_writes_the_summary_and_says_what_to_install(t
 
 def test_cli_and_report_module_do_not_import_matplotlib():
     code = (
-        "import sys, tflaunch.cli, tflaunch.tools.report, tflaunch.monitor; "
+        "import sys, tflaunch.cli, tflaunch.tools.report, tflaunch.runtime.monitor; "
         "assert 'matplotlib' not in sys.modules and 'tensorflow' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,13 +1,13 @@
-"""Restart decisions (tflaunch/restart.py) and the stall watchdog's rules (tflaunch/stall.py)."""
+"""Restart decisions (tflaunch/runtime/restart.py) and the stall watchdog's rules (tflaunch/runtime/stall.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tflaunch.config import Restart, RoleRestart, parse_config
+from tflaunch.cluster.config import Restart, RoleRestart, parse_config
 from tflaunch.errors import ConfigError
-from tflaunch.restart import STALLED, Failure, RestartBook, restartable
-from tflaunch.stall import StallWatch
+from tflaunch.runtime.restart import STALLED, Failure, RestartBook, restartable
+from tflaunch.runtime.stall import StallWatch
 
 
 def book(**roles) -> RestartBook:

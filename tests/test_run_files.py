@@ -11,10 +11,10 @@ import sys
 import pytest
 
 from tests.helpers import tflaunch, write_cluster
-from tflaunch.config import parse_config
+from tflaunch.cluster.config import parse_config
 from tflaunch.launch import prepare
-from tflaunch.run import Run
-from tflaunch.runfiles import open_run_file
+from tflaunch.runtime.run import Run
+from tflaunch.runtime.runfiles import open_run_file
 
 
 def mode(path) -> int:

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from tests.conftest import skip_or_fail
-from tflaunch import hostlist
+from tflaunch.cluster import hostlist
 from tflaunch.errors import LaunchError
 
 GENERATED_LISTS = 120

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from tflaunch.config import parse_config
+from tflaunch.cluster.config import parse_config
+from tflaunch.cluster.plan import Host, render_task
 from tflaunch.launchers.slurm.node import (
     Node,
     allocation_hosts,
@@ -20,8 +21,7 @@ from tflaunch.launchers.slurm.node import (
     too_many_requeues,
 )
 from tflaunch.launchers.slurm.script import Layout, layout
-from tflaunch.plan import Host, render_task
-from tflaunch.run import Run
+from tflaunch.runtime.run import Run
 
 
 def config(**sections):

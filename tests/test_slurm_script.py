@@ -16,7 +16,7 @@ import yaml
 
 from tests.golden import assert_golden
 from tests.helpers import mnist_argv, tflaunch
-from tflaunch.config import parse_config
+from tflaunch.cluster.config import parse_config
 from tflaunch.errors import ConfigError, PlanError
 from tflaunch.launchers.slurm.script import (
     Layout,

@@ -35,7 +35,7 @@ HOSTILE = 'a\'; touch /tmp/pwned-{}; echo "$(id)" `id` \\ \n*'
 
 
 def test_remote_command_quotes_every_value():
-    argv = ["python", "-m", "tflaunch.agent", "--host", "a'; rm -rf /", "--x", "$(id)"]
+    argv = ["python", "-m", "tflaunch.runtime.agent", "--host", "a'; rm -rf /", "--x", "$(id)"]
     command = remote_command(argv, cwd="/w d/'x'")
     assert shlex.split(command) == ["cd", "--", "/w d/'x'", "||", "exit", "97;", "exec", *argv]
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import free_port_base
-from tflaunch.config import parse_config
+from tflaunch.cluster.config import parse_config
+from tflaunch.cluster.plan import Host, make_plan
 from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.preflight import (
     PROBE,
@@ -21,7 +22,6 @@ from tflaunch.launchers.ssh.preflight import (
     probe_request,
     raise_on_problems,
 )
-from tflaunch.plan import Host, make_plan
 
 
 def plan_for(tmp_path: Path, argv: list[str], ports: tuple[int, int] | None = None, gpus=0):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tflaunch.config import parse_config
+from tflaunch.cluster.config import parse_config
 from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh import provision, sweep
 from tflaunch.launchers.ssh.pricing import PRICE_LIST, cost_table, resolve_prices
@@ -29,7 +29,7 @@ from tflaunch.launchers.ssh.provision import (
     port_ranges,
     provisioned_run,
 )
-from tflaunch.run import Run
+from tflaunch.runtime.run import Run
 
 HEAD = "program: [python, train.py]\nbackend: ssh\n"
 

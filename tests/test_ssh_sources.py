@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tflaunch.config import Ec2Section, parse_config
+from tflaunch.cluster.config import Ec2Section, parse_config
+from tflaunch.cluster.plan import Host, render_task
 from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.launchers.ssh.backend import SshBackend
 from tflaunch.launchers.ssh.sources import discover_ec2, read_ip_files, resolve_hosts
-from tflaunch.plan import Host, render_task
 
 SSH_HEAD = "program: [python, train.py]\nbackend: ssh\n"
 
@@ -196,8 +196,8 @@ def test_launchers_import_without_boto3_or_tensorflow():
 def test_aws_example_plans_one_gpu_workers_and_gpu_less_colocated_ps(ec2_endpoint, aws_env):
     import dataclasses
 
-    from tflaunch.config import load_config
-    from tflaunch.plan import make_plan
+    from tflaunch.cluster.config import load_config
+    from tflaunch.cluster.plan import make_plan
 
     example = Path(__file__).resolve().parent.parent / "examples" / "aws.yaml"
     cfg = load_config(example)

@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import skip_or_fail
 from tests.helpers import fake_cluster, read_until, start_tflaunch, tflaunch, wait_until_gone
 from tflaunch.launchers.terminals import follow_command, session_name
-from tflaunch.run import Run
+from tflaunch.runtime.run import Run
 
 
 @pytest.fixture

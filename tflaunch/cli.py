@@ -11,9 +11,8 @@ import traceback
 import click
 
 from tflaunch import __version__, launch
-from tflaunch.config import ClusterConfig, config_schema, env_name_problem, load_config
-from tflaunch.errors import ConfigError, TflaunchError
-from tflaunch.plan import (
+from tflaunch.cluster.config import ClusterConfig, config_schema, env_name_problem, load_config
+from tflaunch.cluster.plan import (
     Plan,
     cpu_list,
     long_placeholders,
@@ -21,7 +20,8 @@ from tflaunch.plan import (
     render_task,
     tf_config,
 )
-from tflaunch.run import Run, new_run_id
+from tflaunch.errors import ConfigError, TflaunchError
+from tflaunch.runtime.run import Run, new_run_id
 from tflaunch.text import aligned
 from tflaunch.tools import trace as trace_tools
 from tflaunch.tools.bench import bench_command
@@ -292,7 +292,7 @@ def status(ctx: click.Context, run_id: str, runs_dir: str, watch: bool, interval
 @run_dir_option
 def logs(run_id: str, tasks: tuple[str, ...], follow: bool, runs_dir: str) -> None:
     """Print the logs of a run's tasks."""
-    from tflaunch import runctl
+    from tflaunch.runtime import runctl
 
     run = Run.open(runs_dir, run_id)
     backend = launch.backend_of(run)

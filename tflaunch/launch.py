@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tflaunch.config import ClusterConfig
+from tflaunch.cluster.config import ClusterConfig
+from tflaunch.cluster.plan import Plan, make_plan
 from tflaunch.errors import LaunchError, PlanError
-from tflaunch.plan import Plan, make_plan
-from tflaunch.run import ENDED, Outcome, Run, new_run_id
+from tflaunch.runtime.run import ENDED, Outcome, Run, new_run_id
 
 if TYPE_CHECKING:
     from tflaunch.launchers.base import Backend

@@ -32,15 +32,15 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from tflaunch.config import ClusterConfig
+from tflaunch.cluster.config import ClusterConfig
+from tflaunch.cluster.plan import Host, Plan
 from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.launchers.base import Backend
 from tflaunch.launchers.slurm.client import JobState, cancel, job_state, submit
 from tflaunch.launchers.slurm.node import SETUP_FILE, SNAPSHOT_FILE
 from tflaunch.launchers.slurm.script import Layout, ScriptInputs, layout, render_sbatch
-from tflaunch.plan import Host, Plan
-from tflaunch.run import ENDED, INTERRUPT_CODES, Outcome, Run
-from tflaunch.runfiles import write_run_file
+from tflaunch.runtime.run import ENDED, INTERRUPT_CODES, Outcome, Run
+from tflaunch.runtime.runfiles import write_run_file
 
 SCRIPT_FILE = "job.sbatch"
 POLL_SECONDS = 0.5

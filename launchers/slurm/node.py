@@ -37,18 +37,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tflaunch import hostlist, procs
-from tflaunch.agent import serve
-from tflaunch.config import ClusterConfig, parse_config
-from tflaunch.coordinator import Requeue
+from tflaunch.cluster import hostlist
+from tflaunch.cluster.config import ClusterConfig, parse_config
+from tflaunch.cluster.plan import Host, Plan, make_plan
 from tflaunch.errors import TflaunchError
 from tflaunch.launchers.base import Backend
 from tflaunch.launchers.slurm.client import requeue as requeue_job
 from tflaunch.launchers.slurm.script import Layout, layout
-from tflaunch.link import MAX_LINE, ProcessLink, SocketLink, agent_argv, socket_streams
-from tflaunch.plan import Host, Plan, make_plan
-from tflaunch.rendezvous import Listener, connect, new_token, publish, wait_published
-from tflaunch.run import Outcome, Run
+from tflaunch.runtime import procs
+from tflaunch.runtime.agent import serve
+from tflaunch.runtime.coordinator import Requeue
+from tflaunch.runtime.link import MAX_LINE, ProcessLink, SocketLink, agent_argv, socket_streams
+from tflaunch.runtime.rendezvous import Listener, connect, new_token, publish, wait_published
+from tflaunch.runtime.run import Outcome, Run
 
 RENDEZVOUS_FILE = "coordinator.json"
 SETUP_FILE = "slurm.json"

@@ -23,7 +23,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tflaunch.config import ClusterConfig
+from tflaunch.cluster.config import ClusterConfig
 from tflaunch.errors import ConfigError, PlanError
 
 NODE_MODULE = "tflaunch.launchers.slurm.node"

@@ -6,7 +6,7 @@ pipeline of its own (:mod:`tflaunch.launchers.ssh.session`), uploads the files `
 lists (SFTP) and runs the pre-flight probe (:mod:`tflaunch.launchers.ssh.preflight`), which also
 makes the host's run directory and writes its plan; one table shows every host. The probe then
 waits on its SSH channel (no PTY); once every host passed, it becomes the host's agent in the same
-process (``tflaunch.agent.main``): the channel's stdout is the agent's JSON-lines event stream and
+process (``tflaunch.runtime.agent.main``): the channel's stdout is the agent's JSON-lines event stream and
 its stdin carries the coordinator's commands and heartbeats.
 
 No orphans: a channel without a PTY does not kill its remote process, and sshd notices a cut link
@@ -16,7 +16,7 @@ connection (an SSH global request, like ``ServerAliveInterval``) and reports a h
 connection stopped answering as lost, which fails the run — unless ``ssh.host_wait`` is
 set: then the other hosts stop their tasks, and once the lost host accepts a connection again
 (within ``host_wait``) a new agent is started there from the plan in its run directory, and the
-whole cluster starts again (see :mod:`tflaunch.coordinator`). Attached runs only: a detached run's
+whole cluster starts again (see :mod:`tflaunch.runtime.coordinator`). Attached runs only: a detached run's
 coordinator on the first host fails the run.
 
 Per-task logs stay in the host's run directory (``<remote run dir>/<run id>/<host>/``) and are
@@ -34,8 +34,8 @@ from typing import Any
 
 import paramiko
 
-from tflaunch.config import ClusterConfig
-from tflaunch.coordinator import Revive
+from tflaunch.cluster.config import ClusterConfig
+from tflaunch.cluster.plan import Host, Plan
 from tflaunch.errors import LaunchError, TflaunchError
 from tflaunch.launchers.base import Backend
 from tflaunch.launchers.ssh import detached
@@ -49,9 +49,9 @@ from tflaunch.launchers.ssh.connect import (
 )
 from tflaunch.launchers.ssh.session import HostSession
 from tflaunch.launchers.ssh.sources import resolve_hosts
-from tflaunch.link import StreamLink
-from tflaunch.plan import Host, Plan
-from tflaunch.run import Outcome, Run
+from tflaunch.runtime.coordinator import Revive
+from tflaunch.runtime.link import StreamLink
+from tflaunch.runtime.run import Outcome, Run
 
 
 class SshLink(StreamLink):

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import paramiko
 
-from tflaunch.config import SshSection, env_name_problem
+from tflaunch.cluster.config import SshSection, env_name_problem
 from tflaunch.errors import LaunchError
 
 T = TypeVar("T")

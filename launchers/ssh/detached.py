@@ -14,14 +14,14 @@ import posixpath
 import time
 from typing import Any
 
-from tflaunch.config import ClusterConfig
+from tflaunch.cluster.config import ClusterConfig
+from tflaunch.cluster.plan import Plan
 from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
 from tflaunch.launchers.ssh.on_host import COORDINATOR_FILE, TOKEN_FILE
 from tflaunch.launchers.ssh.session import HostSession, fetch_new_bytes
-from tflaunch.plan import Plan
-from tflaunch.rendezvous import new_token
-from tflaunch.run import Outcome, Run
+from tflaunch.runtime.rendezvous import new_token
+from tflaunch.runtime.run import Outcome, Run
 
 ON_HOST = "tflaunch.launchers.ssh.on_host"
 

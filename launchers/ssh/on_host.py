@@ -9,7 +9,7 @@ scripts):
   for the agents;
 * ``python -m tflaunch.launchers.ssh.on_host agent`` on every host: connects to that coordinator over
   the private network, proves it belongs to the run (a random token the launcher put in each
-  host's run directory), then serves its agent over that connection (:mod:`tflaunch.rendezvous`).
+  host's run directory), then serves its agent over that connection (:mod:`tflaunch.runtime.rendezvous`).
 
 The coordinator pings the agents, so an agent whose coordinator vanished still stops its tasks;
 the coordinator stops the PS when training ends, as always. ``tflaunch status``, ``logs [-f]`` and
@@ -24,13 +24,13 @@ import os
 import sys
 from pathlib import Path
 
-from tflaunch.agent import serve
-from tflaunch.coordinator import coordinate
+from tflaunch.cluster.plan import Plan
 from tflaunch.errors import TflaunchError
-from tflaunch.link import socket_streams
-from tflaunch.plan import Plan
-from tflaunch.rendezvous import Listener, connect, publish
-from tflaunch.run import Outcome, Run
+from tflaunch.runtime.agent import serve
+from tflaunch.runtime.coordinator import coordinate
+from tflaunch.runtime.link import socket_streams
+from tflaunch.runtime.rendezvous import Listener, connect, publish
+from tflaunch.runtime.run import Outcome, Run
 
 COORDINATOR_FILE = "coordinator.json"
 TOKEN_FILE = "token"

@@ -18,9 +18,9 @@ from typing import Any
 
 import paramiko
 
+from tflaunch.cluster.plan import Plan, render_task
 from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import CommandResult, Connection, remote_command
-from tflaunch.plan import Plan, render_task
 from tflaunch.text import aligned
 
 # Runs on the host; its only input is one JSON argument, its only output one JSON line.
@@ -139,13 +139,13 @@ print(json.dumps(out), flush=True)
 # agent in this very process, on this channel -- no second command, shell or interpreter.
 if req.get("then_agent"):
     try:
-        import tflaunch.agent  # while the other hosts are checked
+        import tflaunch.runtime.agent  # while the other hosts are checked
     except Exception:
         pass  # the verdict has seen the problem already
     line = sys.stdin.readline()
     command = json.loads(line) if line.strip() else {}
     if command.get("agent"):
-        from tflaunch.agent import main as agent_main
+        from tflaunch.runtime.agent import main as agent_main
         sys.exit(agent_main(command["agent"]))
 """
 

@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tflaunch.config import Ec2ProvisionSection
+from tflaunch.cluster.config import Ec2ProvisionSection
 from tflaunch.errors import ConfigError
 from tflaunch.text import aligned
 

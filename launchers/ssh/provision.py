@@ -39,12 +39,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tflaunch.config import ClusterConfig, Ec2ProvisionSection
+from tflaunch.cluster.config import ClusterConfig, Ec2ProvisionSection
+from tflaunch.cluster.plan import Host, Plan, make_plan
 from tflaunch.errors import ConfigError, LaunchError, TflaunchError
 from tflaunch.launchers.ssh.pricing import CostLine, Price, cost_table, gpus_of, resolve_prices
 from tflaunch.launchers.ssh.sources import ec2_client
-from tflaunch.plan import Host, Plan, make_plan
-from tflaunch.run import Run
+from tflaunch.runtime.run import Run
 
 ADDRESS_MAP_ENV = "TFLAUNCH_EC2_ADDRESS_MAP"
 TAG_RUN, TAG_CLUSTER, TAG_HOST = "tflaunch:run", "tflaunch:cluster", "tflaunch:host"

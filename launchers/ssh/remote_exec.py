@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
 from tflaunch.launchers.ssh.session import HostSession
-from tflaunch.run import Run
+from tflaunch.runtime.run import Run
 
 
 def exec_on_hosts(

@@ -23,7 +23,8 @@ from typing import IO
 
 import paramiko
 
-from tflaunch.config import ClusterConfig
+from tflaunch.cluster.config import ClusterConfig
+from tflaunch.cluster.plan import Host, Plan
 from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import (
     Connection,
@@ -44,10 +45,9 @@ from tflaunch.launchers.ssh.preflight import (
 )
 from tflaunch.launchers.ssh.preflight import warnings as preflight_warnings
 from tflaunch.launchers.ssh.setup import prepare_hosts
-from tflaunch.link import agent_args, agent_argv
-from tflaunch.plan import Host, Plan
-from tflaunch.run import Run
-from tflaunch.runfiles import open_run_file
+from tflaunch.runtime.link import agent_args, agent_argv
+from tflaunch.runtime.run import Run
+from tflaunch.runtime.runfiles import open_run_file
 
 
 def _safe_name(name: str) -> str:

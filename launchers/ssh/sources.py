@@ -1,6 +1,6 @@
 """Where the SSH backend's hosts come from: the cluster file, a pair of IP files, or EC2.
 
-Every source yields plan :class:`~tflaunch.plan.Host` records in a deterministic order: the address the launcher
+Every source yields plan :class:`~tflaunch.cluster.plan.Host` records in a deterministic order: the address the launcher
 connects to (public) and the address the cluster uses between hosts (private), as on EC2 where a
 laptop reaches instances by their public IPs and training traffic stays inside the VPC.
 
@@ -17,9 +17,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tflaunch.config import ClusterConfig, Ec2Section
+from tflaunch.cluster.config import ClusterConfig, Ec2Section
+from tflaunch.cluster.plan import Host, gpu_ids, hosts_from_config
 from tflaunch.errors import ConfigError, LaunchError
-from tflaunch.plan import Host, gpu_ids, hosts_from_config
 
 
 def resolve_hosts(config: ClusterConfig) -> list[Host]:

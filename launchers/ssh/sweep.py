@@ -27,7 +27,7 @@ from tflaunch.launchers.ssh.provision import (
     launcher_alive,
     mark_terminated,
 )
-from tflaunch.run import ENDED, Run
+from tflaunch.runtime.run import ENDED, Run
 
 
 @dataclasses.dataclass(frozen=True)

@@ -475,7 +475,7 @@ def _clock(seconds: float) -> str:
 def cluster_runner(sweep: Sweep) -> Runner:
     """Runs a point through the cluster file's backend, as ``tflaunch up`` does."""
     from tflaunch import launch
-    from tflaunch.config import load_config
+    from tflaunch.cluster.config import load_config
 
     base = load_config(sweep.cluster)
     logs = sweep.output_dir / "logs"
@@ -574,7 +574,7 @@ def _load_model_inputs(path: str | None):
 
 def echo_predictions(sweep: Sweep, rows: Sequence[Row], inputs, echo) -> None:
     """The performance model's prediction beside each measured row, with the error."""
-    from tflaunch.config import load_config
+    from tflaunch.cluster.config import load_config
     from tflaunch.tools.netbench import placement_of
     from tflaunch.tools.perfmodel import measured_lines
 

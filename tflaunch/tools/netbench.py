@@ -247,7 +247,7 @@ def netbench_command(
 ) -> None:
     """Measure TensorFlow's gRPC between the cluster's hosts and PS throughput."""
     from tflaunch import launch
-    from tflaunch.config import load_config
+    from tflaunch.cluster.config import load_config
 
     config = load_config(cluster_file)
     options = {

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tflaunch.cluster.plan import render_task
 from tflaunch.errors import TflaunchError
-from tflaunch.monitor import NET_FIELDS, read_samples
-from tflaunch.plan import render_task
-from tflaunch.run import Run
+from tflaunch.runtime.monitor import NET_FIELDS, read_samples
+from tflaunch.runtime.run import Run
 from tflaunch.text import aligned
 
 PLOTS = ("cpu_per_node.png", "packets_per_node.png", "memory_per_task.png", "cpu_per_task.png")
@@ -398,8 +398,8 @@ def task_table(run: Run) -> list[str]:
     Usage comes from psutil when the task runs on this machine, else from the latest sample of
     its host (samples reach the launcher's run directory live on every backend).
     """
-    from tflaunch import runctl
-    from tflaunch.monitor import is_task_process, latest_samples, live_usage
+    from tflaunch.runtime import runctl
+    from tflaunch.runtime.monitor import is_task_process, latest_samples, live_usage
 
     plan = run.read_plan()
     states = runctl.task_states(run)
@@ -440,7 +440,7 @@ def watch_status(run: Run, interval: float, show: Callable[[], None]) -> None:
     """Redraw ``show`` every ``interval`` seconds until the run has ended (or Ctrl-C)."""
     import click
 
-    from tflaunch.run import ENDED
+    from tflaunch.runtime.run import ENDED
 
     try:
         while True:

@@ -24,7 +24,7 @@ from pathlib import Path
 import click
 
 from tflaunch.errors import TflaunchError
-from tflaunch.run import Run
+from tflaunch.runtime.run import Run
 
 DEFAULT_PORT = 6006
 NOT_INSTALLED = (
@@ -196,7 +196,7 @@ def tensorboard_command(
     run_id: str, runs_dir: str, logdir: str | None, port: int, remote_port: int
 ) -> None:
     """Start TensorBoard where the run's summaries are and forward it to a local port."""
-    from tflaunch.config import load_config
+    from tflaunch.cluster.config import load_config
 
     run = Run.open(runs_dir, run_id)
     meta = run.read_meta()

@@ -19,10 +19,10 @@ from typing import Any
 
 import psutil
 
-from tflaunch import procs
 from tflaunch.errors import LaunchError
-from tflaunch.run import ENDED, Outcome, Run
-from tflaunch.runfiles import open_run_file
+from tflaunch.runtime import procs
+from tflaunch.runtime.run import ENDED, Outcome, Run
+from tflaunch.runtime.runfiles import open_run_file
 
 
 def spawn_detached(config_path: str, run: Run, runs_dir: str, timeout: float) -> None:

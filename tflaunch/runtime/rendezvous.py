@@ -4,7 +4,7 @@ The coordinator listens on its cluster address, publishes where (address, port a
 token, in a 0600 file of the run directory, or handed over by the launcher), and accepts one
 connection per expected host. An agent connects and sends one hello line,
 ``{"hello": HOST, "token": TOKEN, ...}``; what follows on the connection is the usual JSON-lines
-stream (:mod:`tflaunch.link`). Used inside a Slurm job and by detached SSH runs.
+stream (:mod:`tflaunch.runtime.link`). Used inside a Slurm job and by detached SSH runs.
 
 The listener is open to whoever can reach it, so it trusts nothing before the token: every
 connection's hello is read in a thread of its own under a total deadline (a client sending one
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tflaunch.errors import LaunchError
-from tflaunch.link import SocketLink
+from tflaunch.runtime.link import SocketLink
 
 HELLO_TIMEOUT = 10.0  # seconds for a new connection to send its whole hello line
 MAX_HELLO = 64 * 1024  # bytes of a hello line

@@ -1,6 +1,6 @@
 """Typed reading of plain YAML data into frozen dataclasses, and JSON Schema from the same classes.
 
-The cluster file format is defined once, as dataclasses in ``tflaunch.config``. This module turns
+The cluster file format is defined once, as dataclasses in ``tflaunch.cluster.config``. This module turns
 the parsed YAML into those classes in one validation pass — unknown keys are errors, with the
 nearest valid key suggested — and derives the JSON Schema that ``tflaunch schema`` publishes, so
 the two can never disagree.

@@ -23,7 +23,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Literal
 
-from tflaunch.config import Restart
+from tflaunch.cluster.config import Restart
 
 STALLED = "stalled"
 

@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from tflaunch import schema
-from tflaunch.config import ClusterConfig, Supervision
+from tflaunch.cluster import schema
+from tflaunch.cluster.config import ClusterConfig, Supervision
 from tflaunch.errors import PlanError
 
 LOCAL_ADDRESS = "127.0.0.1"

@@ -31,10 +31,10 @@ from typing import IO, TYPE_CHECKING, Any
 
 import psutil
 
-from tflaunch.runfiles import open_run_file
+from tflaunch.runtime.runfiles import open_run_file
 
 if TYPE_CHECKING:
-    from tflaunch.config import Supervision
+    from tflaunch.cluster.config import Supervision
 
 Emit = Callable[[dict[str, Any]], None]
 PidSource = Callable[[], Mapping[str, int]]

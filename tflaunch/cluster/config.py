@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tflaunch import schema, yamlfile
+from tflaunch.cluster import schema, yamlfile
+from tflaunch.cluster.schema import field
 from tflaunch.errors import ConfigError
-from tflaunch.schema import field
 
 JOBS = ("ps", "chief", "worker", "evaluator")
 

@@ -9,7 +9,7 @@ backend adds (``job.sbatch``, ``samples.jsonl``).
 
 Plans hold ``program.env`` values and logs hold whatever the program prints, so a run directory is
 private by default: 0700, its files 0600 (the cluster file's ``run_dir_mode`` chooses otherwise,
-e.g. ``'0750'`` for a group). Every writer creates its files through :func:`tflaunch.runfiles.open_run_file`, which
+e.g. ``'0750'`` for a group). Every writer creates its files through :func:`tflaunch.runtime.runfiles.open_run_file`, which
 takes the file mode from the directory's, so agents on other hosts need not be told.
 """
 
@@ -26,9 +26,9 @@ from typing import Any
 
 import psutil
 
+from tflaunch.cluster.plan import Plan, cluster_file_path, cluster_file_text
 from tflaunch.errors import RunNotFoundError
-from tflaunch.plan import Plan, cluster_file_path, cluster_file_text
-from tflaunch.runfiles import DEFAULT_DIR_MODE, make_run_dir, write_run_file
+from tflaunch.runtime.runfiles import DEFAULT_DIR_MODE, make_run_dir, write_run_file
 
 # A run's states, in run.json: created → (submitted →) starting → running → one of ENDED; a
 # Slurm run may go running → requeued → running again before it ends.

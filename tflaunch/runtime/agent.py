@@ -18,7 +18,7 @@ workers; only the chief with ``success: chief``) that shows no progress that lon
 its exit reported as ``stalled``. SIGUSR1/SIGUSR2 (Slurm's ``--signal`` ahead of the time limit),
 received or sent as ``pass_on``, go to every task's process group; nothing is stopped.
 
-Run as ``python -m tflaunch.agent --plan plan.json --host NAME --run-dir DIR``.
+Run as ``python -m tflaunch.runtime.agent --plan plan.json --host NAME --run-dir DIR``.
 """
 
 from __future__ import annotations
@@ -38,14 +38,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from tflaunch import procs
-from tflaunch.link import read_lines
-from tflaunch.monitor import Sampler
-from tflaunch.plan import Plan, Task, TaskView, render_task
-from tflaunch.restart import STALLED
-from tflaunch.run import write_cluster_file
-from tflaunch.runfiles import make_run_dir, open_run_file
-from tflaunch.stall import StallWatch
+from tflaunch.cluster.plan import Plan, Task, TaskView, render_task
+from tflaunch.runtime import procs
+from tflaunch.runtime.link import read_lines
+from tflaunch.runtime.monitor import Sampler
+from tflaunch.runtime.restart import STALLED
+from tflaunch.runtime.run import write_cluster_file
+from tflaunch.runtime.runfiles import make_run_dir, open_run_file
+from tflaunch.runtime.stall import StallWatch
 
 Emit = Callable[[dict[str, Any]], None]
 START_ORDER = (("ps",), ("chief", "worker", "evaluator"))
@@ -500,7 +500,7 @@ def _usable_cpus() -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tflaunch.agent", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tflaunch.runtime.agent", description=__doc__)
     parser.add_argument("--plan", required=True, help="plan.json written by the launcher")
     parser.add_argument("--host", required=True, help="the host of the plan this agent runs")
     parser.add_argument("--run-dir", required=True, help="where task logs go")

@@ -4,7 +4,7 @@
   ``supervision.success: chief``, the chief alone (TF2 ParameterServerStrategy workers serve until
   stopped). The others, PS included, are then stopped, and the run exits 0.
 - Failure: any task exiting non-zero, a PS exiting at all, or a task stalled (no progress for
-  ``supervision.stall_timeout``) goes to its role's restart policy (``tflaunch.restart``): the
+  ``supervision.stall_timeout``) goes to its role's restart policy (``tflaunch.runtime.restart``): the
   task is restarted in place by its agent, or every agent stops its tasks and starts them again
   (a cluster restart; programs resume from their checkpoints), after a backoff and within bounds.
   Otherwise — and always for an agent reporting an error, an agent lost, or a task its agent
@@ -43,12 +43,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from tflaunch.link import AgentLink
-from tflaunch.monitor import SampleLog
-from tflaunch.plan import Plan
-from tflaunch.restart import STALLED, Decision, Failure, RestartBook, describe_code
-from tflaunch.run import Outcome, Run
-from tflaunch.runfiles import open_run_file
+from tflaunch.cluster.plan import Plan
+from tflaunch.runtime.link import AgentLink
+from tflaunch.runtime.monitor import SampleLog
+from tflaunch.runtime.restart import STALLED, Decision, Failure, RestartBook, describe_code
+from tflaunch.runtime.run import Outcome, Run
+from tflaunch.runtime.runfiles import open_run_file
 
 TAIL_LINES = 20
 _EVENTS_KEPT = {

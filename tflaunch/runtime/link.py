@@ -42,13 +42,18 @@ def agent_argv(
     python: str, plan: str, host: str, run_dir: str, heartbeat_timeout: float | None = None
 ) -> list[str]:
     """The command that runs the agent of ``host`` from the plan file at ``plan``."""
-    return [python, "-m", "tflaunch.agent", *agent_args(plan, host, run_dir, heartbeat_timeout)]
+    return [
+        python,
+        "-m",
+        "tflaunch.runtime.agent",
+        *agent_args(plan, host, run_dir, heartbeat_timeout),
+    ]
 
 
 def agent_args(
     plan: str, host: str, run_dir: str, heartbeat_timeout: float | None = None
 ) -> list[str]:
-    """The agent's arguments (``tflaunch.agent.main``'s argv)."""
+    """The agent's arguments (``tflaunch.runtime.agent.main``'s argv)."""
     args = ["--plan", plan, "--host", host, "--run-dir", run_dir]
     if heartbeat_timeout is not None:
         args += ["--heartbeat-timeout", f"{heartbeat_timeout:g}"]
