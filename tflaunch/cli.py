@@ -7,6 +7,7 @@ import json
 import shlex
 import sys
 import traceback
+from pathlib import Path
 
 import click
 
@@ -354,11 +355,20 @@ cli.add_command(tensorboard_command)
 @click.argument("run_id")
 @run_dir_option
 @click.option("--out", "out_dir", default=None, help="Where to write (default: the run directory).")
-def report(run_id: str, runs_dir: str, out_dir: str | None) -> None:
+@click.option(
+    "--html", "as_html", is_flag=True, help="Also write report.html: the whole run on one page."
+)
+def report(run_id: str, runs_dir: str, out_dir: str | None, as_html: bool) -> None:
     """Plot CPU, packets and memory over time from a run's samples, and print a summary table."""
     from tflaunch.tools.report import make_report
 
-    _, files = make_report(Run.open(runs_dir, run_id), out_dir, show=click.echo)
+    run = Run.open(runs_dir, run_id)
+    if as_html:
+        from tflaunch.tools.report_html import write_html_report
+
+        click.echo(f"wrote {write_html_report(run, Path(out_dir) if out_dir else None)}")
+        return
+    _, files = make_report(run, out_dir, show=click.echo)
     click.echo("wrote " + ", ".join(str(f) for f in files))
 
 

@@ -1,0 +1,313 @@
+"""``tflaunch report RUN --html``: one self-contained page that shows a run.
+
+Everything a run left, on one page that needs no network to view: the run's state and its
+success or failure report, a task table with restarts, a timeline of the events (starts, exits,
+restarts, stalls) drawn as inline SVG beside the event list, every plot the run directory holds
+(resource plots, step rates, trace, netbench) embedded as data URIs, and the text summaries
+(resources, trace, netbench, model) with links to the files they came from. No script runs on
+the page.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tflaunch.errors import TflaunchError
+from tflaunch.runtime.run import Run
+
+# Events drawn on the timeline, with their colour and a one-word label.
+MARKS = {
+    "started": ("#2b7bb9", "start"),
+    "ready": ("#3a9d5d", "ready"),
+    "exited": ("#555555", "exit"),
+    "restarting": ("#e08a00", "restart"),
+    "cluster_restarting": ("#e08a00", "cluster restart"),
+    "running_again": ("#3a9d5d", "running again"),
+    "stalled": ("#c0392b", "stall"),
+}
+# Text results a run directory may hold, with the heading they get (relative to the run dir).
+TEXTS = {
+    "summary.txt": "Resources",
+    "trace/trace_summary.txt": "Trace summary",
+    "netbench.txt": "Netbench",
+    "model.txt": "Performance model",
+    "steps_summary.txt": "Step rates",
+}
+LINKS = ("trace/trace.json", "netbench.json", "summary.json", "events.jsonl", "plan.json")
+LOG_TAIL = 20
+
+
+@dataclass(frozen=True)
+class Section:
+    """One part of the page: an id for links, a heading, and its HTML body."""
+
+    id: str
+    title: str
+    body: str
+
+
+def write_html_report(run: Run, out_dir: Path | None = None) -> Path:
+    """Write ``report.html`` for ``run`` (the resource plots first, where samples exist)."""
+    from tflaunch.tools.report import make_report
+
+    out = Path(out_dir) if out_dir else run.dir
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        make_report(run, out)
+    except TflaunchError:
+        pass  # no samples: the page says so in its resources section
+    page = render_page(run, out)
+    path = out / "report.html"
+    path.write_text(page)
+    return path
+
+
+def render_page(run: Run, out: Path) -> str:
+    """The page's HTML, from the run directory and the report files in ``out``."""
+    meta = run.read_meta()
+    events = list(run.events())
+    sections = [
+        _state_section(run, meta),
+        _tasks_section(run),
+        _timeline_section(events, meta),
+        _plots_section(run.dir, out),
+        *_text_sections(run.dir, out),
+        _files_section(run.dir, out),
+    ]
+    nav = " · ".join(f'<a href="#{s.id}">{html.escape(s.title)}</a>' for s in sections)
+    body = "\n".join(
+        f'<section id="{s.id}"><h2>{html.escape(s.title)}</h2>\n{s.body}</section>'
+        for s in sections
+    )
+    title = f"tflaunch run {run.id}"
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n"
+        f"<h1>{html.escape(title)}</h1>\n<nav>{nav}</nav>\n{body}\n"
+        f"<footer>written {time.strftime('%Y-%m-%d %H:%M:%S')} by tflaunch report --html"
+        "</footer></body></html>\n"
+    )
+
+
+def _state_section(run: Run, meta: dict[str, Any]) -> Section:
+    state = str(meta.get("state", "unknown"))
+    rows = [
+        ("state", f'<span class="state {html.escape(state)}">{html.escape(state)}</span>'),
+        ("exit code", _esc(meta.get("exit_code", "-"))),
+        ("backend", _esc(meta.get("backend", "-"))),
+        ("hosts", _esc(", ".join(meta.get("hosts", [])) or "-")),
+        ("started", _when(meta.get("started"))),
+        ("ended", _when(meta.get("ended"))),
+        ("duration", _span(meta.get("started"), meta.get("ended"))),
+        ("run directory", _esc(run.dir)),
+    ]
+    table = (
+        '<table class="kv">'
+        + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
+        + "</table>"
+    )
+    message = meta.get("message")
+    report = f'<pre class="report">{_esc(message)}</pre>' if message else ""
+    return Section("state", "Run", table + report)
+
+
+def _tasks_section(run: Run) -> Section:
+    from tflaunch.runtime import runctl
+
+    plan = run.read_plan()
+    states = runctl.task_states(run)
+    # A task failed if its last exit was non-zero and not a stop that tflaunch asked for.
+    last_exit = {e["task"]: e for e in run.events() if e.get("event") == "exited" and "task" in e}
+    head = (
+        "<tr>"
+        + "".join(
+            f"<th>{h}</th>"
+            for h in ("task", "host", "port", "GPUs", "state", "pid", "exit", "restarts")
+        )
+        + "</tr>"
+    )
+    rows, tails = [], []
+    for task in plan.tasks:
+        s = states[task.name]
+        restarts = f"{s['restarts']} (last: {s['cause']})" if s["restarts"] else "-"
+        exit_event = last_exit.get(task.name, {})
+        failed = exit_event.get("code") not in (None, 0) and not exit_event.get("stopped_by")
+        rows.append(
+            f'<tr class="{"failed" if failed else ""}">'
+            + "".join(
+                f"<td>{_esc(v)}</td>"
+                for v in (
+                    task.name,
+                    task.host,
+                    task.port or "-",
+                    ",".join(task.gpus) or "-",
+                    s["state"],
+                    s["pid"] or "-",
+                    "-" if s["code"] is None else s["code"],
+                    restarts,
+                )
+            )
+            + "</tr>"
+        )
+        if failed:
+            tails.append(_log_tail(run, task.name, task.log_name))
+    return Section("tasks", "Tasks", f"<table>{head}{''.join(rows)}</table>{''.join(tails)}")
+
+
+def _log_tail(run: Run, name: str, log_name: str) -> str:
+    path = run.log_path(log_name)
+    try:
+        lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL:]
+    except OSError:
+        return f"<p>{_esc(name)}: no log at {_esc(path)}</p>"
+    return (
+        f"<h3>{_esc(name)}: the last {len(lines)} lines of {_esc(path.name)}</h3>"
+        f"<pre>{_esc(chr(10).join(lines))}</pre>"
+    )
+
+
+def _timeline_section(events: list[dict[str, Any]], meta: dict[str, Any]) -> Section:
+    if not events:
+        return Section("timeline", "Timeline", "<p>No events were recorded.</p>")
+    start = min(e.get("time", 0) for e in events)
+    end = max(max(e.get("time", 0) for e in events), float(meta.get("ended") or 0))
+    span = max(end - start, 1e-3)
+    tasks = list(dict.fromkeys(e["task"] for e in events if "task" in e))
+    return Section(
+        "timeline",
+        "Timeline",
+        _timeline_svg(events, tasks, start, span) + _event_table(events, start),
+    )
+
+
+def _timeline_svg(events: list[dict[str, Any]], tasks: list[str], start: float, span: float) -> str:
+    label, width, row = 110, 760, 22
+    height = row * (len(tasks) + 1) + 10
+    parts = [
+        f'<svg class="timeline" viewBox="0 0 {label + width + 40} {height}" '
+        f'width="{label + width + 40}" height="{height}" role="img" '
+        'aria-label="task events over time">'
+    ]
+    for i, task in enumerate(tasks):
+        y = row * (i + 1)
+        parts.append(f'<text x="4" y="{y + 4}">{_esc(task)}</text>')
+        parts.append(f'<line x1="{label}" x2="{label + width}" y1="{y}" y2="{y}" class="lane"/>')
+    for e in events:
+        mark = MARKS.get(e.get("event", ""))
+        if not mark or e.get("task") not in tasks:
+            continue
+        x = label + width * (e.get("time", start) - start) / span
+        y = row * (tasks.index(e["task"]) + 1)
+        colour, word = mark
+        detail = f"{e['task']} {word} at +{e.get('time', start) - start:.2f} s"
+        if "code" in e:
+            detail += f" (code {e['code']})"
+        parts.append(
+            f'<circle cx="{x:.1f}" cy="{y}" r="5" fill="{colour}"><title>{_esc(detail)}</title>'
+            "</circle>"
+        )
+    axis_y = row * (len(tasks) + 1)
+    for k in range(6):
+        x = label + width * k / 5
+        parts.append(f'<text x="{x:.0f}" y="{axis_y}" class="axis" text-anchor="middle">+{span * k / 5:.1f} s</text>')
+    parts.append("</svg>")
+    legend = " ".join(
+        f'<span class="key" style="background:{c}"></span>{w}' for c, w in MARKS.values()
+    )
+    return "".join(parts) + f'<p class="legend">{legend}</p>'
+
+
+def _event_table(events: list[dict[str, Any]], start: float) -> str:
+    rows = []
+    for e in events:
+        rest = {k: v for k, v in e.items() if k not in ("time", "event", "host", "task", "log")}
+        rows.append(
+            "<tr>"
+            f"<td>+{e.get('time', start) - start:.2f} s</td><td>{_esc(e.get('host', ''))}</td>"
+            f"<td>{_esc(e.get('task', ''))}</td><td>{_esc(e.get('event', ''))}</td>"
+            f"<td>{_esc(', '.join(f'{k}={v}' for k, v in rest.items()))}</td></tr>"
+        )
+    return (
+        "<details><summary>all events</summary><table><tr><th>time</th><th>host</th>"
+        f"<th>task</th><th>event</th><th>detail</th></tr>{''.join(rows)}</table></details>"
+    )
+
+
+def _plots_section(run_dir: Path, out: Path) -> Section:
+    pngs = sorted({*out.glob("*.png"), *run_dir.glob("*.png"), *run_dir.glob("*/*.png")})
+    if not pngs:
+        return Section(
+            "plots",
+            "Plots",
+            "<p>No plots: the run has no resource samples (supervision.sample_interval: 0) "
+            "and no trace or netbench results.</p>",
+        )
+    figures = []
+    for png in pngs:
+        data = base64.b64encode(png.read_bytes()).decode("ascii")
+        name = _relative(png, run_dir, out)
+        figures.append(
+            f'<figure><img alt="{_esc(name)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{_esc(name)}</figcaption></figure>"
+        )
+    return Section("plots", "Plots", "".join(figures))
+
+
+def _text_sections(run_dir: Path, out: Path) -> list[Section]:
+    sections = []
+    for name, title in TEXTS.items():
+        path = out / name if (out / name).exists() else run_dir / name
+        if path.exists():
+            slug = name.replace("/", "-").replace(".", "-")
+            sections.append(Section(slug, title, f"<pre>{_esc(path.read_text())}</pre>"))
+    return sections
+
+
+def _files_section(run_dir: Path, out: Path) -> Section:
+    items = []
+    for name in LINKS:
+        path = run_dir / name
+        if path.exists():
+            href = path.relative_to(out) if path.is_relative_to(out) else path.resolve().as_uri()
+            items.append(f'<li><a href="{_esc(href)}">{_esc(name)}</a></li>')
+    body = f"<ul>{''.join(items)}</ul>" if items else "<p>No result files.</p>"
+    return Section("files", "Files", body)
+
+
+def _relative(path: Path, *roots: Path) -> str:
+    for root in roots:
+        if path.is_relative_to(root):
+            return str(path.relative_to(root))
+    return path.name
+
+
+def _esc(value: object) -> str:
+    return html.escape(str(value))
+
+
+def _when(stamp: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp)) if stamp else "-"
+
+
+def _span(start: float | None, end: float | None) -> str:
+    return f"{end - start:.1f} s" if start and end else "-"
+
+
+_CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1100px;color:#222}
+h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px}
+nav a{margin:0 4px}table{border-collapse:collapse;margin:8px 0}
+th,td{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
+tr.failed td{background:#fdecea}pre{background:#f6f6f6;padding:8px;overflow:auto;max-height:420px}
+.state{padding:1px 8px;border-radius:8px;background:#eee}.state.succeeded{background:#d7f0dd}
+.state.failed{background:#f7d4d0}.state.running{background:#dbe9f7}
+svg.timeline text{font-size:11px}svg .lane{stroke:#ccc}svg .axis{fill:#666}
+.key{display:inline-block;width:10px;height:10px;border-radius:5px;margin:0 3px 0 10px}
+figure{display:inline-block;margin:6px;max-width:520px}figure img{max-width:100%}
+footer{color:#888;margin-top:24px;font-size:12px}
+"""
