@@ -214,7 +214,9 @@ def _timeline_svg(events: list[dict[str, Any]], tasks: list[str], start: float, 
     axis_y = row * (len(tasks) + 1)
     for k in range(6):
         x = label + width * k / 5
-        parts.append(f'<text x="{x:.0f}" y="{axis_y}" class="axis" text-anchor="middle">+{span * k / 5:.1f} s</text>')
+        parts.append(
+            f'<text x="{x:.0f}" y="{axis_y}" class="axis" text-anchor="middle">+{span * k / 5:.1f} s</text>'
+        )
     parts.append("</svg>")
     legend = " ".join(
         f'<span class="key" style="background:{c}"></span>{w}' for c, w in MARKS.values()
