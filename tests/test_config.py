@@ -262,7 +262,10 @@ def test_alias_bomb_is_fast_and_refused():
     """The 541-byte billion laughs took 20 s and >4 GB: positions were recorded per path."""
     started = time.monotonic()
     message = _error(_lol_bomb(9))  # 8 x 9 aliases, 9^9 strings if expanded
-    assert "c.yaml:1: l0: unknown key 'l0'" in message
+    # l6 is the first list that would hold more than a million values written out.
+    assert message.startswith(
+        "c.yaml:7: aliases (*name) make this value expand to more than 1,000,000 values"
+    )
     # Under keys the format knows, the walk stops at the first value of the wrong shape.
     nested = (
         "program: [p]\nslurm:\n  python: &a lol\n  options: &b [*a, *a, *a, *a, *a, *a]\n"
@@ -274,13 +277,87 @@ def test_alias_bomb_is_fast_and_refused():
     assert "more than 100 aliases" in too_many
 
 
+def test_alias_bomb_inside_a_list_of_the_format_is_refused_by_the_reader():
+    """Refused before validation looks at it, so no later walk of the data (a message that shows
+    a value, plan.json) can meet the expansion."""
+    levels = ['&l0 ["lol"' + ', "lol"' * 8 + "]"]
+    levels += [f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    text = "program: [p]\nbackend: ssh\nhosts: [a]\nssh:\n  upload: [" + ", ".join(levels) + "]\n"
+    started = time.monotonic()
+    message = _error(text)
+    assert time.monotonic() - started < 2
+    assert message.startswith(
+        "c.yaml:5: aliases (*name) make this value expand to more than 1,000,000 values"
+    )
+
+
+def _merge_bomb(levels: int = 20, **keys: str) -> str:
+    """One flow mapping whose merge list doubles its keys per level: 2^levels keys counting each
+    merge. PyYAML 6.0.3 builds them all; 6.0.4 keeps each key once, so the mapping ends with only
+    ``levels`` keys and, in ``program.env``, would even be a valid file."""
+    anchors = ["&m0 {K0: '1'}"]
+    anchors += [f"&m{i} {{<<: [*m{i - 1}, *m{i - 1}], K{i}: '1'}}" for i in range(1, levels)]
+    own = "".join(f", {key}: {value}" for key, value in keys.items())
+    return "{<<: [" + ", ".join(anchors) + "]" + own + "}"
+
+
+MERGE_BOMB_PLACES = {
+    "program.env": "program:\n  argv: [p]\n  env: {bomb}\n",
+    "a host entry": "program: [p]\nbackend: ssh\nhosts:\n  - a\n  - {bomb_named}\n",
+    "slurm": "program: [p]\nbackend: slurm\nslurm: {bomb}\n",
+    "supervision": "program: [p]\nsupervision: {bomb}\n",
+}
+
+
+@pytest.mark.parametrize("place", sorted(MERGE_BOMB_PLACES))
+def test_merge_key_bomb_is_refused_wherever_a_mapping_is_valid(place):
+    """tflaunch counts merged keys itself, before PyYAML flattens anything, so the same file gets
+    the same error on every PyYAML release (6.0.4 changed how merges are flattened)."""
+    template = MERGE_BOMB_PLACES[place]
+    text = template.format(bomb=_merge_bomb(), bomb_named=_merge_bomb(name="b"))
+    line = text[: text.index("{<<")].count("\n") + 1
+    started = time.monotonic()
+    message = _error(text)
+    assert time.monotonic() - started < 2
+    assert message.startswith(
+        f"c.yaml:{line}: merge keys (<<) make this mapping hold more than 10,000 keys"
+    ), message
+
+
 def test_merge_key_bomb_is_refused():
     lines = ["m0: &m0 {k0: 1}"]
     for i in range(1, 25):
         lines.append(f"m{i}: &m{i} {{<<: [*m{i - 1}, *m{i - 1}], k{i}: 1}}")
     started = time.monotonic()
-    assert "merge keys (<<) make this mapping hold more than" in _error("\n".join(lines))
+    # m13 is the first to reach 2^14 - 1 keys counting each merge.
+    assert _error("\n".join(lines)).startswith(
+        "c.yaml:14: merge keys (<<) make this mapping hold more than 10,000 keys"
+    )
     assert time.monotonic() - started < 2
+
+
+def test_merges_up_to_the_bound_are_accepted():
+    text = "program:\n  argv: [p]\n  env: " + _merge_bomb(levels=12) + "\n"  # 8,178 merged
+    assert sorted(parse_config(text).program.env) == sorted(f"K{i}" for i in range(12))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "program: &a [p, *a]\n",
+        "program: [p]\nslurm: &s {options: [a], python: *s}\n",
+        "program: [p]\nslurm: &s {<<: *s, python: p}\n",
+    ],
+)
+def test_a_value_that_contains_itself_is_refused(text):
+    assert "contains itself through an alias (*name)" in _error(text)
+
+
+def test_nesting_through_aliases_is_bounded_like_written_nesting():
+    """Each is 20 levels as written; the alias puts one inside the other, 36 levels down."""
+    deep = "[" * 20 + "x" + "]" * 20
+    text = f"program: [p]\nslurm:\n  setup: &a {deep}\n  options: {'[' * 14}*a{']' * 14}\n"
+    assert "aliases (*name) nest this value more than 32 levels deep" in _error(text)
 
 
 def test_deep_nesting_is_refused_not_a_recursion_error():

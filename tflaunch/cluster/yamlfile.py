@@ -6,6 +6,10 @@ merge keys (``<<``) double a mapping per level, and a duplicate key silently rep
 :func:`load` refuses all of these with a message naming the line, keeps the source text of every
 number (so a string field can tell the user that ``1:00:00`` was read as 3600), and records the
 line of every key path without expanding aliases, so its cost is linear in the file.
+
+The bounds are this module's own checks on the composed nodes, made before PyYAML constructs
+anything, so every supported PyYAML refuses the same file with the same message (PyYAML 6.0.4
+changed how merge keys are flattened, which changed which of PyYAML's steps met a bomb first).
 """
 
 from __future__ import annotations
@@ -20,12 +24,17 @@ MAX_DEPTH = 32  # the format nests 4 levels; deeper is never a cluster file
 MAX_ALIASES = 100  # alias uses (*name) per file
 MAX_MAPPING_KEYS = 10_000  # keys of one mapping after merge keys (<<) are applied
 MAX_NUMBER_CHARS = 32  # digits of one number: far beyond any count, port or duration
+# Values once every alias is written out. A 1 MiB file holds at most about 500,000 written out
+# (``[a,a,...``), so only aliases reach this; no value of the format is a list of lists.
+MAX_EXPANDED_VALUES = 1_000_000
 
 # Characters YAML allows in a stream (the YAML 1.1 printable set), as PyYAML checks them.
 _NOT_PRINTABLE = re.compile(
     "[^\x09\x0a\x0d\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]"
 )
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_INT_TAG = "tag:yaml.org,2002:int"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
 
 
 class YamlInt(int):
@@ -85,7 +94,10 @@ else:  # a PyYAML built without LibYAML
 
 
 class _BoundedLoader(_Loader):
-    """SafeLoader with a nesting depth, an alias budget, bounded merges and no duplicate keys."""
+    """The loader with two checks that must run while composing (PyYAML's composer recurses, so
+    deep nesting must stop before it ends in RecursionError, and the alias count names the line of
+    the alias itself), and numbers that remember their text. Every other bound is :class:`_Bounds`,
+    run on the composed nodes before anything is constructed."""
 
     def __init__(self, text: str):
         super().__init__(text)
@@ -111,25 +123,114 @@ class _BoundedLoader(_Loader):
         finally:
             self._depth -= 1
 
-    def flatten_mapping(self, node: yaml.MappingNode) -> None:
-        super().flatten_mapping(node)  # recursive merges come back through here, level by level
-        if len(node.value) > MAX_MAPPING_KEYS:
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> Any:
+        return YamlInt(super().construct_yaml_int(node), node.value)
+
+    def construct_yaml_float(self, node: yaml.ScalarNode) -> Any:
+        return YamlFloat(super().construct_yaml_float(node), node.value)
+
+
+_BoundedLoader.add_constructor(_INT_TAG, _BoundedLoader.construct_yaml_int)
+_BoundedLoader.add_constructor(_FLOAT_TAG, _BoundedLoader.construct_yaml_float)
+
+
+class _Bounds:
+    """One walk of the composed node graph, in document order, that refuses what the reader does
+    not accept before PyYAML constructs anything: so which check fires, and when, does not depend
+    on PyYAML's composer or constructor (PyYAML 6.0.4 changed how merge keys are flattened, and
+    with it which of its checks came first).
+
+    An anchored node is walked once however many aliases use it: each node's expanded size, depth
+    and merged key count are kept and reused, so the walk is linear in the file while the bounds
+    hold for the data as if every alias were written out."""
+
+    def __init__(self, loader: _BoundedLoader):
+        self._loader = loader
+        self._done: dict[int, tuple[int, int, int]] = {}  # id -> (height, size, merged keys)
+        self._open: set[int] = set()  # nodes on the path from the root
+
+    def check(self, root: yaml.Node) -> None:
+        self._visit(root, 1)
+
+    def _visit(self, node: yaml.Node, level: int) -> tuple[int, int, int]:
+        done = self._done.get(id(node))
+        if done is not None:
+            if level - 1 + done[0] > MAX_DEPTH:
+                raise _Refused(
+                    node.start_mark,
+                    f"aliases (*name) nest this value more than {MAX_DEPTH} levels deep; a "
+                    "cluster file needs 4",
+                )
+            return done
+        if id(node) in self._open:
             raise _Refused(
                 node.start_mark,
-                f"merge keys (<<) make this mapping hold more than {MAX_MAPPING_KEYS} keys",
+                "this value contains itself through an alias (*name); a cluster file has no "
+                "recursive values",
             )
+        if level > MAX_DEPTH:  # only through an alias: the composer refused deeper text
+            raise _Refused(
+                node.start_mark,
+                f"aliases (*name) nest this value more than {MAX_DEPTH} levels deep; a cluster "
+                "file needs 4",
+            )
+        self._open.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            _refuse_long_number(node)
+            result = (1, 1, 0)
+        elif isinstance(node, yaml.SequenceNode):
+            result = self._sequence(node, level)
+        else:
+            result = self._mapping(node, level)
+        self._open.discard(id(node))
+        if result[1] > MAX_EXPANDED_VALUES:
+            raise _Refused(
+                node.start_mark,
+                f"aliases (*name) make this value expand to more than {MAX_EXPANDED_VALUES:,} "
+                "values; write the values out",
+            )
+        self._done[id(node)] = result
+        return result
 
-    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> Any:
-        if isinstance(node, yaml.MappingNode):
-            self._refuse_duplicates(node)
-        return super().construct_mapping(node, deep=deep)
+    def _sequence(self, node: yaml.SequenceNode, level: int) -> tuple[int, int, int]:
+        height, size = 0, 1
+        for item in node.value:
+            item_height, item_size, _ = self._visit(item, level + 1)
+            height, size = max(height, item_height), _capped(size + item_size)
+        return height + 1, size, 0
+
+    def _mapping(self, node: yaml.MappingNode, level: int) -> tuple[int, int, int]:
+        self._refuse_duplicates(node)
+        height, size, keys = 0, 1, 0
+        for key_node, value_node in node.value:
+            key_height, key_size, _ = self._visit(key_node, level + 1)
+            value_height, value_size, _ = self._visit(value_node, level + 1)
+            height = max(height, key_height, value_height)
+            size = _capped(size + key_size + value_size)
+            if key_node.tag != _MERGE_TAG:
+                keys += 1
+                continue
+            # Merged keys are counted with repeats: the bound holds whether a PyYAML release
+            # keeps a key merged twice once (6.0.4) or twice (6.0.3), and however it orders them.
+            merged = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            for source in merged:
+                if isinstance(source, yaml.MappingNode):
+                    keys = _capped(keys + self._done[id(source)][2])
+        if keys > MAX_MAPPING_KEYS:
+            raise _Refused(
+                node.start_mark,
+                f"merge keys (<<) make this mapping hold more than {MAX_MAPPING_KEYS:,} keys "
+                "(each merge counted); write the keys out",
+            )
+        return height + 1, size, keys
 
     def _refuse_duplicates(self, node: yaml.MappingNode) -> None:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
             if key_node.tag == _MERGE_TAG or not isinstance(key_node, yaml.ScalarNode):
                 continue  # merged keys may be overridden; a non-scalar key fails construction
-            key = self.construct_object(key_node)
+            _refuse_long_number(key_node)
+            key = self._loader.construct_object(key_node)
             line = key_node.start_mark.line + 1
             if key in seen:
                 raise _Refused(
@@ -138,27 +239,20 @@ class _BoundedLoader(_Loader):
                 )
             seen[key] = line
 
-    def construct_yaml_int(self, node: yaml.ScalarNode) -> Any:
-        self._refuse_long_number(node)
-        return YamlInt(super().construct_yaml_int(node), node.value)
 
-    def construct_yaml_float(self, node: yaml.ScalarNode) -> Any:
-        self._refuse_long_number(node)
-        return YamlFloat(super().construct_yaml_float(node), node.value)
-
-    @staticmethod
-    def _refuse_long_number(node: yaml.ScalarNode) -> None:
-        """No setting needs a long number; a 5,000-digit one cannot even be printed back."""
-        if len(node.value) > MAX_NUMBER_CHARS:
-            raise _Refused(
-                node.start_mark,
-                f"a number of {len(node.value):,} characters; no setting takes more than "
-                f"{MAX_NUMBER_CHARS} (quote it if it is meant as text)",
-            )
+def _capped(count: int) -> int:
+    """Counts stop growing past every bound, so an alias bomb never makes huge integers."""
+    return min(count, MAX_EXPANDED_VALUES + 1)
 
 
-_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
-_BoundedLoader.add_constructor("tag:yaml.org,2002:float", _BoundedLoader.construct_yaml_float)
+def _refuse_long_number(node: yaml.ScalarNode) -> None:
+    """No setting needs a long number; a 5,000-digit one cannot even be printed back."""
+    if node.tag in (_INT_TAG, _FLOAT_TAG) and len(node.value) > MAX_NUMBER_CHARS:
+        raise _Refused(
+            node.start_mark,
+            f"a number of {len(node.value):,} characters; no setting takes more than "
+            f"{MAX_NUMBER_CHARS} (quote it if it is meant as text)",
+        )
 
 
 def decode(raw: bytes) -> str:
@@ -201,6 +295,8 @@ def load(text: str) -> tuple[Any, dict[tuple, int]]:
     loader = _BoundedLoader(text)
     try:
         node = loader.get_single_node()
+        if node is not None:
+            _Bounds(loader).check(node)
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
