@@ -1,9 +1,23 @@
 #!/usr/bin/env bash
-# Install what the tests need, then run them: ruff, then pytest (all of it; pass -m "not slow"
-# for the quick subset). As root on Debian it also installs the system packages the Slurm and
-# SSH test hosts need (.ci/apt-packages.txt); elsewhere those tests skip with a reason.
+# Run the checks and the tests in a virtual environment made anew on every run (.venv-test/), so a
+# run proves what a fresh install gets, not what this machine happens to have installed. Only the
+# pip cache carries over between runs.
+#
+#   scripts/test.sh [pytest arguments]           the locked versions (constraints.txt): reproducible
+#   scripts/test.sh --latest [pytest arguments]  the newest releases pyproject.toml allows: drift
+#
+# It runs ruff, the architecture checks (scripts/check_imports.sh) and pytest (all of it; pass
+# -m "not slow" for the quick subset), each from that venv. As root on Debian it also installs the
+# system packages the Slurm and SSH test hosts need (.ci/apt-packages.txt); elsewhere those tests
+# skip with a reason. Set PYTHON to build the venv from another interpreter (default: python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+pins=(-c constraints.txt)
+if [[ ${1:-} == --latest ]]; then
+  pins=()
+  shift
+fi
 
 if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
   missing=()
@@ -18,7 +32,24 @@ if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
   fi
 fi
 
-python3 -m pip install -q -e '.[dev]'
+# A venv without --system-site-packages sees neither the interpreter's packages nor the user's;
+# PYTHONPATH and PYTHONHOME would let them back in, so they go too.
+venv=.venv-test
+rm -rf "$venv"
+"${PYTHON:-python3}" -m venv "$venv"
+unset PYTHONPATH PYTHONHOME
+export VIRTUAL_ENV=$PWD/$venv
+export PATH=$VIRTUAL_ENV/bin:$PATH  # python3, ruff, lint-imports and tflaunch are the venv's
+started=$SECONDS
+python3 -m pip install -q ${pins[@]+"${pins[@]}"} -e '.[dev]'
+if ((${#pins[@]})); then
+  echo "installed the locked versions (constraints.txt) in $((SECONDS - started)) s"
+else
+  echo "installed the newest releases in $((SECONDS - started)) s; not as in constraints.txt:"
+  python3 -m pip freeze --all --exclude-editable | grep -v '^pip==' \
+    | grep -vxFf <(grep -v '^#' constraints.txt) | sed 's/^/  /' || echo "  (none)"
+fi
+
 ruff check .
 ruff format --check .
 bash scripts/check_imports.sh
