@@ -192,6 +192,10 @@ def test_the_cli_module_does_not_import_tensorflow():
 # ----------------------------------------------------------------------------- TensorFlow graphs
 
 
+def _own_name(name: str) -> str:
+    return name.rsplit("/", 1)[-1]
+
+
 @pytest.mark.slow  # builds Keras's InceptionV3 eagerly (24M parameters initialised): ~10 s
 def test_fixture_matches_keras_and_models_inception():
     pytest.importorskip("tensorflow")
@@ -204,7 +208,12 @@ def test_fixture_matches_keras_and_models_inception():
     from tflaunch.tools.placement import model_variables
 
     stored = json.loads((DATA / "inception_v3_variables.json").read_text())["variables"]
-    assert keras_inception_v3_document()["variables"] == stored
+    keras = keras_inception_v3_document()["variables"]
+    # The architecture must match: every variable's shape, size and place in creation order, and
+    # what it is (kernel, bias, beta...). The layer names ("conv2d_94") are Keras's own numbering,
+    # which Keras releases have changed; tensorflow-cpu does not pin Keras.
+    assert [(shape, size) for _, shape, size in keras] == [(s, n) for _, s, n in stored]
+    assert [_own_name(name) for name, _, _ in keras] == [_own_name(n) for n, _, _ in stored]
     ours = model_variables(get_model_spec("inception_v3"), 1000)
     assert [list(v.shape) for v in ours] == [shape for _, shape, _ in stored]
 
