@@ -1,32 +1,17 @@
-"""Backends: how agents are started on the hosts of a plan. One module per backend."""
+"""Backends: how agents are started on the hosts of a plan. One folder per backend, each
+exporting a ``BACKEND`` spec that :mod:`tflaunch.cluster.backends` registers; packages outside this
+repository add backends through the ``tflaunch.backends`` entry-point group."""
 
 from __future__ import annotations
 
-import importlib
+from typing import TYPE_CHECKING
 
-from tflaunch.errors import ConfigError
+from tflaunch.cluster.backends import spec_of
 
-_BACKENDS = {
-    "local": "tflaunch.launchers.local:LocalBackend",
-    "slurm": "tflaunch.launchers.slurm.backend:SlurmBackend",
-    "ssh": "tflaunch.launchers.ssh.backend:SshBackend",
-}
+if TYPE_CHECKING:
+    from tflaunch.launchers.base import Backend
 
 
-def get_backend(name: str):
-    """An instance of the named backend (imported on demand, so each stays optional)."""
-    try:
-        module_name, class_name = _BACKENDS[name].split(":")
-    except KeyError:
-        raise ConfigError(
-            f"unknown backend '{name}'; choose one of {', '.join(_BACKENDS)}."
-        ) from None
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name == module_name:
-            raise ConfigError(
-                f"the '{name}' backend is not available in this installation."
-            ) from None
-        raise
-    return getattr(module, class_name)()
+def get_backend(name: str) -> Backend:
+    """An instance of the registered backend called ``name`` (imported on demand)."""
+    return spec_of(name).load()()

@@ -4,19 +4,41 @@ A backend knows only how to find its hosts and how to start one agent per host a
 agent's JSON-lines stream; planning, supervision policy and run state are the same everywhere.
 Backends whose coordinator runs in the launcher (local, ssh) use ``Backend.launch`` as is; Slurm
 overrides it to submit a job whose first node coordinates.
+
+Whatever else differs between backends is a method here, so that no other module needs to know
+which backend it has: the options of ``up`` it honours (:class:`LaunchOptions`), the environment
+it needs, the interpreter on its hosts, where its run files live, where TensorBoard runs.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Host, Plan
-from tflaunch.errors import TflaunchError
+from tflaunch.errors import LaunchError, TflaunchError
 from tflaunch.runtime.coordinator import Requeue, Revive, coordinate
 from tflaunch.runtime.run import Outcome, Run
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """What ``tflaunch up`` asks of the backend beyond the cluster file, passed as a parameter."""
+
+    terminals: str | None = None  # up --terminals KIND: one window per task (see check_options)
+    down_at_end: bool = False  # up --down: end the machines the run created when it ends
+
+    def argv(self) -> list[str]:
+        """The same options as ``up`` arguments (for the background half of ``up --detach``)."""
+        return (["--terminals", self.terminals] if self.terminals else []) + (
+            ["--down"] if self.down_at_end else []
+        )
 
 
 class Backend(ABC):
@@ -33,7 +55,9 @@ class Backend(ABC):
     def start_agents(self, config: ClusterConfig, plan: Plan, run: Run) -> list:
         """Start one agent per host that has tasks; return their links."""
 
-    def launch(self, config: ClusterConfig, plan: Plan, run: Run, on_ready: Any = None) -> Outcome:
+    def launch(
+        self, config: ClusterConfig, plan: Plan, run: Run, options: LaunchOptions | None = None
+    ) -> Outcome:
         """Start the agents and coordinate the cluster until it ends."""
         run.start(self.name, [h.name for h in plan.hosts_with_tasks()])
         try:
@@ -42,7 +66,7 @@ class Backend(ABC):
             run.finish(Outcome(err.exit_code, str(err)))
             raise
         revive = self.reviver(config, plan, run)
-        return coordinate(plan, run, links, on_ready, requeue=self.requeue, revive=revive)
+        return coordinate(plan, run, links, requeue=self.requeue, revive=revive)
 
     def reviver(self, config: ClusterConfig, plan: Plan, run: Run) -> Revive | None:
         """How to start a new agent on a host that stopped answering and answers again
@@ -50,16 +74,62 @@ class Backend(ABC):
         return None
 
     def detach(
-        self, config: ClusterConfig, plan: Plan, run: Run, cluster_file: str, run_root: str
+        self,
+        config: ClusterConfig,
+        plan: Plan,
+        run: Run,
+        cluster_file: str,
+        run_root: str,
+        options: LaunchOptions | None = None,
     ) -> str:
         """Start the run in the background; return what ``up --detach`` prints (the run id).
 
-        Default: a detached local coordinator, returning once the cluster is ready. Slurm
-        returns once the job is submitted."""
+        Default: a detached local coordinator given the same options, returning once the
+        cluster is ready. Slurm returns once the job is submitted."""
         from tflaunch.runtime import runctl
 
-        runctl.spawn_detached(cluster_file, run, run_root, config.supervision.ready_timeout + 60)
+        timeout = config.supervision.ready_timeout + 60
+        extra = (options or LaunchOptions()).argv()
+        runctl.spawn_detached(cluster_file, run, run_root, timeout, extra)
         return run.id
+
+    def check_options(self, options: LaunchOptions) -> None:
+        """Refuse options of ``up`` this backend cannot honour (LaunchError, exit 2) before
+        anything starts. Default: no terminal windows; ``--down`` has nothing to end."""
+        if options.terminals:
+            raise LaunchError(
+                f"--terminals works with the local backend only; this cluster file uses "
+                f"'{self.name}'. Follow the tasks with 'tflaunch logs RUN -f' instead."
+            )
+
+    def check_environment(self, config: ClusterConfig, environ: Mapping[str, str]) -> None:
+        """Refuse to start where this environment would keep the run from working."""
+        return None
+
+    def python(self, config: ClusterConfig) -> str:
+        """The interpreter the tasks run under on the cluster's hosts. Default: this one."""
+        return sys.executable
+
+    def host_run_dir(self, config: ClusterConfig, run_id: str) -> str | None:
+        """The run's directory as a path on the hosts, where they do not share this machine's
+        files (ssh); None where they do (this machine, or Slurm's shared file system)."""
+        return None
+
+    def tensorboard(
+        self, run: Run, logdir: str | None, port: int, remote_port: int, show: Any
+    ) -> int:
+        """``tflaunch tensorboard``: TensorBoard where the run's summaries are, reachable on
+        local ``port``; its exit code. Default: here, over the run directory."""
+        from tflaunch.launchers.tensorboard import run_local
+
+        return run_local(Path(logdir) if logdir else run.dir, port, show)
+
+    def attach(self, run: Run) -> None:
+        """``tflaunch attach``: open the run's terminal session. Default: it has none."""
+        raise LaunchError(
+            f"run {run.id} has no tmux session: it was started without '--terminals tmux'. "
+            "Follow it with 'tflaunch logs RUN -f'."
+        )
 
     def dry_run(self, config: ClusterConfig, plan: Plan, run: Run) -> str:
         """What ``up --dry-run`` prints, starting nothing: the plan, or what would be submitted."""
@@ -82,8 +152,6 @@ class Backend(ABC):
 
     def exec_command(self, run: Run, argv: list[str], show: Any) -> int:
         """``tflaunch exec``: run a command on every host of a run; its exit code."""
-        from tflaunch.errors import TflaunchError
-
         raise TflaunchError(
             f"exec runs commands on the hosts of ssh runs; run {run.id} has backend {self.name}."
         )

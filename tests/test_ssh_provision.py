@@ -250,7 +250,6 @@ def test_terminate_at_end_leaves_nothing_running(
     )
     address_map(tmp_path, ["worker-1", "worker-2"], monkeypatch)
     run = Run.create(tmp_path / "runs", "t")
-    run.update_meta(down_at_end=True)
 
     def start(plan):
         assert len(run_instances_of(ec2_endpoint, run.id, ("running",))) == 2
@@ -263,9 +262,9 @@ def test_terminate_at_end_leaves_nothing_running(
     raises = {"ctrl-c": KeyboardInterrupt, "error before start": LaunchError}.get(ending)
     if raises:
         with pytest.raises(raises):
-            provisioned_run(config, run, start, lambda m: None)
+            provisioned_run(config, run, start, lambda m: None, down_at_end=True)
     else:
-        provisioned_run(config, run, start, lambda m: None)
+        provisioned_run(config, run, start, lambda m: None, down_at_end=True)
     assert run_instances_of(ec2_endpoint, run.id, ("pending", "running", "stopped")) == []
 
 

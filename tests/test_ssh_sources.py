@@ -204,7 +204,7 @@ def test_aws_example_plans_one_gpu_workers_and_gpu_less_colocated_ps(ec2_endpoin
     section = cfg.ssh.ec2
     launch_instances(ec2_endpoint, section.region, 4, {"cluster": "tf-bench"})
     ec2 = dataclasses.replace(section, endpoint_url=ec2_endpoint)
-    cfg = dataclasses.replace(cfg, ssh=dataclasses.replace(cfg.ssh, ec2=ec2))
+    cfg = cfg.with_section("ssh", dataclasses.replace(cfg.ssh, ec2=ec2))
     hosts = SshBackend().hosts(cfg)
     plan = make_plan(cfg, hosts)
     assert len(hosts) == 4
@@ -222,7 +222,7 @@ def test_aws_example_plans_one_gpu_workers_and_gpu_less_colocated_ps(ec2_endpoin
         gpus=1,
     )
     from_files = make_plan(
-        dataclasses.replace(cfg, ssh=files), SshBackend().hosts(dataclasses.replace(cfg, ssh=files))
+        cfg.with_section("ssh", files), SshBackend().hosts(cfg.with_section("ssh", files))
     )
     assert from_files.cluster["ps"][0] == "172.31.5.11:2230"
 

@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import skip_or_fail
 from tests.helpers import fake_cluster, read_until, start_tflaunch, tflaunch, wait_until_gone
-from tflaunch.launchers.terminals import follow_command, session_name
+from tflaunch.launchers.local.terminals import follow_command, session_name
 from tflaunch.runtime.run import Run
 
 

@@ -218,9 +218,10 @@ def up(
     if dry_run:
         click.echo(launch.dry_run(config, runs_dir, run_id))
         return
-    result = launch.up(
-        config, cluster_file, runs_dir, run_id, detach, attached_daemon, terminals, down_at_end
-    )
+    from tflaunch.launchers.base import LaunchOptions
+
+    options = LaunchOptions(terminals=terminals, down_at_end=down_at_end)
+    result = launch.up(config, cluster_file, runs_dir, run_id, detach, attached_daemon, options)
     if isinstance(result, str):
         click.echo(result)
         return
@@ -233,7 +234,7 @@ def _show_trace(config: ClusterConfig, run: Run) -> None:
     trace_dir = run.dir / "trace"
     if (trace_dir / trace_tools.TRACE_FILE).exists():
         trace_tools.show_trace(trace_dir, click.echo)
-    elif config.backend == "ssh":
+    elif launch.backend_for(config.backend).host_run_dir(config, run.id) is not None:
         where = config.program.env[trace_tools.DIR_ENV]
         click.echo(f"trace: on the first worker's host under {where}")
     else:

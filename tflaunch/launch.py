@@ -19,7 +19,7 @@ from tflaunch.errors import LaunchError, PlanError
 from tflaunch.runtime.run import ENDED, Outcome, Run, new_run_id
 
 if TYPE_CHECKING:
-    from tflaunch.launchers.base import Backend
+    from tflaunch.launchers.base import Backend, LaunchOptions
 
 
 def backend_for(name: str) -> Backend:
@@ -76,8 +76,8 @@ def prepare(
 
 
 def check_env_from(config: ClusterConfig, environ: Mapping[str, str] = os.environ) -> None:
-    """Every ``program.env_from`` variable is set here, where the tasks will inherit it from:
-    the agent (local) or the job sbatch submits (slurm; sbatch exports this environment)."""
+    """Every ``program.env_from`` variable is set here, where the tasks will inherit it from
+    (the agent, or the job sbatch submits), and the backend can pass them on."""
     missing = [name for name in config.program.env_from if name not in environ]
     if missing:
         raise LaunchError(
@@ -85,12 +85,7 @@ def check_env_from(config: ClusterConfig, environ: Mapping[str, str] = os.enviro
             f"{'is' if len(missing) == 1 else 'are'} not set in this environment; export "
             f"{'it' if len(missing) == 1 else 'them'} before 'tflaunch up'."
         )
-    export = environ.get("SBATCH_EXPORT", "ALL")
-    if config.backend == "slurm" and config.program.env_from and not export.startswith("ALL"):
-        raise LaunchError(
-            f"SBATCH_EXPORT={export} would keep sbatch from passing program.env_from "
-            f"({', '.join(config.program.env_from)}) to the job; unset SBATCH_EXPORT."
-        )
+    backend_for(config.backend).check_environment(config, environ)
 
 
 def run_cluster(config: ClusterConfig, runs_dir: str | None = None) -> tuple[Run, Outcome]:
@@ -114,41 +109,27 @@ def up(
     run_id: str | None = None,
     detach: bool = False,
     attached_daemon: bool = False,
-    terminals: str | None = None,
-    down_at_end: bool = False,
+    options: LaunchOptions | None = None,
 ) -> Outcome | str:
     """``tflaunch up``: the run's outcome, or with ``detach`` what to print (the run id).
-    ``down_at_end``: terminate the machines the run created when it ends (``up --down``)."""
+    ``options`` go to the backend, which first refuses those it cannot honour."""
     backend = backend_for(config.backend)
     runs_dir = runs_dir or config.runs_dir
-    if terminals:
-        check_terminals(terminals, config.backend)
+    if options is not None:
+        backend.check_options(options)
     if attached_daemon:  # the background half of --detach: the plan the foreground showed
         run = Run.open(runs_dir, run_id or "")
         plan = run.read_plan()
     else:
         plan, run = prepare(config, runs_dir, run_id, cluster_file)
-    if terminals:
-        run.update_meta(terminals=terminals)  # the local backend opens the windows
-    if down_at_end:
-        run.update_meta(down_at_end=True)  # read by the backend that created the machines
     if detach:
-        return backend.detach(config, plan, run, cluster_file, runs_dir)
-    return backend.launch(config, plan, run)
-
-
-def check_terminals(kind: str, backend: str) -> None:
-    """Refuse ``--terminals`` where it cannot work (another backend, no display, no program)."""
-    from tflaunch.launchers.terminals import check
-
-    check(kind, backend)
+        return backend.detach(config, plan, run, cluster_file, runs_dir, options)
+    return backend.launch(config, plan, run, options)
 
 
 def attach(run: Run) -> None:
-    """Open the tmux session of a run started with ``up --terminals tmux``."""
-    from tflaunch.launchers.terminals import attach as attach_session
-
-    attach_session(run)
+    """Open the terminal session of a run started with ``up --terminals tmux``."""
+    backend_of(run).attach(run)
 
 
 def sweep_instances(

@@ -1,1 +1,13 @@
-"""Slurm backend: the login-node backend, the Slurm command client, the job script, and the node-side entry point."""
+"""Slurm backend: the login-node backend, the Slurm command client, the job script, the
+node-side entry point, and the ``slurm:`` section of the cluster file."""
+
+from tflaunch.cluster.backends import BackendSpec
+from tflaunch.launchers.slurm.section import SlurmSection, check
+
+BACKEND = BackendSpec(
+    name="slurm",
+    backend="tflaunch.launchers.slurm.backend:SlurmBackend",
+    section=SlurmSection,
+    section_doc="Slurm backend settings",
+    check=check,
+)

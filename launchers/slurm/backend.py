@@ -29,13 +29,14 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
 from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Host, Plan
 from tflaunch.errors import ConfigError, LaunchError
-from tflaunch.launchers.base import Backend
+from tflaunch.launchers.base import Backend, LaunchOptions
 from tflaunch.launchers.slurm.client import JobState, cancel, job_state, submit
 from tflaunch.launchers.slurm.node import SETUP_FILE, SNAPSHOT_FILE
 from tflaunch.launchers.slurm.script import Layout, ScriptInputs, layout, render_sbatch
@@ -240,12 +241,20 @@ class SlurmBackend(Backend):
         _say(out, f"submitted Slurm job {job_id} for run {run.id} ({script})")
         return job_id
 
-    def launch(self, config: ClusterConfig, plan: Plan, run: Run, on_ready: Any = None) -> Outcome:
+    def launch(
+        self, config: ClusterConfig, plan: Plan, run: Run, options: LaunchOptions | None = None
+    ) -> Outcome:
         job_id = self.submit(config, run)
         return follow(run, job_id)
 
     def detach(
-        self, config: ClusterConfig, plan: Plan, run: Run, cluster_file: str, run_root: str
+        self,
+        config: ClusterConfig,
+        plan: Plan,
+        run: Run,
+        cluster_file: str,
+        run_root: str,
+        options: LaunchOptions | None = None,
     ) -> str:
         """Submit and return: the job runs on without the login node."""
         self.submit(config, run, out=sys.stderr)
@@ -253,6 +262,18 @@ class SlurmBackend(Backend):
 
     def dry_run(self, config: ClusterConfig, plan: Plan, run: Run) -> str:
         return self.render(config, run)
+
+    def check_environment(self, config: ClusterConfig, environ: Mapping[str, str]) -> None:
+        """sbatch passes this environment to the job, and program.env_from relies on that."""
+        export = environ.get("SBATCH_EXPORT", "ALL")
+        if config.program.env_from and not export.startswith("ALL"):
+            raise LaunchError(
+                f"SBATCH_EXPORT={export} would keep sbatch from passing program.env_from "
+                f"({', '.join(config.program.env_from)}) to the job; unset SBATCH_EXPORT."
+            )
+
+    def python(self, config: ClusterConfig) -> str:
+        return config.slurm.python
 
     def cluster_alive(self, run: Run) -> bool:
         job_id = run.read_meta().get("job_id")

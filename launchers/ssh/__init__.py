@@ -1,1 +1,14 @@
-"""SSH backend: the backend, host sessions, detached runs (launcher and host sides), connections, pre-flight and host sources."""
+"""SSH backend: the backend, host sessions, detached runs (launcher and host sides), connections,
+pre-flight, host sources, and the ``ssh:`` section of the cluster file."""
+
+from tflaunch.cluster.backends import BackendSpec
+from tflaunch.launchers.ssh.section import SshSection, check
+
+BACKEND = BackendSpec(
+    name="ssh",
+    backend="tflaunch.launchers.ssh.backend:SshBackend",
+    section=SshSection,
+    section_doc="SSH backend settings",
+    check=check,
+    workdir_on_hosts=True,  # the program runs on the hosts, in a directory there
+)

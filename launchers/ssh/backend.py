@@ -26,10 +26,12 @@ copied into the local run directory when the run ends.
 from __future__ import annotations
 
 import contextlib
+import posixpath
 import queue
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import paramiko
@@ -37,7 +39,7 @@ import paramiko
 from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Host, Plan
 from tflaunch.errors import LaunchError, TflaunchError
-from tflaunch.launchers.base import Backend
+from tflaunch.launchers.base import Backend, LaunchOptions
 from tflaunch.launchers.ssh import detached
 from tflaunch.launchers.ssh.connect import (
     Connection,
@@ -142,21 +144,27 @@ class SshBackend(Backend):
 
     # ---- attached runs: the launcher is the coordinator ------------------------------------
 
-    def launch(self, config: ClusterConfig, plan: Plan, run: Run, on_ready: Any = None) -> Outcome:
+    def launch(
+        self, config: ClusterConfig, plan: Plan, run: Run, options: LaunchOptions | None = None
+    ) -> Outcome:
         from tflaunch.launchers.ssh import limits, provision
 
+        options = options or LaunchOptions()
         if config.ssh.provision is not None:  # make the instances, then launch on them
             on_hosts = provision.on_instances(config, run)
-            start = lambda made: self.launch(on_hosts, made, run, on_ready)  # noqa: E731
+            start = lambda made: self.launch(on_hosts, made, run, options)  # noqa: E731
+            say = self.session.say
             try:
-                return provision.provisioned_run(config, run, start, self.session.say)
+                return provision.provisioned_run(
+                    config, run, start, say, down_at_end=options.down_at_end
+                )
             except TflaunchError as err:
                 if not run.ended:
                     run.finish(Outcome(err.exit_code, str(err)))
                 raise
         try:
             with limits.runtime_limit(config.supervision.max_runtime, self.session.say):
-                return super().launch(config, plan, run, on_ready)
+                return super().launch(config, plan, run, options)
         finally:
             try:
                 self.session.fetch_logs(plan, run)
@@ -220,14 +228,20 @@ class SshBackend(Backend):
     # ---- detached runs: the coordinator runs on the first host -----------------------------
 
     def detach(
-        self, config: ClusterConfig, plan: Plan, run: Run, cluster_file: str, run_root: str
+        self,
+        config: ClusterConfig,
+        plan: Plan,
+        run: Run,
+        cluster_file: str,
+        run_root: str,
+        options: LaunchOptions | None = None,
     ) -> str:
         """``up --detach``: the run lives on the hosts; the laptop may disconnect."""
         from tflaunch.launchers.ssh import provision
 
         if config.ssh.provision is not None:  # make the instances; they outlive this command
             on_hosts = provision.on_instances(config, run)
-            start = lambda made: self.detach(on_hosts, made, run, cluster_file, run_root)  # noqa: E731
+            start = lambda made: self.detach(on_hosts, made, run, cluster_file, run_root, options)  # noqa: E731
             return provision.provisioned_run(config, run, start, self.session.say, detach=True)
         try:
             detached.start(self.session, config, plan, run)
@@ -237,6 +251,37 @@ class SshBackend(Backend):
         finally:
             self.session.close()
         return run.id
+
+    # ---- what other commands ask of an SSH run --------------------------------------------
+
+    def python(self, config: ClusterConfig) -> str:
+        return config.ssh.python
+
+    def host_run_dir(self, config: ClusterConfig, run_id: str) -> str:
+        """As the hosts lay runs out: ``ssh.remote_runs_dir`` (else the local runs_dir path),
+        relative to the remote home directory unless absolute."""
+        root = config.ssh.remote_runs_dir or config.runs_dir
+        if not posixpath.isabs(root) and not root.startswith("~"):
+            root = posixpath.join("~", root)  # the task expands it: relative to the home
+        return posixpath.join(root, run_id)
+
+    def tensorboard(
+        self, run: Run, logdir: str | None, port: int, remote_port: int, show: Any
+    ) -> int:
+        """On the first worker's host, forwarded to ``port`` here (the SSH settings come from
+        the run's cluster file)."""
+        from tflaunch.cluster.config import load_config
+        from tflaunch.launchers.ssh.tensorboard import run_ssh
+        from tflaunch.launchers.tensorboard import TensorBoardError
+
+        cluster_file = run.read_meta().get("cluster_file")
+        if not cluster_file or not Path(cluster_file).exists():
+            raise TensorBoardError(
+                f"run {run.id} was started from {cluster_file}, which is gone: the SSH settings "
+                "to reach its hosts are in it."
+            )
+        config = load_config(cluster_file)
+        return run_ssh(run, config, port, remote_port, show, logdir)
 
     def describe(self, run: Run) -> list[str]:
         """For ``status``: refresh a detached run from its hosts first; say where it runs."""

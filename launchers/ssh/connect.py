@@ -29,8 +29,9 @@ from typing import Any, TypeVar
 
 import paramiko
 
-from tflaunch.cluster.config import SshSection, env_name_problem
+from tflaunch.cluster.config import env_name_problem
 from tflaunch.errors import LaunchError
+from tflaunch.launchers.ssh.section import SshSection
 
 T = TypeVar("T")
 _KNOWN_HOSTS_LOCK = threading.Lock()

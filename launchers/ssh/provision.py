@@ -485,7 +485,7 @@ def on_instances(config: ClusterConfig, run: Run) -> ClusterConfig:
         known_hosts=str(run.dir / "known_hosts"),
         host_key_policy="accept-new",
     )
-    return dataclasses.replace(config, ssh=ssh)
+    return config.with_section("ssh", ssh)
 
 
 def provisioned_run(
@@ -494,9 +494,11 @@ def provisioned_run(
     start: Callable[[Plan], Any],
     say: Say,
     detach: bool = False,
+    down_at_end: bool = False,
 ) -> Any:
     """Show the cost, create the instances, run ``start(plan)`` on them, and terminate them
-    when asked (or whenever the cluster never started). A detached run (``detach``) keeps its
+    when asked (``down_at_end``: ``up --down``, or ``terminate_at_end``), or whenever the cluster
+    never started. A detached run (``detach``) keeps its
     instances once started: they terminate when 'down' or 'gc' says so, or by themselves when
     idle after the run ended."""
     section = _section(config)
@@ -535,7 +537,7 @@ def provisioned_run(
             "so far are terminated below"
         ) from None
     finally:
-        asked = section.terminate_at_end or run.read_meta().get("down_at_end")
+        asked = section.terminate_at_end or down_at_end
         keep = started and (detach or not asked)
         if keep:
             say(

@@ -2,7 +2,9 @@
 
 A cluster file says what runs (``program``), how many of each task (``roles``), where
 (``hosts``, ``placement``, ``ports``), how it is supervised (``supervision``), which backend starts
-it (``backend`` plus its ``slurm:`` or ``ssh:`` section) and where run state goes (``runs_dir``).
+it (``backend``) and where run state goes (``runs_dir``). Each backend adds its own section
+(``slurm:``, ``ssh:``) with its own checks, through the registry in
+:mod:`tflaunch.cluster.backends`; every registered backend's section may appear in every file.
 Every error names the file, the line and the key path, says what was expected and, for a typo,
 the nearest valid key. ``tflaunch schema`` prints the JSON Schema derived from these classes.
 """
@@ -13,12 +15,13 @@ import dataclasses
 import importlib.util
 import os
 import re
-from collections.abc import Callable, Mapping
+import types
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tflaunch.cluster import schema, yamlfile
+from tflaunch.cluster import backends, schema, yamlfile
 from tflaunch.cluster.schema import field
 from tflaunch.errors import ConfigError
 
@@ -30,13 +33,11 @@ JOBS = ("ps", "chief", "worker", "evaluator")
 MAX_TASKS = 65_536  # tasks of one role, and of all roles together
 MAX_HOSTS = 4096  # hosts listed, and slurm.nodes
 MAX_GPUS = 256  # GPUs of one host or node, and per worker
-MAX_CPUS = 65_536  # slurm.cpus_per_task
 MAX_ITEMS = 4096  # items of any list: argv, sbatch options, setup lines, uploads, instance ids
 MAX_SECONDS = 30 * 24 * 3600.0  # any timeout or interval: 30 days
 MAX_RESTARTS = 10_000  # any restart limit
 MAX_PORT = 65_535
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-SLURM_TIME = re.compile(r"(\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|(?i:infinite|unlimited))")
 
 
 def env_name_problem(name: str) -> str | None:
@@ -46,15 +47,6 @@ def env_name_problem(name: str) -> str | None:
     return (
         f"{name!r} is not a valid environment variable name; use letters, digits and _, "
         "not starting with a digit"
-    )
-
-
-def _slurm_time_problem(value: str) -> str | None:
-    if SLURM_TIME.fullmatch(value):
-        return None
-    return (
-        f"{value!r} is not a Slurm time; write minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or "
-        "D-HH:MM:SS (quoted, e.g. '01:00:00'), or UNLIMITED"
     )
 
 
@@ -321,72 +313,6 @@ class Supervision:
 
 
 @dataclass(frozen=True)
-class SlurmSection:
-    """Slurm settings (backend: slurm)."""
-
-    nodes: int | None = field(
-        None,
-        minimum=1,
-        maximum=MAX_HOSTS,
-        doc="number of nodes (default: as many as the plan needs)",
-    )
-    time: str | None = field(
-        None,
-        doc="walltime as sbatch --time takes it, quoted: '00:30:00', '1-12:00:00', '90'",
-        line=True,
-        check=lambda v: _slurm_time_problem(v),
-    )
-    partition: str | None = field(None, doc="partition", line=True)
-    account: str | None = field(None, doc="account", line=True)
-    qos: str | None = field(None, doc="quality of service", line=True)
-    constraint: str | None = field(None, doc="node constraint, e.g. gpu", line=True)
-    ps_constraint: str | None = field(
-        None,
-        doc="node constraint of dedicated PS nodes (their own job component), e.g. mc",
-        line=True,
-    )
-    gpus_per_node: int | None = field(
-        None, minimum=0, maximum=MAX_GPUS, doc="GPUs per node (--gpus-per-node)"
-    )
-    gres: str | None = field(
-        None, doc="generic resources (--gres), instead of gpus_per_node", line=True
-    )
-    cpus_per_task: int | None = field(
-        None, minimum=1, maximum=MAX_CPUS, doc="CPUs per agent (one agent per node)"
-    )
-    mem: str | None = field(None, doc="memory per node, e.g. 32G", line=True)
-    options: tuple[str, ...] = field(
-        (), doc="extra sbatch options, e.g. ['--exclusive']", line=True, maximum=MAX_ITEMS
-    )
-    setup: tuple[str, ...] = field(
-        (),
-        doc="shell lines run before the step (module loads, activation), verbatim",
-        maximum=MAX_ITEMS,
-    )
-    output: str | None = field(None, doc="sbatch --output path", line=True)
-    error: str | None = field(None, doc="sbatch --error path", line=True)
-    python: str = field("python3", doc="Python interpreter on the nodes", line=True)
-    signal: str | None = field(
-        None,
-        doc="USR1@SECONDS or USR2@SECONDS: Slurm signals the agents that long before the time "
-        "limit (sbatch --signal) and they pass it on to every task, so the chief can checkpoint",
-    )
-    requeue: int = field(
-        0,
-        minimum=0,
-        doc="times the job may be requeued (sbatch --requeue): when the signal arrives, tflaunch "
-        "waits checkpoint_wait seconds, stops the cluster and requeues the job with scontrol "
-        "requeue; the requeued job resumes from the checkpoints. Needs signal (0: never)",
-    )
-    checkpoint_wait: float = field(
-        30.0,
-        minimum=0,
-        doc="with requeue: seconds between the signal and stopping the cluster for the requeue, "
-        "for the chief to write its checkpoint; less than the signal's SECONDS",
-    )
-
-
-@dataclass(frozen=True)
 class Ec2Section:
     """Discover hosts from EC2 (needs the aws extra: boto3)."""
 
@@ -446,69 +372,12 @@ class Ec2ProvisionSection:
 
 
 @dataclass(frozen=True)
-class SshSection:
-    """SSH settings (backend: ssh)."""
-
-    user: str | None = field(None, doc="remote user (default: the local user)")
-    identity_file: str | None = field(None, doc="private key file")
-    port: int = field(22, minimum=1, maximum=MAX_PORT, doc="SSH port")
-    connect_timeout: float = field(
-        10.0, minimum=0.1, maximum=MAX_SECONDS, doc="seconds to connect to a host"
-    )
-    host_key_policy: Literal["strict", "accept-new"] = field(
-        "strict",
-        doc="strict: known hosts only; accept-new: record unknown keys, refuse changed ones",
-    )
-    known_hosts: str = field("~/.ssh/known_hosts", doc="known_hosts file")
-    jump_host: str | None = field(None, doc="[user@]host[:port] to tunnel through")
-    public_ips_file: str | None = field(None, doc="file of connect addresses, one per line")
-    private_ips_file: str | None = field(
-        None, doc="file of cluster addresses, line i = same host as public line i"
-    )
-    ec2: Ec2Section | None = field(None, doc="discover hosts from EC2")
-    gpus: int = field(0, minimum=0, maximum=MAX_GPUS, doc="GPUs per host for hosts from files")
-    upload: tuple[str, ...] = field(
-        (), doc="files copied to each host's workdir before the start", maximum=MAX_ITEMS
-    )
-    python: str = field("python3", doc="Python interpreter on the hosts")
-    remote_runs_dir: str | None = field(
-        None, doc="run directory on the hosts (default: the local runs_dir path)"
-    )
-    provision: Ec2ProvisionSection | None = field(None, doc="create EC2 instances for the run")
-    sync: str | None = field(
-        None,
-        doc="local directory copied to every host's workdir before the run (honours .gitignore; "
-        "copies only what changed)",
-    )
-    setup: tuple[str, ...] = field(
-        (), doc="shell lines run once on every host before the pre-flight check, in the workdir"
-    )
-    setup_inputs: tuple[str, ...] = field(
-        (),
-        doc="with setup_once: local files whose contents, with the setup lines, decide whether "
-        "setup must run again (e.g. requirements.txt)",
-    )
-    setup_once: bool = field(
-        False,
-        doc="skip the setup lines on a host where they (and setup_inputs) already succeeded",
-    )
-    host_wait: float = field(
-        0.0,
-        minimum=0,
-        doc="when a host stops answering, stop the other hosts' tasks and wait this many seconds "
-        "for it to answer again, then start a new agent there and restart the whole cluster from "
-        "the checkpoints (counted in supervision.restart.max_cluster_restarts); 0: a host that "
-        "stops answering fails the run",
-    )
-
-
-@dataclass(frozen=True)
 class ClusterConfig:
     """A distributed TensorFlow cluster: what runs, how many tasks, where, and how."""
 
     program: Program = field(doc="what every task runs", coerce=_program_entry)
     name: str = field("tflaunch", doc="cluster name; prefixes run ids", line=True)
-    backend: Literal["local", "slurm", "ssh"] = field("local", doc="how tasks are started")
+    backend: str = field("local", doc="how tasks are started", choices=lambda: backends.names())
     roles: Roles = field(factory=Roles, doc="task counts")
     hosts: tuple[HostEntry, ...] = field(
         (),
@@ -529,19 +398,37 @@ class ClusterConfig:
         "with your group)",
         check=lambda v: _mode_problem(v),
     )
-    slurm: SlurmSection = field(factory=SlurmSection, doc="Slurm backend settings")
-    ssh: SshSection = field(factory=SshSection, doc="SSH backend settings")
+    # Every backend's own section (``slurm:``, ``ssh:``), keyed by the backend's name: read
+    # through the backend registry, reached as ``config.slurm``. Set by the loader.
+    sections: Mapping[str, Any] = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType(backends.default_sections()),
+        metadata={"internal": True, "sections": True},
+    )
     # Set by the loader, never read from the file.
     source: str = dataclasses.field(default="<string>", compare=False, metadata={"internal": True})
     base_dir: str = dataclasses.field(default=".", compare=False, metadata={"internal": True})
+
+    def __getattr__(self, name: str) -> Any:
+        """A backend's section by its name: ``config.ssh``."""
+        sections = self.__dict__.get("sections")
+        if sections is None or name not in sections:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return sections[name]
+
+    def with_section(self, name: str, section: Any) -> ClusterConfig:
+        """This config with backend ``name``'s section replaced."""
+        return dataclasses.replace(
+            self, sections=types.MappingProxyType({**self.sections, name: section})
+        )
 
     @property
     def workdir(self) -> str:
         """The program's working directory, resolved against the cluster file's folder.
 
-        With backend ssh it is a path on the hosts (absolute, ``~/...``, or relative to the remote
-        home directory) and is resolved there by the SSH backend, not on this machine."""
-        if self.backend == "ssh":
+        Where the backend runs the program on other machines (ssh) it is a path on the hosts
+        (absolute, ``~/...``, or relative to the remote home directory), resolved there by the
+        backend, not on this machine."""
+        if backends.spec_of(self.backend).workdir_on_hosts:
             return os.path.normpath(self.program.workdir)
         return os.path.normpath(
             os.path.join(self.base_dir, os.path.expanduser(self.program.workdir))
@@ -578,7 +465,7 @@ def parse_config(text: str, source: str = "<string>", base_dir: str = ".") -> Cl
             "(see examples/local.yaml)."
         )
     try:
-        config = schema.read(ClusterConfig, data)
+        config = schema.read(ClusterConfig, data, sections=backends.sections())
     except schema.SchemaError as err:
         raise ConfigError(_located(source, positions, err.path, err.message)) from None
     config = dataclasses.replace(config, source=source, base_dir=base_dir)
@@ -635,20 +522,6 @@ def _check(config: ClusterConfig, positions: Mapping[tuple, int]) -> None:
             "an evaluator needs a chief (set roles.chief: 1): "
             "TF_CONFIG's evaluator watches the checkpoints the chief writes",
         )
-    if config.slurm.signal and not re.fullmatch(r"USR[12]@\d+", config.slurm.signal):
-        fail(
-            ("slurm", "signal"),
-            f"{config.slurm.signal!r} is not USR1@SECONDS or USR2@SECONDS (e.g. USR1@120); "
-            "the agents pass only those on to the tasks",
-        )
-    _check_requeue(config, fail)
-    if config.ssh.host_wait and not config.supervision.restart.enabled:
-        fail(
-            ("ssh", "host_wait"),
-            "needs a restart policy in supervision.restart (e.g. ps: exit-code): only with one "
-            "do the other hosts' agents stay up to start their tasks again once the lost host "
-            "is back",
-        )
     pattern = config.supervision.step_pattern
     try:
         groups = re.compile(pattern).groups
@@ -676,28 +549,15 @@ def _check(config: ClusterConfig, positions: Mapping[tuple, int]) -> None:
             f"({supervision.heartbeat:g} s), so one late heartbeat would tear the run down; "
             "raise heartbeat_timeout or lower heartbeat",
         )
-    if config.ssh.provision is not None:
-        for path, used in (
-            (("hosts",), bool(config.hosts)),
-            (("ssh", "public_ips_file"), bool(config.ssh.public_ips_file)),
-            (("ssh", "ec2"), config.ssh.ec2 is not None),
-        ):
-            if used:
-                fail(
-                    path,
-                    "cannot be combined with ssh.provision, which creates the hosts; "
-                    "remove one of the two",
-                )
-    if config.ssh.public_ips_file and not config.ssh.private_ips_file:
-        fail(
-            ("ssh", "private_ips_file"),
-            "is required with public_ips_file (line i of each is one host)",
-        )
+    for spec in backends.registry().values():  # each backend's section, and its own rules
+        if spec.check is not None:
+            spec.check(config, fail)
 
 
 def _check_env(config: ClusterConfig, fail: Any) -> None:
     """Environment names are POSIX names (a key such as ``X; touch f #`` or ``A=B`` would be
-    shell or a second assignment wherever it is exported), and env_from can be delivered."""
+    shell or a second assignment wherever it is exported). Whether the backend can deliver
+    env_from is the backend's own check."""
     program = config.program
     for key in program.env:
         problem = env_name_problem(key)
@@ -711,47 +571,6 @@ def _check_env(config: ClusterConfig, fail: Any) -> None:
             fail(("program", "env_from", i), f"'{name}' is also set in program.env; keep one")
         if name in program.env_from[:i]:
             fail(("program", "env_from", i), f"'{name}' is listed twice")
-    if not program.env_from:
-        return
-    if config.backend == "ssh":
-        fail(
-            ("program", "env_from"),
-            "is not supported by backend ssh yet: the remote agents do not inherit the "
-            "launcher's environment. Set the variables on the hosts (e.g. in a file the "
-            "program reads) or use program.env",
-        )
-    if config.backend == "slurm":
-        for i, option in enumerate(config.slurm.options):
-            if option.startswith("--export") and not option.startswith("--export=ALL"):
-                fail(
-                    ("slurm", "options", i),
-                    f"'{option}' would stop sbatch from passing the launcher's environment "
-                    "to the job, which program.env_from relies on; drop it or list the "
-                    "variables in program.env",
-                )
-
-
-def _check_requeue(config: ClusterConfig, fail: Callable[[tuple, str], None]) -> None:
-    """``slurm.requeue`` needs the warning signal, and time after the wait to stop the tasks."""
-    slurm = config.slurm
-    if not slurm.requeue:
-        return
-    if not slurm.signal:
-        fail(
-            ("slurm", "requeue"),
-            "needs slurm.signal (e.g. USR1@120): the requeue happens when Slurm's warning "
-            "arrives ahead of the time limit, after the chief had time to checkpoint",
-        )
-    lead = int(str(slurm.signal).partition("@")[2])
-    stop = config.supervision.grace_period + 5
-    if slurm.checkpoint_wait + stop >= lead:
-        fail(
-            ("slurm", "checkpoint_wait"),
-            f"{slurm.checkpoint_wait:g} s, plus {stop:g} s to stop the tasks "
-            f"(supervision.grace_period + 5), does not fit in the {lead} s between the signal "
-            f"and the time limit (slurm.signal {slurm.signal}); lower checkpoint_wait or signal "
-            "earlier",
-        )
 
 
 def _moved_module(config: ClusterConfig) -> tuple[int, str] | None:
@@ -780,5 +599,7 @@ def _has_module(name: str) -> bool:
 
 
 def config_schema() -> dict:
-    """The JSON Schema of the cluster file."""
-    return schema.json_schema(ClusterConfig, title="tflaunch cluster file")
+    """The JSON Schema of the cluster file, with every registered backend's section."""
+    return schema.json_schema(
+        ClusterConfig, title="tflaunch cluster file", sections=backends.sections()
+    )

@@ -9,8 +9,13 @@ Supported field types: str, int, float, bool, ``Literal[...]``, ``X | None``, ``
 ``dict[str, str]`` and nested dataclasses. A field's ``metadata`` may hold ``doc`` (a description),
 ``minimum`` and ``maximum`` (for numbers; for lists, ``maximum`` bounds the length), ``line``
 (a string or list of strings that must fit on one line: no CR or LF), ``check`` (a function
-returning an error message or None) and ``coerce`` (a function applied to the raw value first,
-e.g. to accept a bare string where a mapping is expected).
+returning an error message or None), ``coerce`` (a function applied to the raw value first,
+e.g. to accept a bare string where a mapping is expected) and ``choices`` (a function returning the
+values a string may take, for a set known only at run time: the backends registered).
+
+A dataclass may also take *sections*: top-level keys whose classes are supplied at run time (each
+backend's own ``slurm:`` or ``ssh:``), read into the dataclass's field marked ``sections`` and
+listed in the JSON Schema after its own fields.
 
 Every count and duration has a maximum, so that no file can make the launcher build huge lists.
 Numbers are finite (``.inf`` and ``.nan`` are refused) and strings hold no NUL character (no
@@ -27,7 +32,7 @@ import functools
 import math
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Union, get_args, get_origin
 
 # Position lookup: key path (tuple of str/int) -> 1-based line number in the source file.
@@ -60,6 +65,7 @@ def field(
     line: bool = False,
     check: Callable[[Any], str | None] | None = None,
     coerce: Callable[[Any], Any] | None = None,
+    choices: Callable[[], Sequence[str]] | None = None,
     factory: Callable[[], Any] | None = None,
 ):
     """A dataclass field carrying the documentation and checks the reader and schema use."""
@@ -70,10 +76,28 @@ def field(
         "line": line,
         "check": check,
         "coerce": coerce,
+        "choices": choices,
     }
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """A top-level key owned by another part of the program (a backend's ``slurm:``): read into
+    ``cls`` (missing or null: its defaults) and described as ``doc`` in the JSON Schema."""
+
+    cls: type
+    doc: str
+
+
+def sections_field(cls: type) -> str | None:
+    """The name of ``cls``'s field that holds its sections, if it takes any."""
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("sections"):
+            return f.name
+    return None
 
 
 def _type_name(tp: Any) -> str:
@@ -95,20 +119,28 @@ def _type_name(tp: Any) -> str:
     )
 
 
-def read(cls: type, data: Any, path: tuple = ()) -> Any:
-    """Build dataclass ``cls`` from plain data, or raise SchemaError at the first bad value."""
-    return _read_value(cls, data, path)
+def read(
+    cls: type, data: Any, path: tuple = (), sections: Mapping[str, Section] | None = None
+) -> Any:
+    """Build dataclass ``cls`` from plain data, or raise SchemaError at the first bad value.
+    ``sections``: the keys ``cls`` takes beside its fields (see :class:`Section`)."""
+    if sections is None:
+        return _read_value(cls, data, path)
+    return _read_dataclass(cls, data, path, sections)
 
 
-def _read_dataclass(cls: type, data: Any, path: tuple) -> Any:
+def _read_dataclass(
+    cls: type, data: Any, path: tuple, sections: Mapping[str, Section] | None = None
+) -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise SchemaError(path, f"expected a mapping, got {_describe(data)}")
     hints, fields = _class_fields(cls)
+    sections = sections or {}
     for key in data:
-        if key not in fields:
-            raise SchemaError(path + (key,), _unknown_key_message(key, fields))
+        if key not in fields and key not in sections:
+            raise SchemaError(path + (key,), _unknown_key_message(key, [*fields, *sections]))
     values = {}
     for name, f in fields.items():
         if name in data:
@@ -116,11 +148,24 @@ def _read_dataclass(cls: type, data: Any, path: tuple) -> Any:
             coerce = f.metadata.get("coerce")
             if coerce is not None:
                 raw = coerce(raw)
+            choices = f.metadata.get("choices")
+            if choices is not None and raw not in choices():
+                raise SchemaError(path + (name,), _choice_message(raw, choices()))
             values[name] = _read_value(hints[name], raw, path + (name,))
             _check_field(f, values[name], path + (name,))
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise SchemaError(path + (name,), f"is required ({f.metadata.get('doc', '')})")
+    if sections:
+        read = {k: _read_value(s.cls, data.get(k), path + (k,)) for k, s in sections.items()}
+        values[sections_field(cls)] = types.MappingProxyType(read)
     return cls(**values)
+
+
+def _choice_message(value: Any, choices: Sequence[Any]) -> str:
+    listed = ", ".join(repr(a) for a in choices)
+    close = difflib.get_close_matches(str(value), [str(a) for a in choices], n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"expected one of {listed}, got {value!r}{hint}"
 
 
 def _check_field(f: dataclasses.Field, value: Any, path: tuple) -> None:
@@ -168,7 +213,7 @@ def _public_fields(cls: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls) if f.init and not f.metadata.get("internal")}
 
 
-def _unknown_key_message(key: Any, fields: Mapping[str, Any]) -> str:
+def _unknown_key_message(key: Any, fields: Sequence[str] | Mapping[str, Any]) -> str:
     close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
     hint = f"did you mean '{close[0]}'? " if close else ""
     return f"unknown key '{key}': {hint}valid keys here are {', '.join(sorted(fields))}"
@@ -204,10 +249,7 @@ def _read_value(tp: Any, value: Any, path: tuple) -> Any:
         raise SchemaError(path, f"expected {_type_name(tp)}, got {_describe(value)}")
     if origin is Literal:
         if value not in get_args(tp):
-            choices = ", ".join(repr(a) for a in get_args(tp))
-            close = difflib.get_close_matches(str(value), [str(a) for a in get_args(tp)], n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise SchemaError(path, f"expected one of {choices}, got {value!r}{hint}")
+            raise SchemaError(path, _choice_message(value, get_args(tp)))
         return value
     if origin is tuple:
         if not isinstance(value, list):
@@ -276,9 +318,13 @@ def _read_scalar(tp: Any, value: Any, path: tuple) -> Any:
     raise SchemaError(path, f"expected {_type_name(tp)}, got {_describe(value)}")
 
 
-def json_schema(cls: type, title: str | None = None) -> dict:
-    """JSON Schema (draft 2020-12) of dataclass ``cls``, for editors."""
+def json_schema(
+    cls: type, title: str | None = None, sections: Mapping[str, Section] | None = None
+) -> dict:
+    """JSON Schema (draft 2020-12) of dataclass ``cls`` and its ``sections``, for editors."""
     schema = _schema_of(cls)
+    for name, section in (sections or {}).items():
+        schema["properties"][name] = {**_schema_of(section.cls), "description": section.doc}
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     if title:
         schema["title"] = title
@@ -291,7 +337,8 @@ def _schema_of(tp: Any) -> dict:
         hints = typing.get_type_hints(tp)
         props, required = {}, []
         for f in _public_fields(tp).values():
-            prop = _schema_of(hints[f.name])
+            choices = f.metadata.get("choices")
+            prop = {"enum": list(choices())} if choices else _schema_of(hints[f.name])
             if f.metadata.get("doc"):
                 prop["description"] = f.metadata["doc"]
             minimum, maximum = f.metadata.get("minimum"), f.metadata.get("maximum")

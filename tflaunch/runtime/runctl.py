@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,11 @@ from tflaunch.runtime.run import ENDED, Outcome, Run
 from tflaunch.runtime.runfiles import open_run_file
 
 
-def spawn_detached(config_path: str, run: Run, runs_dir: str, timeout: float) -> None:
-    """Start the coordinator of ``run`` in the background; return once the cluster is ready."""
+def spawn_detached(
+    config_path: str, run: Run, runs_dir: str, timeout: float, options: Sequence[str] = ()
+) -> None:
+    """Start the coordinator of ``run`` in the background (an ``up`` given ``options`` too);
+    return once the cluster is ready."""
     argv = [
         sys.executable,
         "-m",
@@ -38,6 +41,7 @@ def spawn_detached(config_path: str, run: Run, runs_dir: str, timeout: float) ->
         "--run-id",
         run.id,
         "--attached-daemon",
+        *options,
     ]
     with open_run_file(run.dir / "console.log", "ab") as console:
         proc = procs.spawn(

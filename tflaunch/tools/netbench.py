@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -76,12 +75,10 @@ def program_argv(python: str, sizes: Sequence[int], options: Mapping[str, object
 
 
 def cluster_python(config) -> str:
-    """The interpreter the tasks run under on the cluster's hosts."""
-    if config.backend == "ssh" and config.ssh is not None:
-        return config.ssh.python
-    if config.backend == "slurm" and config.slurm is not None:
-        return config.slurm.python
-    return sys.executable
+    """The interpreter the tasks run under on the cluster's hosts (the backend knows)."""
+    from tflaunch import launch
+
+    return launch.backend_for(config.backend).python(config)
 
 
 def placement_of(argv: Sequence[str]) -> str:

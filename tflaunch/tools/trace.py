@@ -110,15 +110,15 @@ def traced_config(config, window: TraceWindow, trace_dir: str, port_offset: int)
 
 
 def trace_dir_for(config, runs_dir: str, run_id: str) -> str:
-    """Where the first worker writes the trace: the run directory for local and Slurm runs (a
-    file system the nodes share), the hosts' run directory for SSH runs."""
+    """Where the first worker writes the trace: the run directory where the nodes share this
+    machine's files (local, Slurm), else the run directory on the hosts (ssh)."""
     import posixpath
 
-    if config.backend == "ssh":  # as the SSH backend lays runs out on the hosts
-        root = (config.ssh.remote_runs_dir if config.ssh else None) or config.runs_dir
-        if not posixpath.isabs(root) and not root.startswith("~"):
-            root = posixpath.join("~", root)  # the task expands it: relative to the home
-        return posixpath.join(root, run_id, "trace")
+    from tflaunch import launch
+
+    on_hosts = launch.backend_for(config.backend).host_run_dir(config, run_id)
+    if on_hosts is not None:
+        return posixpath.join(on_hosts, "trace")
     return str(Path(runs_dir).resolve() / run_id / "trace")
 
 

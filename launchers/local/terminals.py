@@ -32,13 +32,8 @@ KINDS = ("tmux", "xterm", "gnome-terminal")
 TMUX_TIMEOUT = 10.0  # seconds for one tmux command: every wait has a deadline
 
 
-def check(kind: str, backend: str) -> None:
+def check(kind: str) -> None:
     """Raise LaunchError (exit 2) when windows of ``kind`` cannot be opened here."""
-    if backend != "local":
-        raise LaunchError(
-            f"--terminals works with the local backend only; this cluster file uses "
-            f"'{backend}'. Follow the tasks with 'tflaunch logs RUN -f' instead."
-        )
     if kind not in KINDS:
         raise LaunchError(f"unknown terminal kind '{kind}'; choose one of {', '.join(KINDS)}.")
     if not shutil.which(kind):
@@ -100,7 +95,7 @@ def follow_command(log: Path, sentinel_pid: int) -> list[str]:
 
 def open_terminals(kind: str, plan: Plan, run: Run) -> Terminals:
     """Open one window per task of ``plan``; the caller closes them (``with`` or ``close``)."""
-    check(kind, "local")
+    check(kind)
     # The sentinel dies with this process even on kill -9 (parent-death signal), closing windows.
     sentinel = procs.spawn(["sleep", "2147483647"], os.environ, cwd=None, stdout=subprocess.DEVNULL)
     terminals = Terminals(kind, sentinel)

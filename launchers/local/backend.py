@@ -10,11 +10,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Any
 
 from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Host, Plan, hosts_from_config
-from tflaunch.launchers.base import Backend
+from tflaunch.launchers.base import Backend, LaunchOptions
 from tflaunch.runtime import procs
 from tflaunch.runtime.link import ProcessLink, agent_argv
 from tflaunch.runtime.run import Outcome, Run
@@ -23,15 +22,29 @@ from tflaunch.runtime.run import Outcome, Run
 class LocalBackend(Backend):
     name = "local"
 
-    def launch(self, config: ClusterConfig, plan: Plan, run: Run, on_ready: Any = None) -> Outcome:
-        """As every backend; with ``up --terminals`` (in the run's meta) windows show the tasks."""
-        kind = run.read_meta().get("terminals")
+    def launch(
+        self, config: ClusterConfig, plan: Plan, run: Run, options: LaunchOptions | None = None
+    ) -> Outcome:
+        """As every backend; with ``up --terminals`` windows show the tasks."""
+        kind = options.terminals if options else None
         if not kind:
-            return super().launch(config, plan, run, on_ready)
-        from tflaunch.launchers.terminals import open_terminals
+            return super().launch(config, plan, run, options)
+        from tflaunch.launchers.local.terminals import open_terminals
 
         with open_terminals(kind, plan, run):
-            return super().launch(config, plan, run, on_ready)
+            return super().launch(config, plan, run, options)
+
+    def check_options(self, options: LaunchOptions) -> None:
+        """Terminal windows can be opened here if the terminal program and a display are."""
+        if options.terminals:
+            from tflaunch.launchers.local.terminals import check
+
+            check(options.terminals)
+
+    def attach(self, run: Run) -> None:
+        from tflaunch.launchers.local.terminals import attach
+
+        attach(run)
 
     def hosts(self, config: ClusterConfig) -> list[Host]:
         return hosts_from_config(config)

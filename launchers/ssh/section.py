@@ -1,0 +1,112 @@
+"""The ``ssh:`` section of the cluster file, its checks, and the rules for files with
+``backend: ssh``. Read by :mod:`tflaunch.cluster.config` through the backend registry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from tflaunch.cluster.backends import Fail
+from tflaunch.cluster.config import (
+    MAX_GPUS,
+    MAX_ITEMS,
+    MAX_PORT,
+    MAX_SECONDS,
+    ClusterConfig,
+    Ec2ProvisionSection,
+    Ec2Section,
+)
+from tflaunch.cluster.schema import field
+
+
+@dataclass(frozen=True)
+class SshSection:
+    """SSH settings (backend: ssh)."""
+
+    user: str | None = field(None, doc="remote user (default: the local user)")
+    identity_file: str | None = field(None, doc="private key file")
+    port: int = field(22, minimum=1, maximum=MAX_PORT, doc="SSH port")
+    connect_timeout: float = field(
+        10.0, minimum=0.1, maximum=MAX_SECONDS, doc="seconds to connect to a host"
+    )
+    host_key_policy: Literal["strict", "accept-new"] = field(
+        "strict",
+        doc="strict: known hosts only; accept-new: record unknown keys, refuse changed ones",
+    )
+    known_hosts: str = field("~/.ssh/known_hosts", doc="known_hosts file")
+    jump_host: str | None = field(None, doc="[user@]host[:port] to tunnel through")
+    public_ips_file: str | None = field(None, doc="file of connect addresses, one per line")
+    private_ips_file: str | None = field(
+        None, doc="file of cluster addresses, line i = same host as public line i"
+    )
+    ec2: Ec2Section | None = field(None, doc="discover hosts from EC2")
+    gpus: int = field(0, minimum=0, maximum=MAX_GPUS, doc="GPUs per host for hosts from files")
+    upload: tuple[str, ...] = field(
+        (), doc="files copied to each host's workdir before the start", maximum=MAX_ITEMS
+    )
+    python: str = field("python3", doc="Python interpreter on the hosts")
+    remote_runs_dir: str | None = field(
+        None, doc="run directory on the hosts (default: the local runs_dir path)"
+    )
+    provision: Ec2ProvisionSection | None = field(None, doc="create EC2 instances for the run")
+    sync: str | None = field(
+        None,
+        doc="local directory copied to every host's workdir before the run (honours .gitignore; "
+        "copies only what changed)",
+    )
+    setup: tuple[str, ...] = field(
+        (), doc="shell lines run once on every host before the pre-flight check, in the workdir"
+    )
+    setup_inputs: tuple[str, ...] = field(
+        (),
+        doc="with setup_once: local files whose contents, with the setup lines, decide whether "
+        "setup must run again (e.g. requirements.txt)",
+    )
+    setup_once: bool = field(
+        False,
+        doc="skip the setup lines on a host where they (and setup_inputs) already succeeded",
+    )
+    host_wait: float = field(
+        0.0,
+        minimum=0,
+        doc="when a host stops answering, stop the other hosts' tasks and wait this many seconds "
+        "for it to answer again, then start a new agent there and restart the whole cluster from "
+        "the checkpoints (counted in supervision.restart.max_cluster_restarts); 0: a host that "
+        "stops answering fails the run",
+    )
+
+
+def check(config: ClusterConfig, fail: Fail) -> None:
+    """The section's own rules (every file), then those of files that choose SSH."""
+    ssh = config.ssh
+    if ssh.host_wait and not config.supervision.restart.enabled:
+        fail(
+            ("ssh", "host_wait"),
+            "needs a restart policy in supervision.restart (e.g. ps: exit-code): only with one "
+            "do the other hosts' agents stay up to start their tasks again once the lost host "
+            "is back",
+        )
+    if ssh.provision is not None:
+        for path, used in (
+            (("hosts",), bool(config.hosts)),
+            (("ssh", "public_ips_file"), bool(ssh.public_ips_file)),
+            (("ssh", "ec2"), ssh.ec2 is not None),
+        ):
+            if used:
+                fail(
+                    path,
+                    "cannot be combined with ssh.provision, which creates the hosts; "
+                    "remove one of the two",
+                )
+    if ssh.public_ips_file and not ssh.private_ips_file:
+        fail(
+            ("ssh", "private_ips_file"),
+            "is required with public_ips_file (line i of each is one host)",
+        )
+    if config.backend == "ssh" and config.program.env_from:
+        fail(
+            ("program", "env_from"),
+            "is not supported by backend ssh yet: the remote agents do not inherit the "
+            "launcher's environment. Set the variables on the hosts (e.g. in a file the "
+            "program reads) or use program.env",
+        )
