@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The architecture checks: import-linter's contracts (pyproject.toml) and no import cycle between
 # the project's modules, both run against a fresh installed copy (the layout users get, where the
-# repository's launchers/ and models/ are tflaunch.launchers and tflaunch.models).
+# repository's launchers/ and models/ are tflaunch.launchers and tflaunch.models); then, on the
+# checkout, no reach into another module's private names, no backend name compared outside its
+# folder, and no class over 300 lines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=$(mktemp -d)
@@ -13,3 +15,5 @@ root=$PWD
 (cd "$target" && PYTHONPATH="$target" lint-imports --no-cache "$root/pyproject.toml")
 (cd "$target" && PYTHONPATH="$target" python3 "$root/scripts/import_cycles.py" tflaunch)
 python3 scripts/private_names.py
+python3 scripts/backend_names.py
+python3 scripts/class_sizes.py

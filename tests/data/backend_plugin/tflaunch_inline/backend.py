@@ -1,0 +1,39 @@
+"""The inline backend's Backend: one agent subprocess per host of the plan, on this machine,
+started with nothing but tflaunch's public pieces."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tflaunch.cluster.plan import hosts_from_config
+from tflaunch.launchers.base import Backend
+from tflaunch.runtime import procs
+from tflaunch.runtime.link import ProcessLink, agent_argv
+
+
+class InlineBackend(Backend):
+    name = "inline"
+
+    def hosts(self, config):
+        return hosts_from_config(config)
+
+    def start_agents(self, config, plan, run):
+        section = config.inline
+        print(f"[inline] {section.greeting}", flush=True)
+        env = {**os.environ, section.agents_env: section.greeting}
+        links = []
+        for host in plan.hosts_with_tasks():
+            argv = agent_argv(sys.executable, str(run.plan_path), host.name, str(run.dir))
+            proc = procs.spawn(
+                argv,
+                env,
+                cwd=None,
+                stdin=subprocess.PIPE,
+                stderr=None,
+                die_with_parent=False,
+                text=True,
+            )
+            links.append(ProcessLink(host.name, proc))
+        return links
