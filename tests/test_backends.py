@@ -1,0 +1,171 @@
+"""The backend registry, the sections backends bring, LaunchOptions, and the architecture checks
+that keep backend knowledge in the backend folders (scripts/backend_names.py,
+scripts/class_sizes.py). Quick tests; tests/test_backend_plugin.py installs a real package."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+from importlib.metadata import EntryPoint
+
+import pytest
+import tomllib
+from click.testing import CliRunner
+
+from tests.helpers import ROOT
+from tflaunch.cli import cli
+from tflaunch.cluster import backends
+from tflaunch.cluster.backends import BackendSpec
+from tflaunch.cluster.config import config_schema, parse_config
+from tflaunch.cluster.schema import field
+from tflaunch.errors import ConfigError
+from tflaunch.launchers import get_backend
+from tflaunch.launchers.base import LaunchOptions
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclasses.dataclass(frozen=True)
+class KubeSection:
+    """Kube settings (backend: kube)."""
+
+    namespace: str = field("default", doc="namespace")
+
+
+def _kube_check(config, fail) -> None:
+    if config.kube.namespace == "kube-system":
+        fail(("kube", "namespace"), "is the system's own; pick another")
+
+
+KUBE = BackendSpec(
+    name="kube",
+    backend="tflaunch.launchers.local.backend:LocalBackend",
+    section=KubeSection,
+    section_doc="Kube backend settings",
+    check=_kube_check,
+)
+
+
+@pytest.fixture
+def installed(monkeypatch):
+    """Stand-in entry points of installed packages (the group's only boundary we do not own)."""
+
+    def use(*entries: tuple[str, str]):
+        points = [EntryPoint(n, v, backends.GROUP) for n, v in entries]
+        monkeypatch.setattr(backends, "entry_points", lambda group: points)
+        backends.registry.cache_clear()
+
+    yield use
+    backends.registry.cache_clear()
+
+
+def test_the_built_ins_are_registered_in_folder_order_and_in_pyproject():
+    assert backends.names()[:3] == ["local", "slurm", "ssh"]
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    for name, value in declared["tflaunch.backends"].items():
+        module, _, attr = value.partition(":")
+        assert getattr(importlib.import_module(module), attr) is backends.spec_of(name)
+    assert set(declared["tflaunch.backends"]) == {"local", "slurm", "ssh"}
+    assert type(get_backend("slurm")).__name__ == "SlurmBackend"
+
+
+def test_an_unknown_backend_is_bad_input_listing_the_registered_ones(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("program: [p]\nbackend: slrum\n")
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert result.exit_code == 2
+    assert (
+        f"{path}:2: backend: expected one of 'local', 'slurm', 'ssh', got 'slrum' "
+        "(did you mean 'slurm'?)." in result.output
+    )
+    with pytest.raises(ConfigError, match="unknown backend 'kube'; choose one of local, slurm"):
+        get_backend("kube")
+
+
+def test_an_installed_backend_brings_its_section_check_and_schema(installed):
+    installed(("kube", f"{__name__}:KUBE"))
+    config = parse_config("program: [p]\nbackend: kube\nkube: {namespace: tf}\n")
+    assert config.kube == KubeSection("tf") and config.slurm.python == "python3"
+    assert parse_config("program: [p]\n").kube == KubeSection()  # every file has every section
+    with pytest.raises(ConfigError, match="<string>:4: kube.namespace: is the system's own"):
+        parse_config("program: [p]\nbackend: kube\nkube:\n  namespace: kube-system\n")
+    with pytest.raises(ConfigError, match="unknown key 'namespce': did you mean 'namespace'"):
+        parse_config("program: [p]\nkube: {namespce: x}\n")
+    schema = config_schema()
+    assert schema["properties"]["backend"]["enum"] == ["local", "slurm", "ssh", "kube"]
+    assert list(schema["properties"])[-3:] == ["slurm", "ssh", "kube"]
+    assert schema["properties"]["kube"]["properties"]["namespace"]["default"] == "default"
+    result = CliRunner().invoke(cli, ["schema"])
+    assert json.loads(result.output) == schema
+
+
+def test_installed_backends_that_cannot_be_used_are_errors_naming_them(installed):
+    installed(("kube", "no_such_package_anywhere:BACKEND"))
+    with pytest.raises(ConfigError, match=r"'kube = no_such_package_anywhere:BACKEND'.*uninstall"):
+        backends.names()
+    installed(("ssh", f"{__name__}:KUBE"))
+    with pytest.raises(ConfigError, match="two installed packages register a backend called 'ssh'"):
+        backends.names()
+    installed(("cube", f"{__name__}:KUBE"))
+    with pytest.raises(ConfigError, match="does not name a tflaunch BackendSpec called 'cube'"):
+        backends.names()
+    installed(("ssh", "tflaunch.launchers.ssh:BACKEND"))  # an installed tflaunch's own: fine
+    assert backends.names() == ["local", "slurm", "ssh"]
+
+
+def test_a_config_section_is_replaced_through_with_section():
+    config = parse_config("program: [p]\nbackend: ssh\nhosts: [a]\n")
+    changed = config.with_section("ssh", dataclasses.replace(config.ssh, python="python3.11"))
+    assert changed.ssh.python == "python3.11" and config.ssh.python == "python3"
+    assert changed.workdir == "." and changed != config
+    with pytest.raises(AttributeError):
+        _ = config.kube
+
+
+def test_launch_options_reach_a_detached_daemon_as_arguments():
+    assert LaunchOptions().argv() == []
+    assert LaunchOptions("tmux", True).argv() == ["--terminals", "tmux", "--down"]
+
+
+def test_backend_names_are_compared_only_in_their_own_folder(tmp_path):
+    checker = _script("backend_names")
+    names = {"local", "slurm", "ssh"}
+    source = (
+        "if config.backend == 'ssh':\n    pass\n"
+        "ok = backend in ('slurm', 'other')\n"
+        "match kind:\n    case 'local':\n        pass\n"
+        "x = {'local': 1}\n"  # a mapping key is not a comparison
+    )
+    (tmp_path / "m.py").write_text(source)
+    found = checker.violations(tmp_path / "m.py", names)
+    assert [line.split(": ", 1)[1] for line in found] == [
+        "compares the backend name 'ssh'",
+        "compares the backend name 'slurm'",
+        "compares the backend name 'local'",
+    ]
+    own = ROOT / "launchers" / "ssh" / "backend.py"
+    assert checker.own_backend(own, names) == "ssh"
+    assert checker.main([]) == 0  # the tree as it is
+
+
+def test_no_class_grows_past_300_lines_unnoticed(tmp_path):
+    checker = _script("class_sizes")
+    body = "\n".join(f"    x{i} = {i}" for i in range(300))
+    (tmp_path / "big.py").write_text(f"class Big:\n{body}\n\n\nclass Small:\n    pass\n")
+    sizes = checker.class_sizes(tmp_path / "big.py")
+    assert sorted(sizes.values()) == [2, 301]
+    assert checker.problems(sizes, complete=False) == [
+        f"{tmp_path / 'big.py'}:Big: 301 lines; a class has at most 300: split it"
+    ]
+    (known,) = checker.KNOWN
+    assert checker.problems({known: 250}, complete=True) == [
+        f"{known}: now within 300 lines (or gone); remove it from KNOWN"
+    ]
+    assert "more than its known" in checker.problems({known: 10_000}, complete=False)[0]
+    assert checker.main([]) == 0
