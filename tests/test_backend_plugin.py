@@ -27,9 +27,21 @@ from tests.helpers import ROOT, fake_cluster
 pytestmark = pytest.mark.slow
 
 PLUGIN = ROOT / "tests" / "data" / "backend_plugin"
-LEFT_OUT = shutil.ignore_patterns(
-    ".git", "runs", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis"
-)
+
+
+def _copy_sources(source: Path, target: Path) -> None:
+    """The files git would commit from ``source`` (tracked or new, not ignored): no venvs, run
+    directories, build/ or egg-info of the checkout reach the wheel, and none is left there."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "."],
+        cwd=source,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        if (source / name).is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source / name, target / name)
 
 
 def _run(argv: list, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -46,7 +58,7 @@ def venv(tmp_path_factory) -> Path:
     wheels = root / "wheels"
     for source in (ROOT, PLUGIN):  # built from copies: no build/ or egg-info in the checkout
         copy = root / "src" / source.name
-        shutil.copytree(source, copy, ignore=LEFT_OUT)
+        _copy_sources(source, copy)
         built = _run(
             [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
             + ["-w", wheels, copy],
