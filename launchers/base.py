@@ -51,6 +51,11 @@ class Backend(ABC):
     def hosts(self, config: ClusterConfig) -> list[Host]:
         """The concrete hosts the plan is made for."""
 
+    def hosts_pending(self, config: ClusterConfig) -> bool:
+        """Whether :meth:`hosts` are placeholders for machines that :meth:`launch` makes (then
+        the plan is made again on the real hosts, and only that one is written)."""
+        return False
+
     @abstractmethod
     def start_agents(self, config: ClusterConfig, plan: Plan, run: Run) -> list:
         """Start one agent per host that has tasks; return their links."""

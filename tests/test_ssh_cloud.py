@@ -19,7 +19,8 @@ import yaml
 from tests.helpers import FAKE_TASK, read_until, start_tflaunch, tflaunch
 from tests.hosts import ssh_hosts
 from tests.test_ssh_provision import aws_env  # noqa: F401 (a fixture)
-from tflaunch.launchers.ssh.provision import ADDRESS_MAP_ENV, TAG_RUN
+from tflaunch.launchers.clouds.base import TAG_RUN
+from tflaunch.launchers.clouds.ec2.provider import ADDRESS_MAP_ENV
 
 ssh_test_hosts = ssh_hosts.ssh_test_hosts  # the session fixture
 

@@ -17,18 +17,13 @@ import pytest
 
 from tflaunch.cluster.config import parse_config
 from tflaunch.errors import LaunchError
-from tflaunch.launchers.ssh import provision, sweep
-from tflaunch.launchers.ssh.pricing import PRICE_LIST, cost_table, resolve_prices
-from tflaunch.launchers.ssh.provision import (
-    TAG_CLUSTER,
-    TAG_HOST,
-    TAG_LAUNCHER,
-    TAG_ROLE,
-    TAG_RUN,
-    planned_instances,
-    port_ranges,
-    provisioned_run,
-)
+from tflaunch.launchers.clouds import base, sweep
+from tflaunch.launchers.clouds.base import TAG_CLUSTER, TAG_HOST, TAG_LAUNCHER, TAG_ROLE, TAG_RUN
+from tflaunch.launchers.clouds.costs import CostLine, cost_table
+from tflaunch.launchers.clouds.ec2.pricing import PRICE_LIST, resolve_prices
+from tflaunch.launchers.clouds.ec2.provider import ADDRESS_MAP_ENV, Ec2Provider, port_ranges
+from tflaunch.launchers.ssh import provision
+from tflaunch.launchers.ssh.provision import planned_instances, provisioned_run
 from tflaunch.runtime.run import Run
 
 HEAD = "program: [python, train.py]\nbackend: ssh\n"
@@ -79,7 +74,9 @@ def test_workers_share_a_multi_gpu_instance_and_colocated_ps_need_none(tmp_path)
 def test_cost_table_matches_the_price_list(tmp_path):
     extra = "roles: {ps: 2, worker: 3}\nplacement: {ps: dedicated}\n"
     config = provision_config(tmp_path, extra)
-    table = cost_table(provision.cost_lines(config, planned_instances(config)))
+    table = cost_table(
+        Ec2Provider(config.ssh.provision, print).cost_lines(planned_instances(config))
+    )
     worker, ps = PRICE_LIST["p3.2xlarge"].hourly_usd, PRICE_LIST["c5.xlarge"].hourly_usd
     lines = table.splitlines()
     assert lines[1].split() == [
@@ -108,7 +105,7 @@ def test_cluster_file_prices_override_and_the_api_comes_before_the_list(tmp_path
     ]
     assert asked == [("p3.2xlarge", "us-east-1"), ("x9.huge", "us-east-1")]
     assert "unknown prices" in cost_table(
-        [provision.CostLine("worker", "x9.huge", 1, False, prices["x9.huge"])]
+        [CostLine("worker", "x9.huge", 1, False, prices["x9.huge"])]
     )
 
 
@@ -129,6 +126,7 @@ def test_provision_cannot_be_combined_with_listed_hosts(tmp_path):
 @pytest.fixture()
 def aws_env(aws_credentials, monkeypatch):
     """The stand-in's credentials; it answers at once, so poll quickly."""
+    monkeypatch.setattr(base, "POLL_SECONDS", 0.1)
     monkeypatch.setattr(provision, "POLL_SECONDS", 0.1)
 
 
@@ -174,7 +172,7 @@ def address_map(tmp_path: Path, names, monkeypatch) -> None:
     path.write_text(
         json.dumps({n: {"connect": "127.0.0.1", "address": "127.0.0.1"} for n in names})
     )
-    monkeypatch.setenv(provision.ADDRESS_MAP_ENV, str(path))
+    monkeypatch.setenv(ADDRESS_MAP_ENV, str(path))
 
 
 DEDICATED = "roles: {ps: 1, worker: 2}\nplacement: {ps: dedicated}\n"
@@ -301,7 +299,7 @@ def test_sweep_terminates_runs_whose_launcher_is_gone_or_ended(
         Resources=[gone["InstanceId"]],
         Tags=[{"Key": TAG_LAUNCHER, "Value": f"{socket.gethostname()}:999999999:1"}],
     )
-    access = provision.Access(region="us-east-1", endpoint_url=ec2_endpoint)
+    access = Ec2Provider.from_access({"region": "us-east-1", "endpoint_url": ec2_endpoint}, print)
     verdicts = {v.run_id: v for v in sweep.sweep(access, lambda m: None, dry_run=True)}
     assert verdicts[runs[0].id].sweep is False
     assert verdicts[runs[1].id].reason == "its run succeeded"
@@ -332,7 +330,7 @@ def test_ctrl_c_while_waiting_for_the_instances_terminates_them(
 
 
 def test_pricing_api_answer_is_read_for_the_on_demand_hourly_price():
-    from tflaunch.launchers.ssh.pricing import on_demand_usd
+    from tflaunch.launchers.clouds.ec2.pricing import on_demand_usd
 
     # The shape of one GetProducts PriceList entry (a JSON document as a string), trimmed.
     document = {
@@ -354,3 +352,45 @@ def test_pricing_api_answer_is_read_for_the_on_demand_hourly_price():
     }
     assert on_demand_usd([json.dumps(document)]) == 3.06
     assert on_demand_usd([]) is None
+
+
+def test_a_provisioned_up_plans_twice_and_writes_the_plan_once(
+    tmp_path, ec2_endpoint, aws_env, banner_port, monkeypatch
+):
+    """Once on the pending hosts (which instances, which ports), once on the real ones: the
+    only plan.json. The banner-only listener ends the run at the SSH connect."""
+    import tflaunch.cluster.plan as plan_module
+    from tflaunch import launch
+
+    extra = f"runs_dir: {tmp_path / 'runs'}\n" + DEDICATED
+    config = provision_config(tmp_path, extra, ec2_endpoint, ssh_port=banner_port)
+    address_map(tmp_path, ["worker-1", "worker-2", "ps-1"], monkeypatch)
+    calls = {"plan": 0, "write": 0}
+    make_plan, write_plan = plan_module.make_plan, Run.write_plan
+
+    def counted_plan(*args, **kwargs):
+        calls["plan"] += 1
+        return make_plan(*args, **kwargs)
+
+    def counted_write(run, plan):
+        calls["write"] += 1
+        write_plan(run, plan)
+
+    for module in (launch, provision):
+        monkeypatch.setattr(module, "make_plan", counted_plan)
+    monkeypatch.setattr(Run, "write_plan", counted_write)
+    with pytest.raises(LaunchError, match="cannot connect"):
+        launch.up(config, str(tmp_path / "c.yaml"), down_at_end=True)
+    assert calls == {"plan": 2, "write": 1}
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["cluster"]["ps"] == ["127.0.0.1:2230"]  # the real addresses, not pending ones
+
+
+def test_an_unknown_cloud_is_refused_naming_the_known_ones(tmp_path):
+    from tflaunch.errors import ConfigError
+    from tflaunch.launchers.clouds import provider_for
+
+    config = provision_config(tmp_path, more="    cloud: nimbus\n")
+    with pytest.raises(ConfigError, match="unknown cloud 'nimbus'; choose one of ec2"):
+        provider_for(config, print)

@@ -10,8 +10,9 @@ import pytest
 from tflaunch.cluster.config import Ec2Section, parse_config
 from tflaunch.cluster.plan import Host, render_task
 from tflaunch.errors import ConfigError, LaunchError
+from tflaunch.launchers.clouds.ec2.discover import discover_ec2
 from tflaunch.launchers.ssh.backend import SshBackend
-from tflaunch.launchers.ssh.sources import discover_ec2, read_ip_files, resolve_hosts
+from tflaunch.launchers.ssh.sources import read_ip_files, resolve_hosts
 
 SSH_HEAD = "program: [python, train.py]\nbackend: ssh\n"
 

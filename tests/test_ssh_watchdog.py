@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tflaunch.launchers.ssh.provision import user_data, watchdog_script
+from tflaunch.launchers.clouds.watchdog import user_data, watchdog_script
 
 
 def fake_shutdown(tmp_path: Path) -> tuple[dict, Path]:

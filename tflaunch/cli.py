@@ -283,6 +283,9 @@ def status(ctx: click.Context, run_id: str, runs_dir: str, watch: bool, interval
     )
     for line in launch.backend_of(run).describe(run):
         click.echo(line)
+    if not run.plan_path.exists():
+        click.echo("no plan yet: the run's machines are being made")
+        return
     for line in task_table(run):
         click.echo(line)
 
@@ -310,7 +313,8 @@ def down(run_id: str, runs_dir: str) -> None:
     """Stop a run: every task on every host."""
     run = Run.open(runs_dir, run_id)
     backend = launch.backend_of(run)
-    grace = run.read_plan().supervision.grace_period
+    # A run still making its machines has no plan and no tasks yet to give a grace period.
+    grace = run.read_plan().supervision.grace_period if run.plan_path.exists() else 0.0
     click.echo(backend.down(run, grace))
 
 

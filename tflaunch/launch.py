@@ -56,14 +56,16 @@ def prepare(
 ) -> tuple[Plan, Run]:
     """Plan the cluster and create its run directory."""
     check_env_from(config)
-    hosts = backend_for(config.backend).hosts(config)
+    backend = backend_for(config.backend)
+    hosts = backend.hosts(config)
     run = Run.create(runs_dir or config.runs_dir, config.name, run_id, int(config.run_dir_mode, 8))
     try:
         plan = make_plan(config, hosts, run.dir)
     except PlanError:
         run.dir.rmdir()  # still empty: a plan that cannot be made leaves no run behind
         raise
-    run.write_plan(plan)
+    if not backend.hosts_pending(config):  # else the backend writes it once the hosts exist
+        run.write_plan(plan)
     run.update_meta(
         run_id=run.id,
         name=config.name,
@@ -140,15 +142,9 @@ def sweep_instances(
     dry_run: bool,
     say: Callable[[str], None],
 ) -> list[str]:
-    """``tflaunch gc``: terminate leaked tflaunch instances (AWS access from the options, else
+    """``tflaunch gc``: terminate leaked tflaunch instances (the account from the options, else
     the cluster file's ``ssh.provision``); one line per run found."""
-    from tflaunch.launchers.ssh.provision import Access
-    from tflaunch.launchers.ssh.sweep import format_verdicts, sweep
+    from tflaunch.launchers.clouds.sweep import sweep_account
 
-    section = config.ssh.provision if config else None
-    access = Access(
-        region=region or (section.region if section else None),
-        profile=profile or (section.profile if section else None),
-        endpoint_url=endpoint_url or (section.endpoint_url if section else None),
-    )
-    return format_verdicts(sweep(access, say, dry_run), dry_run)
+    options = {"region": region, "profile": profile, "endpoint_url": endpoint_url}
+    return sweep_account(config, options, dry_run, say)

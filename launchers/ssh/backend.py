@@ -139,8 +139,11 @@ class SshBackend(Backend):
         if config.ssh.provision is not None:  # instances not made yet: addresses pending
             from tflaunch.launchers.ssh import provision
 
-            return provision.pending_hosts(provision.planned_instances(config))
+            return provision.candidate_hosts(config)
         return resolve_hosts(config)
+
+    def hosts_pending(self, config: ClusterConfig) -> bool:
+        return config.ssh.provision is not None
 
     # ---- attached runs: the launcher is the coordinator ------------------------------------
 
@@ -156,7 +159,7 @@ class SshBackend(Backend):
             say = self.session.say
             try:
                 return provision.provisioned_run(
-                    config, run, start, say, down_at_end=options.down_at_end
+                    config, run, start, say, down_at_end=options.down_at_end, plan=plan
                 )
             except TflaunchError as err:
                 if not run.ended:
@@ -242,7 +245,9 @@ class SshBackend(Backend):
         if config.ssh.provision is not None:  # make the instances; they outlive this command
             on_hosts = provision.on_instances(config, run)
             start = lambda made: self.detach(on_hosts, made, run, cluster_file, run_root, options)  # noqa: E731
-            return provision.provisioned_run(config, run, start, self.session.say, detach=True)
+            return provision.provisioned_run(
+                config, run, start, self.session.say, detach=True, plan=plan
+            )
         try:
             detached.start(self.session, config, plan, run)
         except TflaunchError as err:

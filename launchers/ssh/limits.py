@@ -1,6 +1,6 @@
 """``supervision.max_runtime`` on the launcher's side: at the limit the run is stopped as by
 Ctrl-C (teardown everywhere, the run ends as stopped). Provisioned instances enforce the same
-limit by themselves (see :mod:`tflaunch.launchers.ssh.provision`)."""
+limit by themselves (see :mod:`tflaunch.launchers.clouds.watchdog`)."""
 
 from __future__ import annotations
 

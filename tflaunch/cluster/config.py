@@ -333,6 +333,7 @@ class Ec2ProvisionSection:
     'tflaunch gc'."""
 
     image: str = field(doc="AMI id; it needs Python 3 and sshd (the setup lines install the rest)")
+    cloud: str = field("ec2", doc="the cloud provider that makes the instances")
     key_name: str | None = field(None, doc="EC2 key pair; its private key is ssh.identity_file")
     subnet: str | None = field(None, doc="subnet id (default: the default VPC's default subnet)")
     region: str | None = field(None, doc="AWS region (default: the usual AWS environment)")

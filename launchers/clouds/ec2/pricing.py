@@ -1,4 +1,4 @@
-"""What provisioned instances cost: hourly prices, the cost table shown before anything is created.
+"""What EC2 instances cost per hour, and how many GPUs each type has.
 
 A price comes from, in this order: the cluster file (``ssh.provision.prices``), AWS's pricing API
 (where it can be reached: real AWS only, never asked when ``endpoint_url`` points at a stand-in),
@@ -15,7 +15,7 @@ from typing import Any
 
 from tflaunch.cluster.config import Ec2ProvisionSection
 from tflaunch.errors import ConfigError
-from tflaunch.text import aligned
+from tflaunch.launchers.clouds.costs import Price
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,15 +60,6 @@ REGION_NAMES = {
     "ap-northeast-1": "Asia Pacific (Tokyo)",
     "ap-southeast-1": "Asia Pacific (Singapore)",
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class Price:
-    """An instance type's hourly price and where the figure came from."""
-
-    instance_type: str
-    hourly_usd: float | None
-    source: str  # "cluster file", "AWS pricing API", "price list", or "unknown"
 
 
 def gpus_of(instance_type: str) -> int:
@@ -160,51 +151,3 @@ def on_demand_usd(price_list: Sequence[str]) -> float | None:
                 if usd is not None and float(usd) > 0:
                     return float(usd)
     return None
-
-
-@dataclasses.dataclass(frozen=True)
-class CostLine:
-    """Instances of one role and type, and what they cost per hour."""
-
-    role: str
-    instance_type: str
-    count: int
-    spot: bool
-    price: Price
-
-    @property
-    def hourly_usd(self) -> float | None:
-        if self.price.hourly_usd is None:
-            return None
-        return self.price.hourly_usd * self.count
-
-
-def cost_table(lines: Sequence[CostLine]) -> str:
-    """The table printed before any instance is created, ending with the run's cost per hour."""
-    rows = [("ROLE", "INSTANCES", "TYPE", "USD/HOUR EACH", "USD/HOUR", "PRICE FROM")]
-    total = 0.0
-    unknown = False
-    for line in lines:
-        each = line.price.hourly_usd
-        spot = " (spot: at most)" if line.spot else ""
-        rows.append(
-            (
-                line.role,
-                str(line.count),
-                line.instance_type,
-                "?" if each is None else f"{each:.4f}{spot}",
-                "?" if line.hourly_usd is None else f"{line.hourly_usd:.4f}",
-                line.price.source,
-            )
-        )
-        if line.hourly_usd is None:
-            unknown = True
-        else:
-            total += line.hourly_usd
-    count = sum(line.count for line in lines)
-    out = aligned(rows)
-    estimate = f"{total:.4f}" + (" + unknown prices" if unknown else "")
-    out.append(f"estimated cost: USD {estimate} per hour for {count} instance(s)")
-    if unknown:
-        out.append("  (set ssh.provision.prices.<type> to price a type the list does not know)")
-    return "\n".join(out)

@@ -1,0 +1,52 @@
+"""The EC2 API client, from a section with region, profile and endpoint_url, and its errors as
+tflaunch's. boto3 is the optional 'aws' extra, imported only here and only when EC2 is asked for."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from tflaunch.errors import ConfigError, LaunchError
+
+
+def ec2_client(section: Any, key: str = "ssh.ec2") -> Any:
+    """A boto3 EC2 client for a cluster-file section with region, profile and endpoint_url
+    (``ssh.ec2`` or ``ssh.provision``, named by ``key`` in the errors). boto3 is the optional
+    'aws' extra, imported only here and only when EC2 is asked for."""
+    try:
+        import boto3
+        import botocore.exceptions
+    except ImportError as err:
+        raise ConfigError(
+            f"{key} needs boto3, which is not installed: pip install 'tflaunch[aws]'."
+        ) from err
+    try:
+        session = boto3.Session(profile_name=section.profile, region_name=section.region)
+        return session.client("ec2", endpoint_url=section.endpoint_url)
+    except botocore.exceptions.ProfileNotFound as err:
+        raise ConfigError(
+            f"{key}.profile: {err}. Name a profile from ~/.aws/config or drop 'profile' to use "
+            "the AWS environment."
+        ) from err
+    except botocore.exceptions.NoRegionError as err:
+        raise ConfigError(
+            f"{key}: no AWS region: set '{key}.region', AWS_DEFAULT_REGION, or a region in "
+            "your AWS profile."
+        ) from err
+
+
+@contextmanager
+def aws_errors(doing: str) -> Iterator[None]:
+    """AWS client errors as LaunchErrors that say what was being done."""
+    import botocore.exceptions
+
+    try:
+        yield
+    except botocore.exceptions.NoCredentialsError as err:
+        raise LaunchError(
+            f"{doing}: no AWS credentials. Set ssh.provision.profile, or AWS_PROFILE / "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, as for the aws CLI."
+        ) from err
+    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as err:
+        raise LaunchError(f"{doing}: AWS refused ({err}).") from err

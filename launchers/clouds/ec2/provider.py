@@ -1,0 +1,297 @@
+"""EC2 as a cloud provider: instances per role and type, a security group per run, spot workers.
+
+The instances of a run are created in one security group of its own (the cluster's ports open
+only between its members, SSH only from the launcher's address), each tagged with the run, the
+cluster, its host name and role and the launcher, and with ``InstanceInitiatedShutdownBehavior=
+terminate`` so that the watchdog in their user data ends them for good.
+
+Test-only: ``TFLAUNCH_EC2_ADDRESS_MAP`` names a JSON file ``{host name: {"connect": ..,
+"address": ..}}`` that replaces the addresses EC2 reports, so that instances created in a stand-in
+of the EC2 API (moto) are reached at real test hosts. A run that uses it says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tflaunch.cluster.config import ClusterConfig
+from tflaunch.errors import ConfigError, LaunchError
+from tflaunch.launchers.clouds import base
+from tflaunch.launchers.clouds.base import (
+    ALIVE_STATES,
+    TAG_CLUSTER,
+    TAG_RUN,
+    Instance,
+    PlannedInstance,
+    Provider,
+    Say,
+    network_name,
+)
+from tflaunch.launchers.clouds.costs import Price
+from tflaunch.launchers.clouds.ec2.client import aws_errors, ec2_client
+from tflaunch.launchers.clouds.ec2.pricing import gpus_of, resolve_prices
+
+ADDRESS_MAP_ENV = "TFLAUNCH_EC2_ADDRESS_MAP"
+
+
+@dataclasses.dataclass(frozen=True)
+class Access:
+    """How to reach the EC2 API when no cluster file is at hand (run.json, 'gc' options)."""
+
+    region: str | None = None
+    profile: str | None = None
+    endpoint_url: str | None = None
+    tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    subnet: str | None = None
+
+
+def port_ranges(ports: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted ports merged into inclusive ranges: [2220, 2221, 2230] -> [(2220, 2221), (2230, 2230)]."""
+    ranges: list[tuple[int, int]] = []
+    for port in sorted(set(ports)):
+        if ranges and port == ranges[-1][1] + 1:
+            ranges[-1] = (ranges[-1][0], port)
+        else:
+            ranges.append((port, port))
+    return ranges
+
+
+def _address_map() -> dict[str, dict[str, str]] | None:
+    path = os.environ.get(ADDRESS_MAP_ENV)
+    return json.loads(Path(path).read_text()) if path else None
+
+
+class Ec2Provider(Provider):
+    """Create, find and terminate tflaunch's EC2 instances and security groups."""
+
+    name = "ec2"
+
+    def __init__(self, section: Any, say: Say):
+        super().__init__(section, say)
+        self.client = ec2_client(section, self.key)
+
+    @classmethod
+    def from_access(cls, access: Mapping[str, Any], say: Say) -> Ec2Provider:
+        return cls(
+            Access(access.get("region"), access.get("profile"), access.get("endpoint_url")), say
+        )
+
+    def access(self) -> dict[str, Any]:
+        return {
+            "region": self.section.region,
+            "profile": self.section.profile,
+            "endpoint_url": self.section.endpoint_url,
+        }
+
+    # ---- planning and prices ---------------------------------------------------------------
+
+    def candidates(self, config: ClusterConfig) -> list[PlannedInstance]:
+        """Worker hosts (as many as the worker tasks need at the type's GPUs), then one
+        instance per dedicated PS."""
+        section = self.section
+        gpus = gpus_of(section.worker_instance_type)
+        roles, placement = config.roles, config.placement
+        slots = roles.chief + roles.worker + roles.evaluator
+        per_host = placement.workers_per_host or max(
+            1, gpus // max(1, placement.gpus_per_worker or 1)
+        )
+        workers = [
+            PlannedInstance(
+                f"worker-{i + 1}",
+                "worker",
+                section.worker_instance_type,
+                gpus,
+                section.spot_workers,
+            )
+            for i in range(math.ceil(slots / per_host))
+        ]
+        dedicated = roles.ps if placement.ps == "dedicated" else 0
+        ps_type = section.ps_instance_type
+        ps = [
+            PlannedInstance(f"ps-{i + 1}", "ps", ps_type, gpus_of(ps_type), False)
+            for i in range(dedicated)
+        ]
+        return workers + ps
+
+    def prices(self, instance_types: Sequence[str]) -> dict[str, Price]:
+        return resolve_prices(self.section, instance_types)
+
+    # ---- making and ending instances -------------------------------------------------------
+
+    def _vpc_of(self, subnet: str | None) -> str:
+        if subnet:
+            found = self.client.describe_subnets(SubnetIds=[subnet])["Subnets"]
+            return found[0]["VpcId"]
+        vpcs = self.client.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])
+        if not vpcs["Vpcs"]:
+            raise LaunchError(
+                "ssh.provision: the region has no default VPC; name a subnet (ssh.provision.subnet)."
+            )
+        return vpcs["Vpcs"][0]["VpcId"]
+
+    def _tags(self, run_id: str, cluster: str, **extra: str) -> list[dict[str, str]]:
+        tags = {**self.section.tags, TAG_RUN: run_id, TAG_CLUSTER: cluster, **extra}
+        return [{"Key": k, "Value": v} for k, v in tags.items()]
+
+    def open_network(
+        self, run_id: str, cluster: str, ports: Sequence[int], ssh_port: int, ssh_from: str
+    ) -> str:
+        """A security group admitting the cluster's ports from its members and SSH from
+        ``ssh_from``."""
+        with aws_errors("creating the security group"):
+            group = self.client.create_security_group(
+                GroupName=network_name(run_id),
+                Description=f"tflaunch run {run_id} of cluster {cluster}",
+                VpcId=self._vpc_of(self.section.subnet),
+                TagSpecifications=[
+                    {"ResourceType": "security-group", "Tags": self._tags(run_id, cluster)}
+                ],
+            )["GroupId"]
+            members = [{"GroupId": group}]
+            rules = [
+                {"IpProtocol": "tcp", "FromPort": low, "ToPort": high, "UserIdGroupPairs": members}
+                for low, high in port_ranges(ports)
+            ]
+            rules.append(
+                {"IpProtocol": "tcp", "FromPort": ssh_port, "ToPort": ssh_port,
+                 "IpRanges": [{"CidrIp": ssh_from, "Description": "tflaunch launcher"}]}
+            )  # fmt: skip
+            self.client.authorize_security_group_ingress(GroupId=group, IpPermissions=rules)
+        return group
+
+    def create(
+        self,
+        planned: Sequence[PlannedInstance],
+        run_id: str,
+        cluster: str,
+        network: str,
+        tags: Mapping[str, str],
+        user_data: str,
+    ) -> dict[str, str]:
+        created: dict[str, str] = {}
+        for p in planned:
+            instance_tags = self._tags(
+                run_id, cluster, **tags, **{base.TAG_HOST: p.name, base.TAG_ROLE: p.role,
+                                            "Name": f"{cluster}-{p.name}"}
+            )  # fmt: skip
+            kwargs: dict[str, Any] = {
+                "ImageId": self.section.image,
+                "InstanceType": p.instance_type,
+                "MinCount": 1,
+                "MaxCount": 1,
+                "SecurityGroupIds": [network],
+                "UserData": user_data,
+                "InstanceInitiatedShutdownBehavior": "terminate",
+                "TagSpecifications": [{"ResourceType": "instance", "Tags": instance_tags}],
+            }
+            if self.section.key_name:
+                kwargs["KeyName"] = self.section.key_name
+            if self.section.subnet:
+                kwargs["SubnetId"] = self.section.subnet
+            if p.spot:
+                kwargs["InstanceMarketOptions"] = {
+                    "MarketType": "spot",
+                    "SpotOptions": {"SpotInstanceType": "one-time",
+                                    "InstanceInterruptionBehavior": "terminate"},
+                }  # fmt: skip
+            with aws_errors(f"creating {p.name} ({p.instance_type})"):
+                reply = self.client.run_instances(**kwargs)
+            created[p.name] = reply["Instances"][0]["InstanceId"]
+        return created
+
+    def describe(
+        self,
+        ids: Sequence[str] | None = None,
+        tags: Mapping[str, str | None] | None = None,
+        states: Sequence[str] = ALIVE_STATES,
+    ) -> list[Instance]:
+        filters: list[dict[str, Any]] = [{"Name": "instance-state-name", "Values": list(states)}]
+        if ids is not None:
+            if not ids:
+                return []
+            filters.append({"Name": "instance-id", "Values": list(ids)})
+        for key, value in (tags or {}).items():
+            if value is None:
+                filters.append({"Name": "tag-key", "Values": [key]})
+            else:
+                filters.append({"Name": f"tag:{key}", "Values": [value]})
+        found = []
+        with aws_errors("listing instances"):
+            for page in self.client.get_paginator("describe_instances").paginate(Filters=filters):
+                for reservation in page["Reservations"]:
+                    found.extend(_instance(i) for i in reservation["Instances"])
+        return found
+
+    def addresses(
+        self, name: str, instance: Instance, via_jump: bool
+    ) -> tuple[str | None, str | None]:
+        mapped = _address_map()
+        if mapped is None:
+            return super().addresses(name, instance, via_jump)
+        return mapped[name]["connect"], mapped[name]["address"]
+
+    def hosts(self, planned, ids, found, via_jump):  # type: ignore[no-untyped-def]
+        if _address_map() is not None:
+            self.say(
+                f"addresses come from {os.environ[ADDRESS_MAP_ENV]} ({ADDRESS_MAP_ENV}, for tests)"
+            )
+        return super().hosts(planned, ids, found, via_jump)
+
+    def terminate(self, ids: Sequence[str], network: str | None = None, wait: float = 300) -> None:
+        if ids:
+            with aws_errors("terminating instances"):
+                self.client.terminate_instances(InstanceIds=list(ids))
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                alive = self.describe(ids=ids, states=(*ALIVE_STATES, "shutting-down"))
+                if not alive:
+                    break
+                time.sleep(base.POLL_SECONDS)
+        if network:
+            self.delete_network(network, wait)
+
+    def delete_network(self, network: str, wait: float) -> None:
+        import botocore.exceptions
+
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                self.client.delete_security_group(GroupId=network)
+                return
+            except botocore.exceptions.ClientError as err:
+                code = err.response.get("Error", {}).get("Code", "")
+                if code in ("InvalidGroup.NotFound", "InvalidGroupId.NotFound"):
+                    return
+                if code != "DependencyViolation" or time.monotonic() > deadline:
+                    self.say(f"could not delete security group {network}: {err}")
+                    return
+            time.sleep(base.POLL_SECONDS)
+
+
+def _instance(raw: dict[str, Any]) -> Instance:
+    launched = raw.get("LaunchTime")
+    return Instance(
+        id=raw["InstanceId"],
+        state=raw["State"]["Name"],
+        instance_type=raw.get("InstanceType", "?"),
+        tags={t["Key"]: t["Value"] for t in raw.get("Tags", [])},
+        launched=launched.timestamp() if launched is not None else time.time(),
+        connect_address=raw.get("PublicIpAddress"),
+        cluster_address=raw.get("PrivateIpAddress"),
+        networks={g["GroupId"]: g.get("GroupName", "") for g in raw.get("SecurityGroups", [])},
+        spot=raw.get("InstanceLifecycle") == "spot",
+    )
+
+
+def section_of(config: ClusterConfig) -> Any:
+    """The cluster file's provisioning section (``ssh.provision``)."""
+    if config.ssh.provision is None:
+        raise ConfigError(f"{config.source}: the cluster file has no ssh.provision section.")
+    return config.ssh.provision

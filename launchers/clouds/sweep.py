@@ -1,0 +1,155 @@
+"""``tflaunch gc``: find and terminate provisioned instances that nothing will terminate otherwise.
+
+An instance is swept when it carries the ``tflaunch:run`` tag, is not terminated, and
+
+* its run ended (the run directory named by its ``tflaunch:run-dir`` tag says succeeded, failed or
+  stopped), or
+* its launcher is gone: the ``tflaunch:launcher`` tag names a process of this machine (host, pid,
+  start time) that no longer runs, and the run was not detached (a detached run lives on its hosts
+  and stays until it ends).
+
+Instances of a kept cluster (``tflaunch:keep``) stay while their cluster is kept: 'down
+--cluster' or their idle watchdog ends them. Instances started from another machine are listed
+but kept: only that machine can tell whether their launcher still runs. The run's network rules
+(security group) go with its last instance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from tflaunch.cluster.config import ClusterConfig
+from tflaunch.launchers.clouds import provider_class
+from tflaunch.launchers.clouds.base import (
+    TAG_KEEP,
+    TAG_LAUNCHER,
+    TAG_RUN,
+    TAG_RUN_DIR,
+    Instance,
+    Provider,
+    Say,
+    network_name,
+)
+from tflaunch.runtime.run import ENDED, Run
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """One run's live instances and whether the sweep terminates them, and why."""
+
+    run_id: str
+    instance_ids: tuple[str, ...]
+    sweep: bool
+    reason: str
+
+
+def launcher_tag() -> str:
+    """``host:pid:start time`` of this process, so a sweep can tell whether it is still alive."""
+    import psutil
+
+    me = psutil.Process()
+    return f"{socket.gethostname()}:{me.pid}:{int(me.create_time())}"
+
+
+def launcher_alive(tag: str) -> bool | None:
+    """Whether the launcher named by a tag still runs; None when it ran on another machine."""
+    import psutil
+
+    host, _, rest = tag.partition(":")
+    pid_text, _, started = rest.partition(":")
+    if host != socket.gethostname():
+        return None
+    try:
+        process = psutil.Process(int(pid_text))
+        return int(process.create_time()) == int(started)
+    except (psutil.NoSuchProcess, ValueError):
+        return False
+
+
+def mark_terminated(run: Run, ids: set[str] | None = None) -> None:
+    """Record in run.json when the run's instances (or those of ``ids``) ended."""
+    now = time.time()
+    records = run.read_meta().get("instances") or []
+    run.update_meta(
+        instances=[
+            {**r, "terminated": r.get("terminated") or now}
+            if ids is None or r.get("id") in ids
+            else r
+            for r in records
+        ]
+    )
+
+
+def judge(run_id: str, tags: dict[str, str]) -> tuple[bool, str]:
+    """Whether a run's instances are leaked, from their tags and the run directory they name."""
+    if tags.get(TAG_KEEP):
+        return False, f"kept cluster {tags[TAG_KEEP]}; 'tflaunch down --cluster' ends it"
+    run_dir = Path(tags.get(TAG_RUN_DIR, "/nonexistent"))
+    meta = Run(run_id, run_dir).read_meta() if (run_dir / "run.json").exists() else {}
+    if meta.get("state") in ENDED:
+        return True, f"its run {meta['state']}"
+    alive = launcher_alive(tags.get(TAG_LAUNCHER, ""))
+    if alive is None:
+        return False, f"started from {tags.get(TAG_LAUNCHER, '?').split(':')[0]}; sweep there"
+    if alive:
+        return False, "its launcher is running"
+    if meta.get("detached"):
+        return False, "a detached run that has not ended"
+    return True, "its launcher is gone"
+
+
+def sweep(provider: Provider, say: Say, dry_run: bool = False) -> list[Verdict]:
+    """Judge every tflaunch-tagged live instance by run; terminate the leaked ones."""
+    by_run: dict[str, list[Instance]] = {}
+    for instance in provider.describe(tags={TAG_RUN: None}):
+        by_run.setdefault(instance.tags[TAG_RUN], []).append(instance)
+    verdicts = []
+    for run_id, instances in sorted(by_run.items()):
+        tags = dict(instances[0].tags)
+        leaked, reason = judge(run_id, tags)
+        ids = tuple(i.id for i in instances)
+        verdicts.append(Verdict(run_id, ids, leaked, reason))
+        if not leaked or dry_run:
+            continue
+        networks = {  # the run's own rules only, never ones the instances merely share
+            network
+            for i in instances
+            for network, name in i.networks.items()
+            if name == network_name(run_id)
+        }
+        provider.terminate(list(ids))
+        for network in sorted(networks):
+            provider.delete_network(network, wait=60)
+        run_dir = Path(tags.get(TAG_RUN_DIR, "/nonexistent"))
+        if (run_dir / "run.json").exists():
+            mark_terminated(Run(run_id, run_dir), set(ids))
+    return verdicts
+
+
+def format_verdicts(verdicts: list[Verdict], dry_run: bool) -> list[str]:
+    if not verdicts:
+        return ["no tflaunch instances are running"]
+    done = "would terminate" if dry_run else "terminated"
+    return [
+        f"{v.run_id}: {len(v.instance_ids)} instance(s) {done if v.sweep else 'kept'} "
+        f"({v.reason}): {', '.join(v.instance_ids)}"
+        for v in verdicts
+    ]
+
+
+def sweep_account(
+    config: ClusterConfig | None,
+    options: Mapping[str, str | None],
+    dry_run: bool,
+    say: Say,
+) -> list[str]:
+    """``tflaunch gc``: the account from ``options`` (region, profile, endpoint), else from the
+    cluster file's ``ssh.provision``; one line per run found."""
+    section = config.ssh.provision if config else None
+    cloud = provider_class(section.cloud if section else "ec2")
+    access = {key: value or getattr(section, key, None) for key, value in options.items()}
+    return format_verdicts(sweep(cloud.from_access(access, say), say, dry_run), dry_run)
