@@ -33,11 +33,16 @@ class LaunchOptions:
 
     terminals: str | None = None  # up --terminals KIND: one window per task (see check_options)
     down_at_end: bool = False  # up --down: end the machines the run created when it ends
+    keep: bool = False  # up --keep: keep them as the file's named cluster, or reuse that one
+    recreate: bool = False  # up --recreate: replace a kept cluster that does not fit the plan
 
     def argv(self) -> list[str]:
         """The same options as ``up`` arguments (for the background half of ``up --detach``)."""
-        return (["--terminals", self.terminals] if self.terminals else []) + (
-            ["--down"] if self.down_at_end else []
+        return (
+            (["--terminals", self.terminals] if self.terminals else [])
+            + (["--down"] if self.down_at_end else [])
+            + (["--keep"] if self.keep else [])
+            + (["--recreate"] if self.recreate else [])
         )
 
 

@@ -361,6 +361,7 @@ def test_a_provisioned_up_plans_twice_and_writes_the_plan_once(
     only plan.json. The banner-only listener ends the run at the SSH connect."""
     import tflaunch.cluster.plan as plan_module
     from tflaunch import launch
+    from tflaunch.launchers.base import LaunchOptions
 
     extra = f"runs_dir: {tmp_path / 'runs'}\n" + DEDICATED
     config = provision_config(tmp_path, extra, ec2_endpoint, ssh_port=banner_port)
@@ -380,7 +381,7 @@ def test_a_provisioned_up_plans_twice_and_writes_the_plan_once(
         monkeypatch.setattr(module, "make_plan", counted_plan)
     monkeypatch.setattr(Run, "write_plan", counted_write)
     with pytest.raises(LaunchError, match="cannot connect"):
-        launch.up(config, str(tmp_path / "c.yaml"), down_at_end=True)
+        launch.up(config, str(tmp_path / "c.yaml"), options=LaunchOptions(down_at_end=True))
     assert calls == {"plan": 2, "write": 1}
     (run_dir,) = (tmp_path / "runs").iterdir()
     plan = json.loads((run_dir / "plan.json").read_text())
@@ -394,3 +395,118 @@ def test_an_unknown_cloud_is_refused_naming_the_known_ones(tmp_path):
     config = provision_config(tmp_path, more="    cloud: nimbus\n")
     with pytest.raises(ConfigError, match="unknown cloud 'nimbus'; choose one of ec2"):
         provider_for(config, print)
+
+
+def test_status_lists_a_runs_instances_and_the_accounts_instances_with_cost(
+    tmp_path, ec2_endpoint, aws_env, banner_port, monkeypatch
+):
+    from tflaunch.launchers.clouds.listing import cloud_table
+
+    config = provision_config(tmp_path, DEDICATED, ec2_endpoint, ssh_port=banner_port)
+    address_map(tmp_path, ["worker-1", "worker-2", "ps-1"], monkeypatch)
+    run = Run.create(tmp_path / "runs", "t")
+    provisioned_run(config, run, lambda plan: 0, lambda m: None)  # kept running
+    lines = provision.instance_lines(run, print)
+    assert lines[0] == "instances:"
+    assert [line.split()[0] for line in lines[2:]] == ["worker-1", "worker-2", "ps-1"]
+    assert all("running" in line for line in lines[2:])
+    table = cloud_table(tmp_path / "runs", None, print)
+    rows = [line.split() for line in table[1:-1]]
+    assert sorted((r[1], r[2], r[3], r[4]) for r in rows) == [
+        ("ps-1", "ps", "c5.xlarge", "running"),
+        ("worker-1", "worker", "p3.2xlarge", "running"),
+        ("worker-2", "worker", "p3.2xlarge", "running"),
+    ]
+    assert all(r[0] == "tflaunch" and "idle" in r for r in rows)
+    hourly = 2 * PRICE_LIST["p3.2xlarge"].hourly_usd + PRICE_LIST["c5.xlarge"].hourly_usd
+    assert table[-1] == f"3 instance(s), USD {hourly:.4f} per hour"
+    provision.terminate_run(run, lambda m: None)
+    assert cloud_table(tmp_path / "runs", None, print) == [
+        "no tflaunch instances are running on the accounts this runs directory knows"
+    ]
+    assert all("terminated" in line for line in provision.instance_lines(run, print)[2:])
+
+
+def test_an_ended_instance_is_seen_and_replaced_at_its_cluster_address(
+    tmp_path, ec2_endpoint, aws_env, banner_port, monkeypatch
+):
+    import time
+
+    config = provision_config(
+        tmp_path, "roles: {ps: 1, worker: 2}\n", ec2_endpoint, ssh_port=banner_port,
+        more="    spot_workers: true\n",
+    )  # fmt: skip
+    address_map(tmp_path, ["worker-1", "worker-2"], monkeypatch)
+    run = Run.create(tmp_path / "runs", "t")
+    fleets = []
+    provisioned_run(config, run, lambda plan: 0, lambda m: None, fleet_ready=fleets.append)
+    (fleet,) = fleets
+    assert fleet.ended() == {}
+    (old,) = [
+        i for i in run_instances_of(ec2_endpoint, run.id)
+        if {t["Key"]: t["Value"] for t in i["Tags"]}[TAG_HOST] == "worker-2"
+    ]  # fmt: skip
+    assert old["InstanceLifecycle"] == "spot"
+    ec2(ec2_endpoint).terminate_instances(InstanceIds=[old["InstanceId"]])
+    assert fleet.ended() == {
+        "worker-2": f"its instance {old['InstanceId']} is terminated (the provider says so)"
+    }
+    host, old_id, new_id = fleet.replace("worker-2", time.monotonic() + 20)
+    assert (host.name, old_id) == ("worker-2", old["InstanceId"]) and new_id != old_id
+    assert fleet.ended() == {}
+    (new,) = ec2(ec2_endpoint).describe_instances(InstanceIds=[new_id])["Reservations"][0][
+        "Instances"
+    ]
+    tags = {t["Key"]: t["Value"] for t in new["Tags"]}
+    assert (tags[TAG_HOST], tags[TAG_ROLE], new["InstanceType"]) == (
+        "worker-2", "worker", "p3.2xlarge"
+    )  # fmt: skip
+    assert new["PrivateIpAddress"] == old["PrivateIpAddress"]  # the plan's address stays true
+    assert new["InstanceLifecycle"] == "spot"
+    records = {r["id"]: r for r in run.read_meta()["instances"]}
+    assert records[old_id]["terminated"] and records[new_id]["terminated"] is None
+    assert (
+        provision.terminate_run(run, lambda m: None) == f"terminated 2 instance(s) of run {run.id}"
+    )
+    assert run_instances_of(ec2_endpoint, run.id, ("pending", "running", "stopped")) == []
+
+
+def test_a_kept_cluster_is_reused_refused_when_it_does_not_fit_and_ended_by_name(
+    tmp_path, ec2_endpoint, aws_env, banner_port, monkeypatch
+):
+    from tflaunch.launchers.clouds import kept
+
+    config = provision_config(tmp_path, DEDICATED, ec2_endpoint, ssh_port=banner_port)
+    address_map(tmp_path, ["worker-1", "worker-2", "ps-1"], monkeypatch)
+
+    def up(config):
+        run = Run.create(tmp_path / "runs", "t")
+        said: list[str] = []
+        provisioned_run(config, run, lambda plan: 0, said.append, keep="tflaunch")
+        return run, said
+
+    first, said = up(config)
+    assert any(m.startswith("creating 3 instance(s)") for m in said)
+    made = sorted(i["InstanceId"] for i in run_instances_of(ec2_endpoint, first.id))
+    second, said = up(config)
+    assert "reusing kept cluster tflaunch: 3 instance(s), none created" in said
+    assert not any(m.startswith(("creating", "instances accepting SSH")) for m in said)
+    assert sorted(r["id"] for r in second.read_meta()["instances"]) == made
+    assert "kept cluster tflaunch keeps running" in provision.terminate_run(second, print)
+
+    bigger = provision_config(
+        tmp_path, DEDICATED, ec2_endpoint, ssh_port=banner_port, worker_type="p3.8xlarge"
+    )
+    with pytest.raises(LaunchError) as refused:
+        up(bigger)
+    assert (
+        "kept cluster 'tflaunch' does not fit this plan: worker-1 is p3.2xlarge, the plan needs "
+        "p3.8xlarge; it has worker-2 (worker, p3.2xlarge), which the plan does not use"
+        in str(refused.value)
+    )
+    with kept.in_use(tmp_path / "runs", "tflaunch", "run r-1"), pytest.raises(LaunchError) as busy:
+        up(config)
+    assert "kept cluster 'tflaunch' is in use by run r-1 (pid" in str(busy.value)
+    ended = kept.down_cluster(tmp_path / "runs", "tflaunch", print)
+    assert ended == "terminated 3 instance(s) of kept cluster tflaunch"
+    assert run_instances_of(ec2_endpoint, first.id, ("pending", "running", "stopped")) == []

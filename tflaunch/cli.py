@@ -172,6 +172,17 @@ def render(cluster_file: str, task_name: str, fmt: str) -> None:
     is_flag=True,
     help="Terminate the machines the run created (ssh.provision) when it ends, however it ends.",
 )
+@click.option(
+    "--keep",
+    is_flag=True,
+    help="Keep the machines (ssh.provision) as the cluster of the file's name, or reuse that "
+    "kept cluster when it fits the plan; 'tflaunch down --cluster NAME' ends it.",
+)
+@click.option(
+    "--recreate",
+    is_flag=True,
+    help="With --keep: replace a kept cluster that does not fit the plan.",
+)
 @click.option("--run-id", default=None, hidden=True)
 @click.option("--attached-daemon", is_flag=True, hidden=True)
 @click.option(
@@ -202,6 +213,8 @@ def up(
     runs_dir: str | None,
     dry_run: bool,
     down_at_end: bool,
+    keep: bool,
+    recreate: bool,
     run_id: str | None,
     attached_daemon: bool,
     terminals: str | None,
@@ -209,6 +222,10 @@ def up(
     trace_port_offset: int,
 ) -> None:
     """Start the cluster, stream its output, and exit with its result."""
+    if keep and down_at_end:
+        raise click.UsageError("--keep keeps the machines and --down terminates them; pick one.")
+    if recreate and not keep:
+        raise click.UsageError("--recreate replaces a kept cluster; it needs --keep.")
     config = load_config(cluster_file)
     if trace_steps:
         window = trace_tools.parse_window(trace_steps)
@@ -220,7 +237,9 @@ def up(
         return
     from tflaunch.launchers.base import LaunchOptions
 
-    options = LaunchOptions(terminals=terminals, down_at_end=down_at_end)
+    options = LaunchOptions(
+        terminals=terminals, down_at_end=down_at_end, keep=keep, recreate=recreate
+    )
     result = launch.up(config, cluster_file, runs_dir, run_id, detach, attached_daemon, options)
     if isinstance(result, str):
         click.echo(result)
@@ -252,7 +271,7 @@ run_dir_option = click.option(
 
 
 @cli.command()
-@click.argument("run_id")
+@click.argument("run_id", required=False)
 @run_dir_option
 @click.option("--watch", is_flag=True, help="Redraw every --interval seconds until the run ends.")
 @click.option(
@@ -262,9 +281,36 @@ run_dir_option = click.option(
     show_default=True,
     help="Seconds between redraws with --watch.",
 )
+@click.option(
+    "--cloud",
+    is_flag=True,
+    help="List the tflaunch instances of the accounts the runs directory knows (runs and kept "
+    "clusters): cluster, role, type, state, age, autostop, cost.",
+)
+@click.option("--region", default=None, help="With --cloud: also this AWS region.")
+@click.option("--profile", default=None, help="With --cloud: the AWS profile for --region.")
+@click.option("--endpoint-url", default=None, hidden=True)
 @click.pass_context
-def status(ctx: click.Context, run_id: str, runs_dir: str, watch: bool, interval: float) -> None:
-    """Show a run's state and every task's state, pid, CPU %, memory (RSS) and uptime."""
+def status(
+    ctx: click.Context,
+    run_id: str | None,
+    runs_dir: str,
+    watch: bool,
+    interval: float,
+    cloud: bool,
+    region: str | None,
+    profile: str | None,
+    endpoint_url: str | None,
+) -> None:
+    """Show a run's state and every task's state, pid, CPU %, memory (RSS) and uptime
+    (or, with --cloud, what runs on the cloud accounts and what it costs)."""
+    if cloud:
+        options = {"region": region, "profile": profile, "endpoint_url": endpoint_url}
+        for line in launch.cloud_status(runs_dir, options, click.echo):
+            click.echo(line)
+        return
+    if not run_id:
+        raise click.UsageError("give the run id, or --cloud.")
     if watch:
         from tflaunch.tools.report import watch_status
 
@@ -307,10 +353,18 @@ def logs(run_id: str, tasks: tuple[str, ...], follow: bool, runs_dir: str) -> No
 
 
 @cli.command()
-@click.argument("run_id")
+@click.argument("run_id", required=False)
 @run_dir_option
-def down(run_id: str, runs_dir: str) -> None:
-    """Stop a run: every task on every host."""
+@click.option("--cluster", default=None, help="Terminate this kept cluster (up --keep) instead.")
+def down(run_id: str | None, runs_dir: str, cluster: str | None) -> None:
+    """Stop a run: every task on every host (or, with --cluster, end a kept cluster)."""
+    if cluster:
+        if run_id:
+            raise click.UsageError("give a run id or --cluster NAME, not both.")
+        click.echo(launch.down_cluster(cluster, runs_dir, click.echo))
+        return
+    if not run_id:
+        raise click.UsageError("give the run id to stop, or --cluster NAME.")
     run = Run.open(runs_dir, run_id)
     backend = launch.backend_of(run)
     # A run still making its machines has no plan and no tasks yet to give a grace period.

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Plan, make_plan
-from tflaunch.errors import LaunchError, PlanError
+from tflaunch.errors import ConfigError, LaunchError, PlanError
 from tflaunch.runtime.run import ENDED, Outcome, Run, new_run_id
 
 if TYPE_CHECKING:
@@ -116,6 +116,11 @@ def up(
     """``tflaunch up``: the run's outcome, or with ``detach`` what to print (the run id).
     ``options`` go to the backend, which first refuses those it cannot honour."""
     backend = backend_for(config.backend)
+    if options is not None and options.keep and not backend.hosts_pending(config):
+        raise ConfigError(
+            f"{config.source}: --keep keeps the machines tflaunch makes for a run "
+            "(ssh.provision), and this cluster file makes none."
+        )
     runs_dir = runs_dir or config.runs_dir
     if options is not None:
         backend.check_options(options)
@@ -148,3 +153,21 @@ def sweep_instances(
 
     options = {"region": region, "profile": profile, "endpoint_url": endpoint_url}
     return sweep_account(config, options, dry_run, say)
+
+
+def down_cluster(name: str, runs_dir: str, say: Callable[[str], None]) -> str:
+    """``tflaunch down --cluster NAME``: terminate a kept cluster."""
+    from tflaunch.launchers.clouds.kept import down_cluster as terminate_cluster
+
+    return terminate_cluster(Path(runs_dir), name, say)
+
+
+def cloud_status(
+    runs_dir: str, options: Mapping[str, str | None], say: Callable[[str], None]
+) -> list[str]:
+    """``tflaunch status --cloud``: the tflaunch instances of every account the runs directory
+    knows (and the one ``options`` name), one row each, with their cost."""
+    from tflaunch.launchers.clouds.listing import cloud_table
+
+    extra = ("ec2", options) if any(options.values()) else None
+    return cloud_table(Path(runs_dir), extra, say)

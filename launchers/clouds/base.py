@@ -28,6 +28,7 @@ from tflaunch.launchers.clouds.costs import CostLine, Price
 TAG_RUN, TAG_CLUSTER, TAG_HOST = "tflaunch:run", "tflaunch:cluster", "tflaunch:host"
 TAG_ROLE, TAG_LAUNCHER, TAG_RUN_DIR = "tflaunch:role", "tflaunch:launcher", "tflaunch:run-dir"
 TAG_KEEP = "tflaunch:keep"  # a kept cluster's instances: 'up' of that cluster name reuses them
+TAG_AUTOSTOP = "tflaunch:autostop"  # seconds idle after which the instance ends itself
 ALIVE_STATES = ("pending", "running", "stopping", "stopped")
 GONE_STATES = ("shutting-down", "terminated")
 POLL_SECONDS = 2.0  # between state queries
@@ -58,6 +59,7 @@ class Instance:
     cluster_address: str | None = None  # between the cluster's hosts (private)
     networks: Mapping[str, str] = dataclasses.field(default_factory=dict)  # id -> name
     spot: bool = False
+    zone: str | None = None  # where it runs (EC2: its availability zone)
 
     @property
     def host(self) -> str:
@@ -133,8 +135,11 @@ class Provider(ABC):
         network: str,
         tags: Mapping[str, str],
         user_data: str,
+        same_address: Mapping[str, Instance] | None = None,
     ) -> dict[str, str]:
-        """One instance per planned host, tagged; returns host name -> instance id."""
+        """One instance per planned host, tagged; returns host name -> instance id. A host in
+        ``same_address`` replaces that (ended) instance and takes its cluster address, so that
+        the plan's cluster spec stays true."""
 
     @abstractmethod
     def describe(

@@ -26,6 +26,7 @@ copied into the local run directory when the run ends.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import posixpath
 import queue
 import threading
@@ -55,6 +56,8 @@ from tflaunch.runtime.coordinator import Revive
 from tflaunch.runtime.link import StreamLink
 from tflaunch.runtime.run import Outcome, Run
 
+WATCH_SECONDS = 3.0  # between asking the provider whether a provisioned run's instances run
+
 
 class SshLink(StreamLink):
     """An agent's event stream over an SSH channel, with a liveness probe of the connection."""
@@ -66,13 +69,19 @@ class SshLink(StreamLink):
         channel: paramiko.Channel,
         heartbeat: float,
         timeout: float,
+        first_events: Sequence[dict[str, Any]] = (),
     ):
         super().__init__(host, channel.makefile("r"), channel.makefile_stdin("w"))
         self.conn, self.channel = conn, channel
         self.heartbeat, self.timeout = heartbeat, timeout
+        self.first_events = list(first_events)  # what happened to the host before this agent
         self._closed = threading.Event()
+        self._sink: queue.Queue | None = None
 
     def start_reader(self, sink: queue.Queue) -> None:
+        self._sink = sink
+        for event in self.first_events:
+            sink.put((self.host, event))
         super().start_reader(sink)
         threading.Thread(target=self._pump_stderr, args=(sink,), daemon=True).start()
         threading.Thread(target=self._probe, args=(sink,), daemon=True).start()
@@ -110,6 +119,15 @@ class SshLink(StreamLink):
                 self.conn.close()  # unblocks the reader
                 return
 
+    def report_lost(self, message: str) -> None:
+        """The host is gone (its provider says so): report it lost and cut the connection."""
+        if self._sink is None or self._closed.is_set():
+            return
+        self._closed.set()
+        self._sink.put((self.host, {"event": "host_lost", "message": message}))
+        self._sink.put((self.host, {"event": "link_closed"}))
+        self.conn.close()
+
     def send(self, command: dict[str, Any]) -> None:
         if self.channel.closed:
             return  # a lost connection: nothing is buffered for a channel that is gone
@@ -134,6 +152,9 @@ class SshBackend(Backend):
 
     def __init__(self) -> None:
         self.session = HostSession()
+        self.fleet: Any = None  # a provisioned run's instances (provision.Fleet), while it runs
+        self._links: dict[str, SshLink] = {}
+        self._watching = threading.Event()
 
     def hosts(self, config: ClusterConfig) -> list[Host]:
         if config.ssh.provision is not None:  # instances not made yet: addresses pending
@@ -154,17 +175,28 @@ class SshBackend(Backend):
 
         options = options or LaunchOptions()
         if config.ssh.provision is not None:  # make the instances, then launch on them
-            on_hosts = provision.on_instances(config, run)
+            keep = config.name if options.keep else None
+            on_hosts = provision.on_instances(config, run, keep)
             start = lambda made: self.launch(on_hosts, made, run, options)  # noqa: E731
-            say = self.session.say
+            take = lambda fleet: setattr(self, "fleet", fleet)  # noqa: E731
             try:
                 return provision.provisioned_run(
-                    config, run, start, say, down_at_end=options.down_at_end, plan=plan
+                    config,
+                    run,
+                    start,
+                    self.session.say,
+                    down_at_end=options.down_at_end,
+                    plan=plan,
+                    fleet_ready=take,
+                    keep=keep,
+                    recreate=options.recreate,
                 )
             except TflaunchError as err:
                 if not run.ended:
                     run.finish(Outcome(err.exit_code, str(err)))
                 raise
+            finally:
+                self._watching.set()  # the watch on the instances ends with the run
         try:
             with limits.runtime_limit(config.supervision.max_runtime, self.session.say):
                 return super().launch(config, plan, run, options)
@@ -194,9 +226,29 @@ class SshBackend(Backend):
                 link.close(timeout=10)
             self.session.end_probes()
             raise LaunchError("cannot start the agents:\n  " + "\n  ".join(failures))
+        self._links = {link.host: link for link in links}
+        if self.fleet is not None:
+            threading.Thread(target=self._watch_instances, daemon=True).start()
         return links
 
+    def _watch_instances(self) -> None:
+        """(thread) Report the host of an instance that ended (the provider says so) lost, so
+        that the coordinator stops the cluster and the reviver replaces the instance."""
+        reported: dict[str, str] = {}
+        while not self._watching.wait(WATCH_SECONDS):
+            with contextlib.suppress(TflaunchError):  # the provider did not answer: next round
+                for host, why in self.fleet.ended().items():
+                    link = self._links.get(host)
+                    if link is not None and reported.get(host) != why:
+                        reported[host] = why
+                        link.report_lost(why)
+
     def reviver(self, config: ClusterConfig, plan: Plan, run: Run) -> Revive | None:
+        if self.fleet is not None:  # a provisioned run: an ended instance is replaced
+            budget = config.ssh.host_wait or 2 * self.fleet.config.ssh.provision.ready_timeout
+            return Revive(
+                budget, lambda host, deadline: self._replace(config, plan, run, host, deadline)
+            )
         if not config.ssh.host_wait:
             return None
 
@@ -228,6 +280,31 @@ class SshBackend(Backend):
 
         return Revive(config.ssh.host_wait, revive)
 
+    def _replace(
+        self, config: ClusterConfig, plan: Plan, run: Run, host: str, deadline: float
+    ) -> SshLink:
+        """A new instance for ``host``, prepared as at the start (sync, setup, pre-flight, its
+        plan), with a new agent; its link first reports ``instance_replaced``."""
+        made, old_id, new_id = self.fleet.replace(host, deadline)
+        hosts = tuple(made if h.name == host else h for h in plan.hosts)
+        fresh = HostSession(self.session.out)
+        fresh.open(config, dataclasses.replace(plan, hosts=hosts), run, only=host)
+        old = self.session.connections.get(host)
+        if old is not None:
+            with contextlib.suppress(Exception):
+                old.close()
+        conn = self.session.connections[host] = fresh.connections[host]
+        self.session.paths[host] = fresh.paths[host]
+        argv = self.session.agent_argv(config.ssh.python, host)
+        sup = plan.supervision
+        replaced = {"event": "instance_replaced", "host": host, "old": old_id, "new": new_id}
+        link = SshLink(
+            host, conn, conn.start(remote_command(argv)), sup.heartbeat, sup.heartbeat_timeout,
+            first_events=[replaced],
+        )  # fmt: skip
+        self._links[host] = link
+        return link
+
     # ---- detached runs: the coordinator runs on the first host -----------------------------
 
     def detach(
@@ -243,11 +320,14 @@ class SshBackend(Backend):
         from tflaunch.launchers.ssh import provision
 
         if config.ssh.provision is not None:  # make the instances; they outlive this command
-            on_hosts = provision.on_instances(config, run)
+            options = options or LaunchOptions()
+            keep = config.name if options.keep else None
+            on_hosts = provision.on_instances(config, run, keep)
             start = lambda made: self.detach(on_hosts, made, run, cluster_file, run_root, options)  # noqa: E731
             return provision.provisioned_run(
-                config, run, start, self.session.say, detach=True, plan=plan
-            )
+                config, run, start, self.session.say, detach=True, plan=plan, keep=keep,
+                recreate=options.recreate,
+            )  # fmt: skip
         try:
             detached.start(self.session, config, plan, run)
         except TflaunchError as err:
@@ -289,14 +369,19 @@ class SshBackend(Backend):
         return run_ssh(run, config, port, remote_port, show, logdir)
 
     def describe(self, run: Run) -> list[str]:
-        """For ``status``: refresh a detached run from its hosts first; say where it runs."""
+        """For ``status``: refresh a detached run from its hosts first; say where it runs, and
+        list the instances it made or took (ssh.provision)."""
+        from tflaunch.launchers.ssh.provision import instance_lines
+
         meta = run.read_meta()
+        instances = instance_lines(run, self.session.say)
         if not meta.get("detached"):
-            return []
+            return instances
         self.refresh(run)
         return [
             f"detached: coordinator on {meta.get('ssh_coordinator')} "
-            f"(pid {meta.get('ssh_coordinator_pid')})"
+            f"(pid {meta.get('ssh_coordinator_pid')})",
+            *instances,
         ]
 
     def refresh(self, run: Run) -> None:

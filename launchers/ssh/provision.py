@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 import socket
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
@@ -38,11 +39,16 @@ from typing import Any
 from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Host, Plan, make_plan
 from tflaunch.errors import LaunchError, TflaunchError
-from tflaunch.launchers.clouds import provider_for, provider_of_run
+from tflaunch.launchers.clouds import kept, provider_for, provider_of_run
 from tflaunch.launchers.clouds.base import (
+    ALIVE_STATES,
+    GONE_STATES,
+    TAG_AUTOSTOP,
+    TAG_KEEP,
     TAG_LAUNCHER,
     TAG_RUN,
     TAG_RUN_DIR,
+    Instance,
     PlannedInstance,
     Provider,
     pending_hosts,
@@ -51,6 +57,7 @@ from tflaunch.launchers.clouds.costs import Price, cost_table
 from tflaunch.launchers.clouds.sweep import launcher_tag, mark_terminated
 from tflaunch.launchers.clouds.watchdog import user_data
 from tflaunch.runtime.run import Run
+from tflaunch.text import aligned
 
 Say = Callable[[str], None]
 POLL_SECONDS = 2.0  # between SSH probes
@@ -139,19 +146,28 @@ def _signals_interrupt() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def on_instances(config: ClusterConfig, run: Run) -> ClusterConfig:
+def on_instances(config: ClusterConfig, run: Run, keep: str | None = None) -> ClusterConfig:
     """The cluster file as the SSH backend uses it on the instances once they exist.
 
     Their host keys are new, and EC2 hands a terminated instance's public address to the next
-    one, so the keys go into a known_hosts file of the run's own, recorded on first contact
-    (accept-new); a key that changes within the run is still refused."""
+    one, so the keys go into a known_hosts file of the run's own (of the kept cluster's, for
+    ``up --keep``), recorded on first contact (accept-new); a key that changes is refused."""
+    known = kept.known_hosts_of(run.dir.parent, keep) if keep else run.dir / "known_hosts"
     ssh = dataclasses.replace(
-        config.ssh,
-        provision=None,
-        known_hosts=str(run.dir / "known_hosts"),
-        host_key_policy="accept-new",
+        config.ssh, provision=None, known_hosts=str(known), host_key_policy="accept-new"
     )
     return config.with_section("ssh", ssh)
+
+
+@dataclasses.dataclass
+class _Made:
+    """What a provisioned run made or took so far, for the cleanup."""
+
+    ids: dict[str, str] = dataclasses.field(default_factory=dict)
+    group: str | None = None
+    reused: bool = False
+    started: bool = False
+    replaced: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)  # host, old, new
 
 
 def provisioned_run(
@@ -162,14 +178,18 @@ def provisioned_run(
     detach: bool = False,
     down_at_end: bool = False,
     plan: Plan | None = None,
+    fleet_ready: Callable[[Fleet], None] | None = None,
+    keep: str | None = None,
+    recreate: bool = False,
 ) -> Any:
-    """Show the cost, create the instances, run ``start(plan)`` on them, and terminate them
-    when asked (``down_at_end``: ``up --down``, or ``terminate_at_end``), or whenever the cluster
-    never started. ``plan``: the plan made on :func:`candidate_hosts` (made here when not
-    given). A detached run (``detach``) keeps its
+    """Show the cost, create the instances (or take a kept cluster's), run ``start(plan)`` on
+    them, and terminate them when asked (``down_at_end``: ``up --down``, or
+    ``terminate_at_end``), or whenever the cluster never started. ``plan``: the plan made on
+    :func:`candidate_hosts` (made here when not given). A detached run (``detach``) keeps its
     instances once started: they terminate when 'down' or 'gc' says so, or by themselves when
-    idle after the run ended."""
-    section = config.ssh.provision
+    idle after the run ended. ``keep`` names the kept cluster to reuse or make (``up --keep``;
+    ``recreate``: replace it when it does not fit), which stays. ``fleet_ready`` is handed the
+    run's :class:`Fleet` before the start, to replace instances that end during the run."""
     provider = provider_for(config, say)
     candidates = provider.candidates(config)
     if plan is None:
@@ -177,65 +197,280 @@ def provisioned_run(
     planned = provider.instances_for(candidates, plan)
     if len(planned) < len(candidates):  # placement on fewer hosts may differ: plan on those
         plan = make_plan(config, pending_hosts(planned))
+    end = _Ending(detach, down_at_end or config.ssh.provision.terminate_at_end, keep)
+    if not keep:
+        return _provisioned(config, run, start, say, plan, provider, planned, end, (), fleet_ready)
+    run.update_meta(keep_cluster=keep)  # the run's instances are the kept cluster's
+    with kept.in_use(run.dir.parent, keep, f"run {run.id}"):
+        reuse = _kept_instances(provider, keep, planned, recreate, run, say)
+        return _provisioned(
+            config, run, start, say, plan, provider, planned, end, reuse, fleet_ready
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ending:
+    """What becomes of the instances when the run ends."""
+
+    detach: bool  # a detached run keeps them once started
+    asked: bool  # up --down or terminate_at_end: terminate them however the run ends
+    keep: str | None  # a kept cluster: they stay
+
+
+def _kept_instances(
+    provider: Provider,
+    keep: str,
+    planned: Sequence[PlannedInstance],
+    recreate: bool,
+    run: Run,
+    say: Say,
+) -> list[Instance]:
+    """The kept cluster's running instances when they fit the plan; none when there are none
+    (or ``recreate`` terminated them). Refuses a plan they do not fit."""
+    existing = kept.find(provider, keep)
+    if existing and recreate:
+        say(f"--recreate: terminating the {len(existing)} instance(s) of kept cluster {keep}")
+        provider.terminate([i.id for i in existing], _network_of(existing))
+        return []
+    problems = kept.differences(planned, existing) if existing else []
+    if problems:
+        raise LaunchError(
+            f"kept cluster '{keep}' does not fit this plan: {'; '.join(problems)}. "
+            f"'tflaunch up --keep --recreate' replaces it; 'tflaunch down --cluster {keep}' "
+            "ends it."
+        )
+    return existing
+
+
+def _network_of(instances: Sequence[Instance]) -> str | None:
+    """The network rules a kept cluster's instances were made in (their run's own)."""
+    for instance in instances:
+        for network, label in instance.networks.items():
+            if label.startswith("tflaunch-"):
+                return network
+    return None
+
+
+def _provisioned(
+    config: ClusterConfig,
+    run: Run,
+    start: Callable[[Plan], Any],
+    say: Say,
+    plan: Plan,
+    provider: Provider,
+    planned: Sequence[PlannedInstance],
+    end: _Ending,
+    reuse: Sequence[Instance] = (),
+    fleet_ready: Callable[[Fleet], None] | None = None,
+) -> Any:
+    section, keep = config.ssh.provision, end.keep
     lines = provider.cost_lines(planned)
-    say("cost of the instances this run creates:\n" + cost_table(lines))
+    what = "the kept cluster" if reuse else "the instances this run creates"
+    say(f"cost of {what}:\n" + cost_table(lines))
     prices = {line.instance_type: line.price for line in lines}
-    ids: dict[str, str] = {}
-    group = None
-    started = False
+    made = _Made()
     try:
         with _signals_interrupt():
-            ports = [t.port for t in plan.tasks if t.port]
-            group = provider.open_network(
-                run.id, config.name, ports, config.ssh.port, section.ssh_from or my_public_cidr()
-            )
-            run.update_meta(**{provider.name: {**provider.access(), "security_group": group}})
-            extra = {TAG_LAUNCHER: launcher_tag(), TAG_RUN_DIR: str(run.dir)}
-            data = user_data(config.supervision.max_runtime, section.idle_timeout)
-            say(f"creating {len(planned)} instance(s) in security group {group}")
-            ids = provider.create(planned, run.id, config.name, group, extra, data)
-            _record(run, planned, ids, prices)
-            found = provider.wait_running(list(ids.values()), section.ready_timeout)
-            hosts = provider.hosts(planned, ids, found, config.ssh.jump_host is not None)
-            if config.ssh.jump_host is None:  # behind a jump host sshd is not reachable from here
-                wait_for_ssh(hosts, config.ssh.port, section.ready_timeout, say)
+            if reuse:
+                made.reused, made.ids = True, {i.host: i.id for i in reuse}
+                made.group = _network_of(reuse)
+                say(f"reusing kept cluster {keep}: {len(reuse)} instance(s), none created")
+                run.update_meta(
+                    **{provider.name: {**provider.access(), "security_group": made.group}}
+                )
+                _record(run, planned, made.ids, prices, keep)
+                found = provider.wait_running(list(made.ids.values()), section.ready_timeout)
+                hosts = provider.hosts(planned, made.ids, found, config.ssh.jump_host is not None)
+            else:
+                hosts = _create(config, run, provider, plan, planned, keep, made, say, prices)
             real = make_plan(config, hosts, run.dir)  # the run's own checkpoint directory
             run.write_plan(real)
-        started = True
+        if fleet_ready is not None:
+            fleet_ready(Fleet(config, run, provider, planned, made, prices, keep, say))
+        made.started = True
         return start(real)
     except KeyboardInterrupt as err:
-        if started:
+        if made.started:
             raise
         raise Interrupted(
             f"interrupted ({err or 'SIGINT'}) while the instances were being made; those made "
             "so far are terminated below"
         ) from None
     finally:
-        asked = section.terminate_at_end or down_at_end
-        keep = started and (detach or not asked)
+        _end(run, provider, made, end, section.idle_timeout, say)
+
+
+def _create(
+    config: ClusterConfig,
+    run: Run,
+    provider: Provider,
+    plan: Plan,
+    planned: Sequence[PlannedInstance],
+    keep: str | None,
+    made: _Made,
+    say: Say,
+    prices: dict[str, Price],
+) -> list[Host]:
+    """Open the network rules, create the instances, wait until they run and accept SSH."""
+    section = config.ssh.provision
+    ports = [t.port for t in plan.tasks if t.port]
+    made.group = provider.open_network(
+        run.id, config.name, ports, config.ssh.port, section.ssh_from or my_public_cidr()
+    )
+    run.update_meta(**{provider.name: {**provider.access(), "security_group": made.group}})
+    extra = {
+        TAG_LAUNCHER: launcher_tag(),
+        TAG_RUN_DIR: str(run.dir),
+        TAG_AUTOSTOP: f"{section.idle_timeout:g}",
+    }
+    if keep:
+        extra[TAG_KEEP] = keep
+        kept.known_hosts_of(run.dir.parent, keep).unlink(missing_ok=True)  # keys of the past
+        kept.write_record(
+            run.dir.parent, keep, cloud=provider.name, access=provider.access(),
+            network=made.group, idle_timeout=section.idle_timeout, created_by=run.id,
+        )  # fmt: skip
+    data = user_data(config.supervision.max_runtime, section.idle_timeout)
+    say(f"creating {len(planned)} instance(s) in security group {made.group}")
+    made.ids = provider.create(planned, run.id, config.name, made.group, extra, data)
+    _record(run, planned, made.ids, prices, keep)
+    found = provider.wait_running(list(made.ids.values()), section.ready_timeout)
+    hosts = provider.hosts(planned, made.ids, found, config.ssh.jump_host is not None)
+    if config.ssh.jump_host is None:  # behind a jump host sshd is not reachable from here
+        wait_for_ssh(hosts, config.ssh.port, section.ready_timeout, say)
+    return hosts
+
+
+def _end(
+    run: Run, provider: Provider, made: _Made, end: _Ending, idle_timeout: float, say: Say
+) -> None:
+    """Terminate what the run made unless it is kept (a kept cluster, a started run that was
+    not asked to end its machines, a detached run)."""
+    for host, old, new in made.replaced:
+        say(f"replaced instance of {host}: {old} (ended) -> {new}")
+    keep = end.keep
+    if keep and (made.started or made.reused):
+        say(
+            f"kept cluster {keep} keeps running: 'tflaunch down --cluster {keep}' terminates it "
+            f"(it terminates itself after {idle_timeout:g} s idle)"
+        )
+        return
+    if made.started and (end.detach or not end.asked):
+        say(
+            f"the instances keep running: 'tflaunch down {run.id}' terminates them (they "
+            f"terminate themselves after {idle_timeout:g} s idle)"
+        )
+    elif made.ids or made.group:
+        say(f"terminating {len(made.ids)} instance(s)")
+        provider.terminate(list(made.ids.values()), made.group)
+        mark_terminated(run)
         if keep:
-            say(
-                f"the instances keep running: 'tflaunch down {run.id}' terminates them (they "
-                f"terminate themselves after {section.idle_timeout:g} s idle)"
+            kept.record_path(run.dir.parent, keep).unlink(missing_ok=True)
+
+
+class Fleet:
+    """A provisioned run's instances while it runs: which ended (the provider says so), and
+    their replacement by an instance of the same host name, role and type that takes the
+    ended one's cluster address (so the plan stays true), waits until it runs and accepts SSH,
+    and is recorded in run.json. Bounded by the cluster restarts the coordinator allows."""
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        run: Run,
+        provider: Provider,
+        planned: Sequence[PlannedInstance],
+        made: _Made,
+        prices: dict[str, Price],
+        keep: str | None,
+        say: Say,
+    ):
+        self.config, self.run, self.provider, self.say = config, run, provider, say
+        self.planned = {p.name: p for p in planned}
+        self.made, self.prices, self.keep = made, prices, keep
+        self._lock = threading.Lock()
+
+    def ended(self) -> dict[str, str]:
+        """Host -> why, for every instance of the run that is ending or ended."""
+        with self._lock:
+            ids = dict(self.made.ids)
+        listed = {
+            i.id: i
+            for i in self.provider.describe(
+                ids=list(ids.values()), states=(*ALIVE_STATES, *GONE_STATES)
             )
-        elif ids or group:
-            say(f"terminating {len(ids)} instance(s)")
-            provider.terminate(list(ids.values()), group)
-            mark_terminated(run)
+        }
+        gone = {}
+        for host, instance_id in ids.items():
+            instance = listed.get(instance_id)
+            state = instance.state if instance is not None else "gone"
+            if state not in ("pending", "running"):
+                gone[host] = f"its instance {instance_id} is {state} (the provider says so)"
+        return gone
+
+    def replace(self, host: str, deadline: float) -> tuple[Host, str, str]:
+        """A new instance for ``host`` (running, accepting SSH); returns it, the old id and
+        the new id. Refuses when the old instance still runs."""
+        with self._lock:
+            old_id = self.made.ids[host]
+        listed = self.provider.describe(ids=[old_id], states=(*ALIVE_STATES, *GONE_STATES))
+        old = listed[0] if listed else None
+        if old is not None and old.state in ("pending", "running"):
+            raise LaunchError(f"{host} stopped answering, but its instance {old_id} still runs.")
+        if old is not None and old.state != "terminated":  # stopped or stopping: end it for good
+            self.provider.terminate([old_id])
+        planned = self.planned[host]
+        self.say(
+            f"{host}: its instance {old_id} ended; creating a replacement ({planned.instance_type})"
+        )
+        extra = {TAG_LAUNCHER: launcher_tag(), TAG_RUN_DIR: str(self.run.dir)}
+        section = self.config.ssh.provision
+        extra[TAG_AUTOSTOP] = f"{section.idle_timeout:g}"
+        if self.keep:
+            extra[TAG_KEEP] = self.keep
+        data = user_data(self.config.supervision.max_runtime, section.idle_timeout)
+        same = {host: old} if old is not None else None
+        created = self.provider.create(
+            [planned], self.run.id, self.config.name, self.made.group or "", extra, data, same
+        )
+        new_id = created[host]
+        with self._lock:
+            self.made.ids[host] = new_id
+            self.made.replaced.append((host, old_id, new_id))
+            self._record_replacement(planned, old_id, new_id)
+        timeout = max(1.0, deadline - time.monotonic())
+        found = self.provider.wait_running([new_id], timeout)
+        (made,) = self.provider.hosts(
+            [planned], {host: new_id}, found, self.config.ssh.jump_host is not None
+        )
+        if self.config.ssh.jump_host is None:
+            wait_for_ssh(
+                [made], self.config.ssh.port, max(1.0, deadline - time.monotonic()), self.say
+            )
+        return made, old_id, new_id
+
+    def _record_replacement(self, planned: PlannedInstance, old_id: str, new_id: str) -> None:
+        mark_terminated(self.run, {old_id})
+        records = self.run.read_meta().get("instances") or []
+        _record(self.run, [planned], {planned.name: new_id}, self.prices, self.keep, records)
 
 
 def _record(
-    run: Run, planned: Sequence[PlannedInstance], ids: dict[str, str], prices: dict[str, Price]
+    run: Run,
+    planned: Sequence[PlannedInstance],
+    ids: dict[str, str],
+    prices: dict[str, Price],
+    keep: str | None,
+    before: Sequence[dict[str, Any]] = (),
 ) -> None:
     now = time.time()
-    run.update_meta(
-        instances=[
-            {"id": ids[p.name], "name": p.name, "type": p.instance_type, "role": p.role,
-             "spot": p.spot, "hourly_usd": prices[p.instance_type].hourly_usd,
-             "launched": now, "terminated": None}
-            for p in planned if p.name in ids
-        ]
-    )  # fmt: skip
+    made = [
+        {"id": ids[p.name], "name": p.name, "type": p.instance_type, "role": p.role,
+         "spot": p.spot, "hourly_usd": prices[p.instance_type].hourly_usd,
+         "launched": now, "terminated": None, **({"kept": keep} if keep else {})}
+        for p in planned if p.name in ids
+    ]  # fmt: skip
+    run.update_meta(instances=[*before, *made])
 
 
 def terminate_run(run: Run, say: Say) -> str:
@@ -244,7 +479,37 @@ def terminate_run(run: Run, say: Say) -> str:
     provider: Provider | None = provider_of_run(meta, say)
     if provider is None:
         return ""
+    keep = meta.get("keep_cluster")
+    if keep:
+        return f"kept cluster {keep} keeps running: 'tflaunch down --cluster {keep}' ends it"
     alive = provider.describe(tags={TAG_RUN: run.id})
     provider.terminate([i.id for i in alive], meta[provider.name].get("security_group"))
     mark_terminated(run)
     return f"terminated {len(alive)} instance(s) of run {run.id}"
+
+
+def instance_lines(run: Run, say: Say) -> list[str]:
+    """For ``status RUN``: the run's instances, their state now (from the provider) and price."""
+    meta = run.read_meta()
+    records = meta.get("instances") or []
+    provider = provider_of_run(meta, say) if records else None
+    if provider is None:
+        return []
+    try:
+        listed = provider.describe(
+            ids=[r["id"] for r in records], states=(*ALIVE_STATES, *GONE_STATES)
+        )
+        states = {i.id: i.state for i in listed}
+        unlisted = "gone"
+    except TflaunchError as err:  # no credentials or no network now: what run.json knows
+        say(f"cannot ask {provider.name} for the instances' states: {err}")
+        states, unlisted = {}, "?"
+    rows = [("HOST", "INSTANCE", "TYPE", "ROLE", "STATE", "USD/HOUR")]
+    for r in records:
+        hourly = r.get("hourly_usd")
+        rows.append((
+            r["name"], r["id"], r["type"], r["role"] + (" spot" if r.get("spot") else ""),
+            states.get(r["id"], unlisted) + (f" (kept cluster {r['kept']})" if r.get("kept") else ""),
+            "?" if hourly is None else f"{hourly:.4f}",
+        ))  # fmt: skip
+    return ["instances:", *("  " + line for line in aligned(rows))]

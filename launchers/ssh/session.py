@@ -101,6 +101,7 @@ class HostSession:
         run: Run,
         extra: Mapping[str, str] | None = None,
         keep_probes: bool = False,
+        only: str | None = None,
     ) -> None:
         """Connect, prepare directories and uploads, pre-flight and write the host plans.
 
@@ -110,10 +111,13 @@ class HostSession:
         passed. Where the time of each step went is kept in run.json (``ssh_timings``).
 
         With ``keep_probes`` each host's pre-flight probe stays on its channel, waiting to become
-        the host's agent (:meth:`start_agent`): one remote command per host, not two."""
+        the host's agent (:meth:`start_agent`): one remote command per host, not two.
+
+        With ``only``, just that host (a replaced instance joining a running cluster); the
+        run's own plan.json stays as it is."""
         options = SshOptions.from_section(config.ssh, config.base_dir)
         uploads = _uploads(config)
-        hosts = plan.hosts_with_tasks()
+        hosts = [h for h in plan.hosts_with_tasks() if only is None or h.name == only]
         self.say(f"connecting to {len(hosts)} host(s) as {options.user}")
         opening = time.monotonic()
         jump = connect_jump(options)
@@ -139,6 +143,11 @@ class HostSession:
                 jump.close()
             raise
         self.paths = {o.name: o.paths for o in opened if o.paths is not None}
+        if only is not None:
+            known = run.read_meta().get("ssh_hosts") or {}
+            paths = {name: dataclasses.asdict(p) for name, p in self.paths.items()}
+            run.update_meta(ssh_hosts={**known, **paths})
+            return
         resolved = tuple(
             dataclasses.replace(t, workdir=self.paths[t.host].workdir) for t in plan.tasks
         )

@@ -53,6 +53,7 @@ from tflaunch.runtime.runfiles import open_run_file
 TAIL_LINES = 20
 _EVENTS_KEPT = {
     "agent_started",
+    "instance_replaced",
     "started",
     "ready",
     "waiting",

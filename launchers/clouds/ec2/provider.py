@@ -50,6 +50,8 @@ class Access:
     endpoint_url: str | None = None
     tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
     subnet: str | None = None
+    prices: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    pricing_api: bool = False  # listing prices: the packaged list, not one API call per type
 
 
 def port_ranges(ports: Sequence[int]) -> list[tuple[int, int]]:
@@ -174,6 +176,7 @@ class Ec2Provider(Provider):
         network: str,
         tags: Mapping[str, str],
         user_data: str,
+        same_address: Mapping[str, Instance] | None = None,
     ) -> dict[str, str]:
         created: dict[str, str] = {}
         for p in planned:
@@ -195,6 +198,11 @@ class Ec2Provider(Provider):
                 kwargs["KeyName"] = self.section.key_name
             if self.section.subnet:
                 kwargs["SubnetId"] = self.section.subnet
+            old = (same_address or {}).get(p.name)
+            if old is not None and old.cluster_address:  # the replaced instance's address:
+                kwargs["PrivateIpAddress"] = old.cluster_address  # in the named subnet, else
+                if not self.section.subnet and old.zone:  # the default one of its zone
+                    kwargs["Placement"] = {"AvailabilityZone": old.zone}
             if p.spot:
                 kwargs["InstanceMarketOptions"] = {
                     "MarketType": "spot",
@@ -287,6 +295,7 @@ def _instance(raw: dict[str, Any]) -> Instance:
         cluster_address=raw.get("PrivateIpAddress"),
         networks={g["GroupId"]: g.get("GroupName", "") for g in raw.get("SecurityGroups", [])},
         spot=raw.get("InstanceLifecycle") == "spot",
+        zone=raw.get("Placement", {}).get("AvailabilityZone"),
     )
 
 
