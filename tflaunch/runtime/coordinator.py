@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from tflaunch.cluster.plan import Plan
+from tflaunch.runtime.insight import Insight
 from tflaunch.runtime.link import AgentLink
 from tflaunch.runtime.monitor import SampleLog
 from tflaunch.runtime.restart import STALLED, Decision, Failure, RestartBook, describe_code
@@ -156,6 +157,7 @@ class Coordinator:
         self.width = max(len(n) for n in self.tasks) + 2
         self._events_file = open_run_file(run.events_path, "a")
         self._samples = SampleLog(run.dir)  # resource samples: samples-<host>.jsonl, not events
+        self._insight = Insight(plan, run, self.leader, self._say)  # progress; --trace's window
         self._signal: int | None = None
         self._passed_on: list[int] = []  # SIGUSR1/2 received, to pass on to every agent's tasks
         sup = plan.supervision
@@ -180,6 +182,7 @@ class Coordinator:
                 except queue.Empty:
                     pass
                 self._check_clock()
+                self._insight.tick()
                 if time.monotonic() - last_ping >= self.heartbeat:
                     last_ping = time.monotonic()
                     for link in self.links:
@@ -195,6 +198,7 @@ class Coordinator:
             self._restore_signal_handlers(previous)
             self._events_file.close()
             self._samples.close()
+            self._insight.close()
         self._print_end()
         return self.outcome
 
@@ -274,6 +278,7 @@ class Coordinator:
         kind = event.get("event")
         if kind == "output":
             self._print_output(event.get("task", "?"), event.get("line", ""))
+            self._insight.output(event.get("task", "?"), event.get("line", ""))
             return
         if kind == "sample":
             self._samples.write(host, event)
