@@ -107,6 +107,8 @@ class StepTracer:
             return
         if os.environ.get("TFLAUNCH_PROFILER_PID"):
             return  # tflaunch's trace hook started this task's server when TensorFlow loaded
+        if os.environ.get("TFLAUNCH_PROFILER_PID"):
+            return  # tflaunch's trace hook started this task's server when TensorFlow loaded
         address = task_addresses(self.info)[self.info.name]
         port = fmt.profiler_port(int(address.rpartition(":")[2]), self.offset)
         tf.profiler.experimental.server.start(port)

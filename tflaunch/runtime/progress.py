@@ -27,10 +27,11 @@ from tflaunch.runtime.runfiles import open_run_file
 PROGRESS_FILE = "progress.jsonl"
 MIN_INTERVAL_S = 0.5
 CONFIG_DEFAULT_STEP = r"\bstep[ :=]+(\d+)"  # supervision.step_pattern's default
+EPOCH_PATTERN = r"^\s*(\d+)/\d+ +(?:\[|- )"  # Keras fit: the count restarts every epoch
 DEFAULT_STEP_PATTERNS = (
     CONFIG_DEFAULT_STEP,
     r"\bglobal[_ ]step\b[ :=]*(\d+)",
-    r"^\s*(\d+)/\d+ +(?:\[|- )",
+    EPOCH_PATTERN,
     r"^\s*(\d+)\s+images/sec",
 )
 DEFAULT_RATE_PATTERN = (
@@ -47,6 +48,7 @@ def _number(match: re.Match) -> str | None:
 class _TaskProgress:
     base: int = 0  # steps of earlier epochs (Keras restarts its count each epoch)
     last: int | None = None
+    last_raw: int = 0
     rate: float | None = None
     written: float = float("-inf")
     pending: dict[str, Any] | None = None
@@ -70,9 +72,13 @@ class StepParser:
             number = _number(match) if match else None
             if number is not None:
                 raw = int(number)
-                if state.last is not None and raw < state.last - state.base:
-                    state.base = state.last  # a new epoch: the count started again
-                step = state.base + raw
+                if pattern.pattern != EPOCH_PATTERN:
+                    step = raw
+                else:
+                    if state.last is not None and raw < state.last_raw:
+                        state.base = state.last  # a new epoch: the count started again
+                    step = state.base + raw
+                    state.last_raw = raw
                 state.last = step
                 break
         rate = None

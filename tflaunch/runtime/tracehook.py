@@ -9,9 +9,9 @@ Three parts, none of which imports TensorFlow:
 - the window: :class:`TraceTrigger` watches the leader's output (worker 0 or the chief) for
   ``supervision.step_pattern`` (``--trace FIRST:COUNT``: from the first step line at or past
   FIRST, for COUNT steps at the rate seen so far) or the clock (``--trace-at``/``--trace-for``);
-- the capture: when the window opens, a helper process (``python -m tflaunch.models.trace
-  capture``, which imports TensorFlow) asks every task that imported TensorFlow for the same
-  wall-clock window at once and merges what it gets into ``trace.json`` and the summary.
+- the capture: a helper process (``python -m tflaunch.models.trace_capture``, which loads
+  TensorFlow's profiler client) waits from the start; when the window opens it asks every task
+  that imported TensorFlow for the same wall-clock window at once and merges what it gets into ``trace.json`` and the summary.
 
 Whatever happens, the run's trace directory ends with ``verdict.json``: a trace, or one line
 saying why there is none (:func:`read_verdict`). Programs on ``tflaunch.models``' own trace hooks
@@ -170,6 +170,7 @@ class TraceTrigger:
         self.started = started
         self.seen: list[tuple[float, int]] = []  # the leader's (time, step) so far
         self.helper: subprocess.Popen | None = None
+        self.fired = False
         self.helper_deadline = 0.0
         self.fired_at_step: int | None = None
         self.verdict: tuple[bool, str] | None = None
@@ -195,12 +196,16 @@ class TraceTrigger:
             self._fire(self.request.for_s or 5.0, f"{now - self.started:.0f} s after the start")
 
     def _done(self) -> bool:
-        return self.helper is not None or self.verdict is not None
+        return self.fired or self.verdict is not None
 
     def _window_seconds(self) -> float | None:
         """COUNT steps at the leader's recent step rate (None until two step lines apart)."""
-        recent = self.seen[-5:]
-        (t0, s0), (t1, s1) = recent[0], recent[-1]
+        tail = self.seen[-1:]
+        for point in reversed(self.seen[:-1]):  # the last run of rising steps, 5 at most
+            if point[1] >= tail[0][1] or len(tail) == 5:
+                break
+            tail.insert(0, point)
+        (t0, s0), (t1, s1) = tail[0], tail[-1]
         if s1 <= s0 or t1 <= t0:
             return None
         assert self.request.steps is not None
@@ -224,16 +229,37 @@ class TraceTrigger:
         if missing:
             self.say(f"trace: {', '.join(missing)} had not imported TensorFlow {when}; not traced")
         self.say(f"trace: capturing {seconds:.1f} s of {len(targets)} task(s) {when}")
-        log = open_run_file(self.request.trace_dir / "capture.log", "w")
-        argv = [sys.executable, "-m", "tflaunch.models.trace", "capture"]
-        argv += [str(self.request.trace_dir), "--tasks", json.dumps(targets)]
-        argv += ["--duration_ms", str(max(1, int(seconds * 1000)))]
-        env = {k: v for k, v in os.environ.items() if k != HOOK_ENV}
-        self.helper = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
-        )
-        log.close()
+        helper = self.start_helper()
+        order = {"tasks": targets, "duration_ms": max(1, int(seconds * 1000))}
+        try:
+            assert helper.stdin is not None
+            helper.stdin.write(json.dumps(order) + "\n")
+            helper.stdin.close()
+        except OSError:
+            pass  # it died: finish() says why from its log
+        self.fired = True
         self.helper_deadline = time.monotonic() + seconds + HELPER_MARGIN_S
+
+    def start_helper(self) -> subprocess.Popen:
+        """The capture helper, started ahead of the window: it loads TensorFlow (seconds) and
+        waits for the order on its input, so that the capture starts the moment it is given."""
+        if self.helper is None:
+            self.request.trace_dir.mkdir(parents=True, exist_ok=True)
+            log = open_run_file(self.request.trace_dir / "capture.log", "w")
+            argv = [sys.executable, "-m", "tflaunch.models.trace_capture"]
+            argv.append(str(self.request.trace_dir))
+            env = {k: v for k, v in os.environ.items() if k != HOOK_ENV}
+            self.helper = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.PIPE,
+                env=env,
+                text=True,
+                start_new_session=True,
+            )
+            log.close()
+        return self.helper
 
     def _why_none(self, notes: Notes, when: str) -> str:
         if not notes.python:
@@ -254,8 +280,10 @@ class TraceTrigger:
     def finish(self) -> tuple[bool, str]:
         """Wait (bounded) for the capture; write and return the verdict."""
         if self.verdict is not None:
+            self._stop_helper()
             return self.verdict
-        if self.helper is None:
+        if not self.fired:
+            self._stop_helper()
             notes = read_notes(self.request.trace_dir)
             if notes.in_program:
                 return self._end(True, "", quiet=True)
@@ -272,6 +300,7 @@ class TraceTrigger:
             else:
                 why = f"the run ended before the window at {self.request.at_s:g} s"
             return self._end(False, f"no trace because {why}")
+        assert self.helper is not None
         try:
             code = self.helper.wait(max(1.0, self.helper_deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -282,6 +311,18 @@ class TraceTrigger:
             return self._end(True, f"trace: {self.request.trace_dir / 'trace.json'}")
         tail = _last_line(self.request.trace_dir / "capture.log")
         return self._end(False, f"no trace because the capture failed: {tail}")
+
+    def _stop_helper(self) -> None:
+        """The window never opened: the waiting helper ends at the end of its input."""
+        if self.helper is None or self.helper.poll() is not None:
+            return
+        try:
+            assert self.helper.stdin is not None
+            self.helper.stdin.close()
+            self.helper.wait(10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.helper.kill()
+            self.helper.wait()
 
     def _end(self, ok: bool, line: str, quiet: bool = False) -> tuple[bool, str]:
         self.verdict = (ok, line)
