@@ -243,7 +243,48 @@ def decode(path: Path, task: str, host: str) -> fmt.TaskTrace:
                 thread, t0 = pending.pop(key)
                 args = {"kernel": "_Recv", "tensor": key[1]}
                 events.append(fmt.Event(thread, f"recv {key[1]}", "recv_wait", t0, end - t0, args))
+    if not any(e.category == "step" for e in events):
+        events += _session_run_steps(space, start)
     return fmt.TaskTrace(task, host, events, start)
+
+
+def _session_run_steps(space, start: int) -> list[fmt.Event]:
+    """Steps of a program without step markers (a TF1 ``Session.run`` loop): the regions its
+    calling thread spends in TensorFlow (``ThreadpoolListener`` Start/StopRegion). The long
+    ones start steps (a hook's short read after each training run belongs to that step); each
+    step lasts until the next one starts, its last until its own end. None for a task whose
+    threads run no such regions (a PS)."""
+    best: list[tuple[int, int]] = []
+    thread = ""
+    for plane in space.planes:
+        if plane.name != "/host:CPU":
+            continue
+        for line in plane.lines:
+            if line.name.startswith("tf_") or "grpc" in line.name.lower():
+                continue  # TensorFlow's own pools: the program's calling thread is sought
+            regions, opened = [], None
+            base = start + line.timestamp_ns
+            for e in line.events:
+                name = plane.event_metadata[e.metadata_id].name
+                t = base + e.offset_ps // 1000
+                if name == "ThreadpoolListener::StartRegion":
+                    opened = t
+                elif name == "ThreadpoolListener::StopRegion" and opened is not None:
+                    regions.append((opened, t))
+                    opened = None
+            if len(regions) > len(best):
+                best, thread = regions, line.display_name or line.name
+    if len(best) < 2:
+        return []
+    lengths = sorted(b - a for a, b in best)
+    long_enough = 0.2 * lengths[len(lengths) * 3 // 4]
+    starts = [(a, b) for a, b in best if b - a >= long_enough]
+    steps = []
+    for i, (a, b) in enumerate(starts):
+        end = starts[i + 1][0] if i + 1 < len(starts) else max(b, best[-1][1])
+        args = {"step_num": i + 1, "inferred": "Session.run regions"}
+        steps.append(fmt.Event(thread, "session run", "step", a, end - a, args))
+    return steps
 
 
 def _find_raw(raw_dir: Path, stem: str) -> Path | None:
