@@ -54,6 +54,10 @@ class _TaskProgress:
     pending: dict[str, Any] | None = None
 
 
+EPOCH_LINE = re.compile(r"^\s*Epoch \d+/\d+\s*$")
+FRAME_BREAK = re.compile(r"[\r\x08]+")
+
+
 class StepParser:
     """A task's step (added up across restarts of the count) and rate from its output lines."""
 
@@ -64,29 +68,42 @@ class StepParser:
         self.tasks: dict[str, _TaskProgress] = {}
 
     def parse(self, task: str, line: str) -> tuple[int | None, float | None]:
-        """(cumulative step, rate) seen in ``line``; either may be None."""
+        """(cumulative step, rate) seen in ``line``; either may be None. A line may hold many
+        frames of a progress bar (Keras redraws it with ``\\r`` and backspaces): the last
+        frame that holds a step counts."""
         state = self.tasks.setdefault(task, _TaskProgress())
+        if EPOCH_LINE.match(line) and state.last is not None:
+            state.base, state.last_raw = state.last, 0  # Keras: the next count starts at 1
+            return None, None
         step = None
-        for pattern in self.steps:
-            match = pattern.search(line)
-            number = _number(match) if match else None
-            if number is not None:
-                raw = int(number)
-                if pattern.pattern != EPOCH_PATTERN:
-                    step = raw
-                else:
-                    if state.last is not None and raw < state.last_raw:
-                        state.base = state.last  # a new epoch: the count started again
-                    step = state.base + raw
-                    state.last_raw = raw
-                state.last = step
+        for frame in reversed(FRAME_BREAK.split(line)):
+            step = self._step(state, frame)
+            if step is not None:
                 break
         rate = None
-        match = self.rate.search(line)
+        match = self.rate.search(FRAME_BREAK.split(line)[-1]) or self.rate.search(line)
         if match and _number(match) is not None:
             rate = float(_number(match))  # type: ignore[arg-type]
             state.rate = rate
         return step, rate
+
+    def _step(self, state: _TaskProgress, frame: str) -> int | None:
+        for pattern in self.steps:
+            match = pattern.search(frame)
+            number = _number(match) if match else None
+            if number is None:
+                continue
+            raw = int(number)
+            if pattern.pattern != EPOCH_PATTERN:
+                step = raw
+            else:
+                if state.last is not None and raw < state.last_raw:
+                    state.base = state.last  # a new epoch: the count started again
+                step = state.base + raw
+                state.last_raw = raw
+            state.last = step
+            return step
+        return None
 
 
 class ProgressLog:

@@ -38,6 +38,7 @@ AT_ENV = "TFLAUNCH_TRACE_AT"  # seconds after the cluster started
 FOR_ENV = "TFLAUNCH_TRACE_FOR"  # seconds of capture
 HOOK_DIR = Path(__file__).resolve().parent / "sitehook"
 VERDICT_FILE = "verdict.json"
+WINDOW_FILE = "window.json"  # read by the hook: tasks that end inside the window wait for it
 NOTES_DIR = "tasks"
 # Tracing slows steps (2-3x measured on 2 cores); the capture covers the window at that pace,
 # plus the time the profilers take to start.
@@ -229,6 +230,10 @@ class TraceTrigger:
         if missing:
             self.say(f"trace: {', '.join(missing)} had not imported TensorFlow {when}; not traced")
         self.say(f"trace: capturing {seconds:.1f} s of {len(targets)} task(s) {when}")
+        write_run_file(
+            self.request.trace_dir / WINDOW_FILE,
+            json.dumps({"start": time.time(), "end": time.time() + seconds}) + "\n",
+        )
         helper = self.start_helper()
         order = {"tasks": targets, "duration_ms": max(1, int(seconds * 1000))}
         try:

@@ -11,6 +11,7 @@ for reading a few variables, one small file and one string comparison per new mo
 
 Notes are files in ``$TFLAUNCH_TRACE_DIR/tasks/``: ``<task>.python`` (a Python process started)
 and ``<task>.tf`` (JSON: pid, port, time, or the error that kept the server from starting).
+A process that exits while a capture is on waits for the window's end (``window.json``) first.
 One process per task starts the server: its children inherit ``TFLAUNCH_PROFILER_PID`` and leave
 the port to it.
 """
@@ -24,6 +25,9 @@ import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 PID_ENV = "TFLAUNCH_PROFILER_PID"
+WINDOW_FILE = "window.json"  # written by the launcher when its capture starts: {"end": unix time}
+WINDOW_MARGIN_S = 2.0  # for the server to hand its events over
+MAX_WAIT_S = 120.0
 
 
 def _chain() -> None:
@@ -88,6 +92,24 @@ def _start_profiler(tf) -> None:
         _note("tf", json.dumps({"pid": os.getpid(), "port": port, "error": repr(exc)}))
         return
     _note("tf", json.dumps({"pid": os.getpid(), "port": port, "time": time.time()}))
+    import atexit
+
+    atexit.register(_outlast_window)  # after TensorFlow's: runs before them
+
+
+def _outlast_window() -> None:
+    """A task that ends while the launcher's capture is on keeps its profiler server until the
+    window closes: its events reach the trace, and the process does not exit under a profiler
+    session that is still collecting (seen to crash the process)."""
+    path = os.path.join(os.path.expanduser(os.environ["TFLAUNCH_TRACE_DIR"]), WINDOW_FILE)
+    try:
+        with open(path) as f:
+            end = float(json.load(f)["end"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    wait = end + WINDOW_MARGIN_S - time.time()
+    if wait > 0:
+        time.sleep(min(wait, MAX_WAIT_S))
 
 
 class _Loader:
