@@ -307,6 +307,10 @@ def status(ctx: click.Context, run_id: str, runs_dir: str, watch: bool, interval
         click.echo(line)
     for line in task_table(run):
         click.echo(line)
+    from tflaunch.tools.progress import status_lines
+
+    for line in status_lines(run):
+        click.echo(line)
 
 
 @cli.command()
