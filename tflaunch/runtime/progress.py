@@ -36,7 +36,7 @@ DEFAULT_STEP_PATTERNS = (
 )
 DEFAULT_RATE_PATTERN = (
     r"(?:images|examples|samples)/sec:?\s*(\d+(?:\.\d+)?)"
-    r"|(\d+(?:\.\d+)?)\s*(?:images|examples|samples|img)/s(?:ec)?\b"
+    r"|(\d+(?:\.\d+)?)\s*(?:images|examples|samples|img)/s(?:ec)?\b(?!:)"
 )
 
 
