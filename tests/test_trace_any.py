@@ -336,3 +336,57 @@ def test_example_mnist_traced_with_status_while_running_and_a_steps_plot(tmp_pat
     assert "stragglers: step rate spread" in report.stdout
     assert (runs / "mnist-traced" / "steps_per_task.png").stat().st_size > 10_000
     assert wait_until_gone(str(tmp_path)) == []
+
+
+def test_compute_from_a_traced_one_worker_run(tmp_path) -> None:
+    from tflaunch.tools.perfmodel import ModelError, compute_from_trace
+
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    step = {"total": 100.0, "compute": 60.0, "communication": 10.0, "recv_wait": 20.0, "idle": 10.0}
+    summary = {
+        "worker:0": {"steps": 12, "own_steps": True, "per_step_ms": step},
+        "ps:0": {"steps": 12, "own_steps": False, "per_step_ms": step},
+    }
+    (trace / "trace_summary.json").write_text(json.dumps(summary))
+    assert compute_from_trace(trace) == (pytest.approx(0.07), "worker:0", 12)
+    summary["worker:1"] = summary["worker:0"]
+    (trace / "trace_summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ModelError, match="needs a traced run of one worker"):
+        compute_from_trace(trace)
+
+
+@pytest.mark.slow
+def test_model_from_a_traced_one_worker_mnist_run(tmp_path) -> None:
+    pytest.importorskip("tensorflow")
+    example = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())
+    program = {**example["program"], "env": {"TEST_MARKER": str(tmp_path)}}
+    program["argv"] = [sys.executable, *example["program"]["argv"][1:], "--train_steps", "120"]
+    cluster = write_cluster(tmp_path / "one.yaml", program, roles={"ps": 1, "worker": 1})
+    _, run, trace = _traced(tmp_path, cluster, "--trace", "40:10")
+    _assert_tracks(trace, {"ps:0", "worker:0"}, {"worker:0"})
+    model = tflaunch(
+        "model",
+        "--from-run",
+        run.name,
+        "--runs-dir",
+        str(run.parent),
+        "--link",
+        "50,1000",
+        "--model",
+        "mnist",
+        "--batch-size",
+        "50",
+        "--workers",
+        "1,2,4",
+        "--ps",
+        "1,2",
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert model.returncode == 0, model.stdout[-2000:] + model.stderr[-2000:]
+    assert f"from run {run.name}: worker:0's" in model.stdout
+    assert "Recommended per worker count:" in model.stdout
+    rows = [x.split() for x in model.stdout.splitlines() if x[:1].isdigit()]
+    assert {r[0] for r in rows} == {"1", "2", "4"}
+    assert wait_until_gone(str(tmp_path)) == []

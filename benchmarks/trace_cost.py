@@ -1,0 +1,144 @@
+"""What tracing costs a run: ``tflaunch up`` of the benchmark (1 PS + 1 worker, models.benchmark)
+three ways, interleaved, --repeats times each:
+
+  - plain:  no tracing;
+  - hooked: ``--trace-at 24h``: every task gets the trace hook (sitecustomize on PYTHONPATH,
+            the profiler server started when TensorFlow loads, the capture helper waiting) but the
+            window never opens: what the hook costs an untraced stretch of a run;
+  - traced: ``--trace 10:10``: a real capture of 10 timed steps in the middle of the run.
+
+For each it prints the benchmark's own ``total images/sec`` (its timed loop only) and the run's
+wall time, as medians, and the ratios against plain from the same run (the claim: hooked
+costs at most 2 %, i.e. plain/hooked images/sec <= 1.02). Also the start-up of ``python -c pass``
+with and without the hook, for a task that never imports TensorFlow.
+
+The machine may be shared: quote the ratios, which are measured side by side, not the rates.
+
+Usage: python benchmarks/trace_cost.py [--repeats 3] [--num_batches 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tflaunch.runtime.tracehook import with_hook  # noqa: E402
+
+MODES = {"plain": [], "hooked": ["--trace-at", "24h"], "traced": ["--trace", "10:10"]}
+TOTAL = re.compile(r"total images/sec: ([\d.]+)")
+
+
+def cluster_file(folder: Path, num_batches: int, port: int) -> Path:
+    argv = [sys.executable, "-m", "tflaunch.models.benchmark", "--model", "resnet50"]
+    argv += ["--image_size", "32", "--batch_size", "8", "--num_batches", str(num_batches)]
+    argv += ["--num_warmup_batches", "5", "--display_every", "5"]
+    data = {
+        "name": "trace-cost",
+        "backend": "local",
+        "program": {"argv": argv, "env": {"OMP_NUM_THREADS": "1"}},
+        "roles": {"ps": 1, "worker": 1},
+        "ports": {"ps": port, "worker": port + 10},
+        "supervision": {"ready_timeout": 300, "sample_interval": 0},
+        "runs_dir": str(folder / "runs"),
+    }
+    path = folder / "cluster.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def one_run(cluster: Path, mode: str) -> tuple[float, float, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    started = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-m", "tflaunch", "up", str(cluster), *MODES[mode]],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=900,
+    )
+    wall = time.perf_counter() - started
+    found = TOTAL.findall(result.stdout)
+    if result.returncode != 0 or not found:
+        raise SystemExit(f"{mode} run failed ({result.returncode}):\n{result.stdout[-3000:]}")
+    verdict = [x for x in result.stdout.splitlines() if x.startswith(("trace:", "no trace"))]
+    return float(found[-1]), wall, (verdict[-1] if verdict else "")
+
+
+def startup_ms(repeats: int) -> tuple[float, float]:
+    """Median start-up of `python -c pass` without and with the hook (interleaved)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = Path(tmp) / "cluster_spec.json"
+        cluster.write_text('{"cluster": {"worker": ["127.0.0.1:21000"]}}')
+        plain = {k: v for k, v in os.environ.items() if not k.startswith("TFLAUNCH_")}
+        hooked = with_hook(
+            {
+                **plain,
+                "TFLAUNCH_TRACE_HOOK": "1",
+                "TFLAUNCH_TRACE_DIR": str(Path(tmp) / "trace"),
+                "TFLAUNCH_TASK": "worker:0",
+                "TFLAUNCH_CLUSTER_FILE": str(cluster),
+            }
+        )
+        times: dict[str, list[float]] = {"plain": [], "hooked": []}
+        for _ in range(repeats):
+            for name, env in (("plain", plain), ("hooked", hooked)):
+                t0 = time.perf_counter()
+                subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
+                times[name].append(time.perf_counter() - t0)
+    return statistics.median(times["plain"]) * 1e3, statistics.median(times["hooked"]) * 1e3
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--num_batches", type=int, default=60)
+    p.add_argument("--port", type=int, default=26230)
+    args = p.parse_args()
+    plain_ms, hooked_ms = startup_ms(21)
+    print(
+        f"python -c pass start-up (median of 21): plain {plain_ms:.1f} ms, with the hook "
+        f"{hooked_ms:.1f} ms (+{hooked_ms - plain_ms:.1f} ms)",
+        flush=True,
+    )
+    results: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = cluster_file(Path(tmp), args.num_batches, args.port)
+        for i in range(args.repeats):
+            for mode in MODES:
+                img_s, wall, verdict = one_run(cluster, mode)
+                results[mode].append((img_s, wall))
+                print(
+                    f"repeat {i + 1} {mode:7s} {img_s:8.1f} img/s  {wall:6.1f} s wall  {verdict}",
+                    flush=True,
+                )
+    med = {
+        m: (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs))
+        for m, rs in results.items()
+    }
+    print(
+        f"\nmedians of {args.repeats} interleaved runs (resnet50 32x32, batch 8, 1 PS + 1 worker):"
+    )
+    for mode, (img_s, wall) in med.items():
+        ratio = med["plain"][0] / img_s
+        print(
+            f"  {mode:7s} {img_s:8.1f} img/s  plain/{mode} = {ratio:.3f}   wall {wall:6.1f} s "
+            f"({wall / med['plain'][1]:.3f} x plain)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
