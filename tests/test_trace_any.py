@@ -89,17 +89,18 @@ def test_hook_starts_the_profiler_once_tensorflow_has_imported(tmp_path) -> None
 
 
 def test_hook_costs_a_process_that_never_imports_tensorflow_little(tmp_path) -> None:
-    """Median start-up of ``python -c pass`` with and without the hook (interleaved): the
-    hook adds milliseconds, not the hundreds a TensorFlow import would."""
+    """Start-up of ``python -c pass`` with and without the hook (interleaved; the fastest of
+    each, the figure least disturbed by a busy machine): the hook adds milliseconds, not the
+    seconds a TensorFlow import would."""
     plain = {k: v for k, v in os.environ.items() if not k.startswith("TFLAUNCH_")}
     hooked = _hook_env(tmp_path)
     times: dict[str, list[float]] = {"plain": [], "hooked": []}
-    for _ in range(7):
+    for _ in range(11):
         for name, env in (("plain", plain), ("hooked", hooked)):
             t0 = time.perf_counter()
             subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
             times[name].append(time.perf_counter() - t0)
-    added = sorted(times["hooked"])[3] - sorted(times["plain"])[3]
+    added = min(times["hooked"]) - min(times["plain"])
     assert added < 0.05, times
 
 
@@ -287,7 +288,7 @@ def test_keras_fit_under_multi_worker_mirrored_strategy_traced(tmp_path) -> None
     result, run, trace = _traced(tmp_path, cluster, "--trace", "50:10")
     _assert_tracks(trace, {"worker:0", "worker:1"}, {"worker:0", "worker:1"})
     steps = [e for e in trace["traceEvents"] if e.get("cat") == "step"]
-    assert all(e["name"] == "train" for e in steps)  # Keras' own step markers
+    assert steps and not any("inferred" in e["args"] for e in steps)  # Keras' own markers
     last = {s.task: s.steps[-1] for s in read_progress(run).values()}
     assert last == {"worker:0": 160, "worker:1": 160}  # 4 epochs of 40, added up
     assert wait_until_gone(str(tmp_path)) == []
@@ -317,7 +318,8 @@ def test_example_mnist_traced_with_status_while_running_and_a_steps_plot(tmp_pat
         while time.monotonic() < deadline and up.poll() is None:
             status = tflaunch("status", "mnist-traced", "--runs-dir", str(runs), cwd=ROOT)
             rows = [x.split() for x in status.stdout.splitlines() if x.startswith("worker:0 ")]
-            if len(rows) == 2 and rows[1][2] != "-":  # the task table's row, then progress
+            # the task table's row, then the progress row: step, steps/s
+            if len(rows) == 2 and int(rows[1][1]) >= 20 and rows[1][2] != "-":
                 seen = status.stdout
                 break
             time.sleep(2)

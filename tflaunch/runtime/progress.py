@@ -163,22 +163,28 @@ class TaskSeries:
                 out.append((t1, (s1 - s0) / (t1 - t0)))
         return out
 
-    def latest_step_rate(self, window_s: float = 10.0) -> float | None:
-        """Steps/s over the last ``window_s`` seconds of samples (None with fewer than two)."""
-        points = [(t, s) for t, s in zip(self.times, self.steps, strict=True) if s is not None]
-        if len(points) < 2:
-            return None
-        end_t, end_s = points[-1]
-        start = next(((t, s) for t, s in points if t >= end_t - window_s), points[0])
-        if start[0] >= end_t:
-            start = points[-2]
-        return (end_s - start[1]) / (end_t - start[0]) if end_t > start[0] else None
+    def _points(self) -> list[tuple[float, int]]:
+        return [(t, s) for t, s in zip(self.times, self.steps, strict=True) if s is not None]
 
-    def mean_step_rate(self) -> float | None:
-        points = [(t, s) for t, s in zip(self.times, self.steps, strict=True) if s is not None]
+    @staticmethod
+    def _rate(points: list[tuple[float, int]]) -> float | None:
+        """Steps gained over the time spanned: only rises count, so that a count that starts
+        again or a stray mention of a step (``training to global step 200``) adds nothing."""
         if len(points) < 2 or points[-1][0] <= points[0][0]:
             return None
-        return (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
+        gained = sum(max(0, b[1] - a[1]) for a, b in zip(points, points[1:], strict=False))
+        return gained / (points[-1][0] - points[0][0])
+
+    def latest_step_rate(self, window_s: float = 10.0) -> float | None:
+        """Steps/s over the last ``window_s`` seconds of samples (the last two at least)."""
+        points = self._points()
+        if len(points) < 2:
+            return None
+        recent = [p for p in points if p[0] >= points[-1][0] - window_s]
+        return self._rate(recent if len(recent) >= 2 else points[-2:])
+
+    def mean_step_rate(self) -> float | None:
+        return self._rate(self._points())
 
 
 def read_progress(run_dir: str | os.PathLike) -> dict[str, TaskSeries]:
