@@ -51,6 +51,10 @@ def capture(trace_dir: Path, targets: dict[str, str], duration_ms: int, client=N
     """Every task's profiler (task -> host:port) for the same ``duration_ms``; then merge."""
     client = client or profiler_client()
     started = time.time()
+    # The window as it really is (the launcher's order may have waited for this process): a
+    # task ending inside it waits for its end (tflaunch's trace hook reads this file).
+    window = trace_dir / "window.json"
+    window.write_text(json.dumps({"start": started, "end": started + duration_ms / 1000.0}))
     print(f"capturing {duration_ms} ms from {len(targets)} task(s) at {started:.3f}", flush=True)
     client.trace(",".join(targets.values()), str(trace_dir / "raw"), "", True, duration_ms, 3, {})
     from tflaunch.models.trace import merge_dir

@@ -389,6 +389,8 @@ def test_model_from_a_traced_one_worker_mnist_run(tmp_path) -> None:
     assert model.returncode == 0, model.stdout[-2000:] + model.stderr[-2000:]
     assert f"from run {run.name}: worker:0's" in model.stdout
     assert "Recommended per worker count:" in model.stdout
-    rows = [x.split() for x in model.stdout.splitlines() if x[:1].isdigit()]
+    rows = [
+        x.split() for x in model.stdout.splitlines() if x.split()[:1] and x.split()[0].isdigit()
+    ]
     assert {r[0] for r in rows} == {"1", "2", "4"}
     assert wait_until_gone(str(tmp_path)) == []

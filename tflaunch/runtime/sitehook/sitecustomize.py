@@ -26,7 +26,7 @@ import time
 _HERE = os.path.dirname(os.path.abspath(__file__))
 PID_ENV = "TFLAUNCH_PROFILER_PID"
 WINDOW_FILE = "window.json"  # written by the launcher when its capture starts: {"end": unix time}
-WINDOW_MARGIN_S = 2.0  # for the server to hand its events over
+WINDOW_MARGIN_S = 3.0  # for the server to hand its events over
 MAX_WAIT_S = 120.0
 
 
@@ -92,9 +92,14 @@ def _start_profiler(tf) -> None:
         _note("tf", json.dumps({"pid": os.getpid(), "port": port, "error": repr(exc)}))
         return
     _note("tf", json.dumps({"pid": os.getpid(), "port": port, "time": time.time()}))
-    import atexit
+    import threading
 
-    atexit.register(_outlast_window)  # after TensorFlow's: runs before them
+    try:  # called at shutdown before any atexit handler (TensorFlow's tear its runtime down)
+        threading._register_atexit(_outlast_window)  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError):
+        import atexit
+
+        atexit.register(_outlast_window)
 
 
 def _outlast_window() -> None:
