@@ -319,7 +319,8 @@ def load_trace(path: Path) -> dict:
     except FileNotFoundError:
         raise TraceError(
             f"no trace at {path}: run the cluster with 'tflaunch up CLUSTER --trace STEPS' "
-            "(a program that uses tflaunch.models' trace hooks, e.g. tflaunch.models.benchmark)."
+            "(any Python TensorFlow program; where a traced run has none, its verdict.json "
+            "says why)."
         ) from None
     except ValueError as exc:
         raise TraceError(f"{path} is not JSON ({exc}).") from None

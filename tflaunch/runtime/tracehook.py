@@ -81,11 +81,6 @@ class TraceRequest:
             float(env[FOR_ENV]) if env.get(FOR_ENV) else None,
         )
 
-    def describe(self) -> str:
-        if self.first_step is not None:
-            return f"step {self.first_step} of the leader"
-        return f"{self.at_s:g} s after the start"
-
 
 def request_env(
     trace_dir: str,
@@ -173,7 +168,6 @@ class TraceTrigger:
         self.helper: subprocess.Popen | None = None
         self.fired = False
         self.helper_deadline = 0.0
-        self.fired_at_step: int | None = None
         self.verdict: tuple[bool, str] | None = None
 
     # -- the window ---------------------------------------------------------------------------
@@ -187,7 +181,6 @@ class TraceTrigger:
             return
         seconds = self.request.for_s or self._window_seconds()
         if seconds is not None:
-            self.fired_at_step = step
             self._fire(seconds, f"at step {step}")
 
     def tick(self, now: float) -> None:
@@ -246,8 +239,9 @@ class TraceTrigger:
         self.helper_deadline = time.monotonic() + seconds + HELPER_MARGIN_S
 
     def start_helper(self) -> subprocess.Popen:
-        """The capture helper, started ahead of the window: it loads TensorFlow (seconds) and
-        waits for the order on its input, so that the capture starts the moment it is given."""
+        """The capture helper, started ahead of the window: it loads TensorFlow's profiler
+        client and waits for the order on its input, so that the capture starts the moment it
+        is given. It stays in the launcher's process group: Ctrl-C ends it too."""
         if self.helper is None:
             self.request.trace_dir.mkdir(parents=True, exist_ok=True)
             log = open_run_file(self.request.trace_dir / "capture.log", "w")
@@ -261,7 +255,6 @@ class TraceTrigger:
                 stdin=subprocess.PIPE,
                 env=env,
                 text=True,
-                start_new_session=True,
             )
             log.close()
         return self.helper
