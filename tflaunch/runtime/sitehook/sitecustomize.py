@@ -18,10 +18,11 @@ the port to it.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
+
+# json and time are imported where used: a process that never imports TensorFlow should pay for
+# nothing it does not need (json alone costs milliseconds to import).
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 PID_ENV = "TFLAUNCH_PROFILER_PID"
@@ -67,6 +68,8 @@ def _note(name: str, text: str) -> None:
 
 def _profiler_port() -> int | None:
     """The task's cluster port plus the offset, from the cluster file every task gets."""
+    import json
+
     job, _, index = os.environ["TFLAUNCH_TASK"].partition(":")
     try:
         with open(os.environ["TFLAUNCH_CLUSTER_FILE"]) as f:
@@ -79,6 +82,9 @@ def _profiler_port() -> int | None:
 
 
 def _start_profiler(tf) -> None:
+    import json
+    import time
+
     if os.environ.get(PID_ENV):
         return  # a parent process of this task has the task's profiler port
     port = _profiler_port()
@@ -106,6 +112,9 @@ def _outlast_window() -> None:
     """A task that ends while the launcher's capture is on keeps its profiler server until the
     window closes: its events reach the trace, and the process does not exit under a profiler
     session that is still collecting (seen to crash the process)."""
+    import json
+    import time
+
     path = os.path.join(os.path.expanduser(os.environ["TFLAUNCH_TRACE_DIR"]), WINDOW_FILE)
     try:
         with open(path) as f:
