@@ -65,12 +65,16 @@ class StepParser:
         sources = DEFAULT_STEP_PATTERNS if step_pattern == CONFIG_DEFAULT_STEP else (step_pattern,)
         self.steps = [re.compile(p) for p in sources]
         self.rate = re.compile(rate_pattern or DEFAULT_RATE_PATTERN)
+        # Every default pattern needs "step" or a "/" in the line: most lines are skipped unread.
+        self.prefilter = step_pattern == CONFIG_DEFAULT_STEP and not rate_pattern
         self.tasks: dict[str, _TaskProgress] = {}
 
     def parse(self, task: str, line: str) -> tuple[int | None, float | None]:
         """(cumulative step, rate) seen in ``line``; either may be None. A line may hold many
         frames of a progress bar (Keras redraws it with ``\\r`` and backspaces): the last
         frame that holds a step counts."""
+        if self.prefilter and "/" not in line and "step" not in line:
+            return None, None
         state = self.tasks.setdefault(task, _TaskProgress())
         if EPOCH_LINE.match(line) and state.last is not None:
             state.base, state.last_raw = state.last, 0  # Keras: the next count starts at 1
