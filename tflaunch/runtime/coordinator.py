@@ -46,7 +46,6 @@ from typing import IO, Any
 from tflaunch.cluster.plan import Plan
 from tflaunch.runtime.insight import Insight
 from tflaunch.runtime.link import AgentLink
-from tflaunch.runtime.monitor import SampleLog
 from tflaunch.runtime.restart import STALLED, Decision, Failure, RestartBook, describe_code
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.runfiles import open_run_file
@@ -156,8 +155,7 @@ class Coordinator:
         self.started_at = time.monotonic()
         self.width = max(len(n) for n in self.tasks) + 2
         self._events_file = open_run_file(run.events_path, "a")
-        self._samples = SampleLog(run.dir)  # resource samples: samples-<host>.jsonl, not events
-        self._insight = Insight(plan, run, self.leader, self._say)  # progress; --trace's window
+        self._samples = Insight(plan, run, self.leader, self._say)  # resources, steps, --trace
         self._signal: int | None = None
         self._passed_on: list[int] = []  # SIGUSR1/2 received, to pass on to every agent's tasks
         sup = plan.supervision
@@ -182,7 +180,6 @@ class Coordinator:
                 except queue.Empty:
                     pass
                 self._check_clock()
-                self._insight.tick()
                 if time.monotonic() - last_ping >= self.heartbeat:
                     last_ping = time.monotonic()
                     for link in self.links:
@@ -198,7 +195,6 @@ class Coordinator:
             self._restore_signal_handlers(previous)
             self._events_file.close()
             self._samples.close()
-            self._insight.close()
         self._print_end()
         return self.outcome
 
@@ -277,9 +273,7 @@ class Coordinator:
     def _handle(self, host: str, event: dict[str, Any]) -> None:
         kind = event.get("event")
         if kind == "output":
-            self._print_output(event.get("task", "?"), event.get("line", ""))
-            self._insight.output(event.get("task", "?"), event.get("line", ""))
-            return
+            return self._print_output(event.get("task", "?"), event.get("line", ""))
         if kind == "sample":
             self._samples.write(host, event)
             return
@@ -637,6 +631,7 @@ class Coordinator:
         self._events_file.flush()
 
     def _print_output(self, task: str, line: str) -> None:
+        self._samples.output(task, line)  # steps, and --trace's window
         state = self.tasks.get(task)
         if state:
             state.tail.append(line)
