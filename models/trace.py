@@ -67,6 +67,10 @@ def setup(info, env: Mapping[str, str] = os.environ) -> StepTracer | None:
     offset = int(env.get(fmt.PORT_OFFSET_ENV) or fmt.DEFAULT_PORT_OFFSET)
     _active = StepTracer(window, trace_dir, offset, info)
     _active.start_server()
+    if info is not None and env.get("TFLAUNCH_TASK"):  # the launcher's capture stands aside
+        notes = trace_dir / "tasks"
+        notes.mkdir(parents=True, exist_ok=True)
+        (notes / f"{env['TFLAUNCH_TASK'].replace(':', '-')}.inprogram").write_text("")
     return _active
 
 
@@ -101,6 +105,10 @@ class StepTracer:
     def start_server(self) -> None:
         if self.info is None or not (self.info.is_training_task or self.info.job_name == "ps"):
             return
+        if os.environ.get("TFLAUNCH_PROFILER_PID"):
+            return  # tflaunch's trace hook started this task's server when TensorFlow loaded
+        if os.environ.get("TFLAUNCH_PROFILER_PID"):
+            return  # tflaunch's trace hook started this task's server when TensorFlow loaded
         address = task_addresses(self.info)[self.info.name]
         port = fmt.profiler_port(int(address.rpartition(":")[2]), self.offset)
         tf.profiler.experimental.server.start(port)
@@ -235,7 +243,48 @@ def decode(path: Path, task: str, host: str) -> fmt.TaskTrace:
                 thread, t0 = pending.pop(key)
                 args = {"kernel": "_Recv", "tensor": key[1]}
                 events.append(fmt.Event(thread, f"recv {key[1]}", "recv_wait", t0, end - t0, args))
+    if not any(e.category == "step" for e in events):
+        events += _session_run_steps(space, start)
     return fmt.TaskTrace(task, host, events, start)
+
+
+def _session_run_steps(space, start: int) -> list[fmt.Event]:
+    """Steps of a program without step markers (a TF1 ``Session.run`` loop): the regions its
+    calling thread spends in TensorFlow (``ThreadpoolListener`` Start/StopRegion). The long
+    ones start steps (a hook's short read after each training run belongs to that step); each
+    step lasts until the next one starts, its last until its own end. None for a task whose
+    threads run no such regions (a PS)."""
+    best: list[tuple[int, int]] = []
+    thread = ""
+    for plane in space.planes:
+        if plane.name != "/host:CPU":
+            continue
+        for line in plane.lines:
+            if line.name.startswith("tf_") or "grpc" in line.name.lower():
+                continue  # TensorFlow's own pools: the program's calling thread is sought
+            regions, opened = [], None
+            base = start + line.timestamp_ns
+            for e in line.events:
+                name = plane.event_metadata[e.metadata_id].name
+                t = base + e.offset_ps // 1000
+                if name == "ThreadpoolListener::StartRegion":
+                    opened = t
+                elif name == "ThreadpoolListener::StopRegion" and opened is not None:
+                    regions.append((opened, t))
+                    opened = None
+            if len(regions) > len(best):
+                best, thread = regions, line.display_name or line.name
+    if len(best) < 2:
+        return []
+    lengths = sorted(b - a for a, b in best)
+    long_enough = 0.2 * lengths[len(lengths) * 3 // 4]
+    starts = [(a, b) for a, b in best if b - a >= long_enough]
+    steps = []
+    for i, (a, b) in enumerate(starts):
+        end = starts[i + 1][0] if i + 1 < len(starts) else max(b, best[-1][1])
+        args = {"step_num": i + 1, "inferred": "Session.run regions"}
+        steps.append(fmt.Event(thread, "session run", "step", a, end - a, args))
+    return steps
 
 
 def _find_raw(raw_dir: Path, stem: str) -> Path | None:
@@ -265,16 +314,37 @@ def merge_dir(trace_dir: Path, tasks: Mapping[str, str], offset: int) -> list[Pa
     return fmt.write_outputs(fmt.merge(traces), trace_dir)
 
 
+def capture(trace_dir: Path, targets: Mapping[str, str], duration_ms: int) -> list[Path]:
+    """The launcher's capture (``tflaunch up --trace`` of any program): ask every task's
+    profiler server (task -> host:profiler port) for the same ``duration_ms`` at once, then
+    merge what came back."""
+    raw = trace_dir / "raw"
+    tf.profiler.experimental.client.trace(
+        ",".join(f"grpc://{t}" for t in targets.values()),
+        str(raw),
+        duration_ms,
+        num_tracing_attempts=3,
+    )
+    return merge_dir(trace_dir, dict(targets), 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tflaunch.models.trace")
     sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("capture", help="capture every task's profiler now, then merge")
+    c.add_argument("trace_dir")
+    c.add_argument("--tasks", required=True, help='JSON: {"ps:0": "host:profiler port", ...}')
+    c.add_argument("--duration_ms", type=int, required=True)
     m = sub.add_parser("merge", help="merge TRACE_DIR/raw into TRACE_DIR/trace.json")
     m.add_argument("trace_dir")
     m.add_argument("--tasks", required=True, help='JSON: {"ps:0": "host:port", ...}')
     m.add_argument("--port_offset", type=int, default=fmt.DEFAULT_PORT_OFFSET)
     args = p.parse_args(argv)
     try:
-        paths = merge_dir(Path(args.trace_dir), json.loads(args.tasks), args.port_offset)
+        if args.command == "capture":
+            paths = capture(Path(args.trace_dir), json.loads(args.tasks), args.duration_ms)
+        else:
+            paths = merge_dir(Path(args.trace_dir), json.loads(args.tasks), args.port_offset)
     except fmt.TraceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

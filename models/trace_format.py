@@ -256,6 +256,11 @@ def summarize(trace: Mapping) -> dict[str, dict]:
         elif all_steps:
             windows = [(min(s[1] for s in all_steps), max(s[2] for s in all_steps))]
             served = len(all_steps)
+        elif events[pid]:  # no task marked its steps: the whole captured window, as one
+            windows = [
+                (min(e["ts"] for e in events[pid]), max(e["ts"] + e["dur"] for e in events[pid]))
+            ]
+            served = 1
         else:
             continue
         layers: list[tuple[float, float]] = []
@@ -274,7 +279,7 @@ def summarize(trace: Mapping) -> dict[str, dict]:
             "idle": wall - covered[2],
         }
         summary[task] = {
-            "steps": served,
+            "steps": served if all_steps else 0,
             "own_steps": bool(own),
             "window_ms": wall / 1000.0,
             "per_step_ms": {k: v / served / 1000.0 for k, v in parts.items()},
@@ -290,6 +295,8 @@ def summary_lines(summary: Mapping[str, Mapping]) -> list[str]:
     for task, s in summary.items():
         p = s["per_step_ms"]
         steps = str(s["steps"]) if s["own_steps"] else f"{s['steps']} served"
+        if not s["steps"]:
+            steps = "window"  # no step markers: the figures are the window's totals
         cells = [p[k] for k in ("total", "compute", "communication", "recv_wait", "idle")]
         rows.append((task, steps, *(f"{v:.1f}" for v in cells)))
     return aligned(rows)
@@ -312,7 +319,8 @@ def load_trace(path: Path) -> dict:
     except FileNotFoundError:
         raise TraceError(
             f"no trace at {path}: run the cluster with 'tflaunch up CLUSTER --trace STEPS' "
-            "(a program that uses tflaunch.models' trace hooks, e.g. tflaunch.models.benchmark)."
+            "(any Python TensorFlow program; where a traced run has none, its verdict.json "
+            "says why)."
         ) from None
     except ValueError as exc:
         raise TraceError(f"{path} is not JSON ({exc}).") from None

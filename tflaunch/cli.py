@@ -197,8 +197,22 @@ def render(cluster_file: str, task_name: str, fmt: str) -> None:
     "trace_steps",
     default=None,
     metavar="STEPS",
-    help="Profile every task for STEPS timed steps (N, or FIRST:N) and merge the traces into "
-    "<run>/trace/trace.json (programs using tflaunch.models' hooks, e.g. models.benchmark).",
+    help="Profile every task of any Python TensorFlow program and merge the traces into "
+    "<run>/trace/trace.json: COUNT steps from the leader's first step line at or past FIRST "
+    "(FIRST:COUNT, or COUNT from step 2; steps as supervision.step_pattern finds them).",
+)
+@click.option(
+    "--trace-at",
+    default=None,
+    metavar="TIME",
+    help="Instead of --trace: open the trace window this long after the start (30s, 2m).",
+)
+@click.option(
+    "--trace-for",
+    default=None,
+    metavar="TIME",
+    help="How long the trace window lasts (default: COUNT steps at the rate seen; 5s with "
+    "--trace-at).",
 )
 @click.option(
     "--trace-port-offset",
@@ -219,6 +233,8 @@ def up(
     attached_daemon: bool,
     terminals: str | None,
     trace_steps: str | None,
+    trace_at: str | None,
+    trace_for: str | None,
     trace_port_offset: int,
 ) -> None:
     """Start the cluster, stream its output, and exit with its result."""
@@ -227,11 +243,18 @@ def up(
     if recreate and not keep:
         raise click.UsageError("--recreate replaces a kept cluster; it needs --keep.")
     config = load_config(cluster_file)
-    if trace_steps:
-        window = trace_tools.parse_window(trace_steps)
+    traced = bool(trace_steps or trace_at or trace_for)
+    if traced:
         run_id = run_id or new_run_id(config.name)
-        trace_dir = trace_tools.trace_dir_for(config, runs_dir or config.runs_dir, run_id)
-        config = trace_tools.traced_config(config, window, trace_dir, trace_port_offset)
+        config = trace_tools.any_program_config(
+            config,
+            runs_dir or config.runs_dir,
+            run_id,
+            trace_steps,
+            trace_at,
+            trace_for,
+            trace_port_offset,
+        )
     if dry_run:
         click.echo(launch.dry_run(config, runs_dir, run_id))
         return
@@ -244,20 +267,19 @@ def up(
     if isinstance(result, str):
         click.echo(result)
         return
-    if trace_steps:
+    if traced:
         _show_trace(config, Run.open(runs_dir or config.runs_dir, run_id))
     sys.exit(result.code)
 
 
 def _show_trace(config: ClusterConfig, run: Run) -> None:
     trace_dir = run.dir / "trace"
-    if (trace_dir / trace_tools.TRACE_FILE).exists():
-        trace_tools.show_trace(trace_dir, click.echo)
-    elif launch.backend_for(config.backend).host_run_dir(config, run.id) is not None:
+    on_hosts = launch.backend_for(config.backend).host_run_dir(config, run.id) is not None
+    if on_hosts and not (trace_dir / trace_tools.TRACE_FILE).exists():
         where = config.program.env[trace_tools.DIR_ENV]
         click.echo(f"trace: on the first worker's host under {where}")
     else:
-        click.echo("trace: no trace was written (see the first worker's log)", err=True)
+        trace_tools.show_verdict(trace_dir, click.echo)
 
 
 run_dir_option = click.option(
@@ -333,6 +355,10 @@ def status(
         click.echo("no plan yet: the run's machines are being made")
         return
     for line in task_table(run):
+        click.echo(line)
+    from tflaunch.tools.progress import status_lines
+
+    for line in status_lines(run):
         click.echo(line)
 
 

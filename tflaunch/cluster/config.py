@@ -301,7 +301,14 @@ class Supervision:
     )
     step_pattern: str = field(
         r"\bstep[ :=]+(\d+)",
-        doc="regular expression finding a step number (its first group) in a task's output line",
+        doc="regular expression finding a step number (its first group that matched) in a task's "
+        "output line; left at this default, progress samples also recognise global_step, Keras "
+        "fit progress lines and images/sec lines",
+    )
+    rate_pattern: str = field(
+        "",
+        doc="regular expression finding a throughput (images/sec, examples/sec) in its first group "
+        "that matched; empty: recognise 'images/sec: N', 'examples/sec: N', 'N img/s'",
     )
     max_runtime: float | None = field(
         None,
@@ -533,6 +540,16 @@ def _check(config: ClusterConfig, positions: Mapping[tuple, int]) -> None:
             ("supervision", "step_pattern"),
             f"{pattern!r} has no group; put the step number in parentheses, e.g. 'step (\\d+)'",
         )
+    if config.supervision.rate_pattern:
+        try:
+            rate_groups = re.compile(config.supervision.rate_pattern).groups
+        except re.error as err:
+            fail(("supervision", "rate_pattern"), f"is not a valid regular expression ({err})")
+        if rate_groups < 1:
+            fail(
+                ("supervision", "rate_pattern"),
+                "has no group; put the number in parentheses, e.g. 'images/sec: ([\\d.]+)'",
+            )
     total = roles.ps + roles.worker + roles.chief + roles.evaluator
     if total > MAX_TASKS:
         fail(("roles",), f"{total} tasks in all; at most {MAX_TASKS:,} are allowed")

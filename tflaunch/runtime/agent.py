@@ -46,6 +46,7 @@ from tflaunch.runtime.restart import STALLED
 from tflaunch.runtime.run import write_cluster_file
 from tflaunch.runtime.runfiles import make_run_dir, open_run_file
 from tflaunch.runtime.stall import StallWatch
+from tflaunch.runtime.tracehook import with_hook
 
 Emit = Callable[[dict[str, Any]], None]
 START_ORDER = (("ps",), ("chief", "worker", "evaluator"))
@@ -290,6 +291,7 @@ class Agent:
         view: TaskView = self.views[task.name]
         env = dict(os.environ)
         env.update(view.env)
+        env = with_hook(env)  # up --trace: the trace hook in the task's Python
         env[procs.RUN_MARKER] = str(self.run_dir.resolve())
         restarts = self.restarts.get(task.name, 0)
         env["TFLAUNCH_TASK_RESTARTS"] = str(restarts)

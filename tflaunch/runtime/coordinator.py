@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from tflaunch.cluster.plan import Plan
+from tflaunch.runtime.insight import Insight
 from tflaunch.runtime.link import AgentLink
-from tflaunch.runtime.monitor import SampleLog
 from tflaunch.runtime.restart import STALLED, Decision, Failure, RestartBook, describe_code
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.runfiles import open_run_file
@@ -156,7 +156,7 @@ class Coordinator:
         self.started_at = time.monotonic()
         self.width = max(len(n) for n in self.tasks) + 2
         self._events_file = open_run_file(run.events_path, "a")
-        self._samples = SampleLog(run.dir)  # resource samples: samples-<host>.jsonl, not events
+        self._samples = Insight(plan, run, self.leader, self._say)  # resources, steps, --trace
         self._signal: int | None = None
         self._passed_on: list[int] = []  # SIGUSR1/2 received, to pass on to every agent's tasks
         sup = plan.supervision
@@ -274,8 +274,7 @@ class Coordinator:
     def _handle(self, host: str, event: dict[str, Any]) -> None:
         kind = event.get("event")
         if kind == "output":
-            self._print_output(event.get("task", "?"), event.get("line", ""))
-            return
+            return self._print_output(event.get("task", "?"), event.get("line", ""))
         if kind == "sample":
             self._samples.write(host, event)
             return
@@ -633,6 +632,7 @@ class Coordinator:
         self._events_file.flush()
 
     def _print_output(self, task: str, line: str) -> None:
+        self._samples.output(task, line)  # steps, and --trace's window
         state = self.tasks.get(task)
         if state:
             state.tail.append(line)

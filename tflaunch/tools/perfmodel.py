@@ -207,6 +207,50 @@ def compute_from_single(images_per_sec: float, batch_size: int) -> float:
     return batch_size / images_per_sec
 
 
+def compute_from_trace(trace_dir: Path) -> tuple[float, str, int]:
+    """A lone worker's step time without its communication, from the trace of a traced
+    one-worker run (``tflaunch up --trace``, any program): the step's wall time less the time
+    it spent only sending, receiving or waiting on a receive (compute and the program's own
+    idle time stay in). Returns (seconds, the worker, traced steps)."""
+    path = trace_dir / "trace_summary.json"
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelError(
+            f"no trace summary at {path}: run one worker with 'tflaunch up CLUSTER --trace "
+            "STEPS' first (or 'tflaunch trace RUN' if trace.json is there)."
+        ) from None
+    except ValueError as exc:
+        raise ModelError(f"{path} is not JSON ({exc}).") from None
+    workers = [
+        t for t, s in summary.items() if t.startswith(("chief:", "worker:")) and s.get("own_steps")
+    ]
+    if len(workers) != 1:
+        raise ModelError(
+            f"{path}: {len(workers)} workers with traced steps ({', '.join(workers) or 'none'}); "
+            "--from-run needs a traced run of one worker (roles: {worker: 1}) whose trace "
+            "marks its steps."
+        )
+    p = summary[workers[0]]["per_step_ms"]
+    seconds = (p["total"] - p["communication"] - p["recv_wait"]) / 1000.0
+    if seconds <= 0:
+        raise ModelError(f"{path}: {workers[0]}'s traced steps hold no compute.")
+    return seconds, workers[0], int(summary[workers[0]]["steps"])
+
+
+def parse_link(text: str) -> Link:
+    """``LATENCY_US,BANDWIDTH_MB_S`` (e.g. 50,1000) as a Link."""
+    try:
+        latency, bandwidth = (float(x) for x in text.split(","))
+    except ValueError:
+        raise ModelError(
+            f"--link {text!r}: give latency in µs and bandwidth in MB/s, e.g. --link 50,1000."
+        ) from None
+    if latency < 0 or bandwidth <= 0:
+        raise ModelError(f"--link {text!r}: latency at least 0, bandwidth above 0.")
+    return Link(latency * 1e-6, bandwidth * 1e6)
+
+
 def load_netbench(path: Path) -> dict:
     candidate = path / "netbench.json" if path.is_dir() else path
     try:
@@ -307,6 +351,22 @@ def _int_list(text: str) -> list[int]:
 @click.command("model")
 @click.option("--netbench", "netbench_path", default=None, help="netbench.json or its run dir.")
 @click.option("--compute-img-s", type=float, default=None, help="A lone worker's images/sec.")
+@click.option(
+    "--from-run",
+    "from_run",
+    default=None,
+    metavar="RUN",
+    help="Instead of --compute-img-s: a traced one-worker run (up --trace) of any program; its "
+    "step time less communication is the compute per step of --batch-size images.",
+)
+@click.option("--runs-dir", default="runs", show_default=True, help="Where --from-run's run is.")
+@click.option(
+    "--link",
+    "link_text",
+    default=None,
+    metavar="US,MB_S",
+    help="Instead of --netbench: one link's latency (µs) and bandwidth (MB/s).",
+)
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @click.option("--model", "model_name", default="inception_v3", show_default=True)
 @click.option("--num-classes", type=int, default=1001, show_default=True)
@@ -319,6 +379,9 @@ def _int_list(text: str) -> list[int]:
 def model_command(
     netbench_path: str | None,
     compute_img_s: float | None,
+    from_run: str | None,
+    runs_dir: str,
+    link_text: str | None,
     batch_size: int,
     model_name: str,
     num_classes: int,
@@ -333,16 +396,36 @@ def model_command(
     if inputs_path:
         inputs = load_inputs(Path(inputs_path))
     else:
-        if not netbench_path or compute_img_s is None:
+        if (not netbench_path and not link_text) or (compute_img_s is None and not from_run):
             raise ModelError(
-                "give --netbench (a netbench run) and --compute-img-s (a lone worker's "
-                "images/sec at --batch-size), or --inputs FILE."
+                "give --netbench (a netbench run) or --link, and --compute-img-s (a lone "
+                "worker's images/sec at --batch-size) or --from-run (a traced one-worker run); "
+                "or --inputs FILE."
             )
+        if from_run:
+            from tflaunch.runtime.run import Run
+
+            compute_s, worker, steps = compute_from_trace(
+                Run.open(runs_dir, from_run).dir / "trace"
+            )
+            click.echo(
+                f"from run {from_run}: {worker}'s {steps} traced steps, {compute_s * 1e3:.1f} ms "
+                f"each without communication ({batch_size / compute_s:.1f} img/s at batch "
+                f"{batch_size})"
+            )
+        else:
+            assert compute_img_s is not None
+            compute_s = compute_from_single(compute_img_s, batch_size)
+        link = (
+            parse_link(link_text)
+            if link_text
+            else link_from_netbench(load_netbench(Path(netbench_path or "")))
+        )
         inputs = Inputs(
-            compute_from_single(compute_img_s, batch_size),
+            compute_s,
             batch_size,
             _model_variables(model_name, num_classes),
-            link_from_netbench(load_netbench(Path(netbench_path))),
+            link,
             per_variable_us * 1e-6,
         )
     if save_path:

@@ -28,6 +28,7 @@ from tflaunch.errors import TflaunchError
 from tflaunch.runtime.monitor import NET_FIELDS, read_samples
 from tflaunch.runtime.run import Run
 from tflaunch.text import aligned
+from tflaunch.tools.progress import plot_progress, progress_summary
 
 PLOTS = ("cpu_per_node.png", "packets_per_node.png", "memory_per_task.png", "cpu_per_task.png")
 MIB = 1024 * 1024
@@ -375,6 +376,10 @@ def make_report(
     usage = usage_from_samples(hosts)
     data = summary(usage)
     text = format_summary(run.id, data)
+    progress, progress_text = progress_summary(run)  # steps found in the tasks' output
+    if progress:
+        data["progress"] = progress
+        text += progress_text
     instances = run.read_meta().get("instances")
     if instances:
         data["instances"] = instance_cost(instances, time.time())
@@ -386,6 +391,7 @@ def make_report(
         show(text)
     if plots:
         files += plot(usage, out, run.id)
+        files += plot_progress(run, out)
     return text, files
 
 

@@ -109,6 +109,61 @@ def traced_config(config, window: TraceWindow, trace_dir: str, port_offset: int)
     return replace(config, program=replace(config.program, env=env))
 
 
+def parse_seconds(text: str, option: str) -> float:
+    """``30``, ``30s``, ``2m`` or ``1h`` as seconds (a positive number)."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    body, scale = (text[:-1], units[text[-1]]) if text and text[-1] in units else (text, 1.0)
+    try:
+        seconds = float(body) * scale
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise TraceError(f"{option} {text!r}: give a positive duration such as 30, 30s or 2m.")
+    return seconds
+
+
+def any_program_config(
+    config,
+    runs_dir: str,
+    run_id: str,
+    steps: str | None,
+    at: str | None,
+    length: str | None,
+    port_offset: int,
+):
+    """``config`` traced by the launcher (any Python TensorFlow program): every task gets the
+    trace hook, and the window is ``steps`` (FIRST:COUNT of the leader's step lines) or
+    ``at``/``length``. Runs whose files stay on their hosts (ssh) keep the programs' own hooks
+    only (their tasks' notes and profiler ports are on the hosts' private network)."""
+    from dataclasses import replace
+
+    from tflaunch.runtime.tracehook import request_env
+
+    if at is None and length is not None and steps is None:
+        raise TraceError("--trace-for needs --trace-at (or --trace STEPS) to say when.")
+    if steps and at:
+        raise TraceError("give --trace STEPS or --trace-at, not both.")
+    window_steps = str(parse_window(steps)) if steps else None
+    at_s = parse_seconds(at, "--trace-at") if at else None
+    for_s = parse_seconds(length, "--trace-for") if length else None
+    trace_dir = trace_dir_for(config, runs_dir, run_id)
+    from tflaunch import launch
+
+    if launch.backend_for(config.backend).host_run_dir(config, run_id) is not None:
+        if window_steps is None:
+            raise TraceError(
+                f"--trace-at needs a launcher that reaches every task's profiler port; with "
+                f"backend {config.backend} use --trace STEPS with a program on tflaunch.models' "
+                "trace hooks."
+            )
+        return traced_config(config, parse_window(window_steps), trace_dir, port_offset)
+    env = {
+        **config.program.env,
+        **request_env(trace_dir, port_offset, window_steps, at_s, for_s),
+    }
+    return replace(config, program=replace(config.program, env=env))
+
+
 def trace_dir_for(config, runs_dir: str, run_id: str) -> str:
     """Where the first worker writes the trace: the run directory where the nodes share this
     machine's files (local, Slurm), else the run directory on the hosts (ssh)."""
@@ -120,6 +175,20 @@ def trace_dir_for(config, runs_dir: str, run_id: str) -> str:
     if on_hosts is not None:
         return posixpath.join(on_hosts, "trace")
     return str(Path(runs_dir).resolve() / run_id / "trace")
+
+
+def show_verdict(trace_dir: Path, show) -> None:
+    """After a traced run: the summary and where the trace is, or the one line saying why there
+    is none."""
+    from tflaunch.runtime.tracehook import read_verdict
+
+    if (trace_dir / TRACE_FILE).exists():
+        show_trace(trace_dir, show)
+        return
+    verdict = read_verdict(trace_dir)
+    show(
+        verdict[1] if verdict else "no trace because no task wrote one (see the first worker's log)"
+    )
 
 
 def show_trace(trace_dir: Path, show) -> list[Path]:

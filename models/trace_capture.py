@@ -1,0 +1,90 @@
+"""The launcher's capture for ``tflaunch up --trace`` of any program (see
+``tflaunch.runtime.tracehook``): started ahead of the window, it loads only TensorFlow's
+profiler client (a fraction of a second, where all of TensorFlow takes seconds on a busy
+machine), prints ``ready`` and waits for one line on its input::
+
+    {"tasks": {"worker:0": "127.0.0.1:12220", ...}, "duration_ms": 5000}
+
+Then it asks every listed task's profiler server for the same wall-clock window at once (TF's
+``client.trace``), and, TensorFlow imported in full now, decodes and merges what came back into
+``trace.json`` and the summary (``tflaunch.models.trace.merge_dir``). At the end of its input
+without an order it exits 3: the window never opened.
+
+    python -m tflaunch.models.trace_capture TRACE_DIR [--tasks JSON --duration_ms N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib.util
+import json
+import os
+import sys
+import time
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
+
+PLUGIN = "tensorflow.python.profiler.internal._pywrap_profiler_plugin"
+
+
+def profiler_client():
+    """TensorFlow's profiler client extension, loaded without importing ``tensorflow``."""
+    spec = importlib.util.find_spec("tensorflow")
+    found = []
+    if spec is not None and spec.origin:
+        root = os.path.dirname(spec.origin)
+        stem = os.path.join(root, "python/profiler/internal/_pywrap_profiler_plugin")
+        found = [p for suffix in EXTENSION_SUFFIXES for p in glob.glob(stem + suffix)]
+    if not found:  # another layout: the ordinary, slower way
+        from tensorflow.python.profiler.internal import _pywrap_profiler_plugin
+
+        return _pywrap_profiler_plugin
+    plugin_spec = importlib.util.spec_from_file_location(PLUGIN, found[0])
+    assert plugin_spec is not None and plugin_spec.loader is not None
+    module = importlib.util.module_from_spec(plugin_spec)
+    plugin_spec.loader.exec_module(module)
+    return module
+
+
+def capture(trace_dir: Path, targets: dict[str, str], duration_ms: int, client=None) -> list[Path]:
+    """Every task's profiler (task -> host:port) for the same ``duration_ms``; then merge."""
+    client = client or profiler_client()
+    started = time.time()
+    # The window as it really is (the launcher's order may have waited for this process): a
+    # task ending inside it waits for its end (tflaunch's trace hook reads this file).
+    window = trace_dir / "window.json"
+    window.write_text(json.dumps({"start": started, "end": started + duration_ms / 1000.0}))
+    print(f"capturing {duration_ms} ms from {len(targets)} task(s) at {started:.3f}", flush=True)
+    client.trace(",".join(targets.values()), str(trace_dir / "raw"), "", True, duration_ms, 3, {})
+    from tflaunch.models.trace import merge_dir
+
+    return merge_dir(trace_dir, targets, 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tflaunch.models.trace_capture")
+    p.add_argument("trace_dir")
+    p.add_argument("--tasks", default=None, help='JSON {"ps:0": "host:profiler port", ...}')
+    p.add_argument("--duration_ms", type=int, default=2000)
+    args = p.parse_args(argv)
+    client = profiler_client()
+    targets, duration_ms = (json.loads(args.tasks) if args.tasks else None), args.duration_ms
+    if targets is None:
+        print(f"ready at {time.time():.3f}", flush=True)
+        line = sys.stdin.readline()
+        if not line.strip():
+            return 3
+        order = json.loads(line)
+        targets, duration_ms = order["tasks"], int(order["duration_ms"])
+    try:
+        paths = capture(Path(args.trace_dir), targets, duration_ms, client)
+    except Exception as exc:  # one line for the launcher's verdict
+        print(f"error: {type(exc).__name__}: {exc}", flush=True)
+        return 1
+    print("\n".join(str(path) for path in paths), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,396 @@
+"""Traces and step rates of any program (issue 22): the trace hook (``sitecustomize``) without
+TensorFlow, progress parsing, the capture window, the "no trace because" line, the progress
+report; and (slow) plain-TensorFlow programs traced through ``tflaunch up --trace``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import tflaunch, wait_until_gone, write_cluster
+from tflaunch.runtime import tracehook
+from tflaunch.runtime.progress import ProgressLog, StepParser, read_progress, straggler_figures
+from tflaunch.runtime.run import Run
+from tflaunch.tools import progress as progress_tools
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAMS = Path(__file__).resolve().parent / "programs"
+
+
+# -- the hook ---------------------------------------------------------------------------------
+
+
+def _hook_env(tmp_path: Path, *extra_path: Path) -> dict[str, str]:
+    cluster = tmp_path / "cluster_spec.json"
+    cluster.write_text(json.dumps({"cluster": {"worker": ["127.0.0.1:21000"]}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TFLAUNCH_")}
+    env.update(
+        TFLAUNCH_TRACE_HOOK="1",
+        TFLAUNCH_TRACE_DIR=str(tmp_path / "trace"),
+        TFLAUNCH_TRACE_PORT_OFFSET="7",
+        TFLAUNCH_TASK="worker:0",
+        TFLAUNCH_CLUSTER_FILE=str(cluster),
+        PYTHONPATH=os.pathsep.join(str(p) for p in extra_path),
+    )
+    return tracehook.with_hook(env)
+
+
+def test_hook_chains_to_the_sitecustomize_it_hides_and_imports_no_tensorflow(tmp_path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text(
+        "import os\nopen(os.environ['THEIRS_MARK'], 'w').write('ran')\n"
+    )
+    env = {**_hook_env(tmp_path, theirs), "THEIRS_MARK": str(tmp_path / "mark")}
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(tracehook.HOOK_DIR)
+    code = "import sys, sitecustomize; print('tensorflow' in sys.modules, sitecustomize.__file__)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, text=True, capture_output=True, check=True
+    )
+    loaded, module = out.stdout.split()
+    assert loaded == "False"
+    assert Path(module).parent == tracehook.HOOK_DIR
+    assert (tmp_path / "mark").read_text() == "ran"  # the hidden one ran too
+    notes = tracehook.read_notes(tmp_path / "trace")
+    assert notes.python == {"worker:0"} and not notes.tf_ports
+
+
+def test_hook_starts_the_profiler_once_tensorflow_has_imported(tmp_path) -> None:
+    """A stand-in ``tensorflow`` package records the server's port: the hook starts it after the
+    package's own code ran, on the task's port plus the offset, once per task."""
+    fake = tmp_path / "fake"
+    (fake / "tensorflow").mkdir(parents=True)
+    (fake / "tensorflow" / "__init__.py").write_text(
+        "import types, os\n"
+        "COMPLETE = True\n"
+        "def _start(port):\n"
+        "    assert COMPLETE\n"
+        "    open(os.environ['STARTED_MARK'], 'a').write(f'{port}\\n')\n"
+        "server = types.SimpleNamespace(start=_start)\n"
+        "profiler = types.SimpleNamespace(experimental=types.SimpleNamespace(server=server))\n"
+    )
+    env = {**_hook_env(tmp_path, fake), "STARTED_MARK": str(tmp_path / "started")}
+    code = (
+        "import subprocess, sys, tensorflow\n"
+        "assert tensorflow.__spec__.loader.__class__.__name__ != '_Loader'\n"
+        "subprocess.run([sys.executable, '-c', 'import tensorflow'], check=True)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    assert (tmp_path / "started").read_text() == "21007\n"  # the child left it to its parent
+    notes = tracehook.read_notes(tmp_path / "trace")
+    assert notes.tf_ports == {"worker:0": 21007}
+
+
+def test_hook_costs_a_process_that_never_imports_tensorflow_little(tmp_path) -> None:
+    """Start-up of ``python -c pass`` with and without the hook (interleaved; the fastest of
+    each, the figure least disturbed by a busy machine): the hook adds milliseconds, not the
+    seconds a TensorFlow import would."""
+    plain = {k: v for k, v in os.environ.items() if not k.startswith("TFLAUNCH_")}
+    hooked = _hook_env(tmp_path)
+    times: dict[str, list[float]] = {"plain": [], "hooked": []}
+    for _ in range(11):
+        for name, env in (("plain", plain), ("hooked", hooked)):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
+            times[name].append(time.perf_counter() - t0)
+    added = min(times["hooked"]) - min(times["plain"])
+    assert added < 0.05, times
+
+
+# -- progress ---------------------------------------------------------------------------------
+
+
+def test_default_patterns_read_keras_tf1_and_benchmark_lines() -> None:
+    parser = StepParser()
+    keras_epoch = (
+        " 1/40 [....] - ETA: 3s - loss: 1.5\x08\x08\x08\r 2/40 [>...] - ETA: 2s - loss: 1.4"
+        "\x08\x08\r40/40 [====] - 2s 41ms/step - loss: 0.09"
+    )
+    assert parser.parse("worker:0", "Epoch 1/3") == (None, None)
+    assert parser.parse("worker:0", keras_epoch) == (40, None)
+    parser.parse("worker:0", "Epoch 2/3")
+    assert parser.parse("worker:0", " 7/40 [==>..] - ETA: 1s")[0] == 47
+    assert parser.parse("worker:0", "40/40 - 1s - loss: 0.05")[0] == 80
+    assert parser.parse("worker:1", "loss = 0.1424, global_step = 259")[0] == 259
+    assert parser.parse("worker:1", "INFO:tensorflow:loss = 0.3, step = 300 (0.5 sec)")[0] == 300
+    assert parser.parse("worker:1", "global_step/sec: 4.5") == (None, None)
+    assert parser.parse("ps:0", "10\timages/sec: 123.4 +/- 0.5 (jitter = 1.2)\t7.1") == (10, 123.4)
+    assert parser.parse("ps:0", "throughput 88 img/s") == (None, 88.0)
+    assert parser.parse("ps:0", "examples/sec: 5") == (None, 5.0)
+    own = StepParser(r"it=(\d+)", r"speed ([\d.]+)")
+    assert own.parse("worker:0", "step 5 it=9 speed 2.5") == (9, 2.5)
+
+
+def test_progress_log_samples_at_most_twice_a_second_and_keeps_the_last(tmp_path) -> None:
+    log = ProgressLog(tmp_path, StepParser())
+    for i in range(10):
+        log.output("worker:0", f"step {i + 1}", 100.0 + i * 0.1)
+    log.output("worker:0", "no step here", 101.5)
+    log.close()
+    series = read_progress(tmp_path)["worker:0"]
+    assert series.steps == [1, 6, 10]
+    assert series.times == [100.0, 100.5, 100.9]
+
+
+def _progress_run(tmp_path: Path, rates: dict[str, float]) -> Run:
+    run = Run("r1", tmp_path)
+    (tmp_path / "run.json").write_text("{}")
+    lines = []
+    for i in range(20):
+        for task, rate in rates.items():
+            step = int(i * rate)
+            record = {"time": 1000.0 + i, "task": task, "step": step, "rate": rate * 32}
+            lines.append(json.dumps(record))
+    (tmp_path / "progress.jsonl").write_text("\n".join(lines) + "\n")
+    return run
+
+
+def test_stragglers_status_and_plot(tmp_path) -> None:
+    run = _progress_run(tmp_path, {"worker:0": 10.0, "worker:1": 8.0, "worker:2": 10.0})
+    figures = straggler_figures(list(read_progress(tmp_path).values()))
+    assert figures is not None and figures["slowest"] == "worker:1"
+    assert figures["spread"] == pytest.approx(0.2, abs=0.01)
+    status = progress_tools.status_lines(run)
+    assert status[1].split() == ["TASK", "STEP", "STEPS/S", "IMG/S"]
+    assert status[3].split() == ["worker:1", "152", "8.00", "256.0"]
+    data, text = progress_tools.progress_summary(run)
+    assert data is not None and "slowest worker:1 at 8.00 steps/s" in text
+    (png,) = progress_tools.plot_progress(run, tmp_path)
+    assert png.name == "steps_per_task.png" and png.stat().st_size > 10_000
+
+
+# -- the window and the verdict -----------------------------------------------------------------
+
+
+def _trigger(tmp_path: Path, said: list[str], **window) -> tracehook.TraceTrigger:
+    request = tracehook.TraceRequest(tmp_path / "trace", 10000, **window)
+    addresses = {"worker:0": "127.0.0.1:2220", "ps:0": "127.0.0.1:2230"}
+    return tracehook.TraceTrigger(request, "worker:0", addresses, "sleep", said.append, 0.0)
+
+
+def test_window_waits_for_the_step_rate_and_says_why_there_is_no_trace(tmp_path) -> None:
+    said: list[str] = []
+    trigger = _trigger(tmp_path, said, first_step=20, steps=5)
+    trigger.step("worker:1", 100, 1.0)  # not the leader
+    trigger.step("worker:0", 10, 1.0)
+    assert trigger.request.first_step == 20 and not trigger.fired
+    trigger.step("worker:0", 20, 2.0)  # 10 steps/s: the window is open, but no task has TF
+    assert trigger.verdict is not None and not trigger.fired
+    ok, line = trigger.finish()
+    assert not ok and line.startswith("no trace because no task ran Python (program 'sleep')")
+    assert tracehook.read_verdict(tmp_path / "trace") == (False, line)
+
+
+def test_window_that_never_opens_says_so(tmp_path) -> None:
+    notes = tmp_path / "trace" / "tasks"
+    notes.mkdir(parents=True)
+    (notes / "worker-0.python").write_text("1")
+    trigger = _trigger(tmp_path, [], first_step=50, steps=5)
+    trigger.step("worker:0", 10, 1.0)
+    assert trigger.finish()[1] == (
+        "no trace because no task had imported TensorFlow before the run ended "
+        "(1 task(s) ran Python)"
+    )
+    (notes / "worker-0.tf").write_text(json.dumps({"pid": 1, "port": 12220}))
+    late = _trigger(tmp_path, [], first_step=50, steps=5)
+    late.step("worker:0", 10, 1.0)
+    assert "worker:0 printed no step line at or past step 50" in late.finish()[1]
+    timed = _trigger(tmp_path, [], at_s=30.0, for_s=2.0)
+    timed.tick(10.0)
+    assert timed.finish()[1] == "no trace because the run ended before the window at 30 s"
+
+
+def test_up_trace_of_a_program_that_is_not_python_ends_with_one_line(tmp_path) -> None:
+    for argv, code in ((["sleep", "1"], 0), (["sh", "-c", "exit 3"], 3)):
+        cluster = write_cluster(tmp_path / "c.yaml", {"argv": argv}, roles={"ps": 0, "worker": 1})
+        result = tflaunch("up", str(cluster), "--trace", "5", cwd=ROOT, timeout=120)
+        assert result.returncode == code, result.stdout + result.stderr
+        lines = [x for x in (result.stdout + result.stderr).splitlines() if "no trace" in x]
+        assert lines == [
+            "no trace because no task ran Python (program "
+            f"'{argv[0]}'): the trace hook works only in Python programs that import TensorFlow"
+        ]
+
+
+def test_trace_options_are_checked(tmp_path) -> None:
+    cluster = write_cluster(tmp_path / "c.yaml", {"argv": ["true"]}, roles={"ps": 0, "worker": 1})
+    for args, needle in (
+        (["--trace-at", "soon"], "--trace-at 'soon'"),
+        (["--trace-for", "5s"], "--trace-for needs --trace-at"),
+        (["--trace", "3", "--trace-at", "5"], "not both"),
+    ):
+        result = tflaunch("up", str(cluster), *args, cwd=ROOT)
+        assert result.returncode == 2 and needle in result.stderr, result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+# -- real TensorFlow programs (slow) -------------------------------------------------------------
+
+
+def _processes(trace: dict) -> dict[str, int]:
+    return {
+        e["args"]["name"].split()[0]: e["pid"]
+        for e in trace["traceEvents"]
+        if e["name"] == "process_name"
+    }
+
+
+def _traced(tmp_path: Path, cluster: Path, *args: str, timeout: float = 400):
+    result = tflaunch("up", str(cluster), *args, cwd=ROOT, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "no trace" not in result.stdout + result.stderr, result.stdout[-2000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    trace = json.loads((run / "trace" / "trace.json").read_text())
+    return result, run, trace
+
+
+def _assert_tracks(trace: dict, tasks: set[str], steps_of: set[str]) -> None:
+    names = _processes(trace)
+    assert set(names) == tasks
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    for task, pid in names.items():
+        mine = [e for e in spans if e["pid"] == pid]
+        assert any(e["cat"] == "compute" for e in mine), task
+    for task in steps_of:
+        assert any(e["cat"] == "step" and e["pid"] == names[task] for e in spans), task
+
+
+@pytest.mark.slow
+def test_plain_tf1_between_graph_program_traced(tmp_path) -> None:
+    pytest.importorskip("tensorflow")
+    argv = [sys.executable, str(PROGRAMS / "tf1_between_graph.py")]
+    for flag in ("job_name", "task_index", "ps_hosts", "worker_hosts"):
+        argv += [f"--{flag}", "{" + flag + "}"]
+    program = {"argv": argv, "env": {"TEST_MARKER": str(tmp_path)}}
+    cluster = write_cluster(tmp_path / "c.yaml", program)
+    result, run, trace = _traced(tmp_path, cluster, "--trace", "100:10")
+    _assert_tracks(trace, {"ps:0", "worker:0", "worker:1"}, {"worker:0", "worker:1"})
+    summary = json.loads((run / "trace" / "trace_summary.json").read_text())
+    assert summary["ps:0"]["per_step_ms"]["recv_wait"] > 0  # the PS served the workers' steps
+    assert "TASK" in result.stdout and "ui.perfetto.dev" in result.stdout
+    assert wait_until_gone(str(tmp_path)) == []
+
+
+@pytest.mark.slow
+def test_keras_fit_under_multi_worker_mirrored_strategy_traced(tmp_path) -> None:
+    pytest.importorskip("tensorflow")
+    pytest.importorskip("tf_keras")
+    argv = [sys.executable, str(PROGRAMS / "keras_mwms.py"), "4", "40"]
+    program = {"argv": argv, "env": {"TEST_MARKER": str(tmp_path), "OMP_NUM_THREADS": "1"}}
+    cluster = write_cluster(tmp_path / "c.yaml", program, roles={"ps": 0, "worker": 2})
+    result, run, trace = _traced(tmp_path, cluster, "--trace", "50:10")
+    _assert_tracks(trace, {"worker:0", "worker:1"}, {"worker:0", "worker:1"})
+    steps = [e for e in trace["traceEvents"] if e.get("cat") == "step"]
+    assert steps and not any("inferred" in e["args"] for e in steps)  # Keras' own markers
+    last = {s.task: s.steps[-1] for s in read_progress(run).values()}
+    assert last == {"worker:0": 160, "worker:1": 160}  # 4 epochs of 40, added up
+    assert wait_until_gone(str(tmp_path)) == []
+
+
+@pytest.mark.slow
+def test_example_mnist_traced_with_status_while_running_and_a_steps_plot(tmp_path) -> None:
+    """examples/local.yaml under --trace: a merged trace of its three tasks; `status` shows a
+    running worker's steps and steps/s; `report` draws steps/s per task."""
+    pytest.importorskip("tensorflow")
+    example = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())
+    program = {**example["program"], "env": {"TEST_MARKER": str(tmp_path)}}
+    program["argv"] = [sys.executable, *example["program"]["argv"][1:]]
+    cluster = write_cluster(tmp_path / "local.yaml", program, roles=example["roles"])
+    runs = tmp_path / "runs"
+    up = subprocess.Popen(
+        [sys.executable, "-m", "tflaunch", "up", str(cluster), "--trace", "40:10"]
+        + ["--run-id", "mnist-traced"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen = ""
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and up.poll() is None:
+            status = tflaunch("status", "mnist-traced", "--runs-dir", str(runs), cwd=ROOT)
+            rows = [x.split() for x in status.stdout.splitlines() if x.startswith("worker:0 ")]
+            # the task table's row, then the progress row: step, steps/s
+            if len(rows) == 2 and int(rows[1][1]) >= 20 and rows[1][2] != "-":
+                seen = status.stdout
+                break
+            time.sleep(2)
+        output, _ = up.communicate(timeout=300)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 0, output[-3000:]
+    assert "progress (from the tasks' output):" in seen, seen
+    step, rate = [x.split() for x in seen.splitlines() if x.startswith("worker:0 ")][1][1:3]
+    assert int(step) >= 20 and float(rate) > 0
+    trace = json.loads((runs / "mnist-traced" / "trace" / "trace.json").read_text())
+    _assert_tracks(trace, {"ps:0", "worker:0", "worker:1"}, {"worker:0", "worker:1"})
+    report = tflaunch("report", "mnist-traced", "--runs-dir", str(runs), cwd=ROOT)
+    assert report.returncode == 0, report.stderr
+    assert "stragglers: step rate spread" in report.stdout
+    assert (runs / "mnist-traced" / "steps_per_task.png").stat().st_size > 10_000
+    assert wait_until_gone(str(tmp_path)) == []
+
+
+def test_compute_from_a_traced_one_worker_run(tmp_path) -> None:
+    from tflaunch.tools.perfmodel import ModelError, compute_from_trace
+
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    step = {"total": 100.0, "compute": 60.0, "communication": 10.0, "recv_wait": 20.0, "idle": 10.0}
+    summary = {
+        "worker:0": {"steps": 12, "own_steps": True, "per_step_ms": step},
+        "ps:0": {"steps": 12, "own_steps": False, "per_step_ms": step},
+    }
+    (trace / "trace_summary.json").write_text(json.dumps(summary))
+    assert compute_from_trace(trace) == (pytest.approx(0.07), "worker:0", 12)
+    summary["worker:1"] = summary["worker:0"]
+    (trace / "trace_summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ModelError, match="needs a traced run of one worker"):
+        compute_from_trace(trace)
+
+
+@pytest.mark.slow
+def test_model_from_a_traced_one_worker_mnist_run(tmp_path) -> None:
+    pytest.importorskip("tensorflow")
+    example = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())
+    program = {**example["program"], "env": {"TEST_MARKER": str(tmp_path)}}
+    program["argv"] = [sys.executable, *example["program"]["argv"][1:], "--train_steps", "120"]
+    cluster = write_cluster(tmp_path / "one.yaml", program, roles={"ps": 1, "worker": 1})
+    _, run, trace = _traced(tmp_path, cluster, "--trace", "40:10")
+    _assert_tracks(trace, {"ps:0", "worker:0"}, {"worker:0"})
+    model = tflaunch(
+        "model",
+        "--from-run",
+        run.name,
+        "--runs-dir",
+        str(run.parent),
+        "--link",
+        "50,1000",
+        "--model",
+        "mnist",
+        "--batch-size",
+        "50",
+        "--workers",
+        "1,2,4",
+        "--ps",
+        "1,2",
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert model.returncode == 0, model.stdout[-2000:] + model.stderr[-2000:]
+    assert f"from run {run.name}: worker:0's" in model.stdout
+    assert "Recommended per worker count:" in model.stdout
+    rows = [
+        x.split() for x in model.stdout.splitlines() if x.split()[:1] and x.split()[0].isdigit()
+    ]
+    assert {r[0] for r in rows} == {"1", "2", "4"}
+    assert wait_until_gone(str(tmp_path)) == []

@@ -1,0 +1,68 @@
+"""What the coordinator records from its agents besides events: resource samples
+(:class:`tflaunch.runtime.monitor.SampleLog`), progress samples from the tasks' output
+(:mod:`tflaunch.runtime.progress`) and, for ``up --trace``, the capture window
+(:mod:`tflaunch.runtime.tracehook`, opened from the leader's step lines or, from a timer thread
+of its own, by the clock). The coordinator hands it samples and output lines, and closes it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tflaunch.cluster.plan import Plan
+from tflaunch.runtime.monitor import SampleLog
+from tflaunch.runtime.progress import ProgressLog, StepParser
+from tflaunch.runtime.run import Run
+from tflaunch.runtime.tracehook import TraceRequest, TraceTrigger
+
+TICK_S = 0.2
+
+
+class Insight:
+    def __init__(self, plan: Plan, run: Run, leader: str, say: Callable[[str], None]):
+        sup = plan.supervision
+        self.samples = SampleLog(run.dir)  # samples-<host>.jsonl
+        self.progress = ProgressLog(run.dir, StepParser(sup.step_pattern, sup.rate_pattern))
+        self.trigger: TraceTrigger | None = None
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        request = TraceRequest.from_env(plan.program.env)
+        if request is None:
+            return
+        addresses = {
+            f"{job}:{i}": address
+            for job, items in plan.cluster.items()
+            for i, address in enumerate(items)
+        }
+        program = plan.program.argv[0] if plan.program.argv else "?"
+        self.trigger = TraceTrigger(request, leader, addresses, program, say, time.monotonic())
+        self.trigger.start_helper()
+        if request.at_s is not None:
+            threading.Thread(target=self._tick, name="trace-window", daemon=True).start()
+
+    def write(self, host: str, event: Mapping[str, Any]) -> None:
+        """A resource sample from ``host``'s agent."""
+        self.samples.write(host, event)
+
+    def output(self, task: str, line: str) -> None:
+        step = self.progress.output(task, line, time.time())
+        if step is not None and self.trigger is not None:
+            with self._lock:
+                self.trigger.step(task, step, time.monotonic())
+
+    def _tick(self) -> None:
+        assert self.trigger is not None
+        while not self._closed.wait(TICK_S):
+            with self._lock:
+                self.trigger.tick(time.monotonic())
+
+    def close(self) -> None:
+        """Write the last samples; wait (bounded) for a capture and write the trace verdict."""
+        self._closed.set()
+        self.samples.close()
+        self.progress.close()
+        if self.trigger is not None:
+            with self._lock:
+                self.trigger.finish()

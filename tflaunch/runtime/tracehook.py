@@ -1,0 +1,338 @@
+"""Traces of any Python TensorFlow program, from the launcher side (``tflaunch up --trace``).
+
+Three parts, none of which imports TensorFlow:
+
+- the hook: the agent puts ``tflaunch/runtime/sitehook`` first on a traced task's
+  ``PYTHONPATH`` (:func:`with_hook`); its ``sitecustomize`` starts TensorFlow's profiler server
+  in the task once the program has imported ``tensorflow`` and leaves notes in
+  ``<trace dir>/tasks/`` (:func:`read_notes`);
+- the window: :class:`TraceTrigger` watches the leader's output (worker 0 or the chief) for
+  ``supervision.step_pattern`` (``--trace FIRST:COUNT``: from the first step line at or past
+  FIRST, for COUNT steps at the rate seen so far) or the clock (``--trace-at``/``--trace-for``);
+- the capture: a helper process (``python -m tflaunch.models.trace_capture``, which loads
+  TensorFlow's profiler client) waits from the start; when the window opens it asks every task
+  that imported TensorFlow for the same wall-clock window at once and merges what it gets into ``trace.json`` and the summary.
+
+Whatever happens, the run's trace directory ends with ``verdict.json``: a trace, or one line
+saying why there is none (:func:`read_verdict`). Programs on ``tflaunch.models``' own trace hooks
+(the benchmark) take their trace themselves; they leave an ``inprogram`` note and the launcher
+stands aside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from tflaunch.models.trace_format import DIR_ENV, PORT_OFFSET_ENV, STEPS_ENV, parse_window
+from tflaunch.runtime.runfiles import open_run_file, write_run_file
+
+HOOK_ENV = "TFLAUNCH_TRACE_HOOK"  # "1": the agent installs the hook in the task's Python
+AT_ENV = "TFLAUNCH_TRACE_AT"  # seconds after the cluster started
+FOR_ENV = "TFLAUNCH_TRACE_FOR"  # seconds of capture
+HOOK_DIR = Path(__file__).resolve().parent / "sitehook"
+VERDICT_FILE = "verdict.json"
+WINDOW_FILE = "window.json"  # read by the hook: tasks that end inside the window wait for it
+NOTES_DIR = "tasks"
+# Tracing slows steps (2-3x measured on 2 cores); the capture covers the window at that pace,
+# plus the time the profilers take to start.
+PROFILED_SLOWDOWN = 3.0
+CAPTURE_SLACK_S = 1.0
+HELPER_MARGIN_S = 120.0  # after the capture's end, for decoding and merging
+
+
+def with_hook(env: Mapping[str, str]) -> dict[str, str]:
+    """A traced task's environment: the hook's folder first on ``PYTHONPATH``."""
+    out = dict(env)
+    if out.get(HOOK_ENV) == "1":
+        rest = out.get("PYTHONPATH", "")
+        out["PYTHONPATH"] = str(HOOK_DIR) + (os.pathsep + rest if rest else "")
+    return out
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """What ``up --trace`` asked for, as the plan's environment carries it."""
+
+    trace_dir: Path
+    port_offset: int
+    first_step: int | None = None
+    steps: int | None = None
+    at_s: float | None = None
+    for_s: float | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> TraceRequest | None:
+        if env.get(HOOK_ENV) != "1" or not env.get(DIR_ENV):
+            return None
+        window = parse_window(env[STEPS_ENV]) if env.get(STEPS_ENV) else None
+        return cls(
+            Path(os.path.expanduser(env[DIR_ENV])),
+            int(env.get(PORT_OFFSET_ENV) or 10000),
+            window.first if window else None,
+            window.count if window else None,
+            float(env[AT_ENV]) if env.get(AT_ENV) else None,
+            float(env[FOR_ENV]) if env.get(FOR_ENV) else None,
+        )
+
+
+def request_env(
+    trace_dir: str,
+    port_offset: int,
+    steps: str | None,
+    at_s: float | None,
+    for_s: float | None,
+) -> dict[str, str]:
+    """The environment every task of a traced run gets (read back by :class:`TraceRequest`)."""
+    env = {HOOK_ENV: "1", DIR_ENV: trace_dir, PORT_OFFSET_ENV: str(port_offset)}
+    if steps:
+        env[STEPS_ENV] = str(parse_window(steps))
+    if at_s is not None:
+        env[AT_ENV] = repr(float(at_s))
+    if for_s is not None:
+        env[FOR_ENV] = repr(float(for_s))
+    return env
+
+
+@dataclass(frozen=True)
+class Notes:
+    """What the tasks' hooks noted: which ran Python, which imported TensorFlow (and on which
+    profiler port), which failed to start a server, and which take their own trace."""
+
+    python: frozenset[str]
+    tf_ports: Mapping[str, int]
+    errors: Mapping[str, str]
+    in_program: frozenset[str]
+
+
+def read_notes(trace_dir: Path) -> Notes:
+    folder = trace_dir / NOTES_DIR
+    python, in_program, ports, errors = set(), set(), {}, {}
+    for path in sorted(folder.glob("*.*")) if folder.is_dir() else []:
+        task, kind = path.stem.replace("-", ":", 1), path.suffix[1:]
+        if kind == "python":
+            python.add(task)
+        elif kind == "inprogram":
+            in_program.add(task)
+        elif kind == "tf":
+            try:
+                note = json.loads(path.read_text())
+            except ValueError:
+                continue
+            if "error" in note:
+                errors[task] = str(note["error"])
+            else:
+                ports[task] = int(note["port"])
+    return Notes(frozenset(python), ports, errors, frozenset(in_program))
+
+
+def write_verdict(trace_dir: Path, ok: bool, line: str) -> None:
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    write_run_file(trace_dir / VERDICT_FILE, json.dumps({"ok": ok, "line": line}) + "\n")
+
+
+def read_verdict(trace_dir: Path) -> tuple[bool, str] | None:
+    try:
+        data = json.loads((trace_dir / VERDICT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return bool(data.get("ok")), str(data.get("line", ""))
+
+
+class TraceTrigger:
+    """Opens the capture window once, from the leader's step lines or the clock, and says at
+    the end what came of it. ``now`` is ``time.monotonic()``; the caller feeds lines and ticks."""
+
+    def __init__(
+        self,
+        request: TraceRequest,
+        leader: str,
+        addresses: Mapping[str, str],
+        program: str,
+        say: Callable[[str], None],
+        started: float,
+    ):
+        self.request = request
+        self.leader = leader
+        self.addresses = dict(addresses)  # task -> cluster host:port
+        self.program = program
+        self.say = say
+        self.started = started
+        self.seen: list[tuple[float, int]] = []  # the leader's (time, step) so far
+        self.helper: subprocess.Popen | None = None
+        self.fired = False
+        self.helper_deadline = 0.0
+        self.verdict: tuple[bool, str] | None = None
+
+    # -- the window ---------------------------------------------------------------------------
+
+    def step(self, task: str, step: int, now: float) -> None:
+        """``task`` printed step ``step`` (added up as :mod:`tflaunch.runtime.progress` does)."""
+        if task != self.leader or self.request.first_step is None or self._done():
+            return
+        self.seen.append((now, step))
+        if step < self.request.first_step:
+            return
+        seconds = self.request.for_s or self._window_seconds()
+        if seconds is not None:
+            self._fire(seconds, f"at step {step}")
+
+    def tick(self, now: float) -> None:
+        if self.request.at_s is None or self._done():
+            return
+        if now - self.started >= self.request.at_s:
+            self._fire(self.request.for_s or 5.0, f"{now - self.started:.0f} s after the start")
+
+    def _done(self) -> bool:
+        return self.fired or self.verdict is not None
+
+    def _window_seconds(self) -> float | None:
+        """COUNT steps at the leader's recent step rate (None until two step lines apart)."""
+        tail = self.seen[-1:]
+        for point in reversed(self.seen[:-1]):  # the last run of rising steps, 5 at most
+            if point[1] >= tail[0][1] or len(tail) == 5:
+                break
+            tail.insert(0, point)
+        (t0, s0), (t1, s1) = tail[0], tail[-1]
+        if s1 <= s0 or t1 <= t0:
+            return None
+        assert self.request.steps is not None
+        per_step = (t1 - t0) / (s1 - s0)
+        return self.request.steps * per_step * PROFILED_SLOWDOWN + CAPTURE_SLACK_S
+
+    def _fire(self, seconds: float, when: str) -> None:
+        notes = read_notes(self.request.trace_dir)
+        if notes.in_program:
+            self._end(True, "", quiet=True)  # the program's own hooks take the trace
+            return
+        targets = {
+            task: f"{self.addresses[task].rpartition(':')[0]}:{port}"
+            for task, port in notes.tf_ports.items()
+            if task in self.addresses
+        }
+        if not targets:
+            self._end(False, self._why_none(notes, f"when the window opened ({when})"))
+            return
+        missing = sorted(set(self.addresses) - set(targets))
+        if missing:
+            self.say(f"trace: {', '.join(missing)} had not imported TensorFlow {when}; not traced")
+        self.say(f"trace: capturing {seconds:.1f} s of {len(targets)} task(s) {when}")
+        write_run_file(
+            self.request.trace_dir / WINDOW_FILE,
+            json.dumps({"start": time.time(), "end": time.time() + seconds}) + "\n",
+        )
+        helper = self.start_helper()
+        order = {"tasks": targets, "duration_ms": max(1, int(seconds * 1000))}
+        try:
+            assert helper.stdin is not None
+            helper.stdin.write(json.dumps(order) + "\n")
+            helper.stdin.close()
+        except OSError:
+            pass  # it died: finish() says why from its log
+        self.fired = True
+        self.helper_deadline = time.monotonic() + seconds + HELPER_MARGIN_S
+
+    def start_helper(self) -> subprocess.Popen:
+        """The capture helper, started ahead of the window: it loads TensorFlow's profiler
+        client and waits for the order on its input, so that the capture starts the moment it
+        is given. It stays in the launcher's process group: Ctrl-C ends it too."""
+        if self.helper is None:
+            self.request.trace_dir.mkdir(parents=True, exist_ok=True)
+            log = open_run_file(self.request.trace_dir / "capture.log", "w")
+            argv = [sys.executable, "-m", "tflaunch.models.trace_capture"]
+            argv.append(str(self.request.trace_dir))
+            env = {k: v for k, v in os.environ.items() if k != HOOK_ENV}
+            self.helper = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.PIPE,
+                env=env,
+                text=True,
+            )
+            log.close()
+        return self.helper
+
+    def _why_none(self, notes: Notes, when: str) -> str:
+        if not notes.python:
+            return (
+                f"no trace because no task ran Python (program '{self.program}'): the trace hook "
+                "works only in Python programs that import TensorFlow"
+            )
+        if notes.errors:
+            task, error = sorted(notes.errors.items())[0]
+            return f"no trace because {task}'s profiler server did not start: {error}"
+        return (
+            f"no trace because no task had imported TensorFlow {when} "
+            f"({len(notes.python)} task(s) ran Python)"
+        )
+
+    # -- the end ------------------------------------------------------------------------------
+
+    def finish(self) -> tuple[bool, str]:
+        """Wait (bounded) for the capture; write and return the verdict."""
+        if self.verdict is not None:
+            self._stop_helper()
+            return self.verdict
+        if not self.fired:
+            self._stop_helper()
+            notes = read_notes(self.request.trace_dir)
+            if notes.in_program:
+                return self._end(True, "", quiet=True)
+            if not notes.tf_ports:
+                return self._end(False, self._why_none(notes, "before the run ended"))
+            if self.request.first_step is not None:
+                last = f"its last was step {self.seen[-1][1]}" if self.seen else "it printed none"
+                why = (
+                    f"{self.leader} printed no step line at or past step "
+                    f"{self.request.first_step} (see supervision.step_pattern; {last})"
+                )
+                if self.seen and self.seen[-1][1] >= self.request.first_step:
+                    why = f"{self.leader}'s step rate was unknown (one step line only)"
+            else:
+                why = f"the run ended before the window at {self.request.at_s:g} s"
+            return self._end(False, f"no trace because {why}")
+        assert self.helper is not None
+        try:
+            code = self.helper.wait(max(1.0, self.helper_deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.helper.kill()
+            self.helper.wait()
+            return self._end(False, "no trace because the capture did not finish in time")
+        if code == 0 and (self.request.trace_dir / "trace.json").exists():
+            return self._end(True, f"trace: {self.request.trace_dir / 'trace.json'}")
+        tail = _last_line(self.request.trace_dir / "capture.log")
+        return self._end(False, f"no trace because the capture failed: {tail}")
+
+    def _stop_helper(self) -> None:
+        """The window never opened: the waiting helper ends at the end of its input."""
+        if self.helper is None or self.helper.poll() is not None:
+            return
+        try:
+            assert self.helper.stdin is not None
+            self.helper.stdin.close()
+            self.helper.wait(10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.helper.kill()
+            self.helper.wait()
+
+    def _end(self, ok: bool, line: str, quiet: bool = False) -> tuple[bool, str]:
+        self.verdict = (ok, line)
+        if not quiet:
+            write_verdict(self.request.trace_dir, ok, line)
+        return self.verdict
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return "no log"
+    errors = [x for x in lines if "rror" in x]
+    return (errors or lines or ["no output"])[-1].strip()[:300]
