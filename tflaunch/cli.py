@@ -7,6 +7,7 @@ import json
 import shlex
 import sys
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -252,7 +253,7 @@ run_dir_option = click.option(
 
 
 @cli.command()
-@click.argument("run_id")
+@click.argument("run_id", required=False)
 @run_dir_option
 @click.option("--watch", is_flag=True, help="Redraw every --interval seconds until the run ends.")
 @click.option(
@@ -262,9 +263,23 @@ run_dir_option = click.option(
     show_default=True,
     help="Seconds between redraws with --watch.",
 )
+@click.option("--all", "show_all", is_flag=True, help="Without RUN_ID: list every run, not 20.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.pass_context
-def status(ctx: click.Context, run_id: str, runs_dir: str, watch: bool, interval: float) -> None:
-    """Show a run's state and every task's state, pid, CPU %, memory (RSS) and uptime."""
+def status(
+    ctx: click.Context,
+    run_id: str | None,
+    runs_dir: str,
+    watch: bool,
+    interval: float,
+    show_all: bool,
+    as_json: bool,
+) -> None:
+    """Show a run's state and every task's state, pid, CPU %, memory (RSS) and uptime; without
+    RUN_ID, list the runs under --runs-dir, newest first."""
+    if run_id is None:
+        _list_runs(runs_dir, show_all, as_json)
+        return
     if watch:
         from tflaunch.tools.report import watch_status
 
@@ -274,6 +289,13 @@ def status(ctx: click.Context, run_id: str, runs_dir: str, watch: bool, interval
     from tflaunch.tools.report import task_table
 
     run = Run.open(runs_dir, run_id)
+    if as_json:
+        from tflaunch.runtime.runctl import task_states
+        from tflaunch.tools.runs import run_row
+
+        record = {**asdict(run_row(run)), "tasks": list(task_states(run).values())}
+        click.echo(json.dumps(record, indent=2))
+        return
     state = launch.run_state(run)
     meta = run.read_meta()
     click.echo(
@@ -285,6 +307,49 @@ def status(ctx: click.Context, run_id: str, runs_dir: str, watch: bool, interval
         click.echo(line)
     for line in task_table(run):
         click.echo(line)
+
+
+def _list_runs(runs_dir: str, show_all: bool, as_json: bool) -> None:
+    from tflaunch.tools import runs
+
+    rows = runs.run_rows(runs_dir, limit=None)
+    shown = rows if show_all else rows[: runs.DEFAULT_LIMIT]
+    if as_json:
+        click.echo(json.dumps(runs.rows_json(shown), indent=2))
+    elif not rows:
+        click.echo(f"no runs under {runs_dir}/ (start one with 'tflaunch up CLUSTER_FILE')")
+    else:
+        for line in runs.format_rows(shown, show_all, len(rows)):
+            click.echo(line)
+
+
+@cli.command()
+@click.argument("run_ids", nargs=-1, required=True, metavar="RUN_ID...")
+@run_dir_option
+def rm(run_ids: tuple[str, ...], runs_dir: str) -> None:
+    """Remove the directories of ended (or lost) runs; a live run is refused."""
+    from tflaunch.tools.runs import remove_run
+
+    runs = [Run.open(runs_dir, run_id) for run_id in run_ids]
+    for run in runs:
+        click.echo(remove_run(run))
+
+
+@cli.command()
+@click.option(
+    "--older-than",
+    required=True,
+    metavar="AGE",
+    help="Remove runs that ended (or were lost) longer ago than this: 30m, 12h, 7d, 2w.",
+)
+@run_dir_option
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+def prune(older_than: str, runs_dir: str, dry_run: bool) -> None:
+    """Remove old run directories under --runs-dir; live runs are kept."""
+    from tflaunch.tools import runs
+
+    count = runs.prune(runs_dir, runs.parse_age(older_than), dry_run, click.echo)
+    click.echo(f"{count} run(s) {'would be ' if dry_run else ''}removed")
 
 
 @cli.command()
