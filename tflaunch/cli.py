@@ -17,6 +17,7 @@ from tflaunch.cluster.config import ClusterConfig, config_schema, env_name_probl
 from tflaunch.cluster.plan import (
     Plan,
     cpu_list,
+    gpu_sources,
     long_placeholders,
     parse_task_name,
     render_task,
@@ -112,6 +113,8 @@ def plan(cluster_file: str, as_json: bool, expand: bool) -> None:
         command = shlex.join(render_task(the_plan, task, keep=kept).argv)
         rows.append((task.name, task.host, task.address or "-", gpus, *cpus, command))
     for line in aligned(rows):
+        click.echo(line)
+    for line in gpu_sources(the_plan):
         click.echo(line)
     for name, count in kept.items():
         click.echo(

@@ -126,7 +126,13 @@ class HostEntry:
     connect: str | None = field(
         None, doc="address the launcher connects to (ssh); default: address", line=True
     )
-    gpus: int = field(0, minimum=0, maximum=MAX_GPUS, doc="number of GPUs on the host")
+    gpus: int | None = field(
+        None,
+        minimum=0,
+        maximum=MAX_GPUS,
+        doc="number of GPUs on the host; absent: found by the backend (local: nvidia-smi -L, "
+        "within an inherited CUDA_VISIBLE_DEVICES; ssh: pre-flight's nvidia-smi); 0: none",
+    )
 
 
 @dataclass(frozen=True)
