@@ -189,6 +189,7 @@ def test_schema_is_json_schema_of_the_same_format():
         "run_dir_mode",
         "slurm",
         "ssh",
+        "kubernetes",
     }
     assert schema["properties"]["backend"]["enum"] == ["local", "slurm", "ssh"]
     result = CliRunner().invoke(cli, ["schema"])

@@ -157,6 +157,40 @@ def render(cluster_file: str, task_name: str, fmt: str) -> None:
 
 @cli.command()
 @click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["tfjob"]),
+    required=True,
+    help="tfjob: a Kubeflow TFJob (kubeflow.org/v1) for kubectl apply -f.",
+)
+@click.option("--image", default=None, help="Container image (default: kubernetes.image).")
+@click.option("--namespace", default=None, help="Namespace (default: kubernetes.namespace).")
+@click.option(
+    "--checkpoint-dir",
+    default=None,
+    help="{checkpoint_dir} in the containers (default: kubernetes.checkpoint_dir).",
+)
+def export(
+    cluster_file: str,
+    fmt: str,
+    image: str | None,
+    namespace: str | None,
+    checkpoint_dir: str | None,
+) -> None:
+    """Print the cluster as a manifest for another system (a Kubeflow TFJob); what it cannot
+    express is an error, what only tflaunch's launcher watches is a warning."""
+    import yaml
+
+    from tflaunch.tools.tfjob import export_tfjob
+
+    warn = lambda text: click.echo(f"tflaunch: warning: {text}", err=True)  # noqa: E731
+    manifest = export_tfjob(load_config(cluster_file), image, namespace, checkpoint_dir, warn)
+    click.echo(yaml.safe_dump(manifest, sort_keys=False, width=100), nl=False)
+
+
+@cli.command()
+@click.argument("cluster_file", type=click.Path(dir_okay=False))
 @click.option("--detach", is_flag=True, help="Return once the cluster is ready; print the run id.")
 @click.option(
     "--runs-dir",

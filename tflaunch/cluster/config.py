@@ -5,6 +5,7 @@ A cluster file says what runs (``program``), how many of each task (``roles``), 
 it (``backend``) and where run state goes (``runs_dir``). Each backend adds its own section
 (``slurm:``, ``ssh:``) with its own checks, through the registry in
 :mod:`tflaunch.cluster.backends`; every registered backend's section may appear in every file.
+``kubernetes:`` is no backend's: it only feeds ``tflaunch export --format tfjob``.
 Every error names the file, the line and the key path, says what was expected and, for a typo,
 the nearest valid key. ``tflaunch schema`` prints the JSON Schema derived from these classes.
 """
@@ -378,6 +379,29 @@ class Ec2ProvisionSection:
 
 
 @dataclass(frozen=True)
+class KubernetesSection:
+    """For 'tflaunch export --format tfjob', which writes the cluster as a Kubeflow TFJob. Not a
+    backend: tflaunch starts nothing on Kubernetes."""
+
+    image: str | None = field(
+        None, doc="container image with the program and TensorFlow", line=True
+    )
+    namespace: str = field("default", doc="namespace of the TFJob", line=True)
+    workdir: str | None = field(
+        None, doc="working directory in the container (default: the image's)", line=True
+    )
+    checkpoint_dir: str | None = field(
+        None,
+        doc="{checkpoint_dir} in the container: a path on a volume every pod mounts "
+        "(default: program.checkpoint_dir when it is absolute)",
+        line=True,
+    )
+    gpu_resource: str = field(
+        "nvidia.com/gpu", doc="the extended resource GPUs are requested as", line=True
+    )
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     """A distributed TensorFlow cluster: what runs, how many tasks, where, and how."""
 
@@ -403,6 +427,9 @@ class ClusterConfig:
         "without the search bits (0700: only you can read plans and logs; '0750' shares them "
         "with your group)",
         check=lambda v: _mode_problem(v),
+    )
+    kubernetes: KubernetesSection = field(
+        factory=KubernetesSection, doc="image and namespace for 'tflaunch export --format tfjob'"
     )
     # Every backend's own section (``slurm:``, ``ssh:``), keyed by the backend's name: read
     # through the backend registry, reached as ``config.slurm``. Set by the loader.
