@@ -38,6 +38,7 @@ MAX_ITEMS = 4096  # items of any list: argv, sbatch options, setup lines, upload
 MAX_SECONDS = 30 * 24 * 3600.0  # any timeout or interval: 30 days
 MAX_RESTARTS = 10_000  # any restart limit
 MAX_PORT = 65_535
+LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"  # tf.keras is tf_keras (Keras 2) when it is 1
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -99,6 +100,13 @@ class Program:
         True,
         doc="export TF_CONFIG to every task; false for clusters too big for one environment "
         "string (128 KiB), whose tasks read the file named by $TFLAUNCH_CLUSTER_FILE",
+    )
+    keras: Literal["default", "legacy"] = field(
+        "default",
+        doc="legacy: tf.keras is Keras 2 (the tf_keras package: pip install 'tflaunch[keras2]') "
+        "by setting TF_USE_LEGACY_KERAS=1 for every task, as tf.keras programs using "
+        "MultiWorkerMirroredStrategy or ParameterServerStrategy need under TensorFlow 2.16+, "
+        "whose Keras 3 fails in fit(); default: whatever Keras the TensorFlow install has",
     )
 
 
@@ -596,6 +604,12 @@ def _check_env(config: ClusterConfig, fail: Any) -> None:
         problem = env_name_problem(key)
         if problem:
             fail(("program", "env", key), problem)
+    if program.keras == "legacy" and program.env.get(LEGACY_KERAS_ENV, "1") != "1":
+        fail(
+            ("program", "env", LEGACY_KERAS_ENV),
+            f"is {program.env[LEGACY_KERAS_ENV]!r}, but program.keras: legacy sets it to 1; "
+            "keep one of the two",
+        )
     for i, name in enumerate(program.env_from):
         problem = env_name_problem(name)
         if problem:

@@ -33,7 +33,7 @@ from functools import cached_property
 from typing import Any
 
 from tflaunch.cluster import schema
-from tflaunch.cluster.config import ClusterConfig, Supervision
+from tflaunch.cluster.config import LEGACY_KERAS_ENV, ClusterConfig, Supervision
 from tflaunch.errors import PlanError
 
 LOCAL_ADDRESS = "127.0.0.1"
@@ -453,9 +453,12 @@ def make_plan(
             if only_host is None or host.name == only_host
         ),
     )
+    env = dict(config.program.env)
+    if config.program.keras == "legacy":
+        env[LEGACY_KERAS_ENV] = "1"
     program = Program(
         config.program.argv,
-        dict(config.program.env),
+        env,
         config.program.tf_config,
         checkpoint_dir(config, run_dir),
     )

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tflaunch import launch
-from tflaunch.cluster.config import ClusterConfig, RoleRestart
+from tflaunch.cluster.config import LEGACY_KERAS_ENV, ClusterConfig, RoleRestart
 from tflaunch.cluster.plan import Plan
 from tflaunch.errors import ConfigError
 
@@ -128,7 +128,10 @@ def _replica_spec(
     ]
     if checkpoints:
         env.append({"name": "TFLAUNCH_CHECKPOINT_DIR", "value": _k8s_text(checkpoints)})
-    env += [{"name": k, "value": _k8s_text(v)} for k, v in config.program.env.items()]
+    program_env = dict(config.program.env)
+    if config.program.keras == "legacy":
+        program_env[LEGACY_KERAS_ENV] = "1"
+    env += [{"name": k, "value": _k8s_text(v)} for k, v in program_env.items()]
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
