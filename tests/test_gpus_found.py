@@ -76,3 +76,52 @@ def test_local_run_without_gpus_key_gives_each_worker_its_own_detected_gpu(smi_p
     assert "ps:0 CUDA_VISIBLE_DEVICES=''" in result.stdout
     assert "worker:0 CUDA_VISIBLE_DEVICES='0'" in result.stdout
     assert "worker:1 CUDA_VISIBLE_DEVICES='1'" in result.stdout
+
+
+SSH_HOSTS = """\
+backend: ssh
+program: [python3, t.py]
+roles: {ps: 1, worker: 2}
+placement: {workers_per_host: 1}
+hosts:
+  - {name: a, address: 10.0.0.1}
+  - {name: b, address: 10.0.0.2, gpus: 0}
+"""
+
+
+def _reports(**gpus):
+    from tflaunch.launchers.ssh.preflight import HostReport
+
+    return [HostReport(h, h, h, {"gpus": n}, []) for h, n in gpus.items()]
+
+
+def test_ssh_hosts_without_gpus_in_the_file_get_what_pre_flight_found():
+    from tflaunch.cluster.plan import make_plan
+    from tflaunch.launchers.ssh.gpus import adopt_found_gpus
+    from tflaunch.launchers.ssh.sources import resolve_hosts
+
+    config = parse_config(SSH_HOSTS)
+    plan = make_plan(config, resolve_hosts(config))
+    adopted, notes = adopt_found_gpus(config, plan, _reports(a=2, b=4), None)
+    assert {t.name: t.gpus for t in adopted.tasks} == {
+        "ps:0": (),
+        "worker:0": ("0", "1"),  # the only worker on a: all its GPUs
+        "worker:1": (),  # b has gpus: 0 in the file, whatever nvidia-smi says
+    }
+    assert notes == [
+        "a: using the 2 GPU(s) nvidia-smi lists there (pre-flight); the cluster file gives "
+        "the host none (gpus: 0 keeps it on CPU)"
+    ]
+    assert adopt_found_gpus(config, plan, _reports(a=0, b=4), None) == (plan, [])
+
+
+def test_pre_flight_gpus_that_do_not_fit_are_a_launch_error():
+    from tflaunch.cluster.plan import make_plan
+    from tflaunch.errors import LaunchError
+    from tflaunch.launchers.ssh.gpus import adopt_found_gpus
+    from tflaunch.launchers.ssh.sources import resolve_hosts
+
+    config = parse_config(SSH_HOSTS.replace("workers_per_host: 1", "gpus_per_worker: 3"))
+    plan = make_plan(config, resolve_hosts(config))
+    with pytest.raises(LaunchError, match="pre-flight found GPUs on hosts the cluster file"):
+        adopt_found_gpus(config, plan, _reports(a=2, b=0), None)
