@@ -130,3 +130,17 @@ def test_live_detached_run_is_listed_running_and_refused_by_rm_and_prune(tmp_pat
         tflaunch("down", run_id, "--runs-dir", str(runs))
     assert tflaunch("rm", run_id, "--runs-dir", str(runs)).returncode == 0
     assert not (runs / run_id).exists()
+
+
+def test_a_run_whose_backend_cannot_be_asked_is_listed_unknown_and_kept(
+    runs, monkeypatch, tmp_path
+):
+    _left_behind(runs, "elsewhere", "slurm", started=time.time(), state="running", job_id=42)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no squeue here
+    table = CliRunner().invoke(cli, ["status", "--runs-dir", str(runs)]).output.splitlines()
+    assert table[1].split()[1:4] == ["elsewhere", "slurm", "unknown"]
+    assert "state unknown: 'squeue' was not found" in table[-1]
+    pruned = CliRunner().invoke(cli, ["prune", "--older-than", "0s", "--runs-dir", str(runs)])
+    assert (
+        "kept elsewhere-" in pruned.output and "cannot tell whether it still runs" in pruned.output
+    )

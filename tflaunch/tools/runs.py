@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tflaunch import launch
-from tflaunch.errors import ConfigError, LaunchError
+from tflaunch.errors import ConfigError, LaunchError, TflaunchError
 from tflaunch.runtime.run import ENDED, Run, list_runs
 from tflaunch.text import aligned
 
@@ -39,6 +39,7 @@ class RunRow:
     tasks: int | None
     restarts: int
     exit_code: int | None
+    problem: str | None = None  # why its backend could not say whether it still runs
 
 
 def run_row(run: Run, now: float | None = None) -> RunRow:
@@ -46,7 +47,11 @@ def run_row(run: Run, now: float | None = None) -> RunRow:
     meta = run.read_meta()
     started = meta.get("started") or meta.get("created")
     ended = meta.get("ended")
-    state = launch.run_state(run)
+    problem = None
+    try:
+        state = launch.run_state(run)
+    except TflaunchError as err:  # e.g. a Slurm run listed where squeue is not installed
+        state, problem = "unknown", str(err)
     if started is None:
         duration = None
     elif ended is not None:
@@ -65,6 +70,7 @@ def run_row(run: Run, now: float | None = None) -> RunRow:
         tasks=_task_count(run),
         restarts=sum(1 for e in run.events() if e.get("event") in RESTART_EVENTS),
         exit_code=meta.get("exit_code"),
+        problem=problem,
     )
 
 
@@ -106,6 +112,7 @@ def format_rows(rows: list[RunRow], shown_all: bool, total: int) -> list[str]:
             )
         )
     lines = aligned(table)
+    lines += [f"{row.id}: state unknown: {row.problem}" for row in rows if row.problem]
     if not shown_all and total > len(rows):
         lines.append(f"({total - len(rows)} older run(s) not shown; --all shows every run)")
     return lines
@@ -153,7 +160,11 @@ def prune(
         last = meta.get("ended") or meta.get("started") or meta.get("created") or 0.0
         if now - last < older_than:
             continue
-        state = launch.run_state(run)
+        try:
+            state = launch.run_state(run)
+        except TflaunchError as err:
+            say(f"kept {run.id}: cannot tell whether it still runs ({err})")
+            continue
         if is_live(state):
             say(f"kept {run.id}: still running (stop it with 'tflaunch down {run.id}')")
             continue
