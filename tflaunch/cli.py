@@ -315,6 +315,8 @@ def status(
     """Show a run's state and every task's state, pid, CPU %, memory (RSS) and uptime; without
     RUN_ID, list the runs under --runs-dir, newest first."""
     if run_id is None:
+        if watch:
+            raise click.UsageError("--watch follows one run: give its RUN_ID.")
         _list_runs(runs_dir, show_all, as_json)
         return
     if watch:
