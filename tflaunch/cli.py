@@ -351,14 +351,13 @@ def status(
 def _list_runs(runs_dir: str, show_all: bool, as_json: bool) -> None:
     from tflaunch.tools import runs
 
-    rows = runs.run_rows(runs_dir, limit=None)
-    shown = rows if show_all else rows[: runs.DEFAULT_LIMIT]
+    shown, total = runs.run_rows(runs_dir, limit=None if show_all else runs.DEFAULT_LIMIT)
     if as_json:
         click.echo(json.dumps(runs.rows_json(shown), indent=2))
-    elif not rows:
+    elif not total:
         click.echo(f"no runs under {runs_dir}/ (start one with 'tflaunch up CLUSTER_FILE')")
     else:
-        for line in runs.format_rows(shown, show_all, len(rows)):
+        for line in runs.format_rows(shown, show_all, total):
             click.echo(line)
 
 

@@ -81,11 +81,19 @@ def _task_count(run: Run) -> int | None:
         return None
 
 
-def run_rows(runs_dir: str | Path, limit: int | None = DEFAULT_LIMIT) -> list[RunRow]:
-    """The runs under ``runs_dir``, newest first (by start, else creation); ``limit`` of them."""
+def run_rows(runs_dir: str | Path, limit: int | None = DEFAULT_LIMIT) -> tuple[list[RunRow], int]:
+    """The newest ``limit`` runs under ``runs_dir`` (by start, else creation), and how many
+    there are. Only the rows shown are built: each reads its plan and events and may ask its
+    backend (squeue) whether it still runs."""
     runs = [Run(p.name, p.resolve()) for p in list_runs(runs_dir)]
-    rows = sorted((run_row(r) for r in runs), key=lambda r: r.started or 0.0, reverse=True)
-    return rows if limit is None else rows[:limit]
+    runs.sort(key=_start_of, reverse=True)
+    shown = runs if limit is None else runs[:limit]
+    return [run_row(r) for r in shown], len(runs)
+
+
+def _start_of(run: Run) -> float:
+    meta = run.read_meta()
+    return float(meta.get("started") or meta.get("created") or 0.0)
 
 
 def rows_json(rows: list[RunRow]) -> list[dict]:
