@@ -200,8 +200,8 @@ def _refuse_unexpressible(config: ClusterConfig) -> None:
     if program.workdir != "." and not config.kubernetes.workdir:
         fail(
             "program.workdir",
-            f"{program.workdir!r} is a directory of this machine; set kubernetes.workdir to "
-            "the container's working directory",
+            f"{program.workdir!r} is a directory on the hosts tflaunch runs the tasks on, not "
+            "in the container; set kubernetes.workdir to the container's working directory",
         )
     restart = config.supervision.restart
     for job in REPLICA_TYPES:
