@@ -31,7 +31,7 @@ def test_hosts_may_be_bare_names_and_env_values_become_strings():
     config = parse_config(
         "program: {argv: [p], env: {N: 4, FLAG: true}}\nhosts: [a, {name: b, gpus: 2}]\n"
     )
-    assert [(h.name, h.gpus) for h in config.hosts] == [("a", 0), ("b", 2)]
+    assert [(h.name, h.gpus) for h in config.hosts] == [("a", None), ("b", 2)]
     assert dict(config.program.env) == {"N": "4", "FLAG": "true"}
 
 
@@ -189,6 +189,7 @@ def test_schema_is_json_schema_of_the_same_format():
         "run_dir_mode",
         "slurm",
         "ssh",
+        "kubernetes",
     }
     assert schema["properties"]["backend"]["enum"] == ["local", "slurm", "ssh"]
     result = CliRunner().invoke(cli, ["schema"])

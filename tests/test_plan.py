@@ -51,7 +51,12 @@ def test_plan_table_shows_every_task():
     lines = result.output.splitlines()
     assert lines[0].split() == ["TASK", "HOST", "ADDRESS", "GPUS", "COMMAND"]
     assert any(line.startswith("worker:4  cpu-only") for line in lines)
-    assert len(lines) == 1 + 2 + 5
+    assert len(lines) == 1 + 2 + 5 + 3
+    assert lines[-3:] == [  # where each host's GPU count came from
+        "GPUs: 4 on gpu4 (hosts[0].gpus)",
+        "GPUs: 2 on gpu2 (hosts[1].gpus)",
+        "GPUs: 0 on cpu-only (none: 3 local hosts share this machine's GPUs; give each its gpus)",
+    ]
 
 
 def plan_of(text: str, hosts=None) -> Plan:
@@ -113,7 +118,7 @@ def test_ports_skip_taken_ports_on_a_crowded_host():
         ),
         (
             "program: [p]\nroles: {worker: 3}\nhosts: [{name: a, gpus: 2}]\n",
-            "host 'a' has 2 GPU(s) but its 3 worker task(s) at 1 each need 3",
+            "host 'a' has 2 GPU(s) (hosts[0].gpus) but its 3 worker task(s) at 1 each need 3",
         ),
         ("program: [p, '{nope}']\n", "uses the unknown placeholder {nope}"),
         (

@@ -35,7 +35,10 @@ def plan_for(tmp_path: Path, argv: list[str], ports: tuple[int, int] | None = No
         base_dir=str(tmp_path),
     )
     gpu_ids = tuple(str(i) for i in range(gpus))
-    hosts = [Host("a", "127.0.0.1", "127.0.0.1", gpu_ids), Host("b", "127.0.0.2", "127.0.0.2")]
+    hosts = [
+        Host("a", "127.0.0.1", "127.0.0.1", gpu_ids),
+        Host("b", "127.0.0.2", "127.0.0.2", gpu_source="hosts[1].gpus"),  # gpus: 0 in the file
+    ]
     return make_plan(config, hosts)
 
 
@@ -102,8 +105,8 @@ def test_judgement_names_tensorflow_busy_ports_and_gpus(tmp_path):
     unused = report(plan, "b", gpus=2)  # host b is given no GPUs in the cluster file
     assert unused.problems == []
     assert unused.warnings == [
-        "nvidia-smi lists 2 GPU(s) but the cluster file gives the host "
-        "none, so its tasks run on CPU; set its 'gpus' to use them"
+        "nvidia-smi lists 2 GPU(s) but the cluster file gives the host 0 (hosts[1].gpus), so "
+        "its tasks run on CPU; leave its gpus out to use them"
     ]
     missing_tf = report(plan, "a", gpus=1, tensorflow=None).problems
     assert missing_tf[0].startswith("TensorFlow is not installed for python3")
@@ -122,8 +125,8 @@ def test_judgement_names_tensorflow_busy_ports_and_gpus(tmp_path):
     unused = report(plan, "b", gpus=2)  # host b is given no GPUs in the cluster file
     assert unused.problems == []
     assert unused.warnings == [
-        "nvidia-smi lists 2 GPU(s) but the cluster file gives the host "
-        "none, so its tasks run on CPU; set its 'gpus' to use them"
+        "nvidia-smi lists 2 GPU(s) but the cluster file gives the host 0 (hosts[1].gpus), so "
+        "its tasks run on CPU; leave its gpus out to use them"
     ]
 
 

@@ -7,6 +7,7 @@ import json
 import shlex
 import sys
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -16,6 +17,7 @@ from tflaunch.cluster.config import ClusterConfig, config_schema, env_name_probl
 from tflaunch.cluster.plan import (
     Plan,
     cpu_list,
+    gpu_sources,
     long_placeholders,
     parse_task_name,
     render_task,
@@ -112,6 +114,8 @@ def plan(cluster_file: str, as_json: bool, expand: bool) -> None:
         rows.append((task.name, task.host, task.address or "-", gpus, *cpus, command))
     for line in aligned(rows):
         click.echo(line)
+    for line in gpu_sources(the_plan):
+        click.echo(line)
     for name, count in kept.items():
         click.echo(
             f"{{{name}}}: {count:,} addresses, left unexpanded above; see "
@@ -149,6 +153,40 @@ def render(cluster_file: str, task_name: str, fmt: str) -> None:
     else:
         view = render_task(the_plan, task)
         click.echo(f"cd {shlex.quote(view.workdir)} && {shlex.join(view.argv)}")
+
+
+@cli.command()
+@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["tfjob"]),
+    required=True,
+    help="tfjob: a Kubeflow TFJob (kubeflow.org/v1) for kubectl apply -f.",
+)
+@click.option("--image", default=None, help="Container image (default: kubernetes.image).")
+@click.option("--namespace", default=None, help="Namespace (default: kubernetes.namespace).")
+@click.option(
+    "--checkpoint-dir",
+    default=None,
+    help="{checkpoint_dir} in the containers (default: kubernetes.checkpoint_dir).",
+)
+def export(
+    cluster_file: str,
+    fmt: str,
+    image: str | None,
+    namespace: str | None,
+    checkpoint_dir: str | None,
+) -> None:
+    """Print the cluster as a manifest for another system (a Kubeflow TFJob); what it cannot
+    express is an error, what only tflaunch's launcher watches is a warning."""
+    import yaml
+
+    from tflaunch.tools.tfjob import export_tfjob
+
+    warn = lambda text: click.echo(f"tflaunch: warning: {text}", err=True)  # noqa: E731
+    manifest = export_tfjob(load_config(cluster_file), image, namespace, checkpoint_dir, warn)
+    click.echo(yaml.safe_dump(manifest, sort_keys=False, width=100), nl=False)
 
 
 @cli.command()
@@ -312,6 +350,8 @@ run_dir_option = click.option(
 @click.option("--region", default=None, help="With --cloud: also this AWS region.")
 @click.option("--profile", default=None, help="With --cloud: the AWS profile for --region.")
 @click.option("--endpoint-url", default=None, hidden=True)
+@click.option("--all", "show_all", is_flag=True, help="Without RUN_ID: list every run, not 20.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.pass_context
 def status(
     ctx: click.Context,
@@ -323,16 +363,22 @@ def status(
     region: str | None,
     profile: str | None,
     endpoint_url: str | None,
+    show_all: bool,
+    as_json: bool,
 ) -> None:
-    """Show a run's state and every task's state, pid, CPU %, memory (RSS) and uptime
-    (or, with --cloud, what runs on the cloud accounts and what it costs)."""
+    """Show a run's state and every task's state, pid, CPU %, memory (RSS) and uptime; without
+    RUN_ID, list the runs under --runs-dir, newest first (with --cloud, what runs on the cloud
+    accounts and what it costs)."""
     if cloud:
         options = {"region": region, "profile": profile, "endpoint_url": endpoint_url}
         for line in launch.cloud_status(runs_dir, options, click.echo):
             click.echo(line)
         return
-    if not run_id:
-        raise click.UsageError("give the run id, or --cloud.")
+    if run_id is None:
+        if watch:
+            raise click.UsageError("--watch follows one run: give its RUN_ID.")
+        _list_runs(runs_dir, show_all, as_json)
+        return
     if watch:
         from tflaunch.tools.report import watch_status
 
@@ -342,6 +388,13 @@ def status(
     from tflaunch.tools.report import task_table
 
     run = Run.open(runs_dir, run_id)
+    if as_json:
+        from tflaunch.runtime.runctl import task_states
+        from tflaunch.tools.runs import run_row
+
+        record = {**asdict(run_row(run)), "tasks": list(task_states(run).values())}
+        click.echo(json.dumps(record, indent=2))
+        return
     state = launch.run_state(run)
     meta = run.read_meta()
     click.echo(
@@ -360,6 +413,48 @@ def status(
 
     for line in status_lines(run):
         click.echo(line)
+
+
+def _list_runs(runs_dir: str, show_all: bool, as_json: bool) -> None:
+    from tflaunch.tools import runs
+
+    shown, total = runs.run_rows(runs_dir, limit=None if show_all else runs.DEFAULT_LIMIT)
+    if as_json:
+        click.echo(json.dumps(runs.rows_json(shown), indent=2))
+    elif not total:
+        click.echo(f"no runs under {runs_dir}/ (start one with 'tflaunch up CLUSTER_FILE')")
+    else:
+        for line in runs.format_rows(shown, show_all, total):
+            click.echo(line)
+
+
+@cli.command()
+@click.argument("run_ids", nargs=-1, required=True, metavar="RUN_ID...")
+@run_dir_option
+def rm(run_ids: tuple[str, ...], runs_dir: str) -> None:
+    """Remove the directories of ended (or lost) runs; a live run is refused."""
+    from tflaunch.tools.runs import remove_run
+
+    runs = [Run.open(runs_dir, run_id) for run_id in run_ids]
+    for run in runs:
+        click.echo(remove_run(run))
+
+
+@cli.command()
+@click.option(
+    "--older-than",
+    required=True,
+    metavar="AGE",
+    help="Remove runs that ended (or were lost) longer ago than this: 30m, 12h, 7d, 2w.",
+)
+@run_dir_option
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+def prune(older_than: str, runs_dir: str, dry_run: bool) -> None:
+    """Remove old run directories under --runs-dir; live runs are kept."""
+    from tflaunch.tools import runs
+
+    count = runs.prune(runs_dir, runs.parse_age(older_than), dry_run, click.echo)
+    click.echo(f"{count} run(s) {'would be ' if dry_run else ''}removed")
 
 
 @cli.command()

@@ -3,16 +3,25 @@
 With the default hosts (just ``localhost``) that is one agent. A cluster file may list several
 loopback hosts (127.0.0.2, ...) to rehearse a multi-node layout on one machine: each gets an
 agent of its own, exactly as it would on separate nodes.
+
+GPUs: a host whose ``gpus`` the file leaves out gets this machine's GPUs as ``nvidia-smi -L``
+lists them, narrowed to an inherited ``CUDA_VISIBLE_DEVICES`` (whose ids, numbers or UUIDs, the
+tasks then get), as torchrun and Ray find them; ``gpus: 0`` (or ``placement.gpus_per_worker: 0``)
+keeps the tasks on CPU. Several local hosts share one machine's GPUs, so they are not found for
+them: each such host needs its own ``gpus``. ``tflaunch plan`` says where each count came from.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import subprocess
 import sys
+from collections.abc import Mapping
 
 from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Host, Plan, hosts_from_config
+from tflaunch.cluster.plan import Host, Plan, hosts_from_config, unset_gpus
 from tflaunch.launchers.base import Backend, LaunchOptions
 from tflaunch.runtime import procs
 from tflaunch.runtime.link import ProcessLink, agent_argv
@@ -47,7 +56,21 @@ class LocalBackend(Backend):
         attach(run)
 
     def hosts(self, config: ClusterConfig) -> list[Host]:
-        return hosts_from_config(config)
+        hosts = hosts_from_config(config)
+        open_hosts = [h for h in hosts if unset_gpus(config, h)]
+        if not open_hosts:
+            return hosts
+        if len(hosts) > 1:
+            why = f"none: {len(hosts)} local hosts share this machine's GPUs; give each its gpus"
+            found: dict[str, Host] = {
+                h.name: dataclasses.replace(h, gpu_source=why) for h in open_hosts
+            }
+        else:
+            ids, source = detect_gpus(os.environ)
+            found = {
+                h.name: dataclasses.replace(h, gpu_ids=ids, gpu_source=source) for h in open_hosts
+            }
+        return [found.get(h.name, h) for h in hosts]
 
     def start_agents(self, config: ClusterConfig, plan: Plan, run: Run) -> list[ProcessLink]:
         links = []
@@ -66,3 +89,36 @@ class LocalBackend(Backend):
             )
             links.append(ProcessLink(host.name, proc))
         return links
+
+
+NVIDIA_SMI_LINE = re.compile(r"GPU (\d+): .*?\(UUID: ([^)]+)\)")
+
+
+def detect_gpus(environ: Mapping[str, str]) -> tuple[tuple[str, ...], str]:
+    """This machine's GPU ids for the tasks, and where they came from: ``nvidia-smi -L``'s
+    indices, or the entries of an inherited ``CUDA_VISIBLE_DEVICES`` that name one of them (by
+    index or UUID prefix, up to the first that does not, as CUDA reads the variable)."""
+    try:
+        listed = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False
+        )
+    except FileNotFoundError:
+        return (), "none found: no nvidia-smi on PATH"
+    except (OSError, subprocess.SubprocessError) as err:
+        return (), f"none found: nvidia-smi -L failed ({err})"
+    if listed.returncode != 0:
+        return (), f"none found: nvidia-smi -L exited with code {listed.returncode}"
+    gpus = [m.groups() for m in map(NVIDIA_SMI_LINE.match, listed.stdout.splitlines()) if m]
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return tuple(index for index, _ in gpus), f"nvidia-smi -L ({len(gpus)} found)"
+    chosen: list[str] = []
+    for entry in (e.strip() for e in visible.split(",")):
+        known = any(entry == index or (entry and uuid.startswith(entry)) for index, uuid in gpus)
+        if not known or entry in chosen:
+            break
+        chosen.append(entry)
+    return tuple(chosen), (
+        f"nvidia-smi -L ({len(gpus)} found), {len(chosen)} of them in the inherited "
+        f"CUDA_VISIBLE_DEVICES={visible!r}"
+    )

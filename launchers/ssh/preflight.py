@@ -299,10 +299,11 @@ def judge(report: HostReport, plan: Plan, python: str) -> None:
             f"{facts.get('gpus', 0)}; fix the host's 'gpus' in the cluster file"
         )
     host_gpus = int(facts.get("gpus", 0))
-    if host_gpus and not plan.host(report.host).gpu_ids:
+    host = plan.host(report.host)
+    if host_gpus and not host.gpu_ids and host.gpu_source:
         report.warnings.append(
-            f"nvidia-smi lists {host_gpus} GPU(s) but the cluster file gives the host none, so "
-            "its tasks run on CPU; set its 'gpus' to use them"
+            f"nvidia-smi lists {host_gpus} GPU(s) but the cluster file gives the host 0 "
+            f"({host.gpu_source}), so its tasks run on CPU; leave its gpus out to use them"
         )
 
 

@@ -40,7 +40,12 @@ class SshSection:
         None, doc="file of cluster addresses, line i = same host as public line i"
     )
     ec2: Ec2Section | None = field(None, doc="discover hosts from EC2")
-    gpus: int = field(0, minimum=0, maximum=MAX_GPUS, doc="GPUs per host for hosts from files")
+    gpus: int | None = field(
+        None,
+        minimum=0,
+        maximum=MAX_GPUS,
+        doc="GPUs per host for hosts from files; absent: what pre-flight's nvidia-smi finds",
+    )
     upload: tuple[str, ...] = field(
         (), doc="files copied to each host's workdir before the start", maximum=MAX_ITEMS
     )

@@ -36,6 +36,7 @@ from tflaunch.launchers.ssh.connect import (
     connect_jump,
     parallel,
 )
+from tflaunch.launchers.ssh.gpus import adopt_found_gpus
 from tflaunch.launchers.ssh.preflight import (
     HostReport,
     check_host,
@@ -102,8 +103,9 @@ class HostSession:
         extra: Mapping[str, str] | None = None,
         keep_probes: bool = False,
         only: str | None = None,
-    ) -> None:
-        """Connect, prepare directories and uploads, pre-flight and write the host plans.
+    ) -> Plan:
+        """Connect, prepare directories and uploads, pre-flight and write the host plans; the
+        plan the hosts run (with the GPUs pre-flight found where the file gives none).
 
         Each host goes through these steps in a pipeline of its own, all hosts at once; only
         the verdict waits for every host, so the run starts when the slowest host is through,
@@ -136,6 +138,10 @@ class HostSession:
                 opened = [result for _, result, _ in parallel(steps.check, opened)]
             self.probes = {o.name: o.probe for o in opened if o.probe is not None}
             self._judge(opened, plan, uploads)
+            reports = [o.report for o in opened if o.report is not None]
+            plan, gpu_notes = adopt_found_gpus(config, plan, reports, run.dir)
+            for note in gpu_notes:
+                self.say(note)
         except LaunchError:
             self.end_probes()
             self.close()
@@ -143,11 +149,13 @@ class HostSession:
                 jump.close()
             raise
         self.paths = {o.name: o.paths for o in opened if o.paths is not None}
+        if gpu_notes:  # the hosts got the plan before pre-flight found their GPUs
+            self._rewrite_plans(plan)
         if only is not None:
             known = run.read_meta().get("ssh_hosts") or {}
             paths = {name: dataclasses.asdict(p) for name, p in self.paths.items()}
             run.update_meta(ssh_hosts={**known, **paths})
-            return
+            return plan
         resolved = tuple(
             dataclasses.replace(t, workdir=self.paths[t.host].workdir) for t in plan.tasks
         )
@@ -159,6 +167,23 @@ class HostSession:
             ssh_timings={o.name: o.seconds for o in opened},
             ssh_open_seconds=round(time.monotonic() - opening, 3),
         )
+        return plan
+
+    def _rewrite_plans(self, plan: Plan) -> None:
+        """Write ``plan`` over every host's plan.json (private, as the probe wrote it)."""
+        text = plan.to_json()
+
+        def write(host: str) -> None:
+            path = posixpath.join(self.paths[host].run_dir, "plan.json")
+            with self.connections[host].sftp() as sftp:
+                with sftp.open(path, "w") as f:
+                    f.write(text)
+                sftp.chmod(path, 0o600)
+
+        failures = [f"{h}: {err}" for h, _, err in parallel(write, list(self.paths)) if err]
+        if failures:
+            self.end_probes()
+            raise LaunchError("cannot write the plan on the hosts:\n  " + "\n  ".join(failures))
 
     def _judge(self, opened: list[_Opened], plan: Plan, uploads: list[Path]) -> None:
         """Report the hosts' steps in order: connection, uploads, pre-flight."""

@@ -93,7 +93,7 @@ def _read_address_lines(path: Path) -> list[str]:
     return addresses
 
 
-def read_ip_files(public_file: Path, private_file: Path, gpus: int = 0) -> list[Host]:
+def read_ip_files(public_file: Path, private_file: Path, gpus: int | None = None) -> list[Host]:
     """The CSCS pair of files: line i of the public and of the private file is one instance."""
     public = _read_address_lines(public_file)
     private = _read_address_lines(private_file)
@@ -110,6 +110,12 @@ def read_ip_files(public_file: Path, private_file: Path, gpus: int = 0) -> list[
             "file must be the same instance. Add the missing addresses or remove the extra ones."
         )
     return [
-        Host(name=pub, cluster_address=priv, connect_address=pub, gpu_ids=gpu_ids(gpus))
+        Host(
+            name=pub,
+            cluster_address=priv,
+            connect_address=pub,
+            gpu_ids=gpu_ids(gpus or 0),
+            gpu_source="ssh.gpus" if gpus is not None else "",
+        )
         for pub, priv in zip(public, private, strict=True)
     ]

@@ -5,6 +5,7 @@ A cluster file says what runs (``program``), how many of each task (``roles``), 
 it (``backend``) and where run state goes (``runs_dir``). Each backend adds its own section
 (``slurm:``, ``ssh:``) with its own checks, through the registry in
 :mod:`tflaunch.cluster.backends`; every registered backend's section may appear in every file.
+``kubernetes:`` is no backend's: it only feeds ``tflaunch export --format tfjob``.
 Every error names the file, the line and the key path, says what was expected and, for a typo,
 the nearest valid key. ``tflaunch schema`` prints the JSON Schema derived from these classes.
 """
@@ -37,6 +38,7 @@ MAX_ITEMS = 4096  # items of any list: argv, sbatch options, setup lines, upload
 MAX_SECONDS = 30 * 24 * 3600.0  # any timeout or interval: 30 days
 MAX_RESTARTS = 10_000  # any restart limit
 MAX_PORT = 65_535
+LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"  # tf.keras is tf_keras (Keras 2) when it is 1
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -99,6 +101,13 @@ class Program:
         doc="export TF_CONFIG to every task; false for clusters too big for one environment "
         "string (128 KiB), whose tasks read the file named by $TFLAUNCH_CLUSTER_FILE",
     )
+    keras: Literal["default", "legacy"] = field(
+        "default",
+        doc="legacy: tf.keras is Keras 2 (the tf_keras package: pip install 'tflaunch[keras2]') "
+        "by setting TF_USE_LEGACY_KERAS=1 for every task, as tf.keras programs using "
+        "MultiWorkerMirroredStrategy or ParameterServerStrategy need under TensorFlow 2.16+, "
+        "whose Keras 3 fails in fit(); default: whatever Keras the TensorFlow install has",
+    )
 
 
 @dataclass(frozen=True)
@@ -126,7 +135,13 @@ class HostEntry:
     connect: str | None = field(
         None, doc="address the launcher connects to (ssh); default: address", line=True
     )
-    gpus: int = field(0, minimum=0, maximum=MAX_GPUS, doc="number of GPUs on the host")
+    gpus: int | None = field(
+        None,
+        minimum=0,
+        maximum=MAX_GPUS,
+        doc="number of GPUs on the host; absent: found by the backend (local: nvidia-smi -L, "
+        "within an inherited CUDA_VISIBLE_DEVICES; ssh: pre-flight's nvidia-smi); 0: none",
+    )
 
 
 @dataclass(frozen=True)
@@ -380,6 +395,29 @@ class Ec2ProvisionSection:
 
 
 @dataclass(frozen=True)
+class KubernetesSection:
+    """For 'tflaunch export --format tfjob', which writes the cluster as a Kubeflow TFJob. Not a
+    backend: tflaunch starts nothing on Kubernetes."""
+
+    image: str | None = field(
+        None, doc="container image with the program and TensorFlow", line=True
+    )
+    namespace: str = field("default", doc="namespace of the TFJob", line=True)
+    workdir: str | None = field(
+        None, doc="working directory in the container (default: the image's)", line=True
+    )
+    checkpoint_dir: str | None = field(
+        None,
+        doc="{checkpoint_dir} in the container: a path on a volume every pod mounts "
+        "(default: program.checkpoint_dir when it is absolute)",
+        line=True,
+    )
+    gpu_resource: str = field(
+        "nvidia.com/gpu", doc="the extended resource GPUs are requested as", line=True
+    )
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     """A distributed TensorFlow cluster: what runs, how many tasks, where, and how."""
 
@@ -405,6 +443,9 @@ class ClusterConfig:
         "without the search bits (0700: only you can read plans and logs; '0750' shares them "
         "with your group)",
         check=lambda v: _mode_problem(v),
+    )
+    kubernetes: KubernetesSection = field(
+        factory=KubernetesSection, doc="image and namespace for 'tflaunch export --format tfjob'"
     )
     # Every backend's own section (``slurm:``, ``ssh:``), keyed by the backend's name: read
     # through the backend registry, reached as ``config.slurm``. Set by the loader.
@@ -581,6 +622,12 @@ def _check_env(config: ClusterConfig, fail: Any) -> None:
         problem = env_name_problem(key)
         if problem:
             fail(("program", "env", key), problem)
+    if program.keras == "legacy" and program.env.get(LEGACY_KERAS_ENV, "1") != "1":
+        fail(
+            ("program", "env", LEGACY_KERAS_ENV),
+            f"is {program.env[LEGACY_KERAS_ENV]!r}, but program.keras: legacy sets it to 1; "
+            "keep one of the two",
+        )
     for i, name in enumerate(program.env_from):
         problem = env_name_problem(name)
         if problem:

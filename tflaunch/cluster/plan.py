@@ -33,7 +33,7 @@ from functools import cached_property
 from typing import Any
 
 from tflaunch.cluster import schema
-from tflaunch.cluster.config import ClusterConfig, Supervision
+from tflaunch.cluster.config import LEGACY_KERAS_ENV, ClusterConfig, Supervision
 from tflaunch.errors import PlanError
 
 LOCAL_ADDRESS = "127.0.0.1"
@@ -48,12 +48,15 @@ CLUSTER_FILE_PATH_RESERVE = 512
 
 @dataclass(frozen=True)
 class Host:
-    """A concrete machine: how tasks reach it, how the launcher reaches it, its GPU ids."""
+    """A concrete machine: how tasks reach it, how the launcher reaches it, its GPU ids, and
+    where their count came from (shown by ``tflaunch plan``, not kept in plan.json; empty: not
+    given, for the backend to find)."""
 
     name: str
     cluster_address: str
     connect_address: str
     gpu_ids: tuple[str, ...] = ()
+    gpu_source: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -297,6 +300,22 @@ def render_task(
     return TaskView(argv, env, task.workdir)
 
 
+def gpu_sources(plan: Plan, most: int = 3) -> list[str]:
+    """One line per GPU count and its source, for ``tflaunch plan``: ``GPUs: 2 on localhost
+    (nvidia-smi -L (2 found))``; hosts of one kind are grouped, a few of them named."""
+    groups: dict[tuple[int, str], list[str]] = {}
+    for host in plan.hosts_with_tasks():
+        if host.gpu_source:
+            groups.setdefault((len(host.gpu_ids), host.gpu_source), []).append(host.name)
+    lines = []
+    for (count, source), names in groups.items():
+        shown = ", ".join(names[:most]) + (
+            f" and {len(names) - most} more" if len(names) > most else ""
+        )
+        lines.append(f"GPUs: {count} on {shown} ({source})")
+    return lines
+
+
 def long_placeholders(plan: Plan, width: int = 120) -> dict[str, int]:
     """The cluster-list placeholders that ``program.argv`` uses whose values are longer than
     ``width`` characters, with their address counts: what a per-task table should not repeat."""
@@ -344,7 +363,8 @@ CLUSTER_PLACEHOLDERS = (
 
 
 def hosts_from_config(config: ClusterConfig) -> list[Host]:
-    """The hosts written in the cluster file (local default: this machine)."""
+    """The hosts written in the cluster file (local default: this machine). A host without
+    ``gpus`` gets none here; backends that can find them do (:func:`unset_gpus`)."""
     if not config.hosts:
         return [Host("localhost", LOCAL_ADDRESS, LOCAL_ADDRESS)]
     return [
@@ -352,10 +372,20 @@ def hosts_from_config(config: ClusterConfig) -> list[Host]:
             name=h.name,
             cluster_address=h.address or h.name,
             connect_address=h.connect or h.address or h.name,
-            gpu_ids=gpu_ids(h.gpus),
+            gpu_ids=gpu_ids(h.gpus or 0),
+            gpu_source=f"hosts[{i}].gpus" if h.gpus is not None else "",
         )
-        for h in config.hosts
+        for i, h in enumerate(config.hosts)
     ]
+
+
+def unset_gpus(config: ClusterConfig, host: Host) -> bool:
+    """Whether the cluster file leaves ``host``'s GPU count open (no ``gpus:``), so that the
+    backend may find it."""
+    for entry in config.hosts:
+        if entry.name == host.name:
+            return entry.gpus is None
+    return not host.gpu_source
 
 
 def checkpoint_dir(config: ClusterConfig, run_dir: str | os.PathLike | None) -> str:
@@ -423,9 +453,12 @@ def make_plan(
             if only_host is None or host.name == only_host
         ),
     )
+    env = dict(config.program.env)
+    if config.program.keras == "legacy":
+        env[LEGACY_KERAS_ENV] = "1"
     program = Program(
         config.program.argv,
-        dict(config.program.env),
+        env,
         config.program.tf_config,
         checkpoint_dir(config, run_dir),
     )
@@ -533,10 +566,11 @@ def _assign_gpus(config: ClusterConfig, host: Host, n_tasks: int) -> list[tuple[
     if per_task is None:
         per_task = len(host.gpu_ids) if n_tasks == 1 else 1
     if per_task * n_tasks > len(host.gpu_ids):
+        source = f" ({host.gpu_source})" if host.gpu_source else ""
         raise PlanError(
-            f"host '{host.name}' has {len(host.gpu_ids)} GPU(s) but its {n_tasks} worker task(s) "
-            f"at {per_task} each need {per_task * n_tasks}. Lower placement.gpus_per_worker or "
-            "placement.workers_per_host, or add hosts."
+            f"host '{host.name}' has {len(host.gpu_ids)} GPU(s){source} but its {n_tasks} worker "
+            f"task(s) at {per_task} each need {per_task * n_tasks}. Lower "
+            "placement.gpus_per_worker (0: run on CPU) or placement.workers_per_host, or add hosts."
         )
     return [tuple(host.gpu_ids[i * per_task : (i + 1) * per_task]) for i in range(n_tasks)]
 

@@ -1,7 +1,11 @@
 """The agent: one per node. Starts that node's tasks, watches them, tears them down.
 
-It starts the node's PS first, waits until every PS port of the whole cluster accepts TCP
-connections (readiness, never a fixed sleep), then starts the node's chief, workers and evaluator.
+It starts the node's PS first, waits until every PS of the whole cluster is ready (readiness,
+never a fixed sleep), then starts the node's chief, workers and evaluator. A PS of this node is
+ready when its own process or one of its children listens on its port (psutil), not when
+anything answers there: a foreign process that took the port after the busy-port check is an
+error naming the port. Another node's PS counts once its port accepts connections; its own agent
+vouches for who listens.
 Each task's output is teed raw to its log file and reported upstream line by line. Upstream is a
 stream of JSON lines: events out (``started``, ``ready``, ``output``, ``exited``, ``error``, ...),
 commands in (``stop``, ``ping``, ``restart``, ``stop_tasks``, ``start_tasks``, ``pass_on``). Told to
@@ -330,10 +334,15 @@ class Agent:
         while pending and not self.stopping.is_set():
             for name, address in list(pending.items()):
                 host, _, port = address.rpartition(":")
-                if procs.port_open(host, int(port), timeout=0.3):
-                    del pending[name]
-                    if name in own:
+                if name in own:
+                    verdict = self._own_ps_listens(name, host, int(port))
+                    if verdict is False:
+                        return False
+                    if verdict:
+                        del pending[name]
                         self.emit({"event": "ready", "task": name})
+                elif procs.port_open(host, int(port), timeout=0.3):
+                    del pending[name]  # another node's PS: its own agent checks who listens
             if not pending:
                 break
             if time.monotonic() > deadline:
@@ -350,6 +359,31 @@ class Agent:
                 return False
             self.stopping.wait(0.2)
         return not self.stopping.is_set()
+
+    def _own_ps_listens(self, name: str, host: str, port: int) -> bool | None:
+        """Whether this node's PS ``name`` (its process or a child) listens on its port: True;
+        not yet: None; another process holds the port, so it never will: False, reported."""
+        current = self.running.get(name)
+        if current is None or current.done.is_set():
+            return None  # not started, or exited: its exit is reported as such
+        pid = current.proc.pid
+        if procs.tree_listens(pid, port):
+            return True
+        if not procs.port_open(host, port, timeout=0.3):
+            return None
+        if procs.tree_listens(pid, port):  # it bound the port between the two looks
+            return True
+        self.emit(
+            {
+                "event": "error",
+                "code": 1,
+                "message": f"{name}: port {port} on {self.host} answers, but not from {name} "
+                f"(pid {pid}) or its children: {procs.listeners(port)} took it after the "
+                f"busy-port check, so {name} cannot serve there. Stop that process or change "
+                "ports.ps, and start the run again.",
+            }
+        )
+        return False
 
     def _teardown(self) -> None:
         live = [t for t in self.running.values() if not t.done.is_set()]

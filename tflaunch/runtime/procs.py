@@ -148,6 +148,43 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+def tree_listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` or one of its descendants listens on TCP ``port``: a task's own
+    readiness, which a foreign process answering on the port cannot fake."""
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return False
+    for proc in tree:
+        try:
+            sockets = proc.net_connections(kind="tcp")
+        except psutil.Error:
+            continue
+        if any(
+            s.status == psutil.CONN_LISTEN and s.laddr and s.laddr.port == port for s in sockets
+        ):
+            return True
+    return False
+
+
+def listeners(port: int) -> str:
+    """Who listens on TCP ``port`` here, as far as this user may see: ``pid 123 (nc)``."""
+    try:
+        sockets = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return "a process this user cannot see"
+    found = []
+    for s in sockets:
+        if s.status != psutil.CONN_LISTEN or not s.laddr or s.laddr.port != port:
+            continue
+        try:
+            found.append(f"pid {s.pid} ({psutil.Process(s.pid).name()})")
+        except (psutil.Error, ValueError, TypeError):
+            found.append("a process this user cannot see")
+    return ", ".join(sorted(set(found))) or "a process this user cannot see"
+
+
 def port_free(port: int, host: str = "") -> bool:
     """True when this machine can bind ``port`` (nobody listens there), as TensorFlow's server will.
 

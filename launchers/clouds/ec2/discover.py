@@ -87,6 +87,7 @@ def discover_ec2(section: Ec2Section, allow_private_connect: bool = False) -> li
                 cluster_address=private,
                 connect_address=public or private,
                 gpu_ids=gpu_ids(section.gpus),
+                gpu_source="ssh.ec2.gpus" if section.gpus else "",
             )
         )
     return hosts

@@ -1,0 +1,65 @@
+"""GPUs that pre-flight found on SSH hosts whose count the cluster file leaves open.
+
+Pre-flight runs ``nvidia-smi`` on every host anyway. A host whose GPU count the file does not give
+(no ``gpus`` on an inline host, no ``ssh.gpus`` for the IP files, no ``ssh.ec2.gpus``, an instance
+type without known GPUs) gets the GPUs found there: the plan is made again with them, the hosts'
+plan files are rewritten before any agent starts, and the launcher says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tflaunch.cluster.config import ClusterConfig
+from tflaunch.cluster.plan import Host, Plan, gpu_ids, make_plan, unset_gpus
+from tflaunch.errors import LaunchError, PlanError
+from tflaunch.launchers.ssh.preflight import HostReport
+
+
+def file_gives_gpus(config: ClusterConfig, host: Host) -> bool:
+    """Whether the cluster file (or the instance type) fixes ``host``'s GPU count."""
+    if config.hosts:
+        return not unset_gpus(config, host)
+    if config.ssh.public_ips_file:
+        return config.ssh.gpus is not None
+    if config.ssh.ec2 is not None:
+        return bool(config.ssh.ec2.gpus)
+    return bool(host.gpu_ids)  # provisioned: the instance type's GPUs
+
+
+def adopt_found_gpus(
+    config: ClusterConfig, plan: Plan, reports: list[HostReport], run_dir: object
+) -> tuple[Plan, list[str]]:
+    """The plan with pre-flight's GPU counts for hosts the file gives none, and one line per
+    host that got some; the same plan and no lines when there are none."""
+    found: dict[str, int] = {}
+    for report in reports:
+        host = plan.host(report.host)
+        count = int(report.facts.get("gpus") or 0)
+        if count and not host.gpu_ids and not file_gives_gpus(config, host):
+            found[host.name] = count
+    if not found:
+        return plan, []
+    hosts = [
+        dataclasses.replace(
+            h,
+            gpu_ids=gpu_ids(found[h.name]),
+            gpu_source=f"pre-flight: nvidia-smi lists {found[h.name]}",
+        )
+        if h.name in found
+        else h
+        for h in plan.hosts
+    ]
+    try:
+        adopted = make_plan(config, hosts, run_dir)
+    except PlanError as err:
+        raise LaunchError(
+            f"pre-flight found GPUs on hosts the cluster file gives none, and they do not fit "
+            f"the workers: {err} Give those hosts' gpus in the cluster file (0: run on CPU)."
+        ) from None
+    notes = [
+        f"{name}: using the {count} GPU(s) nvidia-smi lists there (pre-flight); the cluster "
+        "file gives the host none (gpus: 0 keeps it on CPU)"
+        for name, count in found.items()
+    ]
+    return adopted, notes

@@ -1,0 +1,146 @@
+"""``tflaunch status`` without a run id, ``rm`` and ``prune``: real runs of the local backend
+(stand-in tasks), beside run directories of the other backends as they are left behind."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from tests.helpers import fake_cluster, tflaunch
+from tflaunch.cli import cli
+from tflaunch.runtime.run import Outcome, Run
+from tflaunch.tools.runs import parse_age
+
+
+def _left_behind(runs, name: str, backend: str, **meta) -> Run:
+    """A run directory as a backend leaves it: run.json, a one-task plan, events."""
+    run = Run.create(runs, name)
+    run.update_meta(run_id=run.id, name=name, backend=backend, **meta)
+    plan = {
+        "name": name,
+        "supervision": {},
+        "program": {"argv": ["true"], "env": {}, "tf_config": True, "checkpoint_dir": "c"},
+        "cluster": {"worker": ["h:1"]},
+        "hosts": [{"name": "h", "cluster_address": "h", "connect_address": "h", "gpu_ids": []}],
+        "tasks": [
+            {
+                "job": "worker",
+                "index": 0,
+                "host": "h",
+                "cluster_address": "h",
+                "port": 1,
+                "gpus": [],
+                "workdir": ".",
+                "log_name": "worker-0.log",
+            }
+        ],
+    }
+    run.plan_path.write_text(json.dumps(plan))
+    return run
+
+
+@pytest.fixture
+def runs(tmp_path):
+    """Three runs of three backends: a succeeded local run that restarted once, a Slurm run
+    whose job was never submitted (lost), and an SSH run whose coordinator died (lost)."""
+    runs = tmp_path / "runs"
+    now = time.time()
+    done = _left_behind(runs, "done", "local", started=now - 300, state="running")
+    with done.events_path.open("w") as f:
+        f.write(json.dumps({"event": "restarting", "task": "worker:0", "code": 1}) + "\n")
+    done.finish(Outcome(0, "ok"))
+    done.update_meta(ended=now - 240)
+    _left_behind(runs, "queued", "slurm", started=now - 200, state="submitted")
+    _left_behind(runs, "dead", "ssh", started=now - 100, state="running", coordinator_pid=1)
+    return runs
+
+
+def test_status_lists_runs_of_every_backend_newest_first_as_json(runs):
+    result = CliRunner().invoke(cli, ["status", "--runs-dir", str(runs), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert [(r["name"], r["backend"], r["state"]) for r in rows] == [
+        ("dead", "ssh", "lost"),
+        ("queued", "slurm", "lost"),
+        ("done", "local", "succeeded"),
+    ]
+    done = rows[2]
+    assert done["duration"] == pytest.approx(60, abs=1)
+    assert (done["tasks"], done["restarts"], done["exit_code"]) == (1, 1, 0)
+    assert rows[0]["duration"] is None and rows[0]["exit_code"] is None
+
+
+def test_status_table_shows_the_last_20_unless_all(tmp_path):
+    runs = tmp_path / "runs"
+    for i in range(22):
+        _left_behind(runs, f"r{i}", "local", started=1000.0 + i, state="failed", exit_code=1)
+    table = CliRunner().invoke(cli, ["status", "--runs-dir", str(runs)]).output.splitlines()
+    assert table[0].split()[:4] == ["RUN", "NAME", "BACKEND", "STATE"]
+    assert table[1].split()[1:4] == ["r21", "local", "failed"] and len(table) == 22
+    assert table[-1] == "(2 older run(s) not shown; --all shows every run)"
+    every = CliRunner().invoke(cli, ["status", "--runs-dir", str(runs), "--all"]).output
+    assert len(every.splitlines()) == 23 and " r0 " in every
+
+
+def test_status_of_an_empty_runs_dir_says_how_to_start(tmp_path):
+    result = CliRunner().invoke(cli, ["status", "--runs-dir", str(tmp_path / "none")])
+    assert result.exit_code == 0 and "no runs under" in result.output
+
+
+def test_rm_and_prune_remove_ended_and_lost_runs(runs):
+    dead = next(p for p in runs.iterdir() if p.name.startswith("dead"))
+    result = CliRunner().invoke(cli, ["rm", dead.name[:8], "--runs-dir", str(runs)])
+    assert result.exit_code == 0 and not dead.exists(), result.output
+    dry = CliRunner().invoke(
+        cli, ["prune", "--older-than", "220s", "--runs-dir", str(runs), "--dry-run"]
+    )
+    assert "would remove done-" in dry.output and len(list(runs.iterdir())) == 2
+    pruned = CliRunner().invoke(cli, ["prune", "--older-than", "220s", "--runs-dir", str(runs)])
+    assert pruned.exit_code == 0, pruned.output
+    assert [p.name.split("-")[0] for p in runs.iterdir()] == [
+        "queued"
+    ]  # lost 200 s ago: younger than 220 s
+
+
+def test_prune_age_needs_a_unit_it_knows():
+    assert parse_age("7d") == 7 * 86400 and parse_age("90") == 90
+    result = CliRunner().invoke(cli, ["prune", "--older-than", "soon"])
+    assert result.exit_code == 2 and "--older-than 'soon' is not an age" in result.output
+
+
+def test_live_detached_run_is_listed_running_and_refused_by_rm_and_prune(tmp_path):
+    cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "60"})
+    runs = tmp_path / "runs"
+    started = tflaunch("up", str(cluster), "--detach", "--runs-dir", str(runs))
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.strip().splitlines()[-1]
+    try:
+        listed = tflaunch("status", "--runs-dir", str(runs), "--json")
+        (row,) = json.loads(listed.stdout)
+        assert (row["id"], row["state"], row["tasks"]) == (run_id, "running", 3)
+        refused = tflaunch("rm", run_id, "--runs-dir", str(runs))
+        assert refused.returncode == 2
+        assert f"run {run_id} is still running (state running)" in refused.stderr
+        kept = tflaunch("prune", "--older-than", "0s", "--runs-dir", str(runs))
+        assert f"kept {run_id}: still running" in kept.stdout and (runs / run_id).is_dir()
+    finally:
+        tflaunch("down", run_id, "--runs-dir", str(runs))
+    assert tflaunch("rm", run_id, "--runs-dir", str(runs)).returncode == 0
+    assert not (runs / run_id).exists()
+
+
+def test_a_run_whose_backend_cannot_be_asked_is_listed_unknown_and_kept(
+    runs, monkeypatch, tmp_path
+):
+    _left_behind(runs, "elsewhere", "slurm", started=time.time(), state="running", job_id=42)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no squeue here
+    table = CliRunner().invoke(cli, ["status", "--runs-dir", str(runs)]).output.splitlines()
+    assert table[1].split()[1:4] == ["elsewhere", "slurm", "unknown"]
+    assert "state unknown: 'squeue' was not found" in table[-1]
+    pruned = CliRunner().invoke(cli, ["prune", "--older-than", "0s", "--runs-dir", str(runs)])
+    assert (
+        "kept elsewhere-" in pruned.output and "cannot tell whether it still runs" in pruned.output
+    )

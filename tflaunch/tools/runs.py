@@ -1,0 +1,198 @@
+"""The runs under a runs directory: ``tflaunch status`` without a run id lists them, ``rm`` and
+``prune`` remove their directories.
+
+A row is read from each run's ``run.json`` (backend, state, times, exit code), its ``plan.json``
+(how many tasks) and its ``events.jsonl`` (how many restarts). A run that has not ended but whose
+coordinator is gone (a killed ``up``, a vanished Slurm job) is shown as ``lost``, as ``status RUN``
+shows it. Live runs are never removed: stop them with ``tflaunch down`` first.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tflaunch import launch
+from tflaunch.errors import ConfigError, LaunchError, TflaunchError
+from tflaunch.runtime.run import ENDED, Run, list_runs
+from tflaunch.text import aligned
+
+DEFAULT_LIMIT = 20
+RESTART_EVENTS = ("restarting", "cluster_restarting")
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One line of the run list."""
+
+    id: str
+    name: str | None
+    backend: str | None
+    state: str
+    started: float | None
+    duration: float | None
+    tasks: int | None
+    restarts: int
+    exit_code: int | None
+    problem: str | None = None  # why its backend could not say whether it still runs
+
+
+def run_row(run: Run, now: float | None = None) -> RunRow:
+    """The list's view of one run."""
+    meta = run.read_meta()
+    started = meta.get("started") or meta.get("created")
+    ended = meta.get("ended")
+    problem = None
+    try:
+        state = launch.run_state(run)
+    except TflaunchError as err:  # e.g. a Slurm run listed where squeue is not installed
+        state, problem = "unknown", str(err)
+    if started is None:
+        duration = None
+    elif ended is not None:
+        duration = max(0.0, ended - started)
+    elif state in ENDED or state == "lost":
+        duration = None  # no end was recorded: how long it ran is unknown
+    else:
+        duration = max(0.0, (now or time.time()) - started)
+    return RunRow(
+        id=run.id,
+        name=meta.get("name"),
+        backend=meta.get("backend"),
+        state=state,
+        started=started,
+        duration=duration,
+        tasks=_task_count(run),
+        restarts=sum(1 for e in run.events() if e.get("event") in RESTART_EVENTS),
+        exit_code=meta.get("exit_code"),
+        problem=problem,
+    )
+
+
+def _task_count(run: Run) -> int | None:
+    try:
+        return len(run.read_plan().tasks)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def run_rows(runs_dir: str | Path, limit: int | None = DEFAULT_LIMIT) -> tuple[list[RunRow], int]:
+    """The newest ``limit`` runs under ``runs_dir`` (by start, else creation), and how many
+    there are. Only the rows shown are built: each reads its plan and events and may ask its
+    backend (squeue) whether it still runs."""
+    runs = [Run(p.name, p.resolve()) for p in list_runs(runs_dir)]
+    runs.sort(key=_start_of, reverse=True)
+    shown = runs if limit is None else runs[:limit]
+    return [run_row(r) for r in shown], len(runs)
+
+
+def _start_of(run: Run) -> float:
+    meta = run.read_meta()
+    return float(meta.get("started") or meta.get("created") or 0.0)
+
+
+def rows_json(rows: list[RunRow]) -> list[dict]:
+    return [asdict(row) for row in rows]
+
+
+def format_rows(rows: list[RunRow], shown_all: bool, total: int) -> list[str]:
+    """The run list as a table, and a line saying how many were left out."""
+    table = [
+        ("RUN", "NAME", "BACKEND", "STATE", "STARTED", "DURATION", "TASKS", "RESTARTS", "EXIT")
+    ]
+    for row in rows:
+        table.append(
+            (
+                row.id,
+                row.name or "-",
+                row.backend or "-",
+                row.state,
+                _when(row.started),
+                _duration(row.duration),
+                "-" if row.tasks is None else str(row.tasks),
+                str(row.restarts),
+                "-" if row.exit_code is None else str(row.exit_code),
+            )
+        )
+    lines = aligned(table)
+    lines += [f"{row.id}: state unknown: {row.problem}" for row in rows if row.problem]
+    if not shown_all and total > len(rows):
+        lines.append(f"({total - len(rows)} older run(s) not shown; --all shows every run)")
+    return lines
+
+
+def is_live(state: str) -> bool:
+    """Whether a run in ``state`` (from :func:`tflaunch.launch.run_state`) may still have tasks
+    running: not ended, and its coordinator not gone."""
+    return state not in (*ENDED, "lost")
+
+
+def remove_run(run: Run) -> str:
+    """Delete a run's directory; refuses a live run."""
+    state = launch.run_state(run)
+    if is_live(state):
+        raise LaunchError(
+            f"run {run.id} is still running (state {state}); stop it with "
+            f"'tflaunch down {run.id}' first, then remove it."
+        )
+    shutil.rmtree(run.dir)
+    return f"removed {run.dir}"
+
+
+def parse_age(text: str) -> float:
+    """``30m``, ``12h``, ``7d``, ``2w`` or plain seconds → seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text)
+    if not match:
+        raise ConfigError(
+            f"--older-than {text!r} is not an age; write a number with s, m, h, d or w "
+            "(e.g. 7d, 12h, 30m)."
+        )
+    return float(match.group(1)) * UNITS[match.group(2) or "s"]
+
+
+def prune(
+    runs_dir: str | Path, older_than: float, dry_run: bool, say: Callable[[str], None]
+) -> int:
+    """Remove every run under ``runs_dir`` that ended (or was lost) more than ``older_than``
+    seconds ago; live runs are kept and named. Returns how many were (or would be) removed."""
+    now = time.time()
+    removed = 0
+    for path in list_runs(runs_dir):
+        run = Run(path.name, path.resolve())
+        meta = run.read_meta()
+        last = meta.get("ended") or meta.get("started") or meta.get("created") or 0.0
+        if now - last < older_than:
+            continue
+        try:
+            state = launch.run_state(run)
+        except TflaunchError as err:
+            say(f"kept {run.id}: cannot tell whether it still runs ({err})")
+            continue
+        if is_live(state):
+            say(f"kept {run.id}: still running (stop it with 'tflaunch down {run.id}')")
+            continue
+        if not dry_run:
+            shutil.rmtree(run.dir)
+        say(f"{'would remove' if dry_run else 'removed'} {run.id} ({state})")
+        removed += 1
+    return removed
+
+
+def _when(stamp: float | None) -> str:
+    return "-" if stamp is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
