@@ -76,7 +76,10 @@ def check_text(text: str, page: Path, root: Path = ROOT) -> list[Problem]:
             note(m.start(), f"link to a missing file: {target}")
     for m in _CODE.finditer(text):
         _check_code_span(m.group(1), m.start(), root, note)
+    groups = _entry_point_groups(root)
     for m in _MODULE.finditer(text):
+        if m.group(0).rstrip(".") in groups:
+            continue  # an entry-point group others register under, not a module
         why = _module_problem(m.group(0).rstrip("."))
         if why:
             note(m.start(), why)
@@ -137,6 +140,16 @@ def _module_problem(dotted: str) -> str | None:
             obj = getattr(obj, attr)
         return None
     return f"no module '{dotted}'"
+
+
+def _entry_point_groups(root: Path) -> set[str]:
+    """The entry-point groups pyproject.toml declares (``tflaunch.backends``, …)."""
+    import tomllib
+
+    if not (root / "pyproject.toml").exists():
+        return set()
+    with (root / "pyproject.toml").open("rb") as f:
+        return set(tomllib.load(f)["project"].get("entry-points", {}))
 
 
 def _commands() -> set[str]:
