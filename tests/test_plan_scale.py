@@ -115,7 +115,8 @@ def test_cluster_file_mode_plans_big_clusters_linearly(tmp_path):
     assert "TF_CONFIG" not in env
     assert "export TFLAUNCH_CLUSTER_FILE='<run directory>/cluster_spec.json'" in env
     table = tflaunch("plan", path, cwd=tmp_path).stdout.splitlines()
-    assert len(table) == 1 + 8320 and table[-1].startswith("worker:8191")
+    assert len(table) == 1 + 8320 + 1 and table[-2].startswith("worker:8191")
+    assert table[-1] == "GPUs: 8 on n0, n1, n2 and 1021 more (hosts[].gpus)"  # one line, not 1024
 
 
 def test_plan_table_leaves_long_cluster_lists_unexpanded(tmp_path):

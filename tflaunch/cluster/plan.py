@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import string
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -302,17 +303,20 @@ def render_task(
 
 def gpu_sources(plan: Plan, most: int = 3) -> list[str]:
     """One line per GPU count and its source, for ``tflaunch plan``: ``GPUs: 2 on localhost
-    (nvidia-smi -L (2 found))``; hosts of one kind are grouped, a few of them named."""
-    groups: dict[tuple[int, str], list[str]] = {}
+    (nvidia-smi -L (2 found))``; hosts of one kind are grouped (``hosts[0].gpus`` and
+    ``hosts[1].gpus`` as ``hosts[].gpus``), a few of them named."""
+    groups: dict[tuple[int, str], list[tuple[str, str]]] = {}
     for host in plan.hosts_with_tasks():
         if host.gpu_source:
-            groups.setdefault((len(host.gpu_ids), host.gpu_source), []).append(host.name)
+            kind = re.sub(r"\[\d+\]", "[]", host.gpu_source)
+            groups.setdefault((len(host.gpu_ids), kind), []).append((host.name, host.gpu_source))
     lines = []
-    for (count, source), names in groups.items():
+    for (count, kind), members in groups.items():
+        names = [name for name, _ in members]
         shown = ", ".join(names[:most]) + (
             f" and {len(names) - most} more" if len(names) > most else ""
         )
-        lines.append(f"GPUs: {count} on {shown} ({source})")
+        lines.append(f"GPUs: {count} on {shown} ({members[0][1] if len(names) == 1 else kind})")
     return lines
 
 
