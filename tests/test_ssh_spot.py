@@ -76,7 +76,13 @@ def test_a_reclaimed_spot_worker_is_replaced_and_training_resumes(
             "heartbeat": 1,
             "heartbeat_timeout": 20,
             "grace_period": 5,
-            "restart": {"max_cluster_restarts": 1, "backoff": 0.5},
+            "restart": {
+                "worker": "on-failure",
+                "ps": "exit-code",
+                "chief": "exit-code",
+                "max_cluster_restarts": 1,
+                "backoff": 0.5,
+            },  # fmt: skip
         },
     )
     proc = start_tflaunch("up", str(cluster), "--down")
@@ -111,7 +117,7 @@ def test_past_the_restart_limit_a_reclaimed_worker_fails_the_run(
         clean_region,
         monkeypatch,
         program={"env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "120"}},
-        supervision={"restart": {"max_cluster_restarts": 0}},
+        supervision={"restart": {"worker": "on-failure", "max_cluster_restarts": 0}},
     )
     proc = start_tflaunch("up", str(cluster), "--down")
     try:

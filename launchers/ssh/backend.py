@@ -244,7 +244,8 @@ class SshBackend(Backend):
                         link.report_lost(why)
 
     def reviver(self, config: ClusterConfig, plan: Plan, run: Run) -> Revive | None:
-        if self.fleet is not None:  # a provisioned run: an ended instance is replaced
+        if self.fleet is not None and plan.supervision.restart.enabled:
+            # a provisioned run whose agents stay up: an ended instance is replaced
             budget = config.ssh.host_wait or 2 * self.fleet.config.ssh.provision.ready_timeout
             return Revive(
                 budget, lambda host, deadline: self._replace(config, plan, run, host, deadline)
