@@ -280,6 +280,8 @@ def test_plain_tf1_between_graph_program_traced(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_keras_fit_under_multi_worker_mirrored_strategy_traced(tmp_path) -> None:
+    """Fails in roughly 4 runs of 10: worker:1 dies (SIGSEGV/SIGABRT) as its profiler session
+    collects, a crash not yet explained (docs/insight.md, "Known problem")."""
     pytest.importorskip("tensorflow")
     pytest.importorskip("tf_keras")
     argv = [sys.executable, str(PROGRAMS / "keras_mwms.py"), "4", "40"]
