@@ -98,6 +98,7 @@ def calibrate(a: argparse.Namespace) -> None:
     tflaunch(
         "model", "--netbench", run, "--compute-img-s", str(rate), "--batch-size", str(a.batch),
         "--save", str(a.out / "inputs.json"), "--workers", a.workers, "--ps", a.ps,
+        "--no-nic",  # every task on this one host: loopback, no NIC shared by a host's streams
     )  # fmt: skip
 
 

@@ -5,22 +5,29 @@ Assumptions (printed by ``tflaunch model``):
 
 1. A worker's step does not overlap compute and communication: it pulls every variable, computes,
    and pushes a gradient of every variable (TF1 between-graph replication as models.benchmark
-   runs it). Its transfers to the P PS go in parallel, so its communication time is that of the
-   fullest PS: ``t_comm = 2 (alpha + max_p B_p / beta) + 2 gamma n_vars``.
+   runs it). Its pulls from the P PS go in parallel, and so do its pushes.
 2. ``parameter_server`` and ``distributed_replicated`` move the same bytes (the latter also copies
-   the values into the local replica, a memory copy taken as free), asynchronously: every worker
-   steps at ``1 / (t_compute + t_comm)``.
-3. A PS moves ``2 B_p`` bytes for each step of any worker through its one link of ``beta`` bytes/s,
-   so all workers together make at most ``beta / (2 max_p B_p)`` steps per second.
-   Steps/s = min(W / (t_compute + t_comm), beta / (2 max_p B_p)).
-4. ``collective_all_reduce`` is synchronous ring all-reduce:
-   ``step = t_compute + 2 (W-1)/W * B / beta + 2 (W-1) alpha``; W workers make W steps per step.
-5. ``alpha`` (latency) and ``beta`` (bandwidth) are one link's, from netbench (median over pairs):
-   alpha the smallest message's time, beta the slope between its two largest sizes. Links do not
-   slow each other down (no shared switch, memory bus or CPU): on one many-core host this is the
-   assumption most likely to fail, which the measured error shows.
-6. Compute per step does not change with W (no contention for cores or memory bandwidth); with
-   CPU pinning, each task's cores are its own.
+   the values into the local replica, a memory copy taken as free), asynchronously.
+3. Links are full duplex: a PS sends the pulls and receives the pushes at once, each at ``beta``.
+   Transfers that share a link share its ``beta`` (processor sharing), so workers queue at a busy
+   PS. With ``nic`` (the default: one host's traffic to all its peers shares one NIC of
+   ``beta``, as on shaped test hosts or cloud instances), a worker also pulls and pushes the
+   whole model ``B`` through its own link: a phase takes at least ``B / beta``, whatever P is.
+   Without (``--no-nic``: tasks of one host talk over loopback), only the PS's links bind.
+   PS hosts are dedicated; PS tasks sharing a worker's host are modelled as if they did not.
+4. The asynchronous PS cluster is a closed queueing network solved by mean-value analysis: W
+   workers cycle through compute (with ``--shared-cores``, a queue: the hosts share the cores a
+   lone worker used), a pull phase and a push phase. A phase lasts the longer of the worker's
+   own link time and its slowest PS's transfer, each PS's time stretched by the transfers
+   queued there: ``R_p(n) = B_p / beta (1 + Q_p(n-1))``. Images/s = batch x throughput at n = W.
+5. ``collective_all_reduce`` is synchronous ring all-reduce of every variable one after another
+   (TensorFlow orders collectives): ``step = t_compute + 2 (W-1)/W B / beta + 2 (W-1) n_vars
+   alpha``: each variable's all-reduce pays the ring's 2 (W-1) latencies; W workers make W steps
+   per step.
+6. ``alpha`` (latency) and ``beta`` (bandwidth) are one link's, from netbench (median over pairs):
+   alpha the smallest message's time, beta the slope between its two largest sizes.
+7. Without ``--shared-cores``, compute per step does not change with W (each task's cores are
+   its own, no contention for memory bandwidth): on one many-core host this fails first.
 """
 
 from __future__ import annotations
@@ -62,6 +69,8 @@ class Inputs:
     variable_bytes: tuple[tuple[str, tuple[int, ...], int], ...]  # (name, shape, dtype size)
     link: Link
     per_variable_s: float = 0.0
+    nic: bool = True  # a host's traffic to all its peers shares one link of link.bandwidth
+    shared_cores: bool = False  # all workers compute on the cores one lone worker used
 
     @property
     def model_bytes(self) -> int:
@@ -79,6 +88,8 @@ class Inputs:
                 tuple((str(n), tuple(s), int(d)) for n, s, d in data["variable_bytes"]),
                 Link(float(data["link"]["latency_s"]), float(data["link"]["bandwidth"])),
                 float(data.get("per_variable_s", 0.0)),
+                bool(data.get("nic", True)),
+                bool(data.get("shared_cores", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelError(f"model inputs are incomplete or malformed ({exc!r}).") from None
@@ -118,26 +129,72 @@ def predict(
         raise ModelError("at least one worker.")
     link = inputs.link
     if update == "collective_all_reduce":
-        w = workers
-        comm = 2 * (w - 1) / w * inputs.model_bytes / link.bandwidth + 2 * (w - 1) * link.latency_s
-        step = inputs.compute_s + comm
-        return Prediction(w, ps, update, None, w * inputs.batch_size / step, step, "ring")
+        return _ring(inputs, workers)
     if update not in UPDATES:
         raise ModelError(f"unknown variable update {update!r}; choose one of {', '.join(UPDATES)}.")
     if ps < 1:
         raise ModelError(f"{update} needs at least one PS.")
     loads = bytes_per_ps(inputs, ps, strategy)
-    fullest = max(loads)
-    n_vars = len(inputs.variable_bytes)
-    comm = 2 * (link.latency_s + fullest / link.bandwidth) + 2 * inputs.per_variable_s * n_vars
-    step = inputs.compute_s + comm
-    worker_bound = workers / step
-    ps_bound = link.bandwidth / (2 * fullest) if fullest else float("inf")
-    steps_per_s = min(worker_bound, ps_bound)
-    bound = "workers" if worker_bound <= ps_bound else "ps"
-    return Prediction(
-        workers, ps, update, strategy, steps_per_s * inputs.batch_size, workers / steps_per_s, bound
+    own = inputs.model_bytes / link.bandwidth if inputs.nic else 0.0
+    fixed = 2 * link.latency_s + 2 * inputs.per_variable_s * len(inputs.variable_bytes)
+    throughput, bound = _mean_value_analysis(
+        workers,
+        inputs.compute_s,
+        inputs.shared_cores,
+        fixed,
+        own,
+        [b / link.bandwidth for b in loads],
     )
+    return Prediction(
+        workers, ps, update, strategy, throughput * inputs.batch_size, workers / throughput, bound
+    )
+
+
+def _ring(inputs: Inputs, workers: int) -> Prediction:
+    """Synchronous ring all-reduce, each variable in turn (assumption 5)."""
+    w, link = workers, inputs.link
+    n_vars = len(inputs.variable_bytes)
+    comm = 2 * (w - 1) / w * inputs.model_bytes / link.bandwidth
+    comm += 2 * (w - 1) * (link.latency_s + inputs.per_variable_s) * n_vars
+    compute = inputs.compute_s * (w if inputs.shared_cores else 1)
+    step = compute + comm
+    return Prediction(
+        w, 0, "collective_all_reduce", None, w * inputs.batch_size / step, step, "ring"
+    )
+
+
+def _mean_value_analysis(
+    workers: int,
+    compute_s: float,
+    shared_cores: bool,
+    fixed_s: float,
+    own_link_s: float,
+    ps_demand_s: Sequence[float],
+) -> tuple[float, str]:
+    """Steps/s of ``workers`` asynchronous workers (assumption 4) and what binds them: "workers"
+    (their own step, their own link included), "ps" (a PS's link) or "cores" (shared compute).
+
+    Each PS's egress (pulls) and ingress (pushes) is a processor-sharing queue of demand
+    ``ps_demand_s[p]`` per step; with equal demands both directions hold the same queue, so one
+    length per PS serves both. A phase is a fork-join over the PS, approximated by its slowest
+    branch, and never shorter than the worker's own link time."""
+    queued = [0.0] * len(ps_demand_s)
+    queued_cores = 0.0
+    throughput = 0.0
+    phase = compute = 0.0
+    for n in range(1, workers + 1):
+        residence = [d * (1 + q) for d, q in zip(ps_demand_s, queued, strict=True)]
+        phase = max(own_link_s, *residence)
+        compute = compute_s * (1 + queued_cores) if shared_cores else compute_s
+        throughput = n / (compute + fixed_s + 2 * phase)
+        queued = [throughput * r for r in residence]
+        queued_cores = throughput * compute
+    # What binds: a shared resource near saturation at n = W, else the workers' own steps.
+    ps_use = throughput * max(ps_demand_s)
+    core_use = throughput * compute_s if shared_cores else 0.0
+    if ps_use >= max(0.75, core_use) and phase > own_link_s:
+        return throughput, "ps"
+    return throughput, "cores" if core_use >= 0.75 else "workers"
 
 
 def grid(
@@ -371,6 +428,17 @@ def _int_list(text: str) -> list[int]:
 @click.option("--model", "model_name", default="inception_v3", show_default=True)
 @click.option("--num-classes", type=int, default=1001, show_default=True)
 @click.option("--per-variable-us", type=float, default=0.0, show_default=True)
+@click.option(
+    "--nic/--no-nic",
+    default=True,
+    show_default=True,
+    help="Each host's traffic shares one link of netbench's bandwidth (--no-nic: one host, loopback).",
+)
+@click.option(
+    "--shared-cores",
+    is_flag=True,
+    help="Every task runs on the cores the lone worker used (namespace hosts of one machine).",
+)
 @click.option("--inputs", "inputs_path", default=None, help="Model inputs saved with --save.")
 @click.option("--save", "save_path", default=None, help="Write the model inputs here (JSON).")
 @click.option("--workers", default="1,2,4,8", show_default=True)
@@ -386,6 +454,8 @@ def model_command(
     model_name: str,
     num_classes: int,
     per_variable_us: float,
+    nic: bool,
+    shared_cores: bool,
     inputs_path: str | None,
     save_path: str | None,
     workers: str,
@@ -427,6 +497,8 @@ def model_command(
             _model_variables(model_name, num_classes),
             link,
             per_variable_us * 1e-6,
+            nic,
+            shared_cores,
         )
     if save_path:
         Path(save_path).write_text(json.dumps(inputs.to_dict(), indent=1), encoding="utf-8")
@@ -435,6 +507,8 @@ def model_command(
         f"inputs: compute {inputs.compute_s * 1e3:.1f} ms per step of {inputs.batch_size} images, "
         f"{len(inputs.variable_bytes)} variables {inputs.model_bytes / 1e6:.1f} MB, latency "
         f"{inputs.link.latency_s * 1e6:.0f} µs, bandwidth {inputs.link.bandwidth / 1e6:.0f} MB/s"
+        f"{', a NIC per host' if inputs.nic else ''}"
+        f"{', cores shared by all tasks' if inputs.shared_cores else ''}"
     )
     predictions = grid(inputs, _int_list(workers), _int_list(ps_text))
     if show_all:
