@@ -177,6 +177,7 @@ def calibrate(a: argparse.Namespace, hosts: ssh_hosts.TestHosts) -> None:
                 "model", "--netbench", run, "--compute-img-s", str(computes[model]),
                 "--batch-size", str(a.batch), "--model", model, "--workers", "1,2,3",
                 "--ps", "1-3", "--save", str(a.out / f"inputs-{model}-{rate}.json"),
+                "--shared-cores",  # every namespace host computes on this machine's cores
             )  # fmt: skip
 
 
