@@ -2,7 +2,7 @@
 
     sudo python benchmarks/shaped_lab.py --out DIR [--hosts 6] [--rates 1gbit,10gbit]
         [--models inception3,resnet50] [--repeats 3] [--phase calibrate|sweep|report|all]
-        [--batch 2] [--image 75] [--steps 8] [--warmup 2]
+        [--batch 2] [--image 75] [--steps 8] [--warmup 2] [--grid full|core]
 
 N SSH test hosts (tests/hosts/ssh_hosts.py, holding its lock for the whole run) have their
 private links shaped to each rate in turn (``tbf`` on both ends: every host has an R NIC). The
@@ -76,6 +76,11 @@ POINTS = {
         (3, 0, CAR, "-"),
     ],
 }
+
+# The points repeated when time is short (--grid core): placement at 2 PS, 1..3 PS at W = 3 and
+# the PS-vs-all-reduce crossover, InceptionV3 only.
+CORE = {"inception3": [p for p in POINTS["inception3"] if p[2] != DR and p[:2] != (3, 3)]}
+CORE["inception3"].append((3, 3, PS, "lpt"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,8 +191,12 @@ def sweep(a: argparse.Namespace, hosts: ssh_hosts.TestHosts) -> None:
     done = json.loads(store.read_text()) if store.exists() else []
     first = 1 + max((m["repeat"] for m in done), default=0)
     runners: dict[tuple[str, str, str], bench.Runner] = {}
+    grid = CORE if a.grid == "core" else POINTS
     points = [
-        LabPoint(model, rate, *p) for rate in a.rates for model in a.models for p in POINTS[model]
+        LabPoint(model, rate, *p)
+        for rate in a.rates
+        for model in a.models
+        for p in grid.get(model, [])
     ]
     total, started = len(points) * a.repeats, time.monotonic()
     for repeat in range(first, first + a.repeats):
@@ -380,6 +389,7 @@ def main() -> int:
     p.add_argument("--image", type=int, default=75)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--grid", choices=("full", "core"), default="full", help="core: see CORE")
     p.add_argument("--phase", choices=("calibrate", "sweep", "report", "all"), default="all")
     a = p.parse_args()
     a.out = a.out.resolve()
