@@ -180,7 +180,7 @@ def calibrate(a: argparse.Namespace, hosts: ssh_hosts.TestHosts) -> None:
         for model in a.models:
             tflaunch(
                 "model", "--netbench", run, "--compute-img-s", str(computes[model]),
-                "--batch-size", str(a.batch), "--model", model, "--workers", "1,2,3",
+                "--batch-size", str(a.batch), "--model", model, "--workers", a.worker_counts,
                 "--ps", "1-3", "--save", str(a.out / f"inputs-{model}-{rate}.json"),
                 "--shared-cores",  # every namespace host computes on this machine's cores
             )  # fmt: skip
@@ -191,7 +191,7 @@ def sweep(a: argparse.Namespace, hosts: ssh_hosts.TestHosts) -> None:
     done = json.loads(store.read_text()) if store.exists() else []
     first = 1 + max((m["repeat"] for m in done), default=0)
     runners: dict[tuple[str, str, str], bench.Runner] = {}
-    grid = CORE if a.grid == "core" else POINTS
+    grid = a.points or (CORE if a.grid == "core" else POINTS)
     points = [
         LabPoint(model, rate, *p)
         for rate in a.rates
@@ -367,7 +367,7 @@ def plot(a: argparse.Namespace, model: str, measured) -> None:
         ax.set_title(f"{model}, links shaped to {rate}")
         ax.set_xlabel("workers")
         ax.set_ylabel("images/sec (all workers)")
-        ax.set_xticks([1, 2, 3])
+        ax.set_xticks(sorted({lp.workers for lp in measured if lp.model == model}))
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -376,6 +376,16 @@ def plot(a: argparse.Namespace, model: str, measured) -> None:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     print(f"wrote {path}")
+
+
+def parse_points(text: str, models: list[str]) -> dict[str, list[tuple[int, int, str, str]]]:
+    """``--points 8:1:ps:round_robin,8:0:car:-``: workers, PS, update (ps, dr, car), placement."""
+    names = {"ps": PS, "dr": DR, "car": CAR}
+    points = []
+    for item in text.split(","):
+        w, p, update, placement = item.split(":")
+        points.append((int(w), int(p), names[update], placement))
+    return {model: points for model in models}
 
 
 def main() -> int:
@@ -389,6 +399,7 @@ def main() -> int:
     p.add_argument("--image", type=int, default=75)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--points", default=None, help="W:P:ps|dr|car:PLACEMENT,... (else --grid)")
     p.add_argument("--grid", choices=("full", "core"), default="full", help="core: see CORE")
     p.add_argument("--phase", choices=("calibrate", "sweep", "report", "all"), default="all")
     a = p.parse_args()
@@ -396,6 +407,10 @@ def main() -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     a.rates = a.rates.split(",")
     a.models = a.models.split(",")
+    a.points = parse_points(a.points, a.models) if a.points else None
+    grid = a.points or POINTS
+    counts = sorted({p[0] for m in a.models for p in grid.get(m, [])})
+    a.worker_counts = ",".join(str(w) for w in counts)
     for rate in a.rates:
         ssh_hosts.parse_rate(rate)
     if a.phase != "report":
