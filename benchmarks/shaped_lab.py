@@ -182,7 +182,7 @@ def calibrate(a: argparse.Namespace, hosts: ssh_hosts.TestHosts) -> None:
                 "model", "--netbench", run, "--compute-img-s", str(computes[model]),
                 "--batch-size", str(a.batch), "--model", model, "--workers", a.worker_counts,
                 "--ps", "1-3", "--save", str(a.out / f"inputs-{model}-{rate}.json"),
-                "--shared-cores",  # every namespace host computes on this machine's cores
+                *([] if a.own_cores else ["--shared-cores"]),  # hosts share this machine's cores
             )  # fmt: skip
 
 
@@ -400,6 +400,11 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--points", default=None, help="W:P:ps|dr|car:PLACEMENT,... (else --grid)")
+    p.add_argument(
+        "--own-cores",
+        action="store_true",
+        help="tasks do not contend for cores (a many-core machine): model without --shared-cores",
+    )
     p.add_argument("--grid", choices=("full", "core"), default="full", help="core: see CORE")
     p.add_argument("--phase", choices=("calibrate", "sweep", "report", "all"), default="all")
     a = p.parse_args()
