@@ -64,7 +64,7 @@ def test_shared_cores_queue_the_workers_compute() -> None:
     shared = pm.predict(_inputs(shared_cores=True), 16, 4, "parameter_server", "lpt")
     assert shared.bound == "cores" and shared.images_per_sec == pytest.approx(2 * 32, rel=0.02)
     ring = pm.predict(_inputs(shared_cores=True), 2, 0, "collective_all_reduce")
-    assert ring.step_s == pytest.approx(2 * 0.5 + 0.08 + 2 * 0.001 * 4)
+    assert ring.step_s == pytest.approx(2 * 0.5 + 0.08 + 0.002 + 2 * 0.001 * 4)
 
 
 def test_per_variable_cost_and_replicated_match_ps() -> None:
@@ -76,12 +76,24 @@ def test_per_variable_cost_and_replicated_match_ps() -> None:
     )
 
 
-def test_ring_all_reduce_pays_the_ring_latency_per_variable() -> None:
-    # W = 4: 2 * 3/4 * 8 MB / 100 MB/s = 0.12 s, plus 2 * 3 latencies of 1 ms for each of 4 variables.
+def test_ring_all_reduce_pays_a_round_trip_per_variable() -> None:
+    # W = 4: 2 * 3/4 * 8 MB / 100 MB/s = 0.12 s, the ring's 2 * 3 latencies of 1 ms, and one
+    # round trip (2 ms) for each of the 4 variables.
     p = pm.predict(_inputs(), 4, 0, "collective_all_reduce")
-    assert p.step_s == pytest.approx(0.5 + 0.12 + 0.024)
-    assert p.images_per_sec == pytest.approx(4 * 32 / 0.644)
+    assert p.step_s == pytest.approx(0.5 + 0.12 + 0.006 + 0.008)
+    assert p.images_per_sec == pytest.approx(4 * 32 / 0.634)
     assert pm.predict(_inputs(), 1, 0, "collective_all_reduce").step_s == pytest.approx(0.5)
+
+
+def test_a_phase_waits_for_its_last_ps() -> None:
+    # Two PS of 4 MB each (lpt): an arriving worker finds the others' transfers at both, and its
+    # phase lasts until the later one ends: the queueing part is stretched by H(2) = 1.5.
+    assert pm._harmonic(1) == 1 and pm._harmonic(2) == 1.5 and pm._harmonic(1.5) == 1.25
+    inputs = _inputs(nic=False)
+    one = pm.predict(inputs, 1, 2, "parameter_server", "lpt")
+    in_phase = 0.04 / one.step_s  # workers in a pull phase with one worker
+    two = pm.predict(inputs, 2, 2, "parameter_server", "lpt")
+    assert two.step_s == pytest.approx(0.502 + 2 * 0.04 * (1 + 1.5 * in_phase))
 
 
 def test_bad_requests() -> None:

@@ -17,13 +17,18 @@ Assumptions (printed by ``tflaunch model``):
    PS hosts are dedicated; PS tasks sharing a worker's host are modelled as if they did not.
 4. The asynchronous PS cluster is a closed queueing network solved by mean-value analysis: W
    workers cycle through compute (with ``--shared-cores``, a queue: the hosts share the cores a
-   lone worker used), a pull phase and a push phase. A phase lasts the longer of the worker's
-   own link time and its slowest PS's transfer, each PS's time stretched by the transfers
-   queued there: ``R_p(n) = B_p / beta (1 + Q_p(n-1))``. Images/s = batch x throughput at n = W.
-5. ``collective_all_reduce`` is synchronous ring all-reduce of every variable one after another
-   (TensorFlow orders collectives): ``step = t_compute + 2 (W-1)/W B / beta + 2 (W-1) n_vars
-   alpha``: each variable's all-reduce pays the ring's 2 (W-1) latencies; W workers make W steps
-   per step.
+   lone worker used), a pull phase and a push phase. In a phase a worker moves bytes with every
+   PS at once, sharing each PS's link with the workers already in that phase (as many as with
+   one worker fewer); the phase ends with its last PS, so the queueing part of the fullest PS's
+   time is stretched by H(P_eff), the mean maximum of P_eff exponential delays (P_eff = total /
+   largest PS demand): ``phase = max(B / beta, B_max / beta (1 + H(P_eff) N_phase))``.
+   Images/s = batch x throughput at n = W.
+5. ``collective_all_reduce`` is synchronous ring all-reduce:
+   ``step = t_compute + 2 (W-1)/W B / beta + 2 (W-1) alpha + 2 alpha n_vars``: the ring moves
+   2 (W-1)/W of the model through every worker's link each way, and each variable's all-reduce
+   costs one round trip more (fitted: 8 workers at 1 Gb/s took 0.45 s over the bytes' time, 190
+   variables x 2 x 1.4 ms; a ring latency per variable per step, 2 (W-1) n_vars alpha, would be
+   3.6 s). W workers make W steps per step.
 6. ``alpha`` (latency) and ``beta`` (bandwidth) are one link's, from netbench (median over pairs):
    alpha the smallest message's time, beta the slope between its two largest sizes.
 7. Without ``--shared-cores``, compute per step does not change with W (each task's cores are
@@ -151,11 +156,13 @@ def predict(
 
 
 def _ring(inputs: Inputs, workers: int) -> Prediction:
-    """Synchronous ring all-reduce, each variable in turn (assumption 5)."""
+    """Synchronous ring all-reduce (assumption 5)."""
     w, link = workers, inputs.link
     n_vars = len(inputs.variable_bytes)
-    comm = 2 * (w - 1) / w * inputs.model_bytes / link.bandwidth
-    comm += 2 * (w - 1) * (link.latency_s + inputs.per_variable_s) * n_vars
+    comm = 0.0
+    if w > 1:
+        comm = 2 * (w - 1) / w * inputs.model_bytes / link.bandwidth + 2 * (w - 1) * link.latency_s
+        comm += (2 * link.latency_s + inputs.per_variable_s) * n_vars
     compute = inputs.compute_s * (w if inputs.shared_cores else 1)
     step = compute + comm
     return Prediction(
@@ -174,27 +181,36 @@ def _mean_value_analysis(
     """Steps/s of ``workers`` asynchronous workers (assumption 4) and what binds them: "workers"
     (their own step, their own link included), "ps" (a PS's link) or "cores" (shared compute).
 
-    Each PS's egress (pulls) and ingress (pushes) is a processor-sharing queue of demand
-    ``ps_demand_s[p]`` per step; with equal demands both directions hold the same queue, so one
-    length per PS serves both. A phase is a fork-join over the PS, approximated by its slowest
-    branch, and never shorter than the worker's own link time."""
-    queued = [0.0] * len(ps_demand_s)
-    queued_cores = 0.0
-    throughput = 0.0
+    A worker in a pull (or push) phase moves bytes with every PS at once, so an arriving worker
+    shares each PS's link with the workers already in that phase (processor sharing, the
+    arrival theorem: as many as with one worker fewer). The phase ends when its last PS is
+    done: the queueing part of the fullest PS's time is stretched by H(P_eff), the expected
+    maximum of P_eff exponential delays, P_eff = total / largest PS demand (round robin's near
+    empty PS counts for little). Never shorter than the worker's own link time."""
+    fullest = max(ps_demand_s)
+    fork = _harmonic(sum(ps_demand_s) / fullest) if fullest else 1.0
+    in_phase = queued_cores = throughput = 0.0
     phase = compute = 0.0
     for n in range(1, workers + 1):
-        residence = [d * (1 + q) for d, q in zip(ps_demand_s, queued, strict=True)]
-        phase = max(own_link_s, *residence)
+        phase = max(own_link_s, fullest * (1 + fork * in_phase))
         compute = compute_s * (1 + queued_cores) if shared_cores else compute_s
         throughput = n / (compute + fixed_s + 2 * phase)
-        queued = [throughput * r for r in residence]
+        in_phase = throughput * phase
         queued_cores = throughput * compute
-    # What binds: a shared resource near saturation at n = W, else the workers' own steps.
-    ps_use = throughput * max(ps_demand_s)
+    # What binds: the shared cores near saturation, else the PS where queueing there stretches
+    # the phases, else the workers' own steps (their own link included).
+    ps_use = throughput * fullest
     core_use = throughput * compute_s if shared_cores else 0.0
-    if ps_use >= max(0.75, core_use) and phase > own_link_s:
-        return throughput, "ps"
-    return throughput, "cores" if core_use >= 0.75 else "workers"
+    if core_use >= max(0.75, ps_use):
+        return throughput, "cores"
+    return throughput, "ps" if phase > 1.05 * own_link_s else "workers"
+
+
+def _harmonic(x: float) -> float:
+    """H(x) = 1 + 1/2 + ... + 1/x, linear between whole numbers (H(1) = 1, H(2) = 1.5)."""
+    whole = max(1, int(x))
+    value = sum(1 / k for k in range(1, whole + 1))
+    return value + (x - whole) / (whole + 1)
 
 
 def grid(
