@@ -159,3 +159,24 @@ def test_prediction_beside_measurement() -> None:
     assert median == pytest.approx(20.0)  # predicted / measured = 0.8
     assert lines[1].split()[-1] == "-20.0"
     assert lines[-1] == "median absolute error: 20.0 % over 1 rows"
+
+
+def test_measured_compute_contention_replaces_the_lone_workers_compute() -> None:
+    # Lone: 0.5 s; 4 lone workers at once: 0.7 s each; 2 interpolates, 8 extrapolates.
+    inputs = _inputs(compute_at=((4, 0.7),))
+    assert inputs.compute_with(1) == 0.5 and inputs.compute_with(4) == pytest.approx(0.7)
+    assert inputs.compute_with(2) == pytest.approx(0.5 + 0.2 / 3)
+    assert inputs.compute_with(8) == pytest.approx(0.7 + 0.2 / 3 * 4)
+    slow = pm.predict(inputs, 4, 0, "collective_all_reduce")
+    assert slow.step_s == pytest.approx(
+        pm.predict(_inputs(), 4, 0, "collective_all_reduce").step_s + 0.2
+    )
+    assert pm.Inputs.from_dict(json.loads(json.dumps(inputs.to_dict()))) == inputs
+
+
+def test_cli_takes_compute_contention_and_refuses_a_bad_one(tmp_path) -> None:
+    bad = CliRunner().invoke(
+        cli,
+        ["model", "--netbench", str(tmp_path), "--compute-img-s", "10", "--compute-img-s-at", "8"],
+    )
+    assert bad.exit_code == 2 and "W=IMG_S" in bad.output

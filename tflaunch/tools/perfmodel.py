@@ -31,8 +31,9 @@ Assumptions (printed by ``tflaunch model``):
    3.6 s). W workers make W steps per step.
 6. ``alpha`` (latency) and ``beta`` (bandwidth) are one link's, from netbench (median over pairs):
    alpha the smallest message's time, beta the slope between its two largest sizes.
-7. Without ``--shared-cores``, compute per step does not change with W (each task's cores are
-   its own, no contention for memory bandwidth): on one many-core host this fails first.
+7. Without ``--shared-cores``, a worker's compute per step is the lone worker's, or, with
+   ``--compute-img-s-at W=R`` (W lone workers at once, each on cores of its own), the measured
+   figure interpolated at W: contention for caches and memory bandwidth on one many-core host.
 """
 
 from __future__ import annotations
@@ -76,6 +77,20 @@ class Inputs:
     per_variable_s: float = 0.0
     nic: bool = True  # a host's traffic to all its peers shares one link of link.bandwidth
     shared_cores: bool = False  # all workers compute on the cores one lone worker used
+    # (W, compute_s of each of W lone workers computing at once on cores of their own): measured
+    # contention for caches and memory bandwidth; between and beyond the points, interpolated.
+    compute_at: tuple[tuple[int, float], ...] = ()
+
+    def compute_with(self, workers: int) -> float:
+        """A worker's compute per step while ``workers`` workers compute at once."""
+        points = sorted({(1, self.compute_s), *self.compute_at})
+        if workers <= 1 or len(points) == 1:
+            return self.compute_s
+        for (w0, c0), (w1, c1) in zip(points, points[1:], strict=False):
+            if workers <= w1:
+                return c0 + (c1 - c0) * (workers - w0) / (w1 - w0)
+        (w0, c0), (w1, c1) = points[-2], points[-1]
+        return c1 + (c1 - c0) * (workers - w1) / (w1 - w0)  # extrapolated from the last two
 
     @property
     def model_bytes(self) -> int:
@@ -95,6 +110,7 @@ class Inputs:
                 float(data.get("per_variable_s", 0.0)),
                 bool(data.get("nic", True)),
                 bool(data.get("shared_cores", False)),
+                tuple((int(w), float(c)) for w, c in data.get("compute_at", ())),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelError(f"model inputs are incomplete or malformed ({exc!r}).") from None
@@ -144,7 +160,7 @@ def predict(
     fixed = 2 * link.latency_s + 2 * inputs.per_variable_s * len(inputs.variable_bytes)
     throughput, bound = _mean_value_analysis(
         workers,
-        inputs.compute_s,
+        inputs.compute_with(workers),
         inputs.shared_cores,
         fixed,
         own,
@@ -163,7 +179,7 @@ def _ring(inputs: Inputs, workers: int) -> Prediction:
     if w > 1:
         comm = 2 * (w - 1) / w * inputs.model_bytes / link.bandwidth + 2 * (w - 1) * link.latency_s
         comm += (2 * link.latency_s + inputs.per_variable_s) * n_vars
-    compute = inputs.compute_s * (w if inputs.shared_cores else 1)
+    compute = inputs.compute_s * w if inputs.shared_cores else inputs.compute_with(w)
     step = compute + comm
     return Prediction(
         w, 0, "collective_all_reduce", None, w * inputs.batch_size / step, step, "ring"
@@ -415,6 +431,17 @@ def _model_variables(model: str, num_classes: int) -> tuple[tuple[str, tuple[int
     return tuple((v.name, tuple(v.shape), v.dtype_size) for v in model_variables(spec, num_classes))
 
 
+def _workers_rate(text: str) -> tuple[int, float]:
+    try:
+        workers, rate = text.split("=")
+        return int(workers), float(rate)
+    except ValueError:
+        raise ModelError(
+            f"--compute-img-s-at {text!r}: write W=IMG_S, e.g. 8=28.4 (each of 8 lone workers "
+            "computing at once made 28.4 images/sec)."
+        ) from None
+
+
 def _int_list(text: str) -> list[int]:
     from tflaunch.tools.placement import parse_ps_counts
 
@@ -455,6 +482,13 @@ def _int_list(text: str) -> list[int]:
     is_flag=True,
     help="Every task runs on the cores the lone worker used (namespace hosts of one machine).",
 )
+@click.option(
+    "--compute-img-s-at",
+    "compute_at_text",
+    multiple=True,
+    metavar="W=IMG_S",
+    help="Each of W lone workers' images/sec while all W compute at once (repeatable).",
+)
 @click.option("--inputs", "inputs_path", default=None, help="Model inputs saved with --save.")
 @click.option("--save", "save_path", default=None, help="Write the model inputs here (JSON).")
 @click.option("--workers", default="1,2,4,8", show_default=True)
@@ -472,6 +506,7 @@ def model_command(
     per_variable_us: float,
     nic: bool,
     shared_cores: bool,
+    compute_at_text: tuple[str, ...],
     inputs_path: str | None,
     save_path: str | None,
     workers: str,
@@ -479,6 +514,10 @@ def model_command(
     show_all: bool,
 ) -> None:
     """Predict images/sec for W workers x P PS per variable update; recommend P and placement."""
+    compute_at = tuple(
+        (w, compute_from_single(rate, batch_size))
+        for w, rate in (_workers_rate(t) for t in compute_at_text)
+    )  # checked before anything slow (TensorFlow builds the model's variables)
     if inputs_path:
         inputs = load_inputs(Path(inputs_path))
     else:
@@ -515,6 +554,7 @@ def model_command(
             per_variable_us * 1e-6,
             nic,
             shared_cores,
+            compute_at,
         )
     if save_path:
         Path(save_path).write_text(json.dumps(inputs.to_dict(), indent=1), encoding="utf-8")
@@ -525,6 +565,7 @@ def model_command(
         f"{inputs.link.latency_s * 1e6:.0f} µs, bandwidth {inputs.link.bandwidth / 1e6:.0f} MB/s"
         f"{', a NIC per host' if inputs.nic else ''}"
         f"{', cores shared by all tasks' if inputs.shared_cores else ''}"
+        + "".join(f", compute {c * 1e3:.0f} ms at {w} workers" for w, c in inputs.compute_at)
     )
     predictions = grid(inputs, _int_list(workers), _int_list(ps_text))
     if show_all:
