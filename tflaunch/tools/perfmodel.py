@@ -219,7 +219,7 @@ def _mean_value_analysis(
     core_use = throughput * compute_s if shared_cores else 0.0
     if core_use >= max(0.75, ps_use):
         return throughput, "cores"
-    return throughput, "ps" if phase > 1.05 * own_link_s else "workers"
+    return throughput, "ps" if phase > 1.05 * max(own_link_s, fullest) else "workers"
 
 
 def _harmonic(x: float) -> float:
