@@ -88,7 +88,7 @@ def test_ring_all_reduce_pays_a_round_trip_per_variable() -> None:
 def test_a_phase_waits_for_its_last_ps() -> None:
     # Two PS of 4 MB each (lpt): an arriving worker finds the others' transfers at both, and its
     # phase lasts until the later one ends: the queueing part is stretched by H(2) = 1.5.
-    assert pm._harmonic(1) == 1 and pm._harmonic(2) == 1.5 and pm._harmonic(1.5) == 1.25
+    assert pm.harmonic(1) == 1 and pm.harmonic(2) == 1.5 and pm.harmonic(1.5) == 1.25
     inputs = _inputs(nic=False)
     one = pm.predict(inputs, 1, 2, "parameter_server", "lpt")
     in_phase = 0.04 / one.step_s  # workers in a pull phase with one worker

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 import sys
 from pathlib import Path
 
@@ -45,13 +46,15 @@ def test_shaping_puts_tbf_on_both_ends_of_each_private_link(ssh_test_hosts) -> N
     for host in hosts.hosts:
         assert set(ssh_hosts.shaped_rates(host).values()) == {None}
     # The public links (the launcher's and SSH's) are never shaped.
-    out = ssh_hosts._run(["tc", "qdisc", "show", "dev", "tfl-sp1"]).stdout
+    out = subprocess.run(
+        ["tc", "qdisc", "show", "dev", "tfl-sp1"], capture_output=True, text=True, check=True
+    ).stdout
     assert "tbf" not in out
 
 
 def test_cli_refuses_a_bad_rate_before_building_anything(capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        ssh_hosts._main(["up", "2", "--rate", "fast"])
+        ssh_hosts.main(["up", "2", "--rate", "fast"])
     assert exit_info.value.code == 2
     assert "link rate" in capsys.readouterr().err
 

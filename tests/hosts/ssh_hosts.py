@@ -489,7 +489,7 @@ def processes_in(host: TestHost, exclude_sshd: bool = True) -> list[str]:
     return found
 
 
-def _main(argv: list[str]) -> int:
+def main(argv: list[str]) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="ssh_hosts.py", description="SSH test hosts.")
@@ -589,4 +589,4 @@ def ssh_test_hosts() -> Iterator[TestHosts]:
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))

@@ -204,7 +204,7 @@ def _mean_value_analysis(
     maximum of P_eff exponential delays, P_eff = total / largest PS demand (round robin's near
     empty PS counts for little). Never shorter than the worker's own link time."""
     fullest = max(ps_demand_s)
-    fork = _harmonic(sum(ps_demand_s) / fullest) if fullest else 1.0
+    fork = harmonic(sum(ps_demand_s) / fullest) if fullest else 1.0
     in_phase = queued_cores = throughput = 0.0
     phase = compute = 0.0
     for n in range(1, workers + 1):
@@ -222,7 +222,7 @@ def _mean_value_analysis(
     return throughput, "ps" if phase > 1.05 * max(own_link_s, fullest) else "workers"
 
 
-def _harmonic(x: float) -> float:
+def harmonic(x: float) -> float:
     """H(x) = 1 + 1/2 + ... + 1/x, linear between whole numbers (H(1) = 1, H(2) = 1.5)."""
     whole = max(1, int(x))
     value = sum(1 / k for k in range(1, whole + 1))
