@@ -3,6 +3,7 @@
     sudo python benchmarks/shaped_lab.py --out DIR [--hosts 6] [--rates 1gbit,10gbit]
         [--models inception3,resnet50] [--repeats 3] [--phase calibrate|sweep|report|all]
         [--batch 2] [--image 75] [--steps 8] [--warmup 2] [--grid full|core]
+        [--points W:P:ps|dr|car:PLACEMENT,...] [--own-cores]
 
 N SSH test hosts (tests/hosts/ssh_hosts.py, holding its lock for the whole run) have their
 private links shaped to each rate in turn (``tbf`` on both ends: every host has an R NIC). The
@@ -16,7 +17,9 @@ calibrate: per model a lone worker (no cluster, same flags) gives the compute pe
 --save`` turns both into ``DIR/inputs-<model>-<rate>.json``.
 sweep: every grid point (the list ``POINTS``: workers, PS, variable update, placement) at every
 rate, ``--repeats`` times, repeat-major across rates and models (the hosts are re-shaped between
-rates), through ``tflaunch bench``'s runner (the same path as ``tflaunch up``). Measurements are
+rates; ``--grid core`` the shorter ``CORE``, ``--points`` any list, e.g. 8 workers on a
+many-core machine with ``--hosts 12 --own-cores``), through ``tflaunch bench``'s runner (the same
+path as ``tflaunch up``). Measurements are
 appended to ``DIR/measurements.json`` as they come, so a sweep can be run a repeat at a time
 (``--repeats 1`` three times) and still reports every repeat.
 report: per model and rate the CSCS table (mean, spread, n) with ``tflaunch model``'s prediction
