@@ -193,6 +193,7 @@ def sweep(a: argparse.Namespace, hosts: ssh_hosts.TestHosts) -> None:
     store = a.out / "measurements.json"
     done = json.loads(store.read_text()) if store.exists() else []
     first = 1 + max((m["repeat"] for m in done), default=0)
+    earlier = len(done)
     runners: dict[tuple[str, str, str], bench.Runner] = {}
     grid = a.points or (CORE if a.grid == "core" else POINTS)
     points = [
@@ -230,7 +231,7 @@ def sweep(a: argparse.Namespace, hosts: ssh_hosts.TestHosts) -> None:
                      "exit_code": m.exit_code, "run_id": m.run_id}
                 )  # fmt: skip
                 store.write_text(json.dumps(done, indent=1))
-                n = len(done) - (first - 1) * len(points)
+                n = len(done) - earlier
                 print(
                     f"[{n}/{total}] r{repeat} {lp.key}: {m.images_per_sec} img/s "
                     f"({time.monotonic() - started:.0f} s)",
