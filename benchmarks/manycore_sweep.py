@@ -5,7 +5,8 @@
         [--batch 32] [--image 149] [--steps 30] [--warmup 10] [--phase calibrate|sweep|all]
 
 calibrate: (1) one lone worker (no cluster), bound to K cores like a pinned task, gives the
-compute time per step; (2) ``tflaunch netbench`` on a 1 PS + 1 worker cluster of this host gives
+compute time per step, and W lone workers at once on cores of their own (each worker count of
+the sweep that fits) give it under contention for caches and memory bandwidth; (2) ``tflaunch netbench`` on a 1 PS + 1 worker cluster of this host gives
 the link; (3) ``tflaunch model`` turns both into DIR/inputs.json and prints its recommendation.
 sweep: ``tflaunch bench`` over the grid on the local backend (tasks pinned with
 ``placement.cpus_per_task`` K when K > 0), with ``--predict DIR/inputs.json``: the CSCS table,
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -72,32 +74,57 @@ def cluster_file(a: argparse.Namespace, path: Path, ps: int, workers: int, argv)
     return path
 
 
-def lone_worker(a: argparse.Namespace) -> float:
-    cores = sorted(os.sched_getaffinity(0))[: a.cpus_per_task or None]
+def lone_workers(a: argparse.Namespace, count: int) -> float:
+    """``count`` lone workers (no cluster) at once, each bound to K cores of its own (all cores
+    if unpinned and alone): the median of their images/sec."""
+    cores = sorted(os.sched_getaffinity(0))
+    k = a.cpus_per_task or len(cores)
+    if count * k > len(cores):
+        raise SystemExit(f"{count} workers x {k} cores do not fit {len(cores)} cores")
     t0 = time.time()
-    out = subprocess.run(
-        bench_argv(a),
-        cwd=ROOT,
-        text=True,
-        capture_output=True,
-        preexec_fn=lambda: os.sched_setaffinity(0, cores),
+    procs = [
+        subprocess.Popen(
+            bench_argv(a),
+            cwd=ROOT,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            preexec_fn=lambda i=i: os.sched_setaffinity(0, cores[i * k : (i + 1) * k]),
+        )
+        for i in range(count)
+    ]
+    rates = []
+    for proc in procs:
+        out = proc.communicate()[0]
+        m = re.search(r"^worker images/sec: ([\d.]+)$", out, re.M)
+        if not m:
+            raise SystemExit("lone worker failed:\n" + out[-3000:])
+        rates.append(float(m.group(1)))
+    rate = statistics.median(rates)
+    print(
+        f"{count} lone worker(s) on {k} cores each: {rate:.2f} images/sec ({time.time() - t0:.0f} s)"
     )
-    m = re.search(r"^worker images/sec: ([\d.]+)$", out.stdout, re.M)
-    if not m:
-        raise SystemExit("lone worker failed:\n" + out.stdout[-2000:] + out.stderr[-2000:])
-    rate = float(m.group(1))
-    print(f"lone worker on {len(cores)} cores: {rate:.2f} images/sec ({time.time() - t0:.0f} s)")
     return rate
 
 
 def calibrate(a: argparse.Namespace) -> None:
-    rate = lone_worker(a)
+    rate = lone_workers(a, 1)
+    # Compute contention (the model's assumption 7): as many lone workers at once as the sweep
+    # runs workers, each on cores of its own, when they fit.
+    cores = len(os.sched_getaffinity(0))
+    contention = [
+        f"{w}={lone_workers(a, w)}"
+        for w in sorted({int(w) for w in a.workers.split(",")})
+        if w > 1 and a.cpus_per_task and w * a.cpus_per_task <= cores
+    ]
     nb = cluster_file(a, a.out / "netbench.yaml", 1, 1, [sys.executable, "-c", "pass"])
     out = tflaunch("netbench", str(nb), "--sizes", "1K,1M,16M,64M", "--ps-model", "none")
     run = re.search(r"wrote (\S+)/netbench\.json", out).group(1)
     tflaunch(
         "model", "--netbench", run, "--compute-img-s", str(rate), "--batch-size", str(a.batch),
         "--save", str(a.out / "inputs.json"), "--workers", a.workers, "--ps", a.ps,
+        "--no-nic",  # every task on this one host: loopback, no NIC shared by a host's streams
+        *(f"--compute-img-s-at={c}" for c in contention),
     )  # fmt: skip
 
 

@@ -25,22 +25,46 @@ def _inputs(**kw) -> pm.Inputs:
     )
 
 
-def test_parameter_server_bound_by_its_own_step_or_the_busiest_ps() -> None:
+def test_parameter_server_is_a_closed_queueing_network() -> None:
     inputs = _inputs()
-    # 1 PS holds 8 MB: t_comm = 2 (0.001 + 0.08) = 0.162; step 0.662 s; PS bound 100/16 = 6.25/s.
+    # 1 PS holds 8 MB: a phase is 0.08 s each way; step 0.5 + 2 ms + 0.16 s = 0.662 s.
     one = pm.predict(inputs, 1, 1, "parameter_server")
     assert one.images_per_sec == pytest.approx(32 / 0.662)
     assert one.bound == "workers"
-    # 8 workers on 1 PS: 8 / 0.662 = 12.1 steps/s > 6.25: the PS's link bounds them.
+    # Mean-value analysis, by hand: at n = 1 the PS holds 0.08 / 0.662 transfers on average, so
+    # the second worker's phase is 0.08 (1 + 0.08 / 0.662).
+    phase = 0.08 * (1 + 0.08 / 0.662)
+    two = pm.predict(inputs, 2, 1, "parameter_server")
+    assert two.images_per_sec == pytest.approx(32 * 2 / (0.502 + 2 * phase))
+    # Many workers: the PS's link, full duplex (pulls out, pushes in at once), caps them at
+    # 100 MB/s / 8 MB = 12.5 steps/s, and the PS is what binds.
+    many = pm.predict(inputs, 64, 1, "parameter_server")
+    assert many.bound == "ps" and many.images_per_sec == pytest.approx(12.5 * 32, rel=0.03)
     eight = pm.predict(inputs, 8, 1, "parameter_server")
-    assert eight.bound == "ps" and eight.images_per_sec == pytest.approx(6.25 * 32)
+    assert eight.images_per_sec < min(8 / 0.662, 12.5) * 32
     # lpt at 2 PS: {4} and {2, 1, 1}: 4 MB each; round robin: {4, 1} = 5 MB on PS 0.
-    lpt = pm.predict(inputs, 8, 2, "parameter_server", "lpt")
-    rr = pm.predict(inputs, 8, 2, "parameter_server", "round_robin")
     assert pm.bytes_per_ps(inputs, 2, "lpt") == (4 * MB, 4 * MB)
     assert pm.bytes_per_ps(inputs, 2, "round_robin") == (5 * MB, 3 * MB)
-    assert lpt.images_per_sec == pytest.approx(min(8 / (0.5 + 2 * (0.001 + 0.04)), 100 / 8) * 32)
+    lpt = pm.predict(inputs, 8, 2, "parameter_server", "lpt")
+    rr = pm.predict(inputs, 8, 2, "parameter_server", "round_robin")
     assert lpt.images_per_sec > rr.images_per_sec
+
+
+def test_a_workers_own_nic_carries_the_whole_model() -> None:
+    # With a NIC per host, a lone worker pulls all 8 MB through its own link whatever P is;
+    # over loopback (no NIC) its pulls from 2 PS of 4 MB each go in parallel.
+    nic = pm.predict(_inputs(), 1, 2, "parameter_server", "lpt")
+    loopback = pm.predict(_inputs(nic=False), 1, 2, "parameter_server", "lpt")
+    assert nic.step_s == pytest.approx(0.502 + 2 * 0.08)
+    assert loopback.step_s == pytest.approx(0.502 + 2 * 0.04)
+
+
+def test_shared_cores_queue_the_workers_compute() -> None:
+    # Two workers on the cores one lone worker filled: at most 1 / 0.5 s = 2 steps/s together.
+    shared = pm.predict(_inputs(shared_cores=True), 16, 4, "parameter_server", "lpt")
+    assert shared.bound == "cores" and shared.images_per_sec == pytest.approx(2 * 32, rel=0.02)
+    ring = pm.predict(_inputs(shared_cores=True), 2, 0, "collective_all_reduce")
+    assert ring.step_s == pytest.approx(2 * 0.5 + 0.08 + 0.002 + 2 * 0.001 * 4)
 
 
 def test_per_variable_cost_and_replicated_match_ps() -> None:
@@ -52,12 +76,24 @@ def test_per_variable_cost_and_replicated_match_ps() -> None:
     )
 
 
-def test_ring_all_reduce() -> None:
-    # W = 4: 2 * 3/4 * 8 MB / 100 MB/s = 0.12 s, plus 2 * 3 * 1 ms.
+def test_ring_all_reduce_pays_a_round_trip_per_variable() -> None:
+    # W = 4: 2 * 3/4 * 8 MB / 100 MB/s = 0.12 s, the ring's 2 * 3 latencies of 1 ms, and one
+    # round trip (2 ms) for each of the 4 variables.
     p = pm.predict(_inputs(), 4, 0, "collective_all_reduce")
-    assert p.step_s == pytest.approx(0.5 + 0.12 + 0.006)
-    assert p.images_per_sec == pytest.approx(4 * 32 / 0.626)
+    assert p.step_s == pytest.approx(0.5 + 0.12 + 0.006 + 0.008)
+    assert p.images_per_sec == pytest.approx(4 * 32 / 0.634)
     assert pm.predict(_inputs(), 1, 0, "collective_all_reduce").step_s == pytest.approx(0.5)
+
+
+def test_a_phase_waits_for_its_last_ps() -> None:
+    # Two PS of 4 MB each (lpt): an arriving worker finds the others' transfers at both, and its
+    # phase lasts until the later one ends: the queueing part is stretched by H(2) = 1.5.
+    assert pm.harmonic(1) == 1 and pm.harmonic(2) == 1.5 and pm.harmonic(1.5) == 1.25
+    inputs = _inputs(nic=False)
+    one = pm.predict(inputs, 1, 2, "parameter_server", "lpt")
+    in_phase = 0.04 / one.step_s  # workers in a pull phase with one worker
+    two = pm.predict(inputs, 2, 2, "parameter_server", "lpt")
+    assert two.step_s == pytest.approx(0.502 + 2 * 0.04 * (1 + 1.5 * in_phase))
 
 
 def test_bad_requests() -> None:
@@ -104,7 +140,7 @@ def test_inputs_round_trip_and_cli(tmp_path) -> None:
     result = CliRunner().invoke(cli, ["model", "--inputs", str(path), "--workers", "1,8"])
     assert result.exit_code == 0, result.output
     assert "Assumptions:" in result.output and "Recommended per worker count:" in result.output
-    assert "latency 1000 µs, bandwidth 100 MB/s" in result.output
+    assert "latency 1000 µs, bandwidth 100 MB/s, a NIC per host" in result.output
     missing = CliRunner().invoke(cli, ["model"])
     assert missing.exit_code == 2 and "--compute-img-s" in missing.output
     (tmp_path / "bad.json").write_text("{}")
@@ -123,3 +159,24 @@ def test_prediction_beside_measurement() -> None:
     assert median == pytest.approx(20.0)  # predicted / measured = 0.8
     assert lines[1].split()[-1] == "-20.0"
     assert lines[-1] == "median absolute error: 20.0 % over 1 rows"
+
+
+def test_measured_compute_contention_replaces_the_lone_workers_compute() -> None:
+    # Lone: 0.5 s; 4 lone workers at once: 0.7 s each; 2 interpolates, 8 extrapolates.
+    inputs = _inputs(compute_at=((4, 0.7),))
+    assert inputs.compute_with(1) == 0.5 and inputs.compute_with(4) == pytest.approx(0.7)
+    assert inputs.compute_with(2) == pytest.approx(0.5 + 0.2 / 3)
+    assert inputs.compute_with(8) == pytest.approx(0.7 + 0.2 / 3 * 4)
+    slow = pm.predict(inputs, 4, 0, "collective_all_reduce")
+    assert slow.step_s == pytest.approx(
+        pm.predict(_inputs(), 4, 0, "collective_all_reduce").step_s + 0.2
+    )
+    assert pm.Inputs.from_dict(json.loads(json.dumps(inputs.to_dict()))) == inputs
+
+
+def test_cli_takes_compute_contention_and_refuses_a_bad_one(tmp_path) -> None:
+    bad = CliRunner().invoke(
+        cli,
+        ["model", "--netbench", str(tmp_path), "--compute-img-s", "10", "--compute-img-s-at", "8"],
+    )
+    assert bad.exit_code == 2 and "W=IMG_S" in bad.output

@@ -18,13 +18,24 @@ system, so the project's Python environment is present on each.
 Set-up is idempotent (it first removes what an interrupted run left) and :func:`teardown` removes
 everything: sshd processes, namespaces, veths, bridges and the state directory.
 
-CLI: ``python tests/hosts/ssh_hosts.py up [N]`` / ``down`` / ``status``.
+**Shaped links.** ``setup(count, rate="1gbit")`` (or :func:`shape` on running hosts) gives every
+host's private link the speed of a NIC of that rate, in both directions: a ``tbf`` qdisc on the
+host's ``eth1`` (what it sends) and one on its root-side veth ``tfl-svN`` (what the bridge delivers
+to it), so all its traffic to all peers shares R each way, as on a real full-duplex NIC. Both veth
+ends also get ``gso_max_size``/``gro_max_size`` of 64 KiB, so that no super-packet larger than
+tbf's bucket reaches it (a larger one is dropped or segmented, and loses throughput, not accuracy).
+The public links (launcher, SSH) stay unshaped. :func:`unshape` removes the qdiscs; tear-down
+removes them with the links.
+
+CLI: ``python tests/hosts/ssh_hosts.py up [N] [--rate RATE]`` / ``shape RATE`` / ``unshape`` /
+``down`` / ``status``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import re
 import shlex
@@ -57,6 +68,9 @@ LAUNCHER_ADDRESS = "198.18.1.1"
 PRIVATE_NETWORK = "198.18.2.0/24"
 MAX_HOSTS = 64  # addresses .11 to .74 of each /24 (host N at .10+N: hosts 1-9 at .11-.19)
 SSHD = "/usr/sbin/sshd"
+RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}  # tc's decimal bit units
+SHAPER_LATENCY = "50ms"  # tbf's queue: how long a packet may wait for tokens before it is dropped
+SEGMENT_BYTES = 65536  # largest GSO/GRO super-packet on a shaped veth (tbf's bucket holds it)
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 
 
@@ -338,10 +352,72 @@ def write_known_hosts(hosts: tuple[TestHost, ...], path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def setup(count: int = 3) -> TestHosts:
-    """Build ``count`` test hosts from scratch (removing leftovers first) and start their sshd."""
+def parse_rate(text: str) -> int:
+    """A link rate as tc writes it (``1gbit``, ``500mbit``, ``100kbit``) in bits per second."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg]?bit)\s*", text.lower())
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(
+            f"a link rate is a number and a unit ({', '.join(RATE_UNITS)}), not {text!r}"
+        )
+    return int(float(match.group(1)) * RATE_UNITS[match.group(2)])
+
+
+def _private_ends(host: TestHost) -> tuple[tuple[str | None, str], ...]:
+    """The two ends of a host's private link: (namespace or None for the root one, device)."""
+    return ((host.namespace, "eth1"), (None, f"tfl-sv{host.index}"))
+
+
+def _link_cmd(namespace: str | None, *argv: str) -> list[str]:
+    return ["ip", "netns", "exec", namespace, *argv] if namespace else list(argv)
+
+
+def shape(hosts: TestHosts | tuple[TestHost, ...], rate: str) -> int:
+    """Limit every host's private link to ``rate`` each way (tbf at both ends); returns the rate
+    in bits/s. Replaces any earlier shaping, so hosts can be re-shaped between measurements."""
+    bits = parse_rate(rate)
+    # The bucket: at least one super-packet, at least 1 ms at the rate (tbf's timer resolution
+    # then never starves a fast link), at most what tc's 32-bit burst field takes.
+    burst = min(max(2 * SEGMENT_BYTES, bits // 8 // 1000), 2**31 // 8)
+    for host in hosts.hosts if isinstance(hosts, TestHosts) else hosts:
+        for namespace, device in _private_ends(host):
+            for limit in ("gso_max_size", "gro_max_size"):
+                _run(_link_cmd(namespace, "ip", "link", "set", device, limit, str(SEGMENT_BYTES)))
+            _run(
+                _link_cmd(
+                    namespace,
+                    "tc", "qdisc", "replace", "dev", device, "root", "tbf",
+                    "rate", f"{bits}bit", "burst", str(burst), "latency", SHAPER_LATENCY,
+                )
+            )  # fmt: skip
+    return bits
+
+
+def unshape(hosts: TestHosts | tuple[TestHost, ...]) -> None:
+    """Remove the shaping of every host's private link (no error where there is none)."""
+    for host in hosts.hosts if isinstance(hosts, TestHosts) else hosts:
+        for namespace, device in _private_ends(host):
+            _run(_link_cmd(namespace, "tc", "qdisc", "del", "dev", device, "root"), check=False)
+
+
+def shaped_rates(host: TestHost) -> dict[str, int | None]:
+    """Each end of a host's private link -> its tbf rate in bits/s (None: unshaped), as tc
+    reports it (``tc -j qdisc show``)."""
+    rates: dict[str, int | None] = {}
+    for namespace, device in _private_ends(host):
+        out = _run(_link_cmd(namespace, "tc", "-j", "qdisc", "show", "dev", device)).stdout
+        tbf = [q for q in json.loads(out or "[]") if q.get("kind") == "tbf" and q.get("root")]
+        label = f"{namespace}:{device}" if namespace else device
+        rates[label] = int(tbf[0]["options"]["rate"]) * 8 if tbf else None
+    return rates
+
+
+def setup(count: int = 3, rate: str | None = None) -> TestHosts:
+    """Build ``count`` test hosts from scratch (removing leftovers first) and start their sshd;
+    with ``rate`` (``1gbit``), their private links are shaped to it (:func:`shape`)."""
     if not 1 <= count <= MAX_HOSTS:
         raise ValueError(f"between 1 and {MAX_HOSTS} test hosts, not {count}")
+    if rate is not None:
+        parse_rate(rate)  # a bad rate fails before anything is built
     teardown()
     STATE_DIR.mkdir(parents=True)
     client_key = STATE_DIR / "client_ed25519"
@@ -357,6 +433,8 @@ def setup(count: int = 3) -> TestHosts:
         start_sshd(host)
     known_hosts = STATE_DIR / "known_hosts"
     write_known_hosts(hosts, known_hosts)
+    if rate is not None:
+        shape(hosts, rate)
     return TestHosts(hosts, STATE_DIR, client_key, known_hosts)
 
 
@@ -411,32 +489,69 @@ def processes_in(host: TestHost, exclude_sshd: bool = True) -> list[str]:
     return found
 
 
-def _main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("up", "down", "status"):
-        print("usage: ssh_hosts.py up [N] | down | status", file=sys.stderr)
-        return 2
-    if argv[0] == "down":
+def main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="ssh_hosts.py", description="SSH test hosts.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    up = commands.add_parser("up", help="build N hosts (removing any first)")
+    up.add_argument("count", nargs="?", type=int, default=3)
+    up.add_argument("--rate", help="shape each host's private link, e.g. 1gbit, 500mbit")
+    commands.add_parser("shape", help="(re)shape running hosts").add_argument("rate")
+    commands.add_parser("unshape", help="remove the shaping of running hosts")
+    commands.add_parser("down", help="remove every host")
+    commands.add_parser("status", help="list the hosts and their links' rates")
+    args = parser.parse_args(argv)
+    try:
+        if args.command in ("up", "shape") and args.rate is not None:
+            parse_rate(args.rate)
+    except ValueError as exc:
+        parser.error(str(exc))  # exit 2 with the usage line
+    if args.command == "down":
         with exclusive():  # never under a test session or benchmark that is using them
             teardown()
         return 0
-    if argv[0] == "status":
-        hosts = current()
-        if hosts is None:
-            print("no SSH test hosts")
-            return 1
+    if args.command == "up":
+        problem = missing_requirements()
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
+        with exclusive():
+            hosts = setup(args.count, rate=args.rate)
         for host in hosts.hosts:
-            print(f"{host.namespace} {host.public_address} {host.private_address}")
+            print(f"{host.namespace} public {host.public_address} private {host.private_address}")
+        print(f"client key {hosts.client_key}\nknown_hosts {hosts.known_hosts}")
+        if args.rate:
+            print(f"private links shaped to {args.rate} each way")
         return 0
-    problem = missing_requirements()
-    if problem:
-        print(problem, file=sys.stderr)
-        return 2
-    with exclusive():
-        hosts = setup(int(argv[1]) if len(argv) > 1 else 3)
+    hosts = current()
+    if hosts is None:
+        print("no SSH test hosts", file=sys.stderr)
+        return 1
+    if args.command == "shape":
+        with exclusive():
+            shape(hosts, args.rate)
+    elif args.command == "unshape":
+        with exclusive():
+            unshape(hosts)
     for host in hosts.hosts:
-        print(f"{host.namespace} public {host.public_address} private {host.private_address}")
-    print(f"client key {hosts.client_key}\nknown_hosts {hosts.known_hosts}")
+        rates = set(shaped_rates(host).values())
+        link = (
+            "unshaped"
+            if rates == {None}
+            else "/".join(_rate_text(r) for r in sorted(rates, key=str))
+        )
+        print(f"{host.namespace} {host.public_address} {host.private_address} {link}")
     return 0
+
+
+def _rate_text(bits: int | None) -> str:
+    if bits is None:
+        return "unshaped"
+    for unit in ("gbit", "mbit", "kbit"):
+        if bits >= RATE_UNITS[unit]:
+            return f"{bits / RATE_UNITS[unit]:g}{unit}"
+    return f"{bits}bit"
 
 
 @contextlib.contextmanager
@@ -474,4 +589,4 @@ def ssh_test_hosts() -> Iterator[TestHosts]:
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))

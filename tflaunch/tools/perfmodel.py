@@ -5,22 +5,35 @@ Assumptions (printed by ``tflaunch model``):
 
 1. A worker's step does not overlap compute and communication: it pulls every variable, computes,
    and pushes a gradient of every variable (TF1 between-graph replication as models.benchmark
-   runs it). Its transfers to the P PS go in parallel, so its communication time is that of the
-   fullest PS: ``t_comm = 2 (alpha + max_p B_p / beta) + 2 gamma n_vars``.
+   runs it). Its pulls from the P PS go in parallel, and so do its pushes.
 2. ``parameter_server`` and ``distributed_replicated`` move the same bytes (the latter also copies
-   the values into the local replica, a memory copy taken as free), asynchronously: every worker
-   steps at ``1 / (t_compute + t_comm)``.
-3. A PS moves ``2 B_p`` bytes for each step of any worker through its one link of ``beta`` bytes/s,
-   so all workers together make at most ``beta / (2 max_p B_p)`` steps per second.
-   Steps/s = min(W / (t_compute + t_comm), beta / (2 max_p B_p)).
-4. ``collective_all_reduce`` is synchronous ring all-reduce:
-   ``step = t_compute + 2 (W-1)/W * B / beta + 2 (W-1) alpha``; W workers make W steps per step.
-5. ``alpha`` (latency) and ``beta`` (bandwidth) are one link's, from netbench (median over pairs):
-   alpha the smallest message's time, beta the slope between its two largest sizes. Links do not
-   slow each other down (no shared switch, memory bus or CPU): on one many-core host this is the
-   assumption most likely to fail, which the measured error shows.
-6. Compute per step does not change with W (no contention for cores or memory bandwidth); with
-   CPU pinning, each task's cores are its own.
+   the values into the local replica, a memory copy taken as free), asynchronously.
+3. Links are full duplex: a PS sends the pulls and receives the pushes at once, each at ``beta``.
+   Transfers that share a link share its ``beta`` (processor sharing), so workers queue at a busy
+   PS. With ``nic`` (the default: one host's traffic to all its peers shares one NIC of
+   ``beta``, as on shaped test hosts or cloud instances), a worker also pulls and pushes the
+   whole model ``B`` through its own link: a phase takes at least ``B / beta``, whatever P is.
+   Without (``--no-nic``: tasks of one host talk over loopback), only the PS's links bind.
+   PS hosts are dedicated; PS tasks sharing a worker's host are modelled as if they did not.
+4. The asynchronous PS cluster is a closed queueing network solved by mean-value analysis: W
+   workers cycle through compute (with ``--shared-cores``, a queue: the hosts share the cores a
+   lone worker used), a pull phase and a push phase. In a phase a worker moves bytes with every
+   PS at once, sharing each PS's link with the workers already in that phase (as many as with
+   one worker fewer); the phase ends with its last PS, so the queueing part of the fullest PS's
+   time is stretched by H(P_eff), the mean maximum of P_eff exponential delays (P_eff = total /
+   largest PS demand): ``phase = max(B / beta, B_max / beta (1 + H(P_eff) N_phase))``.
+   Images/s = batch x throughput at n = W.
+5. ``collective_all_reduce`` is synchronous ring all-reduce:
+   ``step = t_compute + 2 (W-1)/W B / beta + 2 (W-1) alpha + 2 alpha n_vars``: the ring moves
+   2 (W-1)/W of the model through every worker's link each way, and each variable's all-reduce
+   costs one round trip more (fitted: 8 workers at 1 Gb/s took 0.45 s over the bytes' time, 190
+   variables x 2 x 1.4 ms; a ring latency per variable per step, 2 (W-1) n_vars alpha, would be
+   3.6 s). W workers make W steps per step.
+6. ``alpha`` (latency) and ``beta`` (bandwidth) are one link's, from netbench (median over pairs):
+   alpha the smallest message's time, beta the slope between its two largest sizes.
+7. Without ``--shared-cores``, a worker's compute per step is the lone worker's, or, with
+   ``--compute-img-s-at W=R`` (W lone workers at once, each on cores of its own), the measured
+   figure interpolated at W: contention for caches and memory bandwidth on one many-core host.
 """
 
 from __future__ import annotations
@@ -62,6 +75,22 @@ class Inputs:
     variable_bytes: tuple[tuple[str, tuple[int, ...], int], ...]  # (name, shape, dtype size)
     link: Link
     per_variable_s: float = 0.0
+    nic: bool = True  # a host's traffic to all its peers shares one link of link.bandwidth
+    shared_cores: bool = False  # all workers compute on the cores one lone worker used
+    # (W, compute_s of each of W lone workers computing at once on cores of their own): measured
+    # contention for caches and memory bandwidth; between and beyond the points, interpolated.
+    compute_at: tuple[tuple[int, float], ...] = ()
+
+    def compute_with(self, workers: int) -> float:
+        """A worker's compute per step while ``workers`` workers compute at once."""
+        points = sorted({(1, self.compute_s), *self.compute_at})
+        if workers <= 1 or len(points) == 1:
+            return self.compute_s
+        for (w0, c0), (w1, c1) in zip(points, points[1:], strict=False):
+            if workers <= w1:
+                return c0 + (c1 - c0) * (workers - w0) / (w1 - w0)
+        (w0, c0), (w1, c1) = points[-2], points[-1]
+        return c1 + (c1 - c0) * (workers - w1) / (w1 - w0)  # extrapolated from the last two
 
     @property
     def model_bytes(self) -> int:
@@ -79,6 +108,9 @@ class Inputs:
                 tuple((str(n), tuple(s), int(d)) for n, s, d in data["variable_bytes"]),
                 Link(float(data["link"]["latency_s"]), float(data["link"]["bandwidth"])),
                 float(data.get("per_variable_s", 0.0)),
+                bool(data.get("nic", True)),
+                bool(data.get("shared_cores", False)),
+                tuple((int(w), float(c)) for w, c in data.get("compute_at", ())),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelError(f"model inputs are incomplete or malformed ({exc!r}).") from None
@@ -118,26 +150,83 @@ def predict(
         raise ModelError("at least one worker.")
     link = inputs.link
     if update == "collective_all_reduce":
-        w = workers
-        comm = 2 * (w - 1) / w * inputs.model_bytes / link.bandwidth + 2 * (w - 1) * link.latency_s
-        step = inputs.compute_s + comm
-        return Prediction(w, ps, update, None, w * inputs.batch_size / step, step, "ring")
+        return _ring(inputs, workers)
     if update not in UPDATES:
         raise ModelError(f"unknown variable update {update!r}; choose one of {', '.join(UPDATES)}.")
     if ps < 1:
         raise ModelError(f"{update} needs at least one PS.")
     loads = bytes_per_ps(inputs, ps, strategy)
-    fullest = max(loads)
-    n_vars = len(inputs.variable_bytes)
-    comm = 2 * (link.latency_s + fullest / link.bandwidth) + 2 * inputs.per_variable_s * n_vars
-    step = inputs.compute_s + comm
-    worker_bound = workers / step
-    ps_bound = link.bandwidth / (2 * fullest) if fullest else float("inf")
-    steps_per_s = min(worker_bound, ps_bound)
-    bound = "workers" if worker_bound <= ps_bound else "ps"
-    return Prediction(
-        workers, ps, update, strategy, steps_per_s * inputs.batch_size, workers / steps_per_s, bound
+    own = inputs.model_bytes / link.bandwidth if inputs.nic else 0.0
+    fixed = 2 * link.latency_s + 2 * inputs.per_variable_s * len(inputs.variable_bytes)
+    throughput, bound = _mean_value_analysis(
+        workers,
+        inputs.compute_with(workers),
+        inputs.shared_cores,
+        fixed,
+        own,
+        [b / link.bandwidth for b in loads],
     )
+    return Prediction(
+        workers, ps, update, strategy, throughput * inputs.batch_size, workers / throughput, bound
+    )
+
+
+def _ring(inputs: Inputs, workers: int) -> Prediction:
+    """Synchronous ring all-reduce (assumption 5)."""
+    w, link = workers, inputs.link
+    n_vars = len(inputs.variable_bytes)
+    comm = 0.0
+    if w > 1:
+        comm = 2 * (w - 1) / w * inputs.model_bytes / link.bandwidth + 2 * (w - 1) * link.latency_s
+        comm += (2 * link.latency_s + inputs.per_variable_s) * n_vars
+    compute = inputs.compute_s * w if inputs.shared_cores else inputs.compute_with(w)
+    step = compute + comm
+    return Prediction(
+        w, 0, "collective_all_reduce", None, w * inputs.batch_size / step, step, "ring"
+    )
+
+
+def _mean_value_analysis(
+    workers: int,
+    compute_s: float,
+    shared_cores: bool,
+    fixed_s: float,
+    own_link_s: float,
+    ps_demand_s: Sequence[float],
+) -> tuple[float, str]:
+    """Steps/s of ``workers`` asynchronous workers (assumption 4) and what binds them: "workers"
+    (their own step, their own link included), "ps" (a PS's link) or "cores" (shared compute).
+
+    A worker in a pull (or push) phase moves bytes with every PS at once, so an arriving worker
+    shares each PS's link with the workers already in that phase (processor sharing, the
+    arrival theorem: as many as with one worker fewer). The phase ends when its last PS is
+    done: the queueing part of the fullest PS's time is stretched by H(P_eff), the expected
+    maximum of P_eff exponential delays, P_eff = total / largest PS demand (round robin's near
+    empty PS counts for little). Never shorter than the worker's own link time."""
+    fullest = max(ps_demand_s)
+    fork = harmonic(sum(ps_demand_s) / fullest) if fullest else 1.0
+    in_phase = queued_cores = throughput = 0.0
+    phase = compute = 0.0
+    for n in range(1, workers + 1):
+        phase = max(own_link_s, fullest * (1 + fork * in_phase))
+        compute = compute_s * (1 + queued_cores) if shared_cores else compute_s
+        throughput = n / (compute + fixed_s + 2 * phase)
+        in_phase = throughput * phase
+        queued_cores = throughput * compute
+    # What binds: the shared cores near saturation, else the PS where queueing there stretches
+    # the phases, else the workers' own steps (their own link included).
+    ps_use = throughput * fullest
+    core_use = throughput * compute_s if shared_cores else 0.0
+    if core_use >= max(0.75, ps_use):
+        return throughput, "cores"
+    return throughput, "ps" if phase > 1.05 * max(own_link_s, fullest) else "workers"
+
+
+def harmonic(x: float) -> float:
+    """H(x) = 1 + 1/2 + ... + 1/x, linear between whole numbers (H(1) = 1, H(2) = 1.5)."""
+    whole = max(1, int(x))
+    value = sum(1 / k for k in range(1, whole + 1))
+    return value + (x - whole) / (whole + 1)
 
 
 def grid(
@@ -342,6 +431,17 @@ def _model_variables(model: str, num_classes: int) -> tuple[tuple[str, tuple[int
     return tuple((v.name, tuple(v.shape), v.dtype_size) for v in model_variables(spec, num_classes))
 
 
+def _workers_rate(text: str) -> tuple[int, float]:
+    try:
+        workers, rate = text.split("=")
+        return int(workers), float(rate)
+    except ValueError:
+        raise ModelError(
+            f"--compute-img-s-at {text!r}: write W=IMG_S, e.g. 8=28.4 (each of 8 lone workers "
+            "computing at once made 28.4 images/sec)."
+        ) from None
+
+
 def _int_list(text: str) -> list[int]:
     from tflaunch.tools.placement import parse_ps_counts
 
@@ -371,6 +471,24 @@ def _int_list(text: str) -> list[int]:
 @click.option("--model", "model_name", default="inception_v3", show_default=True)
 @click.option("--num-classes", type=int, default=1001, show_default=True)
 @click.option("--per-variable-us", type=float, default=0.0, show_default=True)
+@click.option(
+    "--nic/--no-nic",
+    default=True,
+    show_default=True,
+    help="Each host's traffic shares one link of netbench's bandwidth (--no-nic: one host, loopback).",
+)
+@click.option(
+    "--shared-cores",
+    is_flag=True,
+    help="Every task runs on the cores the lone worker used (namespace hosts of one machine).",
+)
+@click.option(
+    "--compute-img-s-at",
+    "compute_at_text",
+    multiple=True,
+    metavar="W=IMG_S",
+    help="Each of W lone workers' images/sec while all W compute at once (repeatable).",
+)
 @click.option("--inputs", "inputs_path", default=None, help="Model inputs saved with --save.")
 @click.option("--save", "save_path", default=None, help="Write the model inputs here (JSON).")
 @click.option("--workers", default="1,2,4,8", show_default=True)
@@ -386,6 +504,9 @@ def model_command(
     model_name: str,
     num_classes: int,
     per_variable_us: float,
+    nic: bool,
+    shared_cores: bool,
+    compute_at_text: tuple[str, ...],
     inputs_path: str | None,
     save_path: str | None,
     workers: str,
@@ -393,6 +514,10 @@ def model_command(
     show_all: bool,
 ) -> None:
     """Predict images/sec for W workers x P PS per variable update; recommend P and placement."""
+    compute_at = tuple(
+        (w, compute_from_single(rate, batch_size))
+        for w, rate in (_workers_rate(t) for t in compute_at_text)
+    )  # checked before anything slow (TensorFlow builds the model's variables)
     if inputs_path:
         inputs = load_inputs(Path(inputs_path))
     else:
@@ -427,6 +552,9 @@ def model_command(
             _model_variables(model_name, num_classes),
             link,
             per_variable_us * 1e-6,
+            nic,
+            shared_cores,
+            compute_at,
         )
     if save_path:
         Path(save_path).write_text(json.dumps(inputs.to_dict(), indent=1), encoding="utf-8")
@@ -435,6 +563,9 @@ def model_command(
         f"inputs: compute {inputs.compute_s * 1e3:.1f} ms per step of {inputs.batch_size} images, "
         f"{len(inputs.variable_bytes)} variables {inputs.model_bytes / 1e6:.1f} MB, latency "
         f"{inputs.link.latency_s * 1e6:.0f} µs, bandwidth {inputs.link.bandwidth / 1e6:.0f} MB/s"
+        f"{', a NIC per host' if inputs.nic else ''}"
+        f"{', cores shared by all tasks' if inputs.shared_cores else ''}"
+        + "".join(f", compute {c * 1e3:.0f} ms at {w} workers" for w, c in inputs.compute_at)
     )
     predictions = grid(inputs, _int_list(workers), _int_list(ps_text))
     if show_all:
