@@ -53,6 +53,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow's C++ ru
 
 from tflaunch.models.bench.common import (  # noqa: E402
     OPTIMIZERS,
+    TRANSFER_ORDERS,
     VARIABLE_UPDATES,
     BenchmarkError,
     Timing,
@@ -95,6 +96,26 @@ def build_parser() -> argparse.ArgumentParser:
         choices=STRATEGIES,
         help="how variables are spread over the PS tasks (parameter_server and "
         "distributed_replicated); default: replica_device_setter's round robin",
+    )
+    p.add_argument(
+        "--staged_vars",
+        action="store_true",
+        help="parameter_server: fetch the variables for step N+1 while step N computes and "
+        "updates (as tf_cnn_benchmarks); a step's values are at most one step older",
+    )
+    p.add_argument(
+        "--transfer_order",
+        default="none",
+        choices=TRANSFER_ORDERS,
+        help="order of the variables' transfers to a worker (parameter_server, "
+        "distributed_replicated): none (as they come), tic (the forward pass's consumption "
+        "order, from the graph), tac (from a profiled step's op times)",
+    )
+    p.add_argument(
+        "--transfer_buckets",
+        type=int,
+        default=8,
+        help="with --transfer_order: buckets of about equal bytes sent one after another",
     )
     p.add_argument("--data_dir", default=None, help="ImageNet-layout TFRecords; default synthetic")
     p.add_argument(
@@ -147,6 +168,7 @@ def validate(args: argparse.Namespace) -> None:
             raise BenchmarkError(f"--{name} must be at least 1, not {getattr(args, name)}.")
     if args.num_warmup_batches < 0:
         raise BenchmarkError("--num_warmup_batches must not be negative.")
+    check_transfer_flags(args)
     from tflaunch.models.nets.layers import DataFormatError, check_data_format
 
     try:
@@ -168,6 +190,23 @@ def validate(args: argparse.Namespace) -> None:
             list_shards(args.data_dir)
         except FileNotFoundError as exc:
             raise BenchmarkError(str(exc)) from None
+
+
+def check_transfer_flags(args: argparse.Namespace) -> None:
+    """--staged_vars and --transfer_order only where the graph runner can apply them."""
+    if args.staged_vars and args.variable_update != "parameter_server":
+        raise BenchmarkError(
+            f"--staged_vars stages the reads of the PS's variables, which only --variable_update "
+            f"parameter_server makes every step; {args.variable_update} keeps local copies. "
+            "Drop --staged_vars or use parameter_server."
+        )
+    if args.transfer_order != "none" and args.variable_update == "collective_all_reduce":
+        raise BenchmarkError(
+            "--transfer_order orders the transfers of variables from the PS, which "
+            "collective_all_reduce does not use; use parameter_server or distributed_replicated."
+        )
+    if args.transfer_buckets < 1:
+        raise BenchmarkError(f"--transfer_buckets must be at least 1, not {args.transfer_buckets}.")
 
 
 def result_document(

@@ -27,6 +27,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from tflaunch.models import trace_format as fmt
+from tflaunch.models import trace_transfers
 
 COMM_KERNELS = {
     "_Send",
@@ -311,7 +312,8 @@ def merge_dir(trace_dir: Path, tasks: Mapping[str, str], offset: int) -> list[Pa
         traces.append(decode(path, task, host))
     if not traces:
         raise fmt.TraceError(f"no task's profile under {raw}.")
-    return fmt.write_outputs(fmt.merge(traces), trace_dir)
+    merged = fmt.merge(traces)
+    return fmt.write_outputs(merged, trace_dir) + trace_transfers.write_report(merged, trace_dir)
 
 
 def capture(trace_dir: Path, targets: Mapping[str, str], duration_ms: int) -> list[Path]:
