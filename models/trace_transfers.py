@@ -5,8 +5,11 @@ runs it on the launcher):
   the order in which the forward pass consumes them (the graph's, from ``transfer_order.json``,
   which the benchmark's first worker writes beside the trace), as Kendall's tau: 1 when they
   arrive exactly in consumption order, 0 when the order is unrelated, -1 when reversed;
-* **overlap**: the fraction of the worker's communication time (a remote receive outstanding, or
-  a send/receive kernel running) during which some compute kernel ran on the worker too;
+* **overlap**: the fraction of the worker's communication time during which some compute kernel
+  ran on the worker too. Communication: a receive of a variable outstanding (from the request at
+  the step's start to the tensor's arrival; every receive without an order file) or a send or
+  receive kernel running. Gradients leave through sends as the backward pass makes them; their
+  crossing is seen on the PS, not here;
 * **spread**: the step times of every traced step of every worker: mean, coefficient of
   variation (standard deviation over mean), min and max.
 
@@ -107,19 +110,19 @@ def transfer_report(trace: Mapping, order: Mapping | None) -> dict:
     for task, steps in step_windows(trace).items():
         evs = events.get(pids.get(task), [])
         compute = _union((e["ts"], e["ts"] + e["dur"]) for e in evs if e["cat"] == "compute")
-        comm = _union(
-            (e["ts"], e["ts"] + e["dur"]) for e in evs if e["cat"] in ("recv_wait", "communication")
-        )
+        sends = [(e["ts"], e["ts"] + e["dur"]) for e in evs if e["cat"] == "communication"]
         recvs = [e for e in evs if e["cat"] == "recv_wait"]
         for step, start, end in steps:
-            arrivals = []
+            arrivals, waits = [], []
             for e in recvs:
                 if start <= e["ts"] < end:
                     op = _RECV_SUFFIX.sub("", str(e["args"].get("tensor", e["name"])))
+                    if op in ranks or not ranks:
+                        waits.append((e["ts"], e["ts"] + e["dur"]))
                     if op in ranks:
                         arrivals.append((e["ts"] + e["dur"], ranks[op]))
             arrivals.sort()
-            step_comm = _clip(comm, start, end)
+            step_comm = _clip(_union(waits + sends), start, end)
             comm_ms = _length(step_comm) / 1000.0
             overlapped = _intersection(step_comm, _clip(compute, start, end)) / 1000.0
             rows.append(
