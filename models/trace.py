@@ -242,7 +242,7 @@ def decode(path: Path, task: str, host: str) -> fmt.TaskTrace:
         for key, end in dones:
             if key in pending:
                 thread, t0 = pending.pop(key)
-                args = {"kernel": "_Recv", "tensor": key[1]}
+                args = {"kernel": "_Recv", "tensor": key[1], "step_id": key[0]}
                 events.append(fmt.Event(thread, f"recv {key[1]}", "recv_wait", t0, end - t0, args))
     if not any(e.category == "step" for e in events):
         events += _session_run_steps(space, start)

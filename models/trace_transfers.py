@@ -140,7 +140,37 @@ def transfer_report(trace: Mapping, order: Mapping | None) -> dict:
         "steps": rows,
         "spread": step_spread([r["step_ms"] for r in rows]),
         "order": _mode(order),
+        "gradients": gradient_order(trace, order),
     }
+
+
+def gradient_order(trace: Mapping, order: Mapping | None) -> dict[str, dict]:
+    """Per PS: how the gradients of one worker step (one step id) arrived, against backward
+    order (the reverse of consumption): Kendall's tau, +1 when the last layer's come first."""
+    if not order:
+        return {}
+    ranks = (
+        {g: int(v["consumption_rank"]) for v in order.get("variables", []) for g in v["gradients"]}
+        if all("gradients" in v for v in order.get("variables", []))
+        else {}
+    )
+    names, events = events_by_task(trace)
+    out = {}
+    for pid, task in names.items():
+        if not task.startswith("ps"):
+            continue
+        by_step: dict[object, list[tuple[float, int]]] = {}
+        for e in events.get(pid, []):
+            if e["cat"] != "recv_wait":
+                continue
+            op = _RECV_SUFFIX.sub("", str(e["args"].get("tensor", "")))
+            if op in ranks:
+                step = e["args"].get("step_id")
+                by_step.setdefault(step, []).append((e["ts"] + e["dur"], -ranks[op]))
+        taus = [kendall_tau([r for _, r in sorted(a)]) for a in by_step.values() if len(a) > 1]
+        if taus:
+            out[task] = {"steps": len(taus), "kendall_tau_backward": statistics.fmean(taus)}
+    return out
 
 
 def _mode(order: Mapping | None) -> dict:
@@ -202,6 +232,11 @@ def report_lines(report: Mapping) -> list[str]:
         lines.append(
             f"step time over {s['steps']} worker steps: mean {s['mean_ms']:.1f} ms, CV "
             f"{100 * s['cv']:.1f} %, min {s['min_ms']:.1f} ms, max {s['max_ms']:.1f} ms"
+        )
+    for task, g in (report.get("gradients") or {}).items():
+        lines.append(
+            f"gradients at {task}: arrival against backward order, Kendall tau "
+            f"{g['kendall_tau_backward']:+.2f} (mean over {g['steps']} worker steps served)"
         )
     if not mode:
         lines.append(f"(no {ORDER_FILE} beside the trace: arrival order not compared)")

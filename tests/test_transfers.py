@@ -337,3 +337,36 @@ def test_tic_and_staged_on_the_ssh_backend(ssh_test_hosts, tmp_path) -> None:
     assert "staged variables:" in result.stdout
     totals = re.findall(r"^\[worker:\d\]\s+total images/sec: ([\d.]+)$", result.stdout, re.M)
     assert len(totals) == 2 and float(totals[0]) > 0
+
+
+def test_gradient_order_on_the_ps_per_worker_step() -> None:
+    """Gradients of one step (one step id) arriving last layer first: tau +1 against backward
+    order; a second step in consumption order: -1; the mean over both is 0."""
+    t = 1_700_000_000_000 * MS
+    events = []
+    for step_id, arrival in ((11, [3, 2, 1, 0]), (12, [0, 1, 2, 3])):
+        for i, rank in enumerate(arrival):
+            name = f"grad_{rank}_S{i}"
+            events.append(
+                Event(
+                    "tf_Compute/1",
+                    f"recv {name}",
+                    "recv_wait",
+                    t,
+                    (5 + i) * MS,
+                    {"tensor": name, "step_id": step_id},
+                )
+            )
+    order = {
+        **ORDER,
+        "variables": [
+            {**v, "gradients": [f"grad_{v['consumption_rank']}"]} for v in ORDER["variables"]
+        ],
+    }
+    trace = merge([_worker([0, 1, 2, 3], 20), TaskTrace("ps:0", "h", events, t)])
+    grads = tt.transfer_report(trace, order)["gradients"]
+    assert grads == {"ps:0": {"steps": 2, "kendall_tau_backward": 0.0}}
+    lines = tt.report_lines(tt.transfer_report(trace, order))
+    assert any(
+        line.startswith("gradients at ps:0: arrival against backward order") for line in lines
+    )

@@ -217,6 +217,7 @@ class _Graph:
                 staged=args.staged_vars,
             )
             self.read_names = scheduled.read_names
+            self.grad_names = {i: [g.op.name] for i, g in enumerate(grads) if g is not None}
             with v1.device(setter):
                 updates = v1.get_collection(v1.GraphKeys.UPDATE_OPS)
                 with tf.control_dependencies(updates):
@@ -260,6 +261,7 @@ class _Graph:
         updates = v1.get_collection(v1.GraphKeys.UPDATE_OPS)
         with tf.control_dependencies(updates):
             apply = optimizer.apply_gradients(zip(grads, master.trainable_variables, strict=True))
+        self.grad_names = {i: [g.op.name] for i, g in enumerate(grads) if g is not None}
         pulls, self.read_names = transfers.ordered_pulls(
             master.trainable_variables,
             replica.trainable_variables,
@@ -308,7 +310,9 @@ def _describe_transfers(args: argparse.Namespace, info: ClusterInfo, ops: _Graph
             "transfer_order": args.transfer_order,
             "staged_vars": args.staged_vars,
         }
-        transfers.write_order(tracer.trace_dir / transfers.ORDER_FILE, plan, ops.read_names, mode)
+        transfers.write_order(
+            tracer.trace_dir / transfers.ORDER_FILE, plan, ops.read_names, ops.grad_names, mode
+        )
 
 
 def run_worker(args: argparse.Namespace, info: ClusterInfo) -> tuple[Timing, float]:

@@ -288,10 +288,15 @@ def measured_first_use(
 
 
 def write_order(
-    path: Path, plan: TransferPlan, read_names: dict[int, list[str]], mode: dict
+    path: Path,
+    plan: TransferPlan,
+    read_names: dict[int, list[str]],
+    grad_names: dict[int, list[str]],
+    mode: dict,
 ) -> None:
-    """The consumption order and the reads that carry each variable, for ``tflaunch trace``
-    (tflaunch.models.trace_transfers) to compare with the order the receives finished in."""
+    """The consumption order, the reads that carry each variable to the worker and the
+    gradients that go back, for ``tflaunch trace`` (tflaunch.models.trace_transfers) to compare
+    with the order the receives finished in."""
     doc = {
         **mode,
         "variables": [
@@ -301,6 +306,7 @@ def write_order(
                 "consumption_rank": plan.tic_rank[i],
                 "send_rank": plan.order.index(i),
                 "reads": read_names.get(i, []),
+                "gradients": grad_names.get(i, []),
             }
             for i in range(len(plan.names))
         ],
