@@ -20,7 +20,8 @@ Needs root (namespaces, tc). Holds the SSH test hosts' lock for one round of all
 time, so that other sessions can use the hosts between rounds. Usage::
 
     python benchmarks/transfer_order.py [--rate 1gbit] [--repeats 3] [--model inception3]
-        [--batch_size 2] [--num_batches 10] [--ps 2] [--settings none staged tic staged+tic]
+        [--batch_size 2] [--num_batches 10] [--ps 2] [--placement greedy]
+        [--settings none staged tic staged+tic]
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ def cluster_file(work: Path, hosts: ssh_hosts.TestHosts, args, name: str, extra:
     argv = [sys.executable, "-m", "tflaunch.models.benchmark", "--model", args.model]
     argv += ["--batch_size", str(args.batch_size), "--num_batches", str(args.num_batches)]
     argv += ["--num_warmup_batches", str(args.num_warmup_batches), "--display_every", "5"]
-    argv += ["--variable_update", "parameter_server", *extra]
+    argv += ["--variable_update", "parameter_server", "--variable_placement", args.placement]
+    argv += extra
     argv += ["--result_json", str(results / "{job_name}-{task_index}.json")]
     data = {
         "name": f"transfers-{name.replace('+', '-')}",
@@ -190,7 +192,7 @@ def prediction(args, compute_s: float, overlap: bool) -> float:
         perfmodel.Link(args.link_latency_us * 1e-6, _rate_bits(args.rate) / 8),
     )
     return perfmodel.predict(
-        inputs, WORKERS, args.ps, "parameter_server", "round_robin", overlap=overlap
+        inputs, WORKERS, args.ps, "parameter_server", args.placement, overlap=overlap
     ).images_per_sec
 
 
@@ -203,6 +205,12 @@ def main() -> int:
     parser.add_argument("--num_batches", type=int, default=10)
     parser.add_argument("--num_warmup_batches", type=int, default=3)
     parser.add_argument("--ps", type=int, default=2)
+    parser.add_argument(
+        "--placement",
+        default="greedy",
+        help="--variable_placement of every setting (round robin would put every weight of "
+        "InceptionV3 on PS 0: one PS link would carry it all)",
+    )
     parser.add_argument(
         "--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS)[:3] + ["staged+tic"]
     )
@@ -252,7 +260,8 @@ def report(args, runs: dict[str, list[dict]], traced: dict[str, dict]) -> None:
     base = rows[args.settings[0]]["img_s"]
     print(
         f"\n{args.model}, batch {args.batch_size}, {WORKERS} workers + {args.ps} dedicated PS, "
-        f"links {args.rate}, {args.repeats} repeats interleaved, {args.num_batches} timed steps"
+        f"{args.placement} placement, links {args.rate}, {args.repeats} repeats interleaved, "
+        f"{args.num_batches} timed steps"
     )
     head = (
         "setting",
