@@ -2,6 +2,7 @@
 
     python -m tflaunch.models.benchmark --model inception3 --batch_size 8 --num_batches 100 \
         [--variable_update parameter_server|distributed_replicated|collective_all_reduce] \
+        [--staged_vars] [--transfer_order none|tic|tac] [--transfer_buckets 8] \
         [--data_dir DIR] [--job_name worker --task_index 0 --ps_hosts ... --worker_hosts ...]
 
 Flag names follow tf_cnn_benchmarks. The cluster comes from ``--job_name/--task_index/--ps_hosts/
@@ -19,6 +20,8 @@ Variable updates (one device per worker: ``--batch_size`` is per worker):
   variables (on ``--local_parameter_device``) for its forward and backward pass; the gradients
   are applied to the master copy on the PS, and the updated values are copied back into the local
   copy in the same step.
+* ``--staged_vars`` (parameter_server) and ``--transfer_order tic|tac`` (both TF1 modes) change
+  when the variables cross the link, not what is computed: see :mod:`.bench.transfers`.
 * ``collective_all_reduce``: TF2 ``MultiWorkerMirroredStrategy``: every worker holds a mirrored
   copy and gradients are summed by collective (ring) all-reduce every step, synchronously. PS
   tasks are not used; if the cluster has some (one cluster file for every variable update), they
@@ -254,6 +257,8 @@ def run(args: argparse.Namespace, info: ClusterInfo | None) -> int:
         import tensorflow as tf
 
         tf.config.optimizer.set_experimental_options({"auto_mixed_precision_onednn_bfloat16": True})
+    if info is None and (args.staged_vars or args.transfer_order != "none"):
+        log("one process, no PS: --staged_vars and --transfer_order have nothing to move.")
     if info is not None and args.variable_update != "collective_all_reduce":
         from tflaunch.models.bench.graph import run_worker
     else:
