@@ -181,6 +181,17 @@ def traced_figures(run: dict | None) -> dict:
     }
 
 
+def model_variables(model: str) -> tuple:
+    """(name, shape, dtype size) of the model's trainable variables, as ``tflaunch model``
+    sizes them (one TensorFlow graph build)."""
+    from tflaunch.models.registry import get_model_spec
+    from tflaunch.tools.placement import model_variables as variables
+
+    return tuple(
+        (v.name, tuple(v.shape), v.dtype_size) for v in variables(get_model_spec(model), 1001)
+    )
+
+
 def prediction(args, compute_s: float, overlap: bool) -> float:
     """tflaunch model's img/s for the cluster with this compute per step and the shaped link."""
     from tflaunch.tools import perfmodel
@@ -188,7 +199,7 @@ def prediction(args, compute_s: float, overlap: bool) -> float:
     inputs = perfmodel.Inputs(
         compute_s,
         args.batch_size,
-        perfmodel._model_variables(args.model, 1001),
+        model_variables(args.model),
         perfmodel.Link(args.link_latency_us * 1e-6, _rate_bits(args.rate) / 8),
     )
     return perfmodel.predict(

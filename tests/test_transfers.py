@@ -140,7 +140,7 @@ def _graph(extra: list[str], ps: int = 2):
     info = ClusterInfo(hosts, "worker", 0)
     graph = tf.Graph()
     with graph.as_default():
-        ops = runner._Graph(args, info)
+        ops = runner.WorkerGraph(args, info)
     return graph, ops
 
 

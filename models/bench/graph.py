@@ -168,7 +168,7 @@ def _measure_first_use(args: argparse.Namespace) -> list[float]:
     return measured
 
 
-class _Graph:
+class WorkerGraph:
     """The ops one worker runs: init, the training step, and the coordination variables."""
 
     def __init__(
@@ -287,7 +287,7 @@ def _wait(condition, what: str) -> None:
         time.sleep(POLL_S)
 
 
-def _describe_transfers(args: argparse.Namespace, info: ClusterInfo, ops: _Graph) -> None:
+def _describe_transfers(args: argparse.Namespace, info: ClusterInfo, ops: WorkerGraph) -> None:
     """Log the order, and write it beside a traced run's trace for ``tflaunch trace``."""
     plan = ops.plan
     if args.transfer_order != "none":
@@ -326,7 +326,7 @@ def run_worker(args: argparse.Namespace, info: ClusterInfo) -> tuple[Timing, flo
     server = _server(args, info)
     graph = tf.Graph()
     with graph.as_default():
-        ops = _Graph(args, info, measured)
+        ops = WorkerGraph(args, info, measured)
     graph.finalize()
     _describe_transfers(args, info, ops)
     with v1.Session(server.target, graph=graph, config=_session_config(args, info)) as sess:
