@@ -247,7 +247,11 @@ def main() -> int:
                 for name in args.settings:
                     cluster = cluster_file(work, hosts, args, name, SETTINGS[name])
                     is_trace = round_ == args.repeats
-                    result = run_once(cluster, work / "results" / name, is_trace, work)
+                    try:
+                        result = run_once(cluster, work / "results" / name, is_trace, work)
+                    except RuntimeError as exc:  # the shared machine: say so, try once more
+                        print(f"{name}: a run failed, trying again ({str(exc)[-300:]!r})")
+                        result = run_once(cluster, work / "results" / name, is_trace, work)
                     if is_trace:
                         traced[name] = result
                     else:
