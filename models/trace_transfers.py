@@ -14,7 +14,11 @@ runs it on the launcher):
   variation (standard deviation over mean), min and max.
 
 A receive in the trace is named after the op whose output it carries plus ``_S<n>``; the order
-file lists, per variable, the reads whose outputs cross the link.
+file lists, per variable, the reads whose outputs cross the link. A tensor can cross more than
+once a step (with the model's own reads, ``--transfer_order none``, the benchmark's InceptionV3
+worker receives each convolution kernel twice: two send/receive pairs for one read, whose
+consumers are the convolution, its input gradient and that gradient's ``ShapeN``): ``receives``
+counts them, ``received`` counts variables, each in at its first receive.
 """
 
 from __future__ import annotations
@@ -121,7 +125,11 @@ def transfer_report(trace: Mapping, order: Mapping | None) -> dict:
                         waits.append((e["ts"], e["ts"] + e["dur"]))
                     if op in ranks:
                         arrivals.append((e["ts"] + e["dur"], ranks[op]))
-            arrivals.sort()
+            receives = len(arrivals)
+            first: dict[int, float] = {}  # a variable is in once its first receive is
+            for at, rank in arrivals:
+                first[rank] = min(first.get(rank, at), at)
+            arrivals = sorted((at, rank) for rank, at in first.items())
             step_comm = _clip(_union(waits + sends), start, end)
             comm_ms = _length(step_comm) / 1000.0
             overlapped = _intersection(step_comm, _clip(compute, start, end)) / 1000.0
@@ -131,6 +139,7 @@ def transfer_report(trace: Mapping, order: Mapping | None) -> dict:
                     "step": step,
                     "step_ms": (end - start) / 1000.0,
                     "received": len(arrivals),
+                    "receives": receives,
                     "kendall_tau": kendall_tau([r for _, r in arrivals]) if ranks else None,
                     "comm_ms": comm_ms,
                     "overlap": overlapped / comm_ms if comm_ms > 0 else None,
@@ -213,7 +222,18 @@ def report_lines(report: Mapping) -> list[str]:
             f" ({mode.get('variable_update')}, order {mode.get('transfer_order')}, staged "
             f"{'yes' if mode.get('staged_vars') else 'no'}, {mode.get('variables')} variables)"
         )
-    table = [("WORKER", "STEP", "STEP ms", "RECEIVED", "TAU (ARRIVAL~USE)", "COMM ms", "OVERLAP %")]
+    table = [
+        (
+            "WORKER",
+            "STEP",
+            "STEP ms",
+            "VARIABLES",
+            "RECEIVES",
+            "TAU (ARRIVAL~USE)",
+            "COMM ms",
+            "OVERLAP %",
+        )
+    ]
     for r in report["steps"]:
         table.append(
             (
@@ -221,6 +241,7 @@ def report_lines(report: Mapping) -> list[str]:
                 str(r["step"]),
                 f"{r['step_ms']:.1f}",
                 str(r["received"]),
+                str(r["receives"]),
                 _fmt(r["kendall_tau"], "{:+.2f}"),
                 f"{r['comm_ms']:.1f}",
                 _fmt(None if r["overlap"] is None else 100 * r["overlap"], "{:.0f}"),
