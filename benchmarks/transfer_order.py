@@ -16,8 +16,8 @@ all through ``tflaunch up`` on the SSH backend; ``tflaunch.models.benchmark`` in
 * ``tflaunch model``'s prediction (tflaunch.tools.perfmodel) without and with overlap, from the
   compute time per step and the shaped link.
 
-Needs root (namespaces, tc). Holds the SSH test hosts' lock for one round of all settings at a
-time, so that other sessions can use the hosts between rounds. Usage::
+Needs root (namespaces, tc). Holds the SSH test hosts' lock for the whole measurement (with the
+defaults about 16 runs of a minute or two), so that every repeat sees the same hosts. Usage::
 
     python benchmarks/transfer_order.py [--rate 1gbit] [--repeats 3] [--model inception3]
         [--batch_size 2] [--num_batches 10] [--ps 2] [--placement greedy]
@@ -207,6 +207,15 @@ def prediction(args, compute_s: float, overlap: bool) -> float:
     ).images_per_sec
 
 
+def _measure(work: Path, hosts, args, name: str, is_trace: bool) -> dict:
+    cluster = cluster_file(work, hosts, args, name, SETTINGS[name])
+    try:
+        return run_once(cluster, work / "results" / name, is_trace, work)
+    except RuntimeError as exc:  # the shared machine: say so, try once more
+        print(f"{name}: a run failed, trying again ({str(exc)[-300:]!r})", flush=True)
+        return run_once(cluster, work / "results" / name, is_trace, work)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", default="1gbit")
@@ -239,19 +248,14 @@ def main() -> int:
     runs: dict[str, list[dict]] = {s: [] for s in args.settings}
     traced: dict[str, dict] = {}
     rounds = args.repeats + (0 if args.no_trace else 1)
-    try:
-        for round_ in range(rounds):
-            with ssh_hosts.exclusive():  # one round at a time; others may use the hosts between
-                hosts = ssh_hosts.setup(WORKERS + args.ps)
-                shape(hosts, args.rate)
+    with ssh_hosts.exclusive():  # the whole measurement: rounds back to back, same hosts
+        hosts = ssh_hosts.setup(WORKERS + args.ps)
+        try:
+            shape(hosts, args.rate)
+            for round_ in range(rounds):
                 for name in args.settings:
-                    cluster = cluster_file(work, hosts, args, name, SETTINGS[name])
                     is_trace = round_ == args.repeats
-                    try:
-                        result = run_once(cluster, work / "results" / name, is_trace, work)
-                    except RuntimeError as exc:  # the shared machine: say so, try once more
-                        print(f"{name}: a run failed, trying again ({str(exc)[-300:]!r})")
-                        result = run_once(cluster, work / "results" / name, is_trace, work)
+                    result = _measure(work, hosts, args, name, is_trace)
                     if is_trace:
                         traced[name] = result
                     else:
@@ -262,9 +266,7 @@ def main() -> int:
                         f"{name:<12} {kind:<9} {shown:6.3f} img/s ({result['wall_s']:.0f} s)",
                         flush=True,
                     )
-                ssh_hosts.teardown()
-    finally:
-        with ssh_hosts.exclusive():
+        finally:
             ssh_hosts.teardown()
     report(args, runs, traced)
     return 0
