@@ -248,7 +248,7 @@ def main() -> int:
     runs: dict[str, list[dict]] = {s: [] for s in args.settings}
     traced: dict[str, dict] = {}
     rounds = args.repeats + (0 if args.no_trace else 1)
-    with ssh_hosts.exclusive():  # the whole measurement: rounds back to back, same hosts
+    with ssh_hosts.exclusive(timeout=3 * 3600):  # the whole measurement, same hosts
         hosts = ssh_hosts.setup(WORKERS + args.ps)
         try:
             shape(hosts, args.rate)
