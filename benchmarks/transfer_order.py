@@ -207,6 +207,20 @@ def prediction(args, compute_s: float, overlap: bool) -> float:
     ).images_per_sec
 
 
+def _run_line(result: dict, args) -> str:
+    """One run as it finishes: img/s, step time and CV, and the traced figures if any."""
+    f = figures([result], args.batch_size)
+    line = f"{f['img_s']:6.3f} img/s, step {f['step_s']:.2f} s, CV {100 * f['cv']:.1f} %"
+    t = traced_figures(result)
+    if t.get("overlap") is not None:
+        line += f", overlap {100 * t['overlap']:.0f} %"
+    if t.get("tau") is not None:
+        line += f", tau {t['tau']:+.2f}"
+    if t.get("compute_ms") is not None:
+        line += f", compute {t['compute_ms']:.0f} of {t['traced_step_ms']:.0f} ms"
+    return line + f" ({result['wall_s']:.0f} s)"
+
+
 def _measure(work: Path, hosts, args, name: str, is_trace: bool) -> dict:
     cluster = cluster_file(work, hosts, args, name, SETTINGS[name])
     try:
@@ -260,12 +274,8 @@ def main() -> int:
                         traced[name] = result
                     else:
                         runs[name].append(result)
-                    shown = result["docs"][0]["images_per_sec"]["total"]
                     kind = "traced" if is_trace else f"repeat {round_ + 1}"
-                    print(
-                        f"{name:<12} {kind:<9} {shown:6.3f} img/s ({result['wall_s']:.0f} s)",
-                        flush=True,
-                    )
+                    print(f"{name:<12} {kind:<9} {_run_line(result, args)}", flush=True)
         finally:
             ssh_hosts.teardown()
     report(args, runs, traced)
