@@ -262,19 +262,20 @@ def main() -> int:
     runs: dict[str, list[dict]] = {s: [] for s in args.settings}
     traced: dict[str, dict] = {}
     rounds = args.repeats + (0 if args.no_trace else 1)
+    trace_round = min(1, args.repeats)  # after the first timed round: early, in case of trouble
     with ssh_hosts.exclusive(timeout=3 * 3600):  # the whole measurement, same hosts
         hosts = ssh_hosts.setup(WORKERS + args.ps)
         try:
             shape(hosts, args.rate)
             for round_ in range(rounds):
                 for name in args.settings:
-                    is_trace = round_ == args.repeats
+                    is_trace = not args.no_trace and round_ == trace_round
                     result = _measure(work, hosts, args, name, is_trace)
                     if is_trace:
                         traced[name] = result
                     else:
                         runs[name].append(result)
-                    kind = "traced" if is_trace else f"repeat {round_ + 1}"
+                    kind = "traced" if is_trace else f"repeat {len(runs[name])}"
                     print(f"{name:<12} {kind:<9} {_run_line(result, args)}", flush=True)
         finally:
             ssh_hosts.teardown()
