@@ -110,15 +110,17 @@ def test_report_without_an_order_file_keeps_overlap_and_spread(tmp_path) -> None
 
 
 def test_model_overlap_term() -> None:
-    assert perfmodel.worker_step(1.0, 0.6) == pytest.approx(1.6)
-    assert perfmodel.worker_step(1.0, 0.6, 0.05, overlap=True) == pytest.approx(1.05)
-    assert perfmodel.worker_step(0.5, 0.8, 0.05, overlap=True) == pytest.approx(0.85)
+    assert perfmodel.worker_cycle(1.0, 0.6) == pytest.approx(1.6)
+    assert perfmodel.worker_cycle(1.0, 0.6, 0.05) == pytest.approx(1.05)
+    assert perfmodel.worker_cycle(0.5, 0.8, 0.05) == pytest.approx(0.85)
+    link = perfmodel.Link(1e-4, 1e7)
+    assert perfmodel.first_bucket_s(link, 8_000_000, 4) == pytest.approx(1e-4 + 0.2)
     inputs = perfmodel.Inputs(
-        1.0, 2, (("a", (1000, 1000), 4), ("b", (1000, 1000), 4)), perfmodel.Link(1e-4, 1e7)
+        1.0, 2, (("a", (1000, 1000), 4), ("b", (1000, 1000), 4)), link, nic=False
     )
     plain = perfmodel.predict(inputs, 1, 1, "parameter_server")
     overlapped = perfmodel.predict(inputs, 1, 1, "parameter_server", overlap=True, buckets=4)
-    comm = 2 * (1e-4 + 8e6 / 1e7)
+    comm = 2 * 1e-4 + 2 * 8e6 / 1e7  # one worker, one PS: no queueing
     assert plain.step_s == pytest.approx(1.0 + comm)
     assert overlapped.step_s == pytest.approx(comm + 1e-4 + 2e6 / 1e7)
 
