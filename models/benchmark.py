@@ -2,6 +2,7 @@
 
     python -m tflaunch.models.benchmark --model inception3 --batch_size 8 --num_batches 100 \
         [--variable_update parameter_server|distributed_replicated|collective_all_reduce] \
+        [--staged_vars] [--transfer_order none|tic|tac] [--transfer_buckets 8] \
         [--data_dir DIR] [--job_name worker --task_index 0 --ps_hosts ... --worker_hosts ...]
 
 Flag names follow tf_cnn_benchmarks. The cluster comes from ``--job_name/--task_index/--ps_hosts/
@@ -19,6 +20,8 @@ Variable updates (one device per worker: ``--batch_size`` is per worker):
   variables (on ``--local_parameter_device``) for its forward and backward pass; the gradients
   are applied to the master copy on the PS, and the updated values are copied back into the local
   copy in the same step.
+* ``--staged_vars`` (parameter_server) and ``--transfer_order tic|tac`` (both TF1 modes) change
+  when the variables cross the link, not what is computed: see :mod:`.bench.transfers`.
 * ``collective_all_reduce``: TF2 ``MultiWorkerMirroredStrategy``: every worker holds a mirrored
   copy and gradients are summed by collective (ring) all-reduce every step, synchronously. PS
   tasks are not used; if the cluster has some (one cluster file for every variable update), they
@@ -53,6 +56,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow's C++ ru
 
 from tflaunch.models.bench.common import (  # noqa: E402
     OPTIMIZERS,
+    TRANSFER_ORDERS,
     VARIABLE_UPDATES,
     BenchmarkError,
     Timing,
@@ -95,6 +99,26 @@ def build_parser() -> argparse.ArgumentParser:
         choices=STRATEGIES,
         help="how variables are spread over the PS tasks (parameter_server and "
         "distributed_replicated); default: replica_device_setter's round robin",
+    )
+    p.add_argument(
+        "--staged_vars",
+        action="store_true",
+        help="parameter_server: fetch the variables for step N+1 while step N computes and "
+        "updates (as tf_cnn_benchmarks); a step's values are at most one step older",
+    )
+    p.add_argument(
+        "--transfer_order",
+        default="none",
+        choices=TRANSFER_ORDERS,
+        help="order of the variables' transfers to a worker (parameter_server, "
+        "distributed_replicated): none (as they come), tic (the forward pass's consumption "
+        "order, from the graph), tac (from a profiled step's op times)",
+    )
+    p.add_argument(
+        "--transfer_buckets",
+        type=int,
+        default=8,
+        help="with --transfer_order: buckets of about equal bytes sent one after another",
     )
     p.add_argument("--data_dir", default=None, help="ImageNet-layout TFRecords; default synthetic")
     p.add_argument(
@@ -147,6 +171,7 @@ def validate(args: argparse.Namespace) -> None:
             raise BenchmarkError(f"--{name} must be at least 1, not {getattr(args, name)}.")
     if args.num_warmup_batches < 0:
         raise BenchmarkError("--num_warmup_batches must not be negative.")
+    check_transfer_flags(args)
     from tflaunch.models.nets.layers import DataFormatError, check_data_format
 
     try:
@@ -168,6 +193,23 @@ def validate(args: argparse.Namespace) -> None:
             list_shards(args.data_dir)
         except FileNotFoundError as exc:
             raise BenchmarkError(str(exc)) from None
+
+
+def check_transfer_flags(args: argparse.Namespace) -> None:
+    """--staged_vars and --transfer_order only where the graph runner can apply them."""
+    if args.staged_vars and args.variable_update != "parameter_server":
+        raise BenchmarkError(
+            f"--staged_vars stages the reads of the PS's variables, which only --variable_update "
+            f"parameter_server makes every step; {args.variable_update} keeps local copies. "
+            "Drop --staged_vars or use parameter_server."
+        )
+    if args.transfer_order != "none" and args.variable_update == "collective_all_reduce":
+        raise BenchmarkError(
+            "--transfer_order orders the transfers of variables from the PS, which "
+            "collective_all_reduce does not use; use parameter_server or distributed_replicated."
+        )
+    if args.transfer_buckets < 1:
+        raise BenchmarkError(f"--transfer_buckets must be at least 1, not {args.transfer_buckets}.")
 
 
 def result_document(
@@ -215,6 +257,8 @@ def run(args: argparse.Namespace, info: ClusterInfo | None) -> int:
         import tensorflow as tf
 
         tf.config.optimizer.set_experimental_options({"auto_mixed_precision_onednn_bfloat16": True})
+    if info is None and (args.staged_vars or args.transfer_order != "none"):
+        log("one process, no PS: --staged_vars and --transfer_order have nothing to move.")
     if info is not None and args.variable_update != "collective_all_reduce":
         from tflaunch.models.bench.graph import run_worker
     else:

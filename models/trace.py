@@ -27,6 +27,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from tflaunch.models import trace_format as fmt
+from tflaunch.models import trace_transfers
 
 COMM_KERNELS = {
     "_Send",
@@ -241,7 +242,7 @@ def decode(path: Path, task: str, host: str) -> fmt.TaskTrace:
         for key, end in dones:
             if key in pending:
                 thread, t0 = pending.pop(key)
-                args = {"kernel": "_Recv", "tensor": key[1]}
+                args = {"kernel": "_Recv", "tensor": key[1], "step_id": key[0]}
                 events.append(fmt.Event(thread, f"recv {key[1]}", "recv_wait", t0, end - t0, args))
     if not any(e.category == "step" for e in events):
         events += _session_run_steps(space, start)
@@ -311,7 +312,8 @@ def merge_dir(trace_dir: Path, tasks: Mapping[str, str], offset: int) -> list[Pa
         traces.append(decode(path, task, host))
     if not traces:
         raise fmt.TraceError(f"no task's profile under {raw}.")
-    return fmt.write_outputs(fmt.merge(traces), trace_dir)
+    merged = fmt.merge(traces)
+    return fmt.write_outputs(merged, trace_dir) + trace_transfers.write_report(merged, trace_dir)
 
 
 def capture(trace_dir: Path, targets: Mapping[str, str], duration_ms: int) -> list[Path]:

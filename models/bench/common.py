@@ -18,6 +18,7 @@ import numpy as np
 
 VARIABLE_UPDATES = ("parameter_server", "distributed_replicated", "collective_all_reduce")
 OPTIMIZERS = ("sgd", "momentum")
+TRANSFER_ORDERS = ("none", "tic", "tac")
 
 
 class BenchmarkError(Exception):

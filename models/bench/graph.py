@@ -14,11 +14,13 @@ the timed windows overlap) and a per-worker vector of measured images/sec (summe
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from contextlib import nullcontext
 
 import tensorflow as tf
 
+from tflaunch.models.bench import transfers
 from tflaunch.models.bench.common import BenchmarkError, Timing, images_per_sec, log, timed_loop
 from tflaunch.models.cluster import ClusterInfo
 from tflaunch.models.data.imagenet import list_shards, make_dataset
@@ -125,11 +127,58 @@ def _loss(model: tf.Module, images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
     )
 
 
-class _Graph:
+def _plan(
+    args: argparse.Namespace, variables, region, measured: list[float] | None
+) -> transfers.TransferPlan:
+    return transfers.make_plan(
+        variables, region, args.transfer_order, args.transfer_buckets, measured
+    )
+
+
+def _measure_first_use(args: argparse.Namespace) -> list[float]:
+    """tac: when each variable is first used in a profiled step of the model alone."""
+    spec = get_model_spec(args.model)
+
+    def build():
+        with v1.device("/device:CPU:0"):
+            model = spec.build(args.num_classes, args.data_format)
+            s = args.image_size
+            shape = (
+                [args.batch_size, 3, s, s]
+                if args.data_format == "NCHW"
+                else [args.batch_size, s, s, 3]
+            )
+            images = tf.random.uniform(shape, -1.0, 1.0)
+            labels = tf.random.uniform([args.batch_size], 0, args.num_classes, dtype=tf.int32)
+            graph = v1.get_default_graph()
+            first = len(graph.get_operations())
+            loss = _loss(model, images, labels)
+            grads = tf.gradients(loss, model.trainable_variables)
+            region = graph.get_operations()[first:]
+            train = _optimizer(args).apply_gradients(
+                zip(grads, model.trainable_variables, strict=True)
+            )
+        return model.trainable_variables, region, train
+
+    started = time.perf_counter()
+    measured = transfers.measured_first_use(build, (args.num_intra_threads, args.num_inter_threads))
+    log(
+        f"transfer order tac: profiled a step of {args.model} alone ({time.perf_counter() - started:.1f} s)"
+    )
+    return measured
+
+
+class WorkerGraph:
     """The ops one worker runs: init, the training step, and the coordination variables."""
 
-    def __init__(self, args: argparse.Namespace, info: ClusterInfo) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        info: ClusterInfo,
+        measured: list[float] | None = None,
+    ) -> None:
         worker_device = info.device
+        self.prime = None
         cluster = tf.train.ClusterSpec(info.cluster)
         ps_strategy = _ps_strategy(args, info)
         setter = v1.train.replica_device_setter(
@@ -151,17 +200,36 @@ class _Graph:
             images, labels = _inputs(args, info)
         optimizer = _optimizer(args)
         if args.variable_update == "parameter_server":
+            graph = v1.get_default_graph()
             with v1.device(setter):
+                first = len(graph.get_operations())
                 self.loss = _loss(master, images, labels)
                 grads = tf.gradients(self.loss, master.trainable_variables)
+            region = graph.get_operations()[first:]
+            variables = master.trainable_variables
+            self.plan = _plan(args, variables, region, measured)
+            scheduled = transfers.schedule_reads(
+                variables,
+                transfers.variable_reads(region, variables),
+                self.plan,
+                worker_device,
+                ordered=args.transfer_order != "none",
+                staged=args.staged_vars,
+            )
+            self.read_names = scheduled.read_names
+            self.grad_names = {i: [g.op.name] for i, g in enumerate(grads) if g is not None}
+            with v1.device(setter):
                 updates = v1.get_collection(v1.GraphKeys.UPDATE_OPS)
                 with tf.control_dependencies(updates):
-                    self.train_op = optimizer.apply_gradients(
-                        zip(grads, master.trainable_variables, strict=True)
-                    )
+                    apply = optimizer.apply_gradients(zip(grads, variables, strict=True))
+            self.train_op = tf.group(apply, *scheduled.step_ops) if scheduled.step_ops else apply
+            if scheduled.prime_ops:
+                self.prime = tf.group(*scheduled.prime_ops, name="transfer_stage_first")
             self.local_init = v1.local_variables_initializer()
         else:
-            self._build_replicated(args, worker_device, spec, master, images, labels, optimizer)
+            self._build_replicated(
+                args, worker_device, spec, master, images, labels, optimizer, measured
+            )
         self.shared_vars = [v for v in v1.global_variables() if v.device.startswith("/job:ps")]
         self.shared_init = v1.variables_initializer(self.shared_vars)
         self.uninitialized = (
@@ -177,23 +245,30 @@ class _Graph:
         images: tf.Tensor,
         labels: tf.Tensor,
         optimizer: v1.train.Optimizer,
+        measured: list[float] | None,
     ) -> None:
-        """Local copy for compute; gradients go to the master copy; values come back."""
+        """Local copy for compute; gradients go to the master copy; values come back (in
+        consumption order with --transfer_order)."""
         local_device = "GPU:0" if args.local_parameter_device == "gpu" else "CPU:0"
+        graph = v1.get_default_graph()
         with v1.device(f"{worker_device}/device:{local_device}"):
             replica = spec.build(args.num_classes, args.data_format)
+            first = len(graph.get_operations())
             self.loss = _loss(replica, images, labels)
             grads = tf.gradients(self.loss, replica.trainable_variables)
+        region = graph.get_operations()[first:]
+        self.plan = _plan(args, replica.trainable_variables, region, measured)
         updates = v1.get_collection(v1.GraphKeys.UPDATE_OPS)
         with tf.control_dependencies(updates):
             apply = optimizer.apply_gradients(zip(grads, master.trainable_variables, strict=True))
-        with tf.control_dependencies([apply]):
-            pulls = [
-                local.assign(shared)
-                for local, shared in zip(
-                    replica.trainable_variables, master.trainable_variables, strict=True
-                )
-            ]
+        self.grad_names = {i: [g.op.name] for i, g in enumerate(grads) if g is not None}
+        pulls, self.read_names = transfers.ordered_pulls(
+            master.trainable_variables,
+            replica.trainable_variables,
+            self.plan if args.transfer_order != "none" else None,
+            [apply],
+            f"{worker_device}/device:{local_device}",
+        )
         self.train_op = tf.group(*pulls)
         refresh = [
             local.assign(shared)
@@ -212,6 +287,34 @@ def _wait(condition, what: str) -> None:
         time.sleep(POLL_S)
 
 
+def _describe_transfers(args: argparse.Namespace, info: ClusterInfo, ops: WorkerGraph) -> None:
+    """Log the order, and write it beside a traced run's trace for ``tflaunch trace``."""
+    plan = ops.plan
+    if args.transfer_order != "none":
+        first = plan.buckets[0]
+        mb = sum(plan.nbytes[i] for i in first) / 1e6
+        log(
+            f"transfer order {args.transfer_order}: {len(plan.order)} variables in "
+            f"{len(plan.buckets)} buckets, the first {len(first)} variables ({mb:.1f} MB); "
+            f"Kendall tau against the graph's consumption order "
+            f"{transfers.kendall_tau([plan.tic_rank[i] for i in plan.order]):.3f}"
+        )
+    if args.staged_vars:
+        log("staged variables: each step computes with the values fetched during the step before")
+    from tflaunch.models import trace
+
+    tracer = trace.active() if os.environ.get("TFLAUNCH_TRACE_STEPS") else None
+    if tracer is not None and info.rank == 0:
+        mode = {
+            "variable_update": args.variable_update,
+            "transfer_order": args.transfer_order,
+            "staged_vars": args.staged_vars,
+        }
+        transfers.write_order(
+            tracer.trace_dir / transfers.ORDER_FILE, plan, ops.read_names, ops.grad_names, mode
+        )
+
+
 def run_worker(args: argparse.Namespace, info: ClusterInfo) -> tuple[Timing, float]:
     """Build this worker's graph, initialise, run the timed loop, exchange the rates."""
     if info.num_ps == 0:
@@ -219,17 +322,21 @@ def run_worker(args: argparse.Namespace, info: ClusterInfo) -> tuple[Timing, flo
             f"--variable_update {args.variable_update} needs at least one PS task in the "
             "cluster; add PS tasks or use --variable_update collective_all_reduce."
         )
+    measured = _measure_first_use(args) if args.transfer_order == "tac" else None
     server = _server(args, info)
     graph = tf.Graph()
     with graph.as_default():
-        ops = _Graph(args, info)
+        ops = WorkerGraph(args, info, measured)
     graph.finalize()
+    _describe_transfers(args, info, ops)
     with v1.Session(server.target, graph=graph, config=_session_config(args, info)) as sess:
         if info.rank == 0:
             sess.run(ops.shared_init)
         else:
             _wait(lambda: len(sess.run(ops.uninitialized)) == 0, "the chief to initialise")
         sess.run(ops.local_init)
+        if ops.prime is not None:
+            sess.run(ops.prime)  # the values the first step computes with
         log(
             f"{args.variable_update}: worker {info.rank} of {info.num_training_tasks}, "
             f"{info.num_ps} PS, {len(ops.shared_vars)} variables on PS"

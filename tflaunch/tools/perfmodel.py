@@ -34,6 +34,10 @@ Assumptions (printed by ``tflaunch model``):
 7. Without ``--shared-cores``, a worker's compute per step is the lone worker's, or, with
    ``--compute-img-s-at W=R`` (W lone workers at once, each on cores of its own), the measured
    figure interpolated at W: contention for caches and memory bandwidth on one many-core host.
+8. With ordered transfers or staged variables (``--transfer_order tic|tac``, ``--staged_vars``:
+   ``--overlap``), a worker's communication runs beside its computation once the first of K
+   buckets is in: its cycle is ``max(t_compute, fixed + 2 phase) + alpha + max_p B_p / (K beta)``
+   instead of ``t_compute + fixed + 2 phase`` (phases as in 4, queueing included).
 """
 
 from __future__ import annotations
@@ -144,7 +148,13 @@ class Prediction:
 
 
 def predict(
-    inputs: Inputs, workers: int, ps: int, update: str, strategy: str = "round_robin"
+    inputs: Inputs,
+    workers: int,
+    ps: int,
+    update: str,
+    strategy: str = "round_robin",
+    overlap: bool = False,
+    buckets: int = 8,
 ) -> Prediction:
     if workers < 1:
         raise ModelError("at least one worker.")
@@ -165,10 +175,24 @@ def predict(
         fixed,
         own,
         [b / link.bandwidth for b in loads],
+        first_bucket_s(link, max(loads), buckets) if overlap else None,
     )
     return Prediction(
         workers, ps, update, strategy, throughput * inputs.batch_size, workers / throughput, bound
     )
+
+
+def first_bucket_s(link: Link, fullest_bytes: int, buckets: int) -> float:
+    """The wait for the first of ``buckets`` buckets from the fullest PS (assumption 8)."""
+    return link.latency_s + fullest_bytes / max(1, buckets) / link.bandwidth
+
+
+def worker_cycle(compute_s: float, comm_s: float, overlap_first_s: float | None = None) -> float:
+    """A worker's step: compute then communication, or (assumption 8) side by side after the
+    first bucket's wait."""
+    if overlap_first_s is None:
+        return compute_s + comm_s
+    return max(compute_s, comm_s) + overlap_first_s
 
 
 def _ring(inputs: Inputs, workers: int) -> Prediction:
@@ -193,6 +217,7 @@ def _mean_value_analysis(
     fixed_s: float,
     own_link_s: float,
     ps_demand_s: Sequence[float],
+    overlap_first_s: float | None = None,
 ) -> tuple[float, str]:
     """Steps/s of ``workers`` asynchronous workers (assumption 4) and what binds them: "workers"
     (their own step, their own link included), "ps" (a PS's link) or "cores" (shared compute).
@@ -210,7 +235,7 @@ def _mean_value_analysis(
     for n in range(1, workers + 1):
         phase = max(own_link_s, fullest * (1 + fork * in_phase))
         compute = compute_s * (1 + queued_cores) if shared_cores else compute_s
-        throughput = n / (compute + fixed_s + 2 * phase)
+        throughput = n / worker_cycle(compute, fixed_s + 2 * phase, overlap_first_s)
         in_phase = throughput * phase
         queued_cores = throughput * compute
     # What binds: the shared cores near saturation, else the PS where queueing there stretches
@@ -235,6 +260,7 @@ def grid(
     ps_counts: Iterable[int],
     updates: Sequence[str] = UPDATES,
     strategies: Sequence[str] = STRATEGIES,
+    overlap: bool = False,
 ) -> list[Prediction]:
     out = []
     ps_counts = list(ps_counts)
@@ -245,7 +271,7 @@ def grid(
                 continue
             for p in ps_counts:
                 for s in strategies:
-                    out.append(predict(inputs, w, p, update, s))
+                    out.append(predict(inputs, w, p, update, s, overlap=overlap))
     return out
 
 
@@ -494,6 +520,12 @@ def _int_list(text: str) -> list[int]:
 @click.option("--workers", default="1,2,4,8", show_default=True)
 @click.option("--ps", "ps_text", default="1-4", show_default=True)
 @click.option("--all", "show_all", is_flag=True, help="Print every prediction, not the best.")
+@click.option(
+    "--overlap",
+    is_flag=True,
+    help="PS modes run with --transfer_order tic|tac or --staged_vars: communication beside "
+    "computation (assumption 8).",
+)
 def model_command(
     netbench_path: str | None,
     compute_img_s: float | None,
@@ -512,6 +544,7 @@ def model_command(
     workers: str,
     ps_text: str,
     show_all: bool,
+    overlap: bool,
 ) -> None:
     """Predict images/sec for W workers x P PS per variable update; recommend P and placement."""
     compute_at = tuple(
@@ -567,7 +600,7 @@ def model_command(
         f"{', cores shared by all tasks' if inputs.shared_cores else ''}"
         + "".join(f", compute {c * 1e3:.0f} ms at {w} workers" for w, c in inputs.compute_at)
     )
-    predictions = grid(inputs, _int_list(workers), _int_list(ps_text))
+    predictions = grid(inputs, _int_list(workers), _int_list(ps_text), overlap=overlap)
     if show_all:
         for line in prediction_lines(predictions):
             click.echo(line)

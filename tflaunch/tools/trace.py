@@ -191,11 +191,22 @@ def show_verdict(trace_dir: Path, show) -> None:
     )
 
 
+def show_transfers(trace: Mapping, trace_dir: Path, show) -> None:
+    """Per worker step: arrival order against consumption order, overlap; the step-time spread
+    (tflaunch.models.trace_transfers)."""
+    from tflaunch.models import trace_transfers
+
+    report = trace_transfers.transfer_report(trace, trace_transfers.load_order(trace_dir))
+    for line in trace_transfers.report_lines(report):
+        show(line)
+
+
 def show_trace(trace_dir: Path, show) -> list[Path]:
     """Print the per-task summary and how to open the trace; draw trace.png. Returns the files."""
     trace = load_trace(trace_dir / TRACE_FILE)
     for line in summary_lines(summarize(trace)):
         show(line)
+    show_transfers(trace, trace_dir, show)
     png = render_png(trace, trace_dir / PNG_FILE)
     show(f"trace: {trace_dir / TRACE_FILE} ({HOW_TO_OPEN}); timeline {png}")
     return [trace_dir / TRACE_FILE, png]
