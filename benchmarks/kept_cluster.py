@@ -123,6 +123,8 @@ def main() -> int:
                 os.environ[ADDRESS_MAP_ENV] = str(work / "addresses.json")
                 runs = str(work / "runs")
                 for repeat in range(args.repeats):
+                    # A new instance's disk is empty; the test host standing in keeps its files.
+                    shutil.rmtree(work / "work", ignore_errors=True)
                     first, made = tflaunch("up", str(cluster), "--keep")
                     assert "creating 1 instance(s)" in made.stderr, made.stderr
                     (work / "src" / "notes.txt").write_text(f"{repeat + 1}\n")
