@@ -44,7 +44,7 @@ from tflaunch.errors import TflaunchError
 from tflaunch.launchers.base import Backend
 from tflaunch.launchers.slurm.client import requeue as requeue_job
 from tflaunch.launchers.slurm.script import Layout, layout
-from tflaunch.runtime import procs
+from tflaunch.runtime import procs, protocol
 from tflaunch.runtime.agent import serve
 from tflaunch.runtime.coordinator import Requeue
 from tflaunch.runtime.link import MAX_LINE, ProcessLink, SocketLink, agent_argv, socket_streams
@@ -204,7 +204,7 @@ class AllocationBackend(Backend):
             )
             links.append(ProcessLink(self.node.name, proc))
         for link in self.remote:
-            link.send({"cmd": "start"})
+            link.send(protocol.Start().wire())
         return links + list(self.remote)
 
 
@@ -312,10 +312,10 @@ def join(node: Node) -> int:
     commands, events = socket_streams(sock)
     sock.settimeout(timeout + 30)  # the coordinator waits up to ready_timeout for the others
     try:
-        command = json.loads(commands.readline(MAX_LINE) or "{}")
+        command = protocol.command_of(json.loads(commands.readline(MAX_LINE) or "{}"))
     except (OSError, ValueError):
-        command = {}
-    if not isinstance(command, dict) or command.get("cmd") != "start":
+        command = None
+    if not isinstance(command, protocol.Start):
         print(
             f"tflaunch: {node.name}: the coordinator on {info['host']} did not start the run",
             file=sys.stderr,

@@ -49,8 +49,9 @@ from tflaunch.launchers.ssh.connect import (
 )
 from tflaunch.launchers.ssh.session import HostSession
 from tflaunch.launchers.ssh.sources import resolve_hosts
+from tflaunch.runtime import protocol
 from tflaunch.runtime.coordinator import Revive
-from tflaunch.runtime.link import StreamLink
+from tflaunch.runtime.link import StreamLink, agent_output
 from tflaunch.runtime.run import Outcome, Run
 
 
@@ -79,12 +80,7 @@ class SshLink(StreamLink):
         """The agent's stderr (Python warnings, a crash) shown as the agent's own output."""
         with contextlib.suppress(OSError, ValueError, EOFError):
             for line in self.channel.makefile_stderr("r"):
-                sink.put(
-                    (
-                        self.host,
-                        {"event": "output", "task": f"agent@{self.host}", "line": line.rstrip()},
-                    )
-                )
+                sink.put((self.host, agent_output(self.host, line.rstrip())))
 
     def _probe(self, sink: queue.Queue) -> None:
         """Report the host lost when the connection stops answering for ``timeout`` seconds."""
@@ -103,8 +99,8 @@ class SshLink(StreamLink):
                     f"its SSH connection ({self.conn.address}) stopped answering for "
                     f"{self.timeout:g} s"
                 )
-                sink.put((self.host, {"event": "host_lost", "message": message}))
-                sink.put((self.host, {"event": "link_closed"}))
+                sink.put((self.host, protocol.HostLost(message=message).wire()))
+                sink.put((self.host, protocol.LinkClosed().wire()))
                 self.conn.close()  # unblocks the reader
                 return
 
@@ -179,7 +175,7 @@ class SshBackend(Backend):
         failures = [f"{c.name}: {err}" for c, _, err in results if err is not None]
         if failures:
             for link in links:
-                link.send({"cmd": "stop", "reason": "another host failed to start"})
+                link.send(protocol.Stop(reason="another host failed to start").wire())
                 link.close(timeout=10)
             self.session.end_probes()
             raise LaunchError("cannot start the agents:\n  " + "\n  ".join(failures))

@@ -20,8 +20,10 @@ from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
 from tflaunch.launchers.ssh.on_host import COORDINATOR_FILE, TOKEN_FILE
 from tflaunch.launchers.ssh.session import HostSession, fetch_new_bytes
+from tflaunch.runtime import protocol
 from tflaunch.runtime.rendezvous import new_token
 from tflaunch.runtime.run import Outcome, Run
+from tflaunch.runtime.runctl import cluster_ready
 
 ON_HOST = "tflaunch.launchers.ssh.on_host"
 
@@ -127,7 +129,7 @@ def _wait_until_ready(session: HostSession, run: Run, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         refresh(session, run)
-        if any(e.get("event") == "cluster_ready" for e in run.events()):
+        if cluster_ready(run):
             return
         if run.ended:
             raise LaunchError(
@@ -188,9 +190,9 @@ def down(session: HostSession, run: Run, grace: float) -> str:
         )
         what = [f"coordinator on {conn.name}: {result.stdout.strip() or result.stderr.strip()}"]
         agents = {}
-        for event in run.events():
-            if event.get("event") == "agent_started" and event.get("pid"):
-                agents[event.get("host")] = event["pid"]
+        for record in protocol.records(run.events()):
+            if isinstance(record.event, protocol.AgentStarted) and record.event.pid:
+                agents[record.host] = record.event.pid
 
         def stop_agent(host_conn: Connection) -> str:
             pid = agents.get(host_conn.name)

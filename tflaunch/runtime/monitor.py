@@ -31,12 +31,13 @@ from typing import IO, TYPE_CHECKING, Any
 
 import psutil
 
+from tflaunch.runtime import protocol
 from tflaunch.runtime.runfiles import open_run_file
 
 if TYPE_CHECKING:
     from tflaunch.cluster.config import Supervision
 
-Emit = Callable[[dict[str, Any]], None]
+Emit = Callable[[protocol.Event], None]
 PidSource = Callable[[], Mapping[str, int]]
 NET_FIELDS = ("bytes_sent", "bytes_recv", "packets_sent", "packets_recv")
 
@@ -254,10 +255,10 @@ class Sampler:
     def sample_once(self) -> None:
         with self._lock:
             try:
-                self.emit({"event": "sample", **self.sampler.sample(dict(self.task_pids()))})
+                self.emit(protocol.Sample(self.sampler.sample(dict(self.task_pids()))))
             except (psutil.Error, OSError) as err:
                 # Monitoring must never take the cluster down: report what broke and go on.
-                self.emit({"event": "sample_error", "message": f"{type(err).__name__}: {err}"})
+                self.emit(protocol.SampleError(message=f"{type(err).__name__}: {err}"))
 
     def stop(self, final: bool = True) -> None:
         """Stop the thread (bounded wait) and take the last sample."""

@@ -165,7 +165,7 @@ class Restarter:
             self.failed_at.setdefault(state.name, now)
         self.report.record(
             protocol.ClusterRestarting(
-                cause="host_lost",
+                cause=protocol.HostLost.NAME,
                 host=host,
                 delay=decision.delay,
                 generation=self.book.cluster_restarts,
