@@ -51,16 +51,15 @@ SAMPLE_INTERVAL = float(os.environ.get("SCALE_SAMPLE_INTERVAL", "1"))  # the con
 def serve(agents: int, run_dir: Path, sample_interval: float) -> int:
     """Accept ``agents`` agents and coordinate them until the run ends (the process under test)."""
     from tflaunch.runtime.coordinator import coordinate
-    from tflaunch.runtime.rendezvous import Listener, new_token, publish
+    from tflaunch.runtime.rendezvous import Listener, Rendezvous, publish
     from tflaunch.runtime.run import Run
 
     plan = fake_plan(agents, sample_interval)
     run = Run("scale", run_dir)
     run.write_plan(plan)
-    token = new_token()
-    listener = Listener("127.0.0.1", token, {h.name for h in plan.hosts})
-    info = {"address": listener.address, "port": listener.port, "token": token}
-    publish(run_dir / "coordinator.json", info)
+    record = Rendezvous.ahead()
+    listener = Listener("127.0.0.1", record.token, {h.name for h in plan.hosts})
+    publish(run_dir, record.listening(listener))
     links = [joined.link for joined in listener.accept(timeout=300).values()]
     if len(links) != agents:
         print(f"only {len(links)} of {agents} agents connected", file=sys.stderr)
@@ -145,20 +144,18 @@ class Driver:
         self.peak_rss_mb = 0.0
 
     def connect(self) -> None:
-        info_path = self.run_dir / "coordinator.json"
+        from tflaunch.cluster.plan import Plan
+        from tflaunch.runtime.rendezvous import connect, read_published
+
         deadline = time.monotonic() + 60
-        while not info_path.exists():
+        while (info := read_published(self.run_dir)) is None:
             if time.monotonic() > deadline or self.coordinator.poll() is not None:
                 raise SystemExit("the coordinator did not publish its address")
             time.sleep(0.05)
-        time.sleep(0.05)
-        info = json.loads(info_path.read_text())
-        from tflaunch.cluster.plan import Plan
-        from tflaunch.runtime.rendezvous import connect
 
         plan = Plan.from_dict(json.loads((self.run_dir / "plan.json").read_text()))
         for host in plan.hosts:
-            sock = connect(info["address"], info["port"], info["token"], host.name, 30)
+            sock = connect(info.address, info.port, info.token, host.name, 30)
             sock.setblocking(False)
             agent = FakeAgent(host.name, [t.name for t in plan.tasks_on(host.name)], sock)
             self.agents.append(agent)

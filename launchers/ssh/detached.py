@@ -18,10 +18,9 @@ from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Plan
 from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
-from tflaunch.launchers.ssh.on_host import COORDINATOR_FILE, TOKEN_FILE
 from tflaunch.launchers.ssh.session import HostSession, fetch_new_bytes
 from tflaunch.runtime import protocol
-from tflaunch.runtime.rendezvous import new_token
+from tflaunch.runtime.rendezvous import RENDEZVOUS_FILE, Rendezvous
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.runctl import cluster_ready
 
@@ -52,19 +51,22 @@ print("killed")
 """
 
 
-def _wait_for_file(session: HostSession, host: str, path: str, timeout: float) -> str | None:
+def _wait_for_coordinator(
+    session: HostSession, host: str, path: str, timeout: float
+) -> Rendezvous | None:
+    """The rendezvous record once the coordinator on ``host`` listens (it has a port)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        text = session.read_file(host, path)
-        if text:
-            return text
+        record = Rendezvous.from_json(session.read_file(host, path) or "")
+        if record is not None and record.port:
+            return record
         time.sleep(0.2)
     return None
 
 
 def start(session: HostSession, config: ClusterConfig, plan: Plan, run: Run) -> None:
     """Pre-flight as for an attached run, then coordinator on the first host, agents everywhere."""
-    session.open(config, plan, run, extra={TOKEN_FILE: new_token()})
+    session.open(config, plan, run, extra={RENDEZVOUS_FILE: Rendezvous.ahead().to_json()})
     python = config.ssh.python
     first = plan.hosts_with_tasks()[0]
     run_dir = session.paths[first.name].run_dir
@@ -82,15 +84,15 @@ def start(session: HostSession, config: ClusterConfig, plan: Plan, run: Run) -> 
     ]
     console = posixpath.join(run_dir, "console.log")
     session.connections[first.name].run(remote_command(argv, background_output=console), timeout=30)
-    text = _wait_for_file(session, first.name, posixpath.join(run_dir, COORDINATOR_FILE), 60)
-    if text is None:
+    path = posixpath.join(run_dir, RENDEZVOUS_FILE)
+    coordinator = _wait_for_coordinator(session, first.name, path, 60)
+    if coordinator is None:
         output = session.read_file(first.name, console) or "(no output)"
         raise LaunchError(f"the coordinator did not start on {first.name}:\n{output[-2000:]}")
-    coordinator = json.loads(text)
     run.update_meta(
         detached=True,
         ssh_coordinator=first.name,
-        ssh_coordinator_pid=coordinator["pid"],
+        ssh_coordinator_pid=coordinator.pid,
         state="starting",
     )
 
@@ -106,9 +108,9 @@ def start(session: HostSession, config: ClusterConfig, plan: Plan, run: Run) -> 
             "--host",
             conn.name,
             "--address",
-            coordinator["address"],
+            coordinator.address,
             "--port",
-            str(coordinator["port"]),
+            str(coordinator.port),
         ]
         out = posixpath.join(host_dir, "agent.log")
         conn.run(remote_command(argv, background_output=out), timeout=30)
