@@ -401,6 +401,16 @@ def is_command(data: Any) -> bool:
     return isinstance(data, dict) and isinstance(data.get(COMMAND_KEY), str)
 
 
+def kind_of(data: dict[str, Any]) -> str:
+    """The name of a recorded event's kind, known or not (to show it)."""
+    return str(data.get(EVENT_KEY, ""))
+
+
+def details_of(data: dict[str, Any]) -> dict[str, Any]:
+    """A recorded event's fields, without its kind (to show them)."""
+    return {k: v for k, v in data.items() if k != EVENT_KEY}
+
+
 def is_output(data: dict[str, Any]) -> bool:
     """Whether a wire event is a line of output (cheap: read on every line a task prints)."""
     return data.get(EVENT_KEY) == Output.NAME

@@ -18,17 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from tflaunch.errors import TflaunchError
+from tflaunch.runtime import protocol
 from tflaunch.runtime.run import Run
 
 # Events drawn on the timeline, with their colour and a one-word label.
-MARKS = {
-    "started": ("#2b7bb9", "start"),
-    "ready": ("#3a9d5d", "ready"),
-    "exited": ("#555555", "exit"),
-    "restarting": ("#e08a00", "restart"),
-    "cluster_restarting": ("#e08a00", "cluster restart"),
-    "running_again": ("#3a9d5d", "running again"),
-    "stalled": ("#c0392b", "stall"),
+MARKS: dict[type[protocol.Event], tuple[str, str]] = {
+    protocol.Started: ("#2b7bb9", "start"),
+    protocol.Ready: ("#3a9d5d", "ready"),
+    protocol.Exited: ("#555555", "exit"),
+    protocol.Restarting: ("#e08a00", "restart"),
+    protocol.ClusterRestarting: ("#e08a00", "cluster restart"),
+    protocol.RunningAgain: ("#3a9d5d", "running again"),
+    protocol.Stalled: ("#c0392b", "stall"),
 }
 # Text results a run directory may hold, with the heading they get (relative to the run dir).
 TEXTS = {
@@ -122,7 +123,11 @@ def _tasks_section(run: Run) -> Section:
     plan = run.read_plan()
     states = runctl.task_states(run)
     # A task failed if its last exit was non-zero and not a stop that tflaunch asked for.
-    last_exit = {e["task"]: e for e in run.events() if e.get("event") == "exited" and "task" in e}
+    last_exit = {
+        r.event.task: r.event
+        for r in protocol.records(run.events())
+        if isinstance(r.event, protocol.Exited) and r.event.task
+    }
     head = (
         "<tr>"
         + "".join(
@@ -135,8 +140,8 @@ def _tasks_section(run: Run) -> Section:
     for task in plan.tasks:
         s = states[task.name]
         restarts = f"{s['restarts']} (last: {s['cause']})" if s["restarts"] else "-"
-        exit_event = last_exit.get(task.name, {})
-        failed = exit_event.get("code") not in (None, 0) and not exit_event.get("stopped_by")
+        exit_event = last_exit.get(task.name)
+        failed = exit_event is not None and exit_event.code != 0 and not exit_event.stopped_by
         rows.append(
             f'<tr class="{"failed" if failed else ""}">'
             + "".join(
@@ -198,7 +203,7 @@ def _timeline_svg(events: list[dict[str, Any]], tasks: list[str], start: float, 
         parts.append(f'<text x="4" y="{y + 4}">{_esc(task)}</text>')
         parts.append(f'<line x1="{label}" x2="{label + width}" y1="{y}" y2="{y}" class="lane"/>')
     for e in events:
-        mark = MARKS.get(e.get("event", ""))
+        mark = MARKS.get(type(protocol.event_of(e)))  # type: ignore[arg-type]
         if not mark or e.get("task") not in tasks:
             continue
         x = label + width * (e.get("time", start) - start) / span
@@ -227,11 +232,12 @@ def _timeline_svg(events: list[dict[str, Any]], tasks: list[str], start: float, 
 def _event_table(events: list[dict[str, Any]], start: float) -> str:
     rows = []
     for e in events:
-        rest = {k: v for k, v in e.items() if k not in ("time", "event", "host", "task", "log")}
+        details = protocol.details_of(e)
+        rest = {k: v for k, v in details.items() if k not in ("time", "host", "task", "log")}
         rows.append(
             "<tr>"
             f"<td>+{e.get('time', start) - start:.2f} s</td><td>{_esc(e.get('host', ''))}</td>"
-            f"<td>{_esc(e.get('task', ''))}</td><td>{_esc(e.get('event', ''))}</td>"
+            f"<td>{_esc(e.get('task', ''))}</td><td>{_esc(protocol.kind_of(e))}</td>"
             f"<td>{_esc(', '.join(f'{k}={v}' for k, v in rest.items()))}</td></tr>"
         )
     return (
