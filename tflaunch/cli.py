@@ -1,5 +1,7 @@
 """The command line. Commands parse their arguments, call one function, and map domain errors to
-exit codes (2 for bad input, the cluster's own code for a failed run); nothing else lives here."""
+exit codes (2 for bad input, the cluster's own code for a failed run). One command does more:
+``up --trace`` has the trace tool (:mod:`tflaunch.tools.trace`) change the config before the launch
+and show the merged trace after it."""
 
 from __future__ import annotations
 

@@ -37,12 +37,18 @@ from tflaunch.cluster.plan import Host, Plan
 from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.launchers.base import Backend
 from tflaunch.launchers.slurm.client import JobState, cancel, job_state, submit
-from tflaunch.launchers.slurm.node import SETUP_FILE, SNAPSHOT_FILE
-from tflaunch.launchers.slurm.script import Layout, ScriptInputs, layout, render_sbatch
+from tflaunch.launchers.slurm.script import (
+    SCRIPT_FILE,
+    SETUP_FILE,
+    SNAPSHOT_FILE,
+    Layout,
+    ScriptInputs,
+    layout,
+    render_sbatch,
+)
 from tflaunch.runtime.run import ENDED, INTERRUPT_CODES, Outcome, Run
 from tflaunch.runtime.runfiles import write_run_file
 
-SCRIPT_FILE = "job.sbatch"
 POLL_SECONDS = 0.5
 
 

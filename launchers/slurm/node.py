@@ -43,17 +43,13 @@ from tflaunch.cluster.plan import Host, Plan, make_plan
 from tflaunch.errors import TflaunchError
 from tflaunch.launchers.base import Backend
 from tflaunch.launchers.slurm.client import requeue as requeue_job
-from tflaunch.launchers.slurm.script import Layout, layout
+from tflaunch.launchers.slurm.script import SETUP_FILE, SNAPSHOT_FILE, Layout, layout
 from tflaunch.runtime import procs, protocol
 from tflaunch.runtime.agent import serve
 from tflaunch.runtime.coordinator import Requeue
 from tflaunch.runtime.link import MAX_LINE, ProcessLink, SocketLink, agent_argv, socket_streams
 from tflaunch.runtime.rendezvous import Listener, Rendezvous, connect, publish, wait_published
 from tflaunch.runtime.run import Outcome, Run
-
-SETUP_FILE = "slurm.json"
-SNAPSHOT_FILE = "cluster.yaml"
-
 
 # --- the allocation as hosts (pure) --------------------------------------------------------------
 

@@ -23,8 +23,10 @@ from tflaunch.runtime import protocol
 from tflaunch.runtime.rendezvous import RENDEZVOUS_FILE, Rendezvous
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.runctl import cluster_ready
+from tflaunch.runtime.runfiles import CONSOLE_FILE, EVENTS_FILE, META_FILE, SAMPLES_PREFIX
 
 ON_HOST = "tflaunch.launchers.ssh.on_host"
+AGENT_LOG = "agent.log"  # a detached agent's own output, in its host's run directory
 
 # Runs on a host: SIGTERM a process if (and only if) its command line names the run, then wait.
 STOP_PROCESS = r"""
@@ -82,7 +84,7 @@ def start(session: HostSession, config: ClusterConfig, plan: Plan, run: Run) -> 
         "--listen",
         first.cluster_address,
     ]
-    console = posixpath.join(run_dir, "console.log")
+    console = posixpath.join(run_dir, CONSOLE_FILE)
     session.connections[first.name].run(remote_command(argv, background_output=console), timeout=30)
     path = posixpath.join(run_dir, RENDEZVOUS_FILE)
     coordinator = _wait_for_coordinator(session, first.name, path, 60)
@@ -112,7 +114,7 @@ def start(session: HostSession, config: ClusterConfig, plan: Plan, run: Run) -> 
             "--port",
             str(coordinator.port),
         ]
-        out = posixpath.join(host_dir, "agent.log")
+        out = posixpath.join(host_dir, AGENT_LOG)
         conn.run(remote_command(argv, background_output=out), timeout=30)
 
     results = parallel(start_agent, session.connections.values())
@@ -158,12 +160,12 @@ def refresh(session: HostSession, run: Run) -> None:
         conn = session.connections[coordinator]
         remote_dir = session.paths[coordinator].run_dir
         with conn.sftp() as sftp:
-            mirrored = ["events.jsonl", "console.log"] + [
-                n for n in sftp.listdir(remote_dir) if n.startswith("samples-")
+            mirrored = [EVENTS_FILE, CONSOLE_FILE] + [
+                n for n in sftp.listdir(remote_dir) if n.startswith(SAMPLES_PREFIX)
             ]
         fetch_new_bytes(conn, [(posixpath.join(remote_dir, n), run.dir / n) for n in mirrored])
         remote_meta = json.loads(
-            session.read_file(coordinator, posixpath.join(remote_dir, "run.json")) or "{}"
+            session.read_file(coordinator, posixpath.join(remote_dir, META_FILE)) or "{}"
         )
         copied: dict[str, Any] = {
             k: remote_meta[k]

@@ -32,6 +32,7 @@ from tflaunch.runtime.coordinator import coordinate
 from tflaunch.runtime.link import socket_streams
 from tflaunch.runtime.rendezvous import Listener, Rendezvous, connect, publish, read_published
 from tflaunch.runtime.run import Outcome, Run
+from tflaunch.runtime.runfiles import PLAN_FILE
 
 
 def handed_over(run_dir: Path) -> Rendezvous:
@@ -44,7 +45,7 @@ def handed_over(run_dir: Path) -> Rendezvous:
 
 def run_coordinator(run_dir: Path, run_id: str, listen: str) -> int:
     """Listen on ``listen``, publish where, admit every host's agent, and coordinate the run."""
-    plan = Plan.from_dict(json.loads((run_dir / "plan.json").read_text()))
+    plan = Plan.from_dict(json.loads((run_dir / PLAN_FILE).read_text()))
     run = Run(run_id, run_dir)
     hosts = [h.name for h in plan.hosts_with_tasks()]
     record = handed_over(run_dir)
@@ -64,7 +65,7 @@ def run_coordinator(run_dir: Path, run_id: str, listen: str) -> int:
 
 def run_agent(run_dir: Path, host: str, address: str, port: int, timeout: float) -> int:
     """Connect to the coordinator, then serve this host's agent over the connection."""
-    plan = Plan.from_dict(json.loads((run_dir / "plan.json").read_text()))
+    plan = Plan.from_dict(json.loads((run_dir / PLAN_FILE).read_text()))
     sock = connect(address, port, handed_over(run_dir).token, host, timeout)
     commands, events = socket_streams(sock)
     try:

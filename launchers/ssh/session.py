@@ -47,7 +47,7 @@ from tflaunch.launchers.ssh.preflight import warnings as preflight_warnings
 from tflaunch.launchers.ssh.setup import prepare_hosts
 from tflaunch.runtime.link import agent_args, agent_argv
 from tflaunch.runtime.run import Run
-from tflaunch.runtime.runfiles import open_run_file
+from tflaunch.runtime.runfiles import PLAN_FILE, open_run_file
 
 
 def _safe_name(name: str) -> str:
@@ -198,7 +198,7 @@ class HostSession:
         """Turn ``host``'s waiting probe into its agent; returns the agent's channel."""
         probe = self.probes[host]
         run_dir = self.paths[host].run_dir
-        args = agent_args(posixpath.join(run_dir, "plan.json"), host, run_dir)
+        args = agent_args(posixpath.join(run_dir, PLAN_FILE), host, run_dir)
         probe.sendall((json.dumps({"agent": args}) + "\n").encode())
         del self.probes[host]  # (one that could not be told stays, for end_probes)
         return probe
@@ -206,7 +206,7 @@ class HostSession:
     def agent_argv(self, python: str, host: str) -> list[str]:
         """The agent's command line on ``host`` (its plan and logs in the host's run dir)."""
         run_dir = self.paths[host].run_dir
-        return agent_argv(python, posixpath.join(run_dir, "plan.json"), host, run_dir)
+        return agent_argv(python, posixpath.join(run_dir, PLAN_FILE), host, run_dir)
 
     def fetch_logs(self, plan: Plan, run: Run) -> None:
         """Bring every task's log (what is new of it) from its host into the local run dir."""
@@ -336,7 +336,7 @@ class _HostSteps:
 
     def __post_init__(self) -> None:
         # The same plan for every host: each agent resolves its tasks' workdir there.
-        self.files = {"plan.json": self.plan.to_json(), **self.extra}
+        self.files = {PLAN_FILE: self.plan.to_json(), **self.extra}
 
     @property
     def setup(self) -> bool:

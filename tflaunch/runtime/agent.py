@@ -469,7 +469,6 @@ def serve(
     run_dir: str | os.PathLike,
     commands: IO[str],
     events: IO[str],
-    heartbeat_timeout: float | None = None,
 ) -> int:
     """Run ``host``'s agent with its commands coming from and its events going to two streams
     (pipes, an SSH channel, a TCP connection): the one agent loop of every backend. Signals
@@ -481,8 +480,7 @@ def serve(
         signal.signal(sig, lambda signum, _frame: agent.stop(f"signal {signum}"))
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, lambda signum, _frame: agent.pass_on(signum))
-    if heartbeat_timeout is None:
-        heartbeat_timeout = plan.supervision.heartbeat_timeout
+    heartbeat_timeout = plan.supervision.heartbeat_timeout
     threading.Thread(target=listen, args=(agent, commands, heartbeat_timeout), daemon=True).start()
     try:
         return agent.run()
@@ -500,18 +498,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", required=True, help="plan.json written by the launcher")
     parser.add_argument("--host", required=True, help="the host of the plan this agent runs")
     parser.add_argument("--run-dir", required=True, help="where task logs go")
-    parser.add_argument(
-        "--heartbeat-timeout",
-        type=float,
-        default=None,
-        help="stop when the launcher is silent this long (0: never)",
-    )
     args = parser.parse_args(argv)
     plan = Plan.from_dict(json.loads(Path(args.plan).read_text()))
     # Events own the real stdout; anything else printed here must not corrupt the stream.
     events_out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     sys.stdout = sys.stderr
-    return serve(plan, args.host, args.run_dir, sys.stdin, events_out, args.heartbeat_timeout)
+    return serve(plan, args.host, args.run_dir, sys.stdin, events_out)
 
 
 if __name__ == "__main__":

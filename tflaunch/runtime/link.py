@@ -45,26 +45,19 @@ class AgentLink(Protocol):
         """Wait up to ``timeout`` for the agent to end, then force it; never blocks longer."""
 
 
-def agent_argv(
-    python: str, plan: str, host: str, run_dir: str, heartbeat_timeout: float | None = None
-) -> list[str]:
+def agent_argv(python: str, plan: str, host: str, run_dir: str) -> list[str]:
     """The command that runs the agent of ``host`` from the plan file at ``plan``."""
     return [
         python,
         "-m",
         "tflaunch.runtime.agent",
-        *agent_args(plan, host, run_dir, heartbeat_timeout),
+        *agent_args(plan, host, run_dir),
     ]
 
 
-def agent_args(
-    plan: str, host: str, run_dir: str, heartbeat_timeout: float | None = None
-) -> list[str]:
+def agent_args(plan: str, host: str, run_dir: str) -> list[str]:
     """The agent's arguments (``tflaunch.runtime.agent.main``'s argv)."""
-    args = ["--plan", plan, "--host", host, "--run-dir", run_dir]
-    if heartbeat_timeout is not None:
-        args += ["--heartbeat-timeout", f"{heartbeat_timeout:g}"]
-    return args
+    return ["--plan", plan, "--host", host, "--run-dir", run_dir]
 
 
 def read_lines(stream: IO[str], limit: int = MAX_LINE):

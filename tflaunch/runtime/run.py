@@ -28,7 +28,14 @@ import psutil
 
 from tflaunch.cluster.plan import Plan, cluster_file_path, cluster_file_text
 from tflaunch.errors import RunNotFoundError
-from tflaunch.runtime.runfiles import DEFAULT_DIR_MODE, make_run_dir, write_run_file
+from tflaunch.runtime.runfiles import (
+    DEFAULT_DIR_MODE,
+    EVENTS_FILE,
+    META_FILE,
+    PLAN_FILE,
+    make_run_dir,
+    write_run_file,
+)
 
 # A run's states, in run.json: created → (submitted →) starting → running → one of ENDED; a
 # Slurm run may go running → requeued → running again before it ends.
@@ -85,13 +92,13 @@ class Run:
     def open(cls, root: str | os.PathLike, run_id: str) -> Run:
         """Find a run by id (or a unique prefix of one, or a path to its directory)."""
         as_path = Path(run_id)
-        if (as_path / "run.json").exists():
+        if (as_path / META_FILE).exists():
             return cls(as_path.resolve().name, as_path.resolve())
         root = Path(root)
-        if (root / run_id / "run.json").exists():
+        if (root / run_id / META_FILE).exists():
             return cls(run_id, (root / run_id).resolve())
         matches = (
-            sorted(p for p in root.glob(f"{run_id}*") if (p / "run.json").exists())
+            sorted(p for p in root.glob(f"{run_id}*") if (p / META_FILE).exists())
             if root.is_dir()
             else []
         )
@@ -106,15 +113,15 @@ class Run:
 
     @property
     def plan_path(self) -> Path:
-        return self.dir / "plan.json"
+        return self.dir / PLAN_FILE
 
     @property
     def events_path(self) -> Path:
-        return self.dir / "events.jsonl"
+        return self.dir / EVENTS_FILE
 
     @property
     def meta_path(self) -> Path:
-        return self.dir / "run.json"
+        return self.dir / META_FILE
 
     def log_path(self, log_name: str) -> Path:
         return self.dir / log_name
@@ -198,7 +205,7 @@ def list_runs(root: str | os.PathLike) -> list[Path]:
     if not root.is_dir():
         return []
     return sorted(
-        (p for p in root.iterdir() if (p / "run.json").exists()), key=lambda p: p.stat().st_mtime
+        (p for p in root.iterdir() if (p / META_FILE).exists()), key=lambda p: p.stat().st_mtime
     )
 
 

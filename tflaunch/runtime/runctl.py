@@ -23,7 +23,7 @@ from tflaunch.errors import LaunchError
 from tflaunch.runtime import procs, protocol
 from tflaunch.runtime.restart import STALLED
 from tflaunch.runtime.run import ENDED, Outcome, Run
-from tflaunch.runtime.runfiles import open_run_file
+from tflaunch.runtime.runfiles import CONSOLE_FILE, open_run_file
 
 
 def spawn_detached(config_path: str, run: Run, runs_dir: str, timeout: float) -> None:
@@ -40,7 +40,7 @@ def spawn_detached(config_path: str, run: Run, runs_dir: str, timeout: float) ->
         run.id,
         "--attached-daemon",
     ]
-    with open_run_file(run.dir / "console.log", "ab") as console:
+    with open_run_file(run.dir / CONSOLE_FILE, "ab") as console:
         proc = procs.spawn(
             argv,
             os.environ,
@@ -52,14 +52,14 @@ def spawn_detached(config_path: str, run: Run, runs_dir: str, timeout: float) ->
     sys.stderr.write(
         f"[tflaunch] run {run.id} is starting in the background; waiting up to "
         f"{timeout:g} s for every task to start and every PS to accept connections "
-        f"(its output: {run.dir / 'console.log'})\n"
+        f"(its output: {run.dir / CONSOLE_FILE})\n"
     )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cluster_ready(run):
             return
         if proc.poll() is not None:
-            tail = _tail(run.dir / "console.log", 20)
+            tail = _tail(run.dir / CONSOLE_FILE, 20)
             raise LaunchError(
                 f"the detached run {run.id} ended before it was ready (exit code "
                 f"{proc.returncode}). Its output:\n{tail}"

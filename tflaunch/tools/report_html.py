@@ -20,6 +20,7 @@ from typing import Any
 from tflaunch.errors import TflaunchError
 from tflaunch.runtime import protocol
 from tflaunch.runtime.run import Run
+from tflaunch.runtime.runfiles import EVENTS_FILE, PLAN_FILE
 
 # Events drawn on the timeline, with their colour and a one-word label.
 MARKS: dict[type[protocol.Event], tuple[str, str]] = {
@@ -39,7 +40,7 @@ TEXTS = {
     "model.txt": "Performance model",
     "steps_summary.txt": "Step rates",
 }
-LINKS = ("trace/trace.json", "netbench.json", "summary.json", "events.jsonl", "plan.json")
+LINKS = ("trace/trace.json", "netbench.json", "summary.json", EVENTS_FILE, PLAN_FILE)
 LOG_TAIL = 20
 
 
