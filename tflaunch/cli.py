@@ -276,10 +276,10 @@ def status(ctx: click.Context, run_id: str, runs_dir: str, watch: bool, interval
 
     run = Run.open(runs_dir, run_id)
     state = launch.run_state(run)
-    meta = run.read_meta()
+    record = run.record()
     click.echo(
-        f"run {run.id}: {state} (backend {meta.get('backend')}"
-        + (f", exit code {meta['exit_code']}" if "exit_code" in meta else "")
+        f"run {run.id}: {state} (backend {record.backend}"
+        + (f", exit code {record.exit_code}" if record.exit_code is not None else "")
         + ")"
     )
     for line in launch.backend_of(run).describe(run):

@@ -47,7 +47,7 @@ from tflaunch.launchers.ssh.connect import (
     parallel,
     remote_command,
 )
-from tflaunch.launchers.ssh.session import HostSession
+from tflaunch.launchers.ssh.session import HostSession, SshDetails
 from tflaunch.launchers.ssh.sources import resolve_hosts
 from tflaunch.runtime import protocol
 from tflaunch.runtime.coordinator import Revive
@@ -236,22 +236,22 @@ class SshBackend(Backend):
 
     def describe(self, run: Run) -> list[str]:
         """For ``status``: refresh a detached run from its hosts first; say where it runs."""
-        meta = run.read_meta()
-        if not meta.get("detached"):
+        details = run.record().part(SshDetails)
+        if not details.detached:
             return []
         self.refresh(run)
         return [
-            f"detached: coordinator on {meta.get('ssh_coordinator')} "
-            f"(pid {meta.get('ssh_coordinator_pid')})"
+            f"detached: coordinator on {details.ssh_coordinator} "
+            f"(pid {details.ssh_coordinator_pid})"
         ]
 
     def refresh(self, run: Run) -> None:
         """Bring a detached run's events, state and logs from the hosts into the run dir."""
-        if run.read_meta().get("detached"):
+        if run.record().part(SshDetails).detached:
             detached.refresh(self.session, run)
 
     def cluster_alive(self, run: Run) -> bool:
-        if not run.read_meta().get("detached"):
+        if not run.record().part(SshDetails).detached:
             return super().cluster_alive(run)
         ended_before = run.ended
         self.refresh(run)
@@ -262,7 +262,7 @@ class SshBackend(Backend):
     def down(self, run: Run, grace: float) -> str:
         from tflaunch.launchers.ssh.provision import terminate_run
 
-        if not run.read_meta().get("detached"):
+        if not run.record().part(SshDetails).detached:
             stopped = super().down(run, grace)
         else:
             stopped = detached.down(self.session, run, grace)

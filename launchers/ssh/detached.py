@@ -18,10 +18,10 @@ from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Plan
 from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
-from tflaunch.launchers.ssh.session import HostSession, fetch_new_bytes
+from tflaunch.launchers.ssh.session import HostSession, SshDetails, fetch_new_bytes
 from tflaunch.runtime import protocol
 from tflaunch.runtime.rendezvous import RENDEZVOUS_FILE, Rendezvous
-from tflaunch.runtime.run import Outcome, Run
+from tflaunch.runtime.run import Outcome, Run, RunRecord
 from tflaunch.runtime.runctl import cluster_ready
 from tflaunch.runtime.runfiles import CONSOLE_FILE, EVENTS_FILE, META_FILE, SAMPLES_PREFIX
 
@@ -138,7 +138,7 @@ def _wait_until_ready(session: HostSession, run: Run, timeout: float) -> None:
         if run.ended:
             raise LaunchError(
                 f"the detached run {run.id} ended before it was ready: "
-                f"{run.read_meta().get('message', 'see its logs')}"
+                f"{run.record().message or 'see its logs'}"
             )
         time.sleep(0.5)
     raise LaunchError(
@@ -156,7 +156,7 @@ def refresh(session: HostSession, run: Run) -> None:
         session.say(f"cannot reach the hosts, showing the last copied state: {err}")
         return
     try:
-        coordinator = run.read_meta()["ssh_coordinator"]
+        coordinator = run.record().part(SshDetails).ssh_coordinator
         conn = session.connections[coordinator]
         remote_dir = session.paths[coordinator].run_dir
         with conn.sftp() as sftp:
@@ -164,13 +164,15 @@ def refresh(session: HostSession, run: Run) -> None:
                 n for n in sftp.listdir(remote_dir) if n.startswith(SAMPLES_PREFIX)
             ]
         fetch_new_bytes(conn, [(posixpath.join(remote_dir, n), run.dir / n) for n in mirrored])
-        remote_meta = json.loads(
-            session.read_file(coordinator, posixpath.join(remote_dir, META_FILE)) or "{}"
+        remote = RunRecord.from_dict(
+            json.loads(
+                session.read_file(coordinator, posixpath.join(remote_dir, META_FILE)) or "{}"
+            )
         )
         copied: dict[str, Any] = {
-            k: remote_meta[k]
+            k: getattr(remote, k)
             for k in ("state", "exit_code", "message", "ended")
-            if k in remote_meta
+            if getattr(remote, k) is not None
         }
         if copied:
             run.update_meta(**copied)
@@ -185,11 +187,11 @@ def down(session: HostSession, run: Run, grace: float) -> str:
     session.reconnect(run)
     try:
         refresh(session, run)  # the agents' pids are in the coordinator's events
-        meta = run.read_meta()
-        conn = session.connections[meta["ssh_coordinator"]]
-        stop = [meta.get("ssh_python", "python3"), "-c", STOP_PROCESS]
+        details = run.record().part(SshDetails)
+        conn = session.connections[details.ssh_coordinator]
+        stop = [details.ssh_python, "-c", STOP_PROCESS]
         result = conn.run(
-            remote_command([*stop, str(meta["ssh_coordinator_pid"]), run.id, f"{grace + 30:g}"]),
+            remote_command([*stop, str(details.ssh_coordinator_pid), run.id, f"{grace + 30:g}"]),
             timeout=grace + 60,
         )
         what = [f"coordinator on {conn.name}: {result.stdout.strip() or result.stderr.strip()}"]
@@ -212,6 +214,6 @@ def down(session: HostSession, run: Run, grace: float) -> str:
         refresh(session, run)
         if not run.ended:
             run.finish(Outcome(143, "stopped with tflaunch down", interrupted=True))
-        return f"run {run.id} is down (state: {run.read_meta().get('state')}); " + "; ".join(what)
+        return f"run {run.id} is down (state: {run.record().state}); " + "; ".join(what)
     finally:
         session.close()

@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import paramiko
 
@@ -48,6 +48,20 @@ from tflaunch.launchers.ssh.setup import prepare_hosts
 from tflaunch.runtime.link import agent_args, agent_argv
 from tflaunch.runtime.run import Run
 from tflaunch.runtime.runfiles import PLAN_FILE, open_run_file
+
+
+@dataclasses.dataclass(frozen=True)
+class SshDetails:
+    """What an SSH run adds to run.json (:class:`tflaunch.runtime.run.RunRecord`'s details)."""
+
+    ssh_hosts: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)  # HostPaths
+    ssh_options: dict[str, Any] | None = None  # SshOptions: how to reach the hosts again
+    ssh_python: str = "python3"
+    ssh_timings: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    ssh_open_seconds: float | None = None
+    detached: bool = False
+    ssh_coordinator: str | None = None  # a detached run's coordinator: its host and pid
+    ssh_coordinator_pid: int | None = None
 
 
 def _safe_name(name: str) -> str:
@@ -240,12 +254,12 @@ class HostSession:
         """Connect to the hosts of an existing run, with the options it was started with."""
         if self.connections:
             return
-        meta = run.read_meta()
+        details = run.record().part(SshDetails)
         plan = run.read_plan()
-        self.paths = {name: HostPaths(**p) for name, p in meta.get("ssh_hosts", {}).items()}
+        self.paths = {name: HostPaths(**p) for name, p in details.ssh_hosts.items()}
         self.connections = connect_all(
             [(h.name, h.connect_address) for h in plan.hosts_with_tasks()],
-            SshOptions(**meta["ssh_options"]),
+            SshOptions(**(details.ssh_options or {})),
         )
 
     def read_file(self, host: str, path: str) -> str | None:

@@ -22,7 +22,7 @@ import psutil
 from tflaunch.errors import LaunchError
 from tflaunch.runtime import procs, protocol
 from tflaunch.runtime.restart import STALLED
-from tflaunch.runtime.run import ENDED, Outcome, Run
+from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.runfiles import CONSOLE_FILE, open_run_file
 
 
@@ -74,13 +74,13 @@ def spawn_detached(config_path: str, run: Run, runs_dir: str, timeout: float) ->
 def coordinator_process(run: Run) -> psutil.Process | None:
     """The run's coordinator if it still runs: the recorded pid, checked to be the same process
     (its start time, and a tflaunch command line), never a process that reused the pid."""
-    meta = run.read_meta()
-    pid = meta.get("coordinator_pid")
-    if not isinstance(pid, int) or meta.get("state") in ENDED:
+    record = run.record()
+    pid = record.coordinator_pid
+    if not isinstance(pid, int) or record.has_ended:
         return None
     try:
         proc = psutil.Process(pid)
-        started = meta.get("coordinator_started")
+        started = record.coordinator_started
         if started is not None and abs(proc.create_time() - float(started)) > 0.05:
             return None
         if not any("tflaunch" in part for part in proc.cmdline()):
@@ -107,7 +107,7 @@ def stop_local_coordinator(run: Run, grace: float) -> str:
     if not run.ended:
         run.finish(Outcome(143, "stopped with tflaunch down; its coordinator was gone", True))
     extra = f"; killed {leftovers} leftover task process group(s)" if leftovers else ""
-    return f"run {run.id} is down (state: {run.read_meta().get('state')}){extra}"
+    return f"run {run.id} is down (state: {run.record().state}){extra}"
 
 
 def kill_leftover_tasks(run: Run) -> int:

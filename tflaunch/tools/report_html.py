@@ -19,7 +19,7 @@ from typing import Any
 
 from tflaunch.errors import TflaunchError
 from tflaunch.runtime import protocol
-from tflaunch.runtime.run import Run
+from tflaunch.runtime.run import Run, RunRecord
 from tflaunch.runtime.runfiles import EVENTS_FILE, PLAN_FILE
 
 # Events drawn on the timeline, with their colour and a one-word label.
@@ -71,12 +71,12 @@ def write_html_report(run: Run, out_dir: Path | None = None) -> Path:
 
 def render_page(run: Run, out: Path) -> str:
     """The page's HTML, from the run directory and the report files in ``out``."""
-    meta = run.read_meta()
+    record = run.record()
     events = list(run.events())
     sections = [
-        _state_section(run, meta),
+        _state_section(run, record),
         _tasks_section(run),
-        _timeline_section(events, meta),
+        _timeline_section(events, record),
         _plots_section(run.dir, out),
         *_text_sections(run.dir, out),
         _files_section(run.dir, out),
@@ -96,16 +96,20 @@ def render_page(run: Run, out: Path) -> str:
     )
 
 
-def _state_section(run: Run, meta: dict[str, Any]) -> Section:
-    state = str(meta.get("state", "unknown"))
+def _or_dash(value: Any) -> Any:
+    return "-" if value is None else value
+
+
+def _state_section(run: Run, record: RunRecord) -> Section:
+    state = str(record.state or "unknown")
     rows = [
         ("state", f'<span class="state {html.escape(state)}">{html.escape(state)}</span>'),
-        ("exit code", _esc(meta.get("exit_code", "-"))),
-        ("backend", _esc(meta.get("backend", "-"))),
-        ("hosts", _esc(", ".join(meta.get("hosts", [])) or "-")),
-        ("started", _when(meta.get("started"))),
-        ("ended", _when(meta.get("ended"))),
-        ("duration", _span(meta.get("started"), meta.get("ended"))),
+        ("exit code", _esc(_or_dash(record.exit_code))),
+        ("backend", _esc(_or_dash(record.backend))),
+        ("hosts", _esc(", ".join(record.hosts) or "-")),
+        ("started", _when(record.started)),
+        ("ended", _when(record.ended)),
+        ("duration", _span(record.started, record.ended)),
         ("run directory", _esc(run.dir)),
     ]
     table = (
@@ -113,7 +117,7 @@ def _state_section(run: Run, meta: dict[str, Any]) -> Section:
         + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
         + "</table>"
     )
-    message = meta.get("message")
+    message = record.message
     report = f'<pre class="report">{_esc(message)}</pre>' if message else ""
     return Section("state", "Run", table + report)
 
@@ -177,11 +181,11 @@ def _log_tail(run: Run, name: str, log_name: str) -> str:
     )
 
 
-def _timeline_section(events: list[dict[str, Any]], meta: dict[str, Any]) -> Section:
+def _timeline_section(events: list[dict[str, Any]], record: RunRecord) -> Section:
     if not events:
         return Section("timeline", "Timeline", "<p>No events were recorded.</p>")
     start = min(e.get("time", 0) for e in events)
-    end = max(max(e.get("time", 0) for e in events), float(meta.get("ended") or 0))
+    end = max(max(e.get("time", 0) for e in events), float(record.ended or 0))
     span = max(end - start, 1e-3)
     tasks = list(dict.fromkeys(e["task"] for e in events if "task" in e))
     return Section(
