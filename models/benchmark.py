@@ -53,7 +53,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow's C++ ru
 
 from tflaunch.models.bench.common import (  # noqa: E402
     OPTIMIZERS,
-    VARIABLE_UPDATES,
     BenchmarkError,
     Timing,
     images_per_sec,
@@ -67,7 +66,12 @@ from tflaunch.models.cluster import (  # noqa: E402
     cluster_from_args,
 )
 from tflaunch.models.placement_math import STRATEGIES  # noqa: E402
-from tflaunch.models.registry import UnknownModelError, get_model_spec, model_names  # noqa: E402
+from tflaunch.models.registry import (  # noqa: E402
+    VARIABLE_UPDATES,
+    UnknownModelError,
+    get_model_spec,
+    model_names,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

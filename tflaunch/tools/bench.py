@@ -49,9 +49,8 @@ import click
 import yaml
 
 from tflaunch.errors import ConfigError
-from tflaunch.models.registry import UnknownModelError, get_model_spec
+from tflaunch.models.registry import VARIABLE_UPDATES, UnknownModelError, get_model_spec
 
-VARIABLE_UPDATES = ("parameter_server", "distributed_replicated", "collective_all_reduce")
 DATA_KINDS = ("synthetic", "real")
 SWEEP_KEYS = (
     "name",

@@ -34,9 +34,9 @@ from pathlib import Path
 import click
 
 from tflaunch.errors import TflaunchError
+from tflaunch.models.placement_math import STRATEGIES
+from tflaunch.models.registry import VARIABLE_UPDATES as UPDATES
 
-UPDATES = ("parameter_server", "distributed_replicated", "collective_all_reduce")
-STRATEGIES = ("round_robin", "greedy", "lpt", "partitioned")
 ASSUMPTIONS = __doc__.split("Assumptions (printed by ``tflaunch model``):", 1)[1].strip()
 
 
