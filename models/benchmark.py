@@ -51,7 +51,7 @@ from dataclasses import asdict
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow's C++ runtime loads
 
-from tflaunch.models.bench.common import (  # noqa: E402
+from tflaunch.models.benchmark_runners.common import (  # noqa: E402
     OPTIMIZERS,
     BenchmarkError,
     Timing,
@@ -208,7 +208,7 @@ def run(args: argparse.Namespace, info: ClusterInfo | None) -> int:
 
         trace.setup(info)
     if info is not None and info.job_name == "ps":
-        from tflaunch.models.bench.graph import run_ps
+        from tflaunch.models.benchmark_runners.graph import run_ps
 
         run_ps(args, info)
         return 0
@@ -220,9 +220,9 @@ def run(args: argparse.Namespace, info: ClusterInfo | None) -> int:
 
         tf.config.optimizer.set_experimental_options({"auto_mixed_precision_onednn_bfloat16": True})
     if info is not None and args.variable_update != "collective_all_reduce":
-        from tflaunch.models.bench.graph import run_worker
+        from tflaunch.models.benchmark_runners.graph import run_worker
     else:
-        from tflaunch.models.bench.eager import run_worker
+        from tflaunch.models.benchmark_runners.eager import run_worker
     timing, total_rate = run_worker(args, info)
     worker_rate = images_per_sec(args.batch_size, timing)
     log("-" * 64)

@@ -1,6 +1,6 @@
 """The command line. Commands parse their arguments, call one function, and map domain errors to
 exit codes (2 for bad input, the cluster's own code for a failed run). One command does more:
-``up --trace`` has the trace tool (:mod:`tflaunch.tools.trace`) change the config before the launch
+``up --trace`` has the trace tool (:mod:`tflaunch.tools.trace_command`) change the config before the launch
 and show the merged trace after it."""
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from tflaunch.cluster.plan import (
 from tflaunch.errors import ConfigError, TflaunchError
 from tflaunch.runtime.run import Run, new_run_id
 from tflaunch.text import aligned
-from tflaunch.tools import trace as trace_tools
-from tflaunch.tools.bench import bench_command
-from tflaunch.tools.netbench import netbench_command
+from tflaunch.tools import trace_command as trace_tools
+from tflaunch.tools.bench_sweep import bench_command
+from tflaunch.tools.netbench_command import netbench_command
 from tflaunch.tools.perfmodel import model_command
-from tflaunch.tools.placement import placement
+from tflaunch.tools.placement_command import placement
 from tflaunch.tools.tensorboard import tensorboard_command
 
 RENDER_FORMATS = ("tf_config", "cluster_spec", "env", "command")

@@ -289,7 +289,7 @@ def load_inputs(path: Path) -> Inputs:
 def _model_variables(model: str, num_classes: int) -> tuple[tuple[str, tuple[int, ...], int], ...]:
     """The model's trainable variables, from one TensorFlow graph build (as tflaunch placement)."""
     from tflaunch.models.registry import UnknownModelError, get_model_spec
-    from tflaunch.tools.placement import model_variables
+    from tflaunch.tools.placement_command import model_variables
 
     try:
         spec = get_model_spec(model)
@@ -299,7 +299,7 @@ def _model_variables(model: str, num_classes: int) -> tuple[tuple[str, tuple[int
 
 
 def _int_list(text: str) -> list[int]:
-    from tflaunch.tools.placement import parse_ps_counts
+    from tflaunch.tools.placement_command import parse_ps_counts
 
     return parse_ps_counts(text)
 

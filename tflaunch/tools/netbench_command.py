@@ -181,7 +181,7 @@ def ps_lines(ps: Mapping) -> list[str]:
 
 def plot(result: Mapping, path: Path) -> Path:
     """Bandwidth and time against message size, one line per pair (log-log)."""
-    from tflaunch.tools.bench_plot import pyplot
+    from tflaunch.tools.bench_sweep_plot import pyplot
 
     plt = pyplot()
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4.2))
