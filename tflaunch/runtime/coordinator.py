@@ -17,21 +17,23 @@
   exit 130, 143 or 129.
 - A host that stops answering (its link's probe reports ``host_lost``) fails the run with a report
   naming the host and its tasks — unless the backend can start a new agent there (a
-  :class:`~tflaunch.runtime.revival.Revive`: SSH with ``ssh.host_wait``): then the other hosts stop their tasks, the host
-  gets up to ``host_wait`` seconds to answer again, a new agent starts its tasks there and the others
-  start theirs (a cluster restart, counted in ``restart.max_cluster_restarts``); a host still
+  :class:`~tflaunch.runtime.revival.Revive`: SSH with ``ssh.host_wait``): then the other hosts
+  stop their tasks, the host gets up to ``host_wait`` seconds to answer again, a new agent starts
+  its tasks there and the others start theirs (a cluster restart, counted in ``restart.max_cluster_restarts``); a host still
   silent after ``host_wait`` fails the run, naming it.
 - SIGUSR1 or SIGUSR2 (Slurm's warning ahead of the time limit) is passed on to every task. Given
-  a :class:`~tflaunch.runtime.signals.Requeue` (Slurm with ``slurm.requeue``), the run is then stopped ``after`` seconds
-  later — time for the chief to checkpoint — with a ``requeued`` outcome, and the caller requeues
-  the job; a signal that stops the run first (``scancel``, ``down``) wins, and nothing is requeued.
+  a :class:`~tflaunch.runtime.signals.Requeue` (Slurm with ``slurm.requeue``), the run is then
+  stopped ``after`` seconds later — time for the chief to checkpoint — with a ``requeued``
+  outcome, and the caller requeues the job; a signal that stops the run first (``scancel``, ``down``) wins, and nothing is requeued.
 
 Agents are reached through links (:class:`tflaunch.runtime.link.AgentLink`): a subprocess's pipes,
 an SSH channel or a TCP socket. The protocol (:mod:`tflaunch.runtime.protocol`) is the same JSON
-lines on all of them. The coordinator decides; what it needs besides is behind seams of its own:
-restart bookkeeping (:mod:`~tflaunch.runtime.restart`), task states
-(:mod:`~tflaunch.runtime.tasks`), lost hosts (:mod:`~tflaunch.runtime.revival`), signals and the
-requeue (:mod:`~tflaunch.runtime.signals`), and all it tells (:mod:`~tflaunch.runtime.reporter`).
+lines on all of them. The coordinator dispatches events and decides success and failure; the rest
+is behind seams of its own: restart decisions (:mod:`~tflaunch.runtime.restart`) and carrying
+them out (:mod:`~tflaunch.runtime.restarter`), task states (:mod:`~tflaunch.runtime.tasks`), lost
+hosts' new agents (:mod:`~tflaunch.runtime.revival`), signals and Slurm's requeue
+(:mod:`~tflaunch.runtime.signals`), and all it writes and prints
+(:mod:`~tflaunch.runtime.reporter`).
 """
 
 from __future__ import annotations
