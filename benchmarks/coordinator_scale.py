@@ -39,6 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tflaunch.runtime import protocol  # noqa: E402
+
 TASKS_PER_AGENT = 8
 SAMPLE_INTERVAL = float(os.environ.get("SCALE_SAMPLE_INTERVAL", "1"))  # the configured one; 0: none
 
@@ -49,22 +51,21 @@ SAMPLE_INTERVAL = float(os.environ.get("SCALE_SAMPLE_INTERVAL", "1"))  # the con
 def serve(agents: int, run_dir: Path, sample_interval: float) -> int:
     """Accept ``agents`` agents and coordinate them until the run ends (the process under test)."""
     from tflaunch.runtime.coordinator import coordinate
-    from tflaunch.runtime.rendezvous import Listener, new_token, publish
+    from tflaunch.runtime.rendezvous import Listener, Rendezvous, publish
     from tflaunch.runtime.run import Run
 
     plan = fake_plan(agents, sample_interval)
     run = Run("scale", run_dir)
     run.write_plan(plan)
-    token = new_token()
-    listener = Listener("127.0.0.1", token, {h.name for h in plan.hosts})
-    info = {"address": listener.address, "port": listener.port, "token": token}
-    publish(run_dir / "coordinator.json", info)
+    record = Rendezvous.ahead()
+    listener = Listener("127.0.0.1", record.token, {h.name for h in plan.hosts})
+    publish(run_dir, record.listening(listener))
     links = [joined.link for joined in listener.accept(timeout=300).values()]
     if len(links) != agents:
         print(f"only {len(links)} of {agents} agents connected", file=sys.stderr)
         return 1
     for link in links:
-        link.send({"cmd": "start"})
+        link.send(protocol.Start().wire())
     with open(os.devnull, "w") as quiet:
         outcome = coordinate(plan, run, links, out=quiet)
     return 0 if outcome.code == 1 else 3
@@ -100,8 +101,11 @@ class FakeAgent:
         self.closed = False
         self.next_sample = 0.0
 
-    def send(self, event: dict) -> None:
-        line = json.dumps({"time": round(time.time(), 3), "host": self.host, **event})
+    def send(self, event: protocol.Event) -> None:
+        self.send_wire(event.wire())
+
+    def send_wire(self, data: dict) -> None:
+        line = json.dumps({"time": round(time.time(), 3), "host": self.host, **data})
         self.outbox += line.encode() + b"\n"
 
 
@@ -115,7 +119,7 @@ def real_sample() -> dict:
         pids = {f"worker:{i}": p.pid for i, p in enumerate(sleepers)}
         sampler.sample(pids)
         time.sleep(0.2)
-        return {"event": "sample", **sampler.sample(pids)}
+        return protocol.Sample(sampler.sample(pids)).wire()
     finally:
         for p in sleepers:
             p.kill()
@@ -140,20 +144,18 @@ class Driver:
         self.peak_rss_mb = 0.0
 
     def connect(self) -> None:
-        info_path = self.run_dir / "coordinator.json"
+        from tflaunch.cluster.plan import Plan
+        from tflaunch.runtime.rendezvous import connect, read_published
+
         deadline = time.monotonic() + 60
-        while not info_path.exists():
+        while (info := read_published(self.run_dir)) is None:
             if time.monotonic() > deadline or self.coordinator.poll() is not None:
                 raise SystemExit("the coordinator did not publish its address")
             time.sleep(0.05)
-        time.sleep(0.05)
-        info = json.loads(info_path.read_text())
-        from tflaunch.cluster.plan import Plan
-        from tflaunch.runtime.rendezvous import connect
 
         plan = Plan.from_dict(json.loads((self.run_dir / "plan.json").read_text()))
         for host in plan.hosts:
-            sock = connect(info["address"], info["port"], info["token"], host.name, 30)
+            sock = connect(info.address, info.port, info.token, host.name, 30)
             sock.setblocking(False)
             agent = FakeAgent(host.name, [t.name for t in plan.tasks_on(host.name)], sock)
             self.agents.append(agent)
@@ -176,7 +178,7 @@ class Driver:
                         agent.next_sample = now + self.sample_interval * i / n
                         continue
                     agent.next_sample += self.sample_interval
-                    agent.send({**self.sample, "time": round(time.time(), 3)})
+                    agent.send_wire({**self.sample, "time": round(time.time(), 3)})
             for key, mask in self.selector.select(timeout=0.01):
                 agent = key.data
                 if mask & selectors.EVENT_READ:
@@ -198,21 +200,21 @@ class Driver:
         agent.inbox += data
         *lines, agent.inbox = agent.inbox.split(b"\n")
         for line in lines:
-            command = json.loads(line).get("cmd")
-            if command == "start" and not agent.started:
+            command = protocol.command_of(json.loads(line))
+            if isinstance(command, protocol.Start) and not agent.started:
                 agent.started = True
-                agent.send({"event": "agent_started", "pid": 1, "tasks": agent.tasks})
+                agent.send(protocol.AgentStarted(pid=1, tasks=agent.tasks))
                 for pid, task in enumerate(agent.tasks, start=100):
-                    agent.send({"event": "started", "task": task, "pid": pid, "log": "-"})
+                    agent.send(protocol.Started(task=task, pid=pid, log="-"))
                     if task.startswith("ps:"):
-                        agent.send({"event": "ready", "task": task})
-                agent.send({"event": "host_started"})
-            elif command == "stop" and agent.stopped_at is None:
+                        agent.send(protocol.Ready(task=task))
+                agent.send(protocol.HostStarted())
+            elif isinstance(command, protocol.Stop) and agent.stopped_at is None:
                 agent.stopped_at = time.perf_counter()
-                agent.send({"event": "stopping", "tasks": agent.tasks, "reason": "stop"})
+                agent.send(protocol.Stopping(tasks=agent.tasks, reason="stop"))
                 for task in agent.tasks:
-                    agent.send({"event": "exited", "task": task, "code": 143})
-                agent.send({"event": "agent_exit", "reason": "stop"})
+                    agent.send(protocol.Exited(task=task, code=143))
+                agent.send(protocol.AgentExit(reason="stop"))
 
     def _flush(self, agent: FakeAgent) -> None:
         if not agent.outbox or agent.closed:
@@ -284,7 +286,7 @@ def bench(agents: int, steady: float, limit_mb: int) -> dict:
             victim = driver.agents[len(driver.agents) // 2]
             failed_task = next(t for t in victim.tasks if t.startswith("worker:"))
             cpu_before = cpu_seconds(coordinator.pid)
-            victim.send({"event": "exited", "task": failed_task, "code": 1})
+            victim.send(protocol.Exited(task=failed_task, code=1))
             driver._flush(victim)
             failed_at = time.perf_counter()
             driver.pump(60, until=lambda: all(a.stopped_at for a in driver.agents))

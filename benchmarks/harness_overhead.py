@@ -9,8 +9,8 @@ variables):
    (forward, loss, gradients, SGD update) looped as fast as it goes after the same warm-up;
    images / wall time. Per-round ratios A/B and medians.
 2. Interleaved blocks, for a ratio that the load of a shared machine disturbs less: the
-   benchmark's own step (``tflaunch.models.bench.eager.single_step``) inside its own timed loop
-   (``tflaunch.models.bench.common.timed_loop``) against the bare step in a bare loop, in alternating
+   benchmark's own step (``tflaunch.models.benchmark_runners.eager.single_step``) inside its own timed loop
+   (``tflaunch.models.benchmark_runners.common.timed_loop``) against the bare step in a bare loop, in alternating
    blocks of a few steps; medians of the per-pair ratios of wall time and of process CPU time
    (CPU time is far less disturbed by other processes on a shared machine).
 3. The timed loop's own bookkeeping per step (clock reads, list append, display check), on a
@@ -38,10 +38,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
-from tflaunch.models.bench.common import timed_loop  # noqa: E402
-from tflaunch.models.bench.eager import loss_fn, single_step  # noqa: E402
 from tflaunch.models.benchmark import build_parser, validate  # noqa: E402
 from tflaunch.models.benchmark import main as benchmark_main  # noqa: E402
+from tflaunch.models.benchmark_runners.common import timed_loop  # noqa: E402
+from tflaunch.models.benchmark_runners.eager import loss_fn, single_step  # noqa: E402
 from tflaunch.models.registry import get_model_spec  # noqa: E402
 
 

@@ -24,6 +24,9 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tflaunch.runtime import protocol  # noqa: E402
 
 
 def free_base() -> int:
@@ -66,10 +69,13 @@ def one_run(work: Path, train_steps: int) -> dict[str, float]:
     if result.returncode != 0:
         raise RuntimeError(f"run failed ({result.returncode}):\n{result.stderr[-2000:]}")
     run_dir = max((work / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    ready = next(e["time"] for e in events if e["event"] == "cluster_ready")
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    events = list(protocol.records(json.loads(line) for line in lines))
+    ready = next(r.time for r in events if isinstance(r.event, protocol.ClusterReady))
     last_exit = max(
-        e["time"] for e in events if e["event"] == "exited" and e["task"].startswith("worker")
+        r.time
+        for r in events
+        if isinstance(r.event, protocol.Exited) and r.event.task.startswith("worker")
     )
     return {"up_to_ready": ready - started, "teardown": ended - last_exit}
 

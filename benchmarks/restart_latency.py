@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.helpers import free_port_base  # noqa: E402
+from tflaunch.runtime import protocol  # noqa: E402
 
 
 def cluster_file(work: Path, backend: str, scope: str, n: int) -> Path:
@@ -114,25 +115,22 @@ def one_run(work: Path, backend: str, scope: str, n: int) -> float:
     if result.returncode != 0:
         raise SystemExit(f"{backend}/{scope} run failed: {result.stderr[-2000:]}")
     (run,) = [p for p in runs.iterdir() if p not in before]
-    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    lines = (run / "events.jsonl").read_text().splitlines()
+    records = list(protocol.records(json.loads(line) for line in lines))
+    started = [r.time for r in records if isinstance(r.event, protocol.Started) and worker_1(r)]
     if scope == "requeue":
-        requeued = next(e["time"] for e in events if e["event"] == "requeueing")
-        return next(
-            e["time"] - requeued
-            for e in events
-            if e["event"] == "started" and e["task"] == "worker:1" and e["time"] > requeued
-        )
+        requeued = next(r.time for r in records if isinstance(r.event, protocol.Requeueing))
+        return next(t - requeued for t in started if t > requeued)
     failed = next(
-        e["time"]
-        for e in events
-        if e["event"] == "exited" and e["task"] == "worker:1" and e.get("code") == 3
+        r.time
+        for r in records
+        if isinstance(r.event, protocol.Exited) and worker_1(r) and r.event.code == 3
     )
-    again = next(
-        e["time"]
-        for e in events
-        if e["event"] == "started" and e["task"] == "worker:1" and e["time"] >= failed
-    )
-    return again - failed
+    return next(t for t in started if t >= failed) - failed
+
+
+def worker_1(record: protocol.Record) -> bool:
+    return getattr(record.event, "task", None) == "worker:1"
 
 
 def main() -> int:

@@ -32,6 +32,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tflaunch.runtime import protocol  # noqa: E402
 from tflaunch.runtime.agent import LineEmitter  # noqa: E402
 from tflaunch.runtime.monitor import SampleLog, Sampler, TreeSampler, process_tree  # noqa: E402
 
@@ -71,7 +72,8 @@ def run_sampler(pids: dict[str, int], interval: float, duration: float) -> tuple
     drain = threading.Thread(target=lambda: lines.extend(iter(reader.readline, "")), daemon=True)
     drain.start()
     writer = os.fdopen(write_end, "w")
-    sampler = Sampler(interval, lambda: pids, LineEmitter(writer, "bench"))
+    emitter = LineEmitter(writer, "bench")
+    sampler = Sampler(interval, lambda: pids, lambda event: emitter(event.wire()))
     sampler.start()
     time.sleep(duration)
     cpu = sampler.cpu_seconds  # the loop's own CPU time, taken after each sample
@@ -133,7 +135,7 @@ def main() -> None:
             per_sample = cpu_ms(lambda: warm.sample(pids), args.repeats)
             scan = cpu_ms(lambda: process_tree(list(pids.values())), args.repeats)
             node = cpu_ms(warm._sample_node, args.repeats)
-            event = {"event": "sample", **warm.sample(pids)}
+            event = protocol.Sample(warm.sample(pids)).wire()
             encode = cpu_ms(lambda: json.dumps(event), args.repeats)
             line = json.dumps({"time": 1.0, "host": "bench", **event})
             log = SampleLog(scratch)

@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.helpers import checkout_python  # noqa: E402
 from tests.hosts import ssh_hosts  # noqa: E402
-from tflaunch.tools import bench  # noqa: E402
+from tflaunch.tools import bench_sweep as bench  # noqa: E402
 from tflaunch.tools import perfmodel as pm  # noqa: E402
 
 PS, DR, CAR = "parameter_server", "distributed_replicated", "collective_all_reduce"

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.helpers import mnist_argv  # noqa: E402
 from tests.hosts import slurm_cluster  # noqa: E402
+from tflaunch.runtime import protocol  # noqa: E402
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
@@ -100,10 +101,13 @@ def one_run(work: Path, workload: str, train_steps: int) -> dict[str, float]:
     if code != 0 or ended_at is None or running_at is None:
         raise SystemExit(f"{workload} run failed (exit {code}): {proc.stderr.read()[-2000:]}")
     (run,) = [p for p in runs.iterdir() if p not in before]
-    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
-    ready = next(e["time"] for e in events if e["event"] == "cluster_ready")
+    lines = (run / "events.jsonl").read_text().splitlines()
+    events = list(protocol.records(json.loads(line) for line in lines))
+    ready = next(r.time for r in events if isinstance(r.event, protocol.ClusterReady))
     last_exit = max(
-        e["time"] for e in events if e["event"] == "exited" and e["task"].startswith("worker")
+        r.time
+        for r in events
+        if isinstance(r.event, protocol.Exited) and r.event.task.startswith("worker")
     )
     return {
         "scheduling": running_at - submitted,

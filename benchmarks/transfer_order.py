@@ -185,7 +185,7 @@ def model_variables(model: str) -> tuple:
     """(name, shape, dtype size) of the model's trainable variables, as ``tflaunch model``
     sizes them (one TensorFlow graph build)."""
     from tflaunch.models.registry import get_model_spec
-    from tflaunch.tools.placement import model_variables as variables
+    from tflaunch.tools.placement_command import model_variables as variables
 
     return tuple(
         (v.name, tuple(v.shape), v.dtype_size) for v in variables(get_model_spec(model), 1001)

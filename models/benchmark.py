@@ -54,10 +54,9 @@ from dataclasses import asdict
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow's C++ runtime loads
 
-from tflaunch.models.bench.common import (  # noqa: E402
+from tflaunch.models.benchmark_runners.common import (  # noqa: E402
     OPTIMIZERS,
     TRANSFER_ORDERS,
-    VARIABLE_UPDATES,
     BenchmarkError,
     Timing,
     images_per_sec,
@@ -71,7 +70,12 @@ from tflaunch.models.cluster import (  # noqa: E402
     cluster_from_args,
 )
 from tflaunch.models.placement_math import STRATEGIES  # noqa: E402
-from tflaunch.models.registry import UnknownModelError, get_model_spec, model_names  # noqa: E402
+from tflaunch.models.registry import (  # noqa: E402
+    VARIABLE_UPDATES,
+    UnknownModelError,
+    get_model_spec,
+    model_names,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -246,7 +250,7 @@ def run(args: argparse.Namespace, info: ClusterInfo | None) -> int:
 
         trace.setup(info)
     if info is not None and info.job_name == "ps":
-        from tflaunch.models.bench.graph import run_ps
+        from tflaunch.models.benchmark_runners.graph import run_ps
 
         run_ps(args, info)
         return 0
@@ -260,9 +264,9 @@ def run(args: argparse.Namespace, info: ClusterInfo | None) -> int:
     if info is None and (args.staged_vars or args.transfer_order != "none"):
         log("one process, no PS: --staged_vars and --transfer_order have nothing to move.")
     if info is not None and args.variable_update != "collective_all_reduce":
-        from tflaunch.models.bench.graph import run_worker
+        from tflaunch.models.benchmark_runners.graph import run_worker
     else:
-        from tflaunch.models.bench.eager import run_worker
+        from tflaunch.models.benchmark_runners.eager import run_worker
     timing, total_rate = run_worker(args, info)
     worker_rate = images_per_sec(args.batch_size, timing)
     log("-" * 64)

@@ -12,7 +12,7 @@ as many bytes back (an ``assign_add`` of a local tensor of each variable's shape
 training step's traffic without the compute. Workers run at once, after a barrier.
 
 The first worker prints one line ``netbench-result: {json}``; the launcher side
-(``tflaunch/tools/netbench.py``) reads it from the log, prints the tables and draws the PNG.
+(``tflaunch/tools/netbench_command.py``) reads it from the log, prints the tables and draws the PNG.
 """
 
 from __future__ import annotations

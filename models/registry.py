@@ -20,6 +20,10 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
+# How the benchmark (``models.benchmark --variable_update``) shares variables: defined here, where
+# the tools that list them (``tflaunch bench``, ``tflaunch model``) can read them without TensorFlow.
+VARIABLE_UPDATES = ("parameter_server", "distributed_replicated", "collective_all_reduce")
+
 
 class UnknownModelError(ValueError):
     """A model name that is neither a main name nor an alias; the message lists the valid ones."""

@@ -3,7 +3,7 @@ per-task events merged into one Chrome trace-event document, and the per-task su
 
 The first worker (``tflaunch.models.trace``, with TensorFlow) decodes the profiler's XPlanes into
 :class:`TaskTrace` s and writes the merged trace and the summary here; the launcher
-(``tflaunch/tools/trace.py``) reads them back to print the summary and draw the timeline.
+(``tflaunch/tools/trace_command.py``) reads them back to print the summary and draw the timeline.
 
 How a trace is taken (``tflaunch up CLUSTER --trace STEPS``): every task gets
 ``TFLAUNCH_TRACE_STEPS``, ``TFLAUNCH_TRACE_DIR`` and ``TFLAUNCH_TRACE_PORT_OFFSET``. The program

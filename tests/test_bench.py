@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tflaunch.errors import ConfigError
-from tflaunch.tools.bench import (
+from tflaunch.tools.bench_sweep import (
     Measurement,
     Point,
     Row,
@@ -197,7 +197,7 @@ def test_run_sweep_is_repeat_major_with_progress(tmp_path) -> None:
 
 
 def test_an_interrupted_sweep_keeps_the_finished_runs(tmp_path) -> None:
-    from tflaunch.tools.bench import SweepInterrupted
+    from tflaunch.tools.bench_sweep import SweepInterrupted
 
     sweep = _sweep(tmp_path, workers=[1])
     done: list[Measurement] = []
@@ -239,7 +239,7 @@ def test_outputs_csv_json_and_pngs(tmp_path) -> None:
 
 
 def test_rows_without_any_success_write_no_plots(tmp_path) -> None:
-    from tflaunch.tools.bench_plot import plot_results
+    from tflaunch.tools.bench_sweep_plot import plot_results
 
     assert (
         plot_results(

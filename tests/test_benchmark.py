@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import tflaunch, wait_until_gone, write_cluster
-from tflaunch.models.bench.common import (
+from tflaunch.models.benchmark_runners.common import (
     BenchmarkError,
     perf_line,
     perf_stats,

@@ -180,7 +180,7 @@ def test_registry_refuses_unknown_names_listing_names_and_aliases():
 def test_placement_report_and_benchmark_take_the_registry_names():
     from click.testing import CliRunner
 
-    from tflaunch.tools.placement import placement
+    from tflaunch.tools.placement_command import placement
 
     result = CliRunner().invoke(placement, ["--model", "vgg16"])
     assert result.exit_code == 2

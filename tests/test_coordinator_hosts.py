@@ -15,7 +15,8 @@ import pytest
 
 from tflaunch.cluster.config import parse_config
 from tflaunch.cluster.plan import Host, make_plan
-from tflaunch.runtime.coordinator import Coordinator, Requeue, Revive, coordinate
+from tflaunch.runtime.coordinator import Requeue, Revive, coordinate
+from tflaunch.runtime.revival import HostRevival
 from tflaunch.runtime.run import Run
 
 
@@ -117,7 +118,7 @@ def events(run: Run) -> list[dict]:
 
 @pytest.fixture(autouse=True)
 def short_margin(monkeypatch):
-    monkeypatch.setattr(Coordinator, "OLD_AGENT_MARGIN", 0.2)
+    monkeypatch.setattr(HostRevival, "OLD_AGENT_MARGIN", 0.2)
 
 
 def test_a_host_that_stops_answering_fails_the_run_naming_the_host(tmp_path):

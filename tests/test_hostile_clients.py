@@ -16,7 +16,7 @@ import pytest
 from tests.helpers import fake_cluster, wait_until_gone
 from tflaunch.cluster.config import load_config
 from tflaunch.launch import plan_cluster
-from tflaunch.runtime.rendezvous import new_token
+from tflaunch.runtime.rendezvous import Rendezvous, publish, read_published
 from tflaunch.runtime.run import Run
 
 ON_HOST = "tflaunch.launchers.ssh.on_host"
@@ -39,7 +39,7 @@ def test_detached_coordinator_refuses_hostile_clients_while_the_agent_joins(tmp_
     plan = plan_cluster(config)
     run = Run.create(tmp_path / "runs", "hostile")
     run.write_plan(plan)
-    (run.dir / "token").write_text(new_token())
+    publish(run.dir, Rendezvous.ahead())  # what the launcher hands every host
     coordinator = subprocess.Popen(
         [
             sys.executable,
@@ -59,9 +59,9 @@ def test_detached_coordinator_refuses_hostile_clients_while_the_agent_joins(tmp_
     )
     try:
         deadline = time.monotonic() + 30
-        while not (run.dir / "coordinator.json").exists() and time.monotonic() < deadline:
+        while not read_published(run.dir).port and time.monotonic() < deadline:
             time.sleep(0.1)
-        port = json.loads((run.dir / "coordinator.json").read_text())["port"]
+        port = read_published(run.dir).port
         hostile = [
             json.dumps({"hello": "localhost", "token": "é"}).encode() + b"\n",
             b"[]\n",

@@ -29,6 +29,7 @@ from tflaunch.runtime.monitor import (
     process_tree,
     read_samples,
 )
+from tflaunch.runtime.protocol import Sample
 
 ssh_test_hosts = ssh_hosts.ssh_test_hosts  # the session fixture (skips without root)
 TRAFFIC_TASK = Path(__file__).resolve().parent / "programs" / "traffic_task.py"
@@ -178,7 +179,7 @@ def test_sampler_thread_samples_at_once_at_its_interval_and_once_more_when_stopp
     stopping = time.monotonic()
     sampler.stop()
     assert time.monotonic() - stopping < 1
-    assert all(e["event"] == "sample" for _, e in events)
+    assert all(isinstance(e, Sample) for _, e in events)
     assert events[0][0] - started < 0.2
     assert 5 <= len(events) <= 8
     assert events[-1][0] >= stopping  # the final sample

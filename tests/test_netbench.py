@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from tests.helpers import tflaunch, wait_until_gone, write_cluster
 from tflaunch.cli import cli
-from tflaunch.tools import netbench as nb
+from tflaunch.tools import netbench_command as nb
 
 ROOT = Path(__file__).resolve().parent.parent
 K, M = 1024, 1024**2

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from tflaunch.cli import cli
 from tflaunch.tools import perfmodel as pm
-from tflaunch.tools.bench import Point, Row
+from tflaunch.tools.bench_sweep import Point, Row
 
 MB = 1_000_000
 # Four float32 variables: 4, 2, 1 and 1 MB (shape (n,), 4 bytes each), in creation order.

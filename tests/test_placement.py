@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from tflaunch.models import placement_math as pm
 from tflaunch.models.placement_math import VariableSpec
-from tflaunch.tools.placement import format_table, parse_ps_counts, placement
+from tflaunch.tools.placement_command import format_table, parse_ps_counts, placement
 
 DATA = Path(__file__).resolve().parent / "data"
 PROGRAMS = Path(__file__).resolve().parent / "programs"
@@ -184,7 +184,7 @@ def test_table_shows_ratio_largest_and_bytes_per_ps():
 
 
 def test_the_cli_module_does_not_import_tensorflow():
-    code = "import sys, tflaunch.cli, tflaunch.tools.placement; print('tensorflow' in sys.modules)"
+    code = "import sys, tflaunch.cli, tflaunch.tools.placement_command; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -205,7 +205,7 @@ def test_fixture_matches_keras_and_models_inception():
     finally:
         sys.path.remove(str(DATA))
     from tflaunch.models.registry import get_model_spec
-    from tflaunch.tools.placement import model_variables
+    from tflaunch.tools.placement_command import model_variables
 
     stored = json.loads((DATA / "inception_v3_variables.json").read_text())["variables"]
     keras = keras_inception_v3_document()["variables"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import threading
 import time
@@ -15,7 +16,14 @@ import pytest
 
 from tflaunch.errors import LaunchError
 from tflaunch.runtime import rendezvous
-from tflaunch.runtime.rendezvous import Listener, connect, publish, wait_published
+from tflaunch.runtime.rendezvous import (
+    Listener,
+    Rendezvous,
+    connect,
+    publish,
+    read_published,
+    wait_published,
+)
 
 TOKEN = "0123456789abcdef"
 
@@ -104,12 +112,31 @@ def test_listener_binds_the_given_address_only():
 
 
 def test_publish_is_private_and_wait_published_checks_whose(tmp_path):
+    publish(tmp_path, Rendezvous(TOKEN, "10.0.0.1", 1, attempt="7.0"))
     path = tmp_path / "coordinator.json"
-    publish(path, {"job_id": "7", "port": 1})
     assert path.stat().st_mode & 0o777 == 0o600
-    assert wait_published(path, 1, lambda i: i["job_id"] == "7")["port"] == 1
+    assert wait_published(tmp_path, 1, lambda r: r.attempt == "7.0").port == 1
     with pytest.raises(LaunchError, match="did not publish"):
-        wait_published(path, 0.3, lambda i: i["job_id"] == "8")
+        wait_published(tmp_path, 0.3, lambda r: r.attempt == "8.0")
+
+
+def test_one_schema_from_the_token_handed_ahead_to_the_listening_coordinator(tmp_path):
+    ahead = Rendezvous.ahead()
+    publish(tmp_path, ahead)
+    with pytest.raises(LaunchError, match="did not publish"):
+        wait_published(tmp_path, 0.3)  # no coordinator listens yet: no port
+    listener = Listener("127.0.0.1", ahead.token, {"node2"})
+    try:
+        publish(tmp_path, read_published(tmp_path).listening(listener, host="node1"))
+        record = wait_published(tmp_path, 1)
+    finally:
+        listener.close()
+    assert record == Rendezvous(ahead.token, "127.0.0.1", listener.port, "node1", os.getpid())
+    assert set(json.loads((tmp_path / "coordinator.json").read_text())) == {
+        "token", "address", "port", "host", "pid", "attempt"
+    }  # fmt: skip
+    (tmp_path / "coordinator.json").write_text('{"job_id": "7"}')
+    assert read_published(tmp_path) is None
 
 
 def test_connect_gives_up_after_its_timeout():

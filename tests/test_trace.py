@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from tests.helpers import tflaunch, wait_until_gone, write_cluster
 from tflaunch.cli import cli
-from tflaunch.tools import trace as tr
+from tflaunch.tools import trace_command as tr
 
 ROOT = Path(__file__).resolve().parent.parent
 MS = 1_000_000  # ns

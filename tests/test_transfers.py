@@ -132,8 +132,8 @@ def _graph(extra: list[str], ps: int = 2):
     pytest.importorskip("tensorflow")
     import tensorflow as tf
 
-    from tflaunch.models.bench import graph as runner
     from tflaunch.models.benchmark import build_parser, validate
+    from tflaunch.models.benchmark_runners import graph as runner
     from tflaunch.models.cluster import ClusterInfo
 
     args = build_parser().parse_args([*TINY, *extra])

@@ -1,5 +1,7 @@
 """The command line. Commands parse their arguments, call one function, and map domain errors to
-exit codes (2 for bad input, the cluster's own code for a failed run); nothing else lives here."""
+exit codes (2 for bad input, the cluster's own code for a failed run). One command does more:
+``up --trace`` has the trace tool (:mod:`tflaunch.tools.trace_command`) change the config before the launch
+and show the merged trace after it."""
 
 from __future__ import annotations
 
@@ -26,11 +28,11 @@ from tflaunch.cluster.plan import (
 from tflaunch.errors import ConfigError, TflaunchError
 from tflaunch.runtime.run import Run, new_run_id
 from tflaunch.text import aligned
-from tflaunch.tools import trace as trace_tools
-from tflaunch.tools.bench import bench_command
-from tflaunch.tools.netbench import netbench_command
+from tflaunch.tools import trace_command as trace_tools
+from tflaunch.tools.bench_sweep import bench_command
+from tflaunch.tools.netbench_command import netbench_command
 from tflaunch.tools.perfmodel import model_command
-from tflaunch.tools.placement import placement
+from tflaunch.tools.placement_command import placement
 from tflaunch.tools.tensorboard import tensorboard_command
 
 RENDER_FORMATS = ("tf_config", "cluster_spec", "env", "command")
@@ -396,10 +398,10 @@ def status(
         click.echo(json.dumps(record, indent=2))
         return
     state = launch.run_state(run)
-    meta = run.read_meta()
+    record = run.record()
     click.echo(
-        f"run {run.id}: {state} (backend {meta.get('backend')}"
-        + (f", exit code {meta['exit_code']}" if "exit_code" in meta else "")
+        f"run {run.id}: {state} (backend {record.backend}"
+        + (f", exit code {record.exit_code}" if record.exit_code is not None else "")
         + ")"
     )
     for line in launch.backend_of(run).describe(run):

@@ -31,16 +31,16 @@ def backend_for(name: str) -> Backend:
 
 def backend_of(run: Run) -> Backend:
     """The backend that started ``run`` (runs record it in run.json)."""
-    return backend_for(run.read_meta().get("backend", "local"))
+    return backend_for(run.record().backend or "local")
 
 
 def run_state(run: Run) -> str:
     """The run's recorded state, or ``lost`` when it has not ended but its coordinator (a local
     process, a Slurm job, a detached coordinator on a host) is gone: a killed ``up``, say."""
-    state = run.read_meta().get("state", "unknown")
+    state = run.record().state or "unknown"
     if state in ENDED or backend_of(run).cluster_alive(run):
         return state
-    return "lost" if not run.ended else run.read_meta().get("state", "unknown")
+    return "lost" if not run.ended else run.record().state or "unknown"
 
 
 def plan_cluster(config: ClusterConfig, run_dir: Path | None = None) -> Plan:

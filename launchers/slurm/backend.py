@@ -38,12 +38,19 @@ from tflaunch.cluster.plan import Host, Plan
 from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.launchers.base import Backend, LaunchOptions
 from tflaunch.launchers.slurm.client import JobState, cancel, job_state, submit
-from tflaunch.launchers.slurm.node import SETUP_FILE, SNAPSHOT_FILE
-from tflaunch.launchers.slurm.script import Layout, ScriptInputs, layout, render_sbatch
-from tflaunch.runtime.run import ENDED, INTERRUPT_CODES, Outcome, Run
+from tflaunch.launchers.slurm.script import (
+    SCRIPT_FILE,
+    SETUP_FILE,
+    SNAPSHOT_FILE,
+    Layout,
+    ScriptInputs,
+    SlurmDetails,
+    layout,
+    render_sbatch,
+)
+from tflaunch.runtime.run import INTERRUPT_CODES, Outcome, Run
 from tflaunch.runtime.runfiles import write_run_file
 
-SCRIPT_FILE = "job.sbatch"
 POLL_SECONDS = 0.5
 
 
@@ -117,7 +124,7 @@ def follow(run: Run, job_id: str, out: IO[str] = sys.stdout, err: IO[str] = sys.
             state = job_state(job_id)
             if state.ended:
                 break
-            if (run.read_meta().get("state") == "requeued") != requeued:
+            if (run.record().state == "requeued") != requeued:
                 requeued = not requeued
                 if requeued:
                     _say(out, f"Slurm job {job_id} is requeued; following it until it ends")
@@ -141,13 +148,14 @@ def follow(run: Run, job_id: str, out: IO[str] = sys.stdout, err: IO[str] = sys.
 
 
 def _outcome(run: Run, job_id: str, state: JobState, signum: int | None, err: IO[str]) -> Outcome:
-    meta = run.read_meta()
-    if meta.get("state") in ENDED and "exit_code" in meta and state.state != "TIMEOUT":
-        code = int(meta["exit_code"])
-        if meta.get("cancel_requested") and meta["state"] == "failed":
+    record = run.record()
+    slurm = record.part(SlurmDetails)
+    if record.has_ended and record.exit_code is not None and state.state != "TIMEOUT":
+        code = int(record.exit_code)
+        if slurm.cancel_requested and record.state == "failed":
             # Slurm's SIGTERM reached some task before the coordinator: still a cancel.
             return run.finish(Outcome(code, f"Slurm job {job_id} was cancelled", interrupted=True))
-        return Outcome(code, meta.get("message", ""), interrupted=meta["state"] == "stopped")
+        return Outcome(code, record.message or "", interrupted=record.state == "stopped")
     if signum is not None:
         code, message = 128 + signum, f"Slurm job {job_id} was cancelled"
     elif state.state == "COMPLETED" and state.exit_code == 0:
@@ -276,12 +284,12 @@ class SlurmBackend(Backend):
         return config.slurm.python
 
     def cluster_alive(self, run: Run) -> bool:
-        job_id = run.read_meta().get("job_id")
+        job_id = run.record().part(SlurmDetails).job_id
         return bool(job_id) and not job_state(str(job_id)).ended
 
     def describe(self, run: Run) -> list[str]:
         """Slurm's view of the run's job, for ``tflaunch status``."""
-        job_id = run.read_meta().get("job_id")
+        job_id = run.record().part(SlurmDetails).job_id
         if not job_id:
             return ["Slurm job: not submitted"]
         state = job_state(str(job_id))
@@ -294,7 +302,7 @@ class SlurmBackend(Backend):
 
     def down(self, run: Run, grace: float) -> str:
         """scancel the job and wait (bounded) until Slurm reports it ended."""
-        job_id = run.read_meta().get("job_id")
+        job_id = run.record().part(SlurmDetails).job_id
         if not job_id:
             raise LaunchError(
                 f"run {run.id} has no Slurm job id in {run.meta_path}; nothing to cancel."
@@ -309,10 +317,11 @@ class SlurmBackend(Backend):
             while not state.ended and time.monotonic() < deadline:
                 time.sleep(POLL_SECONDS)
                 state = job_state(str(job_id))
-        meta = run.read_meta()
-        if meta.get("cancel_requested") and meta.get("state") != "succeeded":
+        record = run.record()
+        if record.part(SlurmDetails).cancel_requested and record.state != "succeeded":
             message = f"cancelled with tflaunch down (scancel {job_id})"
-            run.finish(Outcome(int(meta.get("exit_code", 143)), message, interrupted=True))
+            code = 143 if record.exit_code is None else int(record.exit_code)
+            run.finish(Outcome(code, message, interrupted=True))
         if not state.ended:
             return f"run {run.id}: Slurm job {job_id} was cancelled but is still {state.state}"
         return f"run {run.id} is down (Slurm job {job_id}: {state.state})"

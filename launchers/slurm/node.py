@@ -4,8 +4,8 @@ Every node builds the same plan from ``SLURM_JOB_NODELIST`` (for a heterogeneous
 component's nodes then the PS component's) and from the GPUs Slurm gave it: when Slurm set
 ``CUDA_VISIBLE_DEVICES=2,3`` on a node, that node's worker 0 gets ``2`` and worker 1 gets ``3``;
 PS always get the empty string. The node with ``SLURM_PROCID`` 0 coordinates: it listens on a
-TCP port, publishes ``coordinator.json`` (address, port, a one-run token; mode 0600) in the run
-directory on the shared file system, waits for every other node's agent to connect and say hello
+TCP port, publishes the rendezvous record (:mod:`tflaunch.runtime.rendezvous`: address, port, a
+one-run token; mode 0600) in the run directory on the shared file system, waits for every other node's agent to connect and say hello
 (with its GPU ids), writes the final plan, starts its own node's agent as a subprocess, then runs
 the coordinator over all of them. The other nodes connect, wait for ``start``, and run their agent
 with its JSON-lines stream on the TCP connection instead of stdin/stdout: same protocol, another
@@ -43,18 +43,13 @@ from tflaunch.cluster.plan import Host, Plan, make_plan
 from tflaunch.errors import TflaunchError
 from tflaunch.launchers.base import Backend
 from tflaunch.launchers.slurm.client import requeue as requeue_job
-from tflaunch.launchers.slurm.script import Layout, layout
-from tflaunch.runtime import procs
+from tflaunch.launchers.slurm.script import SETUP_FILE, SNAPSHOT_FILE, Layout, layout
+from tflaunch.runtime import procs, protocol
 from tflaunch.runtime.agent import serve
 from tflaunch.runtime.coordinator import Requeue
 from tflaunch.runtime.link import MAX_LINE, ProcessLink, SocketLink, agent_argv, socket_streams
-from tflaunch.runtime.rendezvous import Listener, connect, new_token, publish, wait_published
+from tflaunch.runtime.rendezvous import Listener, Rendezvous, connect, publish, wait_published
 from tflaunch.runtime.run import Outcome, Run
-
-RENDEZVOUS_FILE = "coordinator.json"
-SETUP_FILE = "slurm.json"
-SNAPSHOT_FILE = "cluster.yaml"
-
 
 # --- the allocation as hosts (pure) --------------------------------------------------------------
 
@@ -140,6 +135,12 @@ class Node:
         """Slurm's requeue count: a requeued job meets a new coordinator."""
         return self.env.get("SLURM_RESTART_COUNT", "0")
 
+    @property
+    def attempt(self) -> str:
+        """Which start of the run this is: the job id and its requeue count (each start of a
+        requeued job has a rendezvous of its own)."""
+        return f"{self.job_id}.{self.restart}"
+
     def plan(self, known_gpus: Mapping[str, tuple[str, ...]] | None = None) -> Plan:
         """The whole plan (the coordinating node's view)."""
         gpus = {self.name: self.gpu_ids, **(known_gpus or {})}
@@ -204,7 +205,7 @@ class AllocationBackend(Backend):
             )
             links.append(ProcessLink(self.node.name, proc))
         for link in self.remote:
-            link.send({"cmd": "start"})
+            link.send(protocol.Start().wire())
         return links + list(self.remote)
 
 
@@ -231,19 +232,9 @@ def coordinate(node: Node) -> int:
             flush=True,
         )
     started = time.monotonic()
-    token = new_token()
-    listener = Listener(socket.gethostbyname(node.name), token, expected)
-    publish(
-        node.run.dir / RENDEZVOUS_FILE,
-        {
-            "job_id": node.job_id,
-            "restart": node.restart,
-            "host": node.name,
-            "address": listener.address,
-            "port": listener.port,
-            "token": token,
-        },
-    )
+    record = Rendezvous.ahead()
+    listener = Listener(socket.gethostbyname(node.name), record.token, expected)
+    publish(node.run.dir, record.listening(listener, host=node.name, attempt=node.attempt))
     joined = listener.accept(timeout)
     missing = sorted(expected - set(joined))
     if missing:
@@ -296,28 +287,19 @@ def join(node: Node) -> int:
     if not plan.tasks_on(node.name):
         return 0  # a node the plan does not use has nothing to run or report
     timeout = plan.supervision.ready_timeout
-    info = wait_published(
-        node.run.dir / RENDEZVOUS_FILE,
-        timeout,
-        lambda i: i.get("job_id") == node.job_id and i.get("restart") == node.restart,
-    )
+    info = wait_published(node.run.dir, timeout, lambda r: r.attempt == node.attempt)
     sock = connect(
-        info["address"],
-        int(info["port"]),
-        info["token"],
-        node.name,
-        timeout,
-        gpu_ids=list(node.gpu_ids),
+        info.address, int(info.port), info.token, node.name, timeout, gpu_ids=list(node.gpu_ids)
     )
     commands, events = socket_streams(sock)
     sock.settimeout(timeout + 30)  # the coordinator waits up to ready_timeout for the others
     try:
-        command = json.loads(commands.readline(MAX_LINE) or "{}")
+        command = protocol.command_of(json.loads(commands.readline(MAX_LINE) or "{}"))
     except (OSError, ValueError):
-        command = {}
-    if not isinstance(command, dict) or command.get("cmd") != "start":
+        command = None
+    if not isinstance(command, protocol.Start):
         print(
-            f"tflaunch: {node.name}: the coordinator on {info['host']} did not start the run",
+            f"tflaunch: {node.name}: the coordinator on {info.host} did not start the run",
             file=sys.stderr,
             flush=True,
         )

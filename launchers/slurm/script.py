@@ -29,6 +29,22 @@ from tflaunch.errors import ConfigError, PlanError
 NODE_MODULE = "tflaunch.launchers.slurm.node"
 _PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 
+# The job's files in its run directory: written by the login side (backend.py), read by the
+# job's nodes (node.py); both take the names from here.
+SCRIPT_FILE = "job.sbatch"
+SETUP_FILE = "slurm.json"  # what the nodes need beside the cluster file (GPUs, output paths)
+SNAPSHOT_FILE = "cluster.yaml"  # the cluster file as it was submitted
+
+
+@dataclass(frozen=True)
+class SlurmDetails:
+    """What a Slurm run adds to run.json (:class:`tflaunch.runtime.run.RunRecord`'s details)."""
+
+    job_id: str | None = None
+    cancel_requested: float | None = None  # when scancel was asked for (a cancel, not a failure)
+    coordinator_host: str | None = None
+    nodes: list[str] | None = None
+
 
 @dataclass(frozen=True)
 class Layout:

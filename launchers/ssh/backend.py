@@ -50,10 +50,11 @@ from tflaunch.launchers.ssh.connect import (
     parallel,
     remote_command,
 )
-from tflaunch.launchers.ssh.session import HostSession
+from tflaunch.launchers.ssh.session import HostSession, SshDetails
 from tflaunch.launchers.ssh.sources import resolve_hosts
+from tflaunch.runtime import protocol
 from tflaunch.runtime.coordinator import Revive
-from tflaunch.runtime.link import StreamLink
+from tflaunch.runtime.link import StreamLink, agent_output
 from tflaunch.runtime.run import Outcome, Run
 
 WATCH_SECONDS = 3.0  # between asking the provider whether a provisioned run's instances run
@@ -90,12 +91,7 @@ class SshLink(StreamLink):
         """The agent's stderr (Python warnings, a crash) shown as the agent's own output."""
         with contextlib.suppress(OSError, ValueError, EOFError):
             for line in self.channel.makefile_stderr("r"):
-                sink.put(
-                    (
-                        self.host,
-                        {"event": "output", "task": f"agent@{self.host}", "line": line.rstrip()},
-                    )
-                )
+                sink.put((self.host, agent_output(self.host, line.rstrip())))
 
     def _probe(self, sink: queue.Queue) -> None:
         """Report the host lost when the connection stops answering for ``timeout`` seconds."""
@@ -114,8 +110,8 @@ class SshLink(StreamLink):
                     f"its SSH connection ({self.conn.address}) stopped answering for "
                     f"{self.timeout:g} s"
                 )
-                sink.put((self.host, {"event": "host_lost", "message": message}))
-                sink.put((self.host, {"event": "link_closed"}))
+                sink.put((self.host, protocol.HostLost(message=message).wire()))
+                sink.put((self.host, protocol.LinkClosed().wire()))
                 self.conn.close()  # unblocks the reader
                 return
 
@@ -124,8 +120,8 @@ class SshLink(StreamLink):
         if self._sink is None or self._closed.is_set():
             return
         self._closed.set()
-        self._sink.put((self.host, {"event": "host_lost", "message": message}))
-        self._sink.put((self.host, {"event": "link_closed"}))
+        self._sink.put((self.host, protocol.HostLost(message=message).wire()))
+        self._sink.put((self.host, protocol.LinkClosed().wire()))
         self.conn.close()
 
     def send(self, command: dict[str, Any]) -> None:
@@ -222,7 +218,7 @@ class SshBackend(Backend):
         failures = [f"{c.name}: {err}" for c, _, err in results if err is not None]
         if failures:
             for link in links:
-                link.send({"cmd": "stop", "reason": "another host failed to start"})
+                link.send(protocol.Stop(reason="another host failed to start").wire())
                 link.close(timeout=10)
             self.session.end_probes()
             raise LaunchError("cannot start the agents:\n  " + "\n  ".join(failures))
@@ -285,7 +281,7 @@ class SshBackend(Backend):
         self, config: ClusterConfig, plan: Plan, run: Run, host: str, deadline: float
     ) -> SshLink:
         """A new instance for ``host``, prepared as at the start (sync, setup, pre-flight, its
-        plan), with a new agent; its link first reports ``instance_replaced``."""
+        plan), with a new agent; its link first reports :class:`protocol.InstanceReplaced`."""
         made, old_id, new_id = self.fleet.replace(host, deadline)
         hosts = tuple(made if h.name == host else h for h in plan.hosts)
         fresh = HostSession(self.session.out)
@@ -298,7 +294,7 @@ class SshBackend(Backend):
         self.session.paths[host] = fresh.paths[host]
         argv = self.session.agent_argv(config.ssh.python, host)
         sup = plan.supervision
-        replaced = {"event": "instance_replaced", "host": host, "old": old_id, "new": new_id}
+        replaced = protocol.InstanceReplaced(old=old_id, new=new_id).wire()
         link = SshLink(
             host, conn, conn.start(remote_command(argv)), sup.heartbeat, sup.heartbeat_timeout,
             first_events=[replaced],
@@ -374,24 +370,24 @@ class SshBackend(Backend):
         list the instances it made or took (ssh.provision)."""
         from tflaunch.launchers.ssh.provision import instance_lines
 
-        meta = run.read_meta()
+        details = run.record().part(SshDetails)
         instances = instance_lines(run, self.session.say)
-        if not meta.get("detached"):
+        if not details.detached:
             return instances
         self.refresh(run)
         return [
-            f"detached: coordinator on {meta.get('ssh_coordinator')} "
-            f"(pid {meta.get('ssh_coordinator_pid')})",
+            f"detached: coordinator on {details.ssh_coordinator} "
+            f"(pid {details.ssh_coordinator_pid})",
             *instances,
         ]
 
     def refresh(self, run: Run) -> None:
         """Bring a detached run's events, state and logs from the hosts into the run dir."""
-        if run.read_meta().get("detached"):
+        if run.record().part(SshDetails).detached:
             detached.refresh(self.session, run)
 
     def cluster_alive(self, run: Run) -> bool:
-        if not run.read_meta().get("detached"):
+        if not run.record().part(SshDetails).detached:
             return super().cluster_alive(run)
         ended_before = run.ended
         self.refresh(run)
@@ -402,7 +398,7 @@ class SshBackend(Backend):
     def down(self, run: Run, grace: float) -> str:
         from tflaunch.launchers.ssh.provision import terminate_run
 
-        if not run.read_meta().get("detached"):
+        if not run.record().part(SshDetails).detached:
             stopped = super().down(run, grace)
         else:
             stopped = detached.down(self.session, run, grace)

@@ -18,12 +18,15 @@ from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Plan
 from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
-from tflaunch.launchers.ssh.on_host import COORDINATOR_FILE, TOKEN_FILE
-from tflaunch.launchers.ssh.session import HostSession, fetch_new_bytes
-from tflaunch.runtime.rendezvous import new_token
-from tflaunch.runtime.run import Outcome, Run
+from tflaunch.launchers.ssh.session import HostSession, SshDetails, fetch_new_bytes
+from tflaunch.runtime import protocol
+from tflaunch.runtime.rendezvous import RENDEZVOUS_FILE, Rendezvous
+from tflaunch.runtime.run import Outcome, Run, RunRecord
+from tflaunch.runtime.runctl import cluster_ready
+from tflaunch.runtime.runfiles import CONSOLE_FILE, EVENTS_FILE, META_FILE, SAMPLES_PREFIX
 
 ON_HOST = "tflaunch.launchers.ssh.on_host"
+AGENT_LOG = "agent.log"  # a detached agent's own output, in its host's run directory
 
 # Runs on a host: SIGTERM a process if (and only if) its command line names the run, then wait.
 STOP_PROCESS = r"""
@@ -50,19 +53,22 @@ print("killed")
 """
 
 
-def _wait_for_file(session: HostSession, host: str, path: str, timeout: float) -> str | None:
+def _wait_for_coordinator(
+    session: HostSession, host: str, path: str, timeout: float
+) -> Rendezvous | None:
+    """The rendezvous record once the coordinator on ``host`` listens (it has a port)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        text = session.read_file(host, path)
-        if text:
-            return text
+        record = Rendezvous.from_json(session.read_file(host, path) or "")
+        if record is not None and record.port:
+            return record
         time.sleep(0.2)
     return None
 
 
 def start(session: HostSession, config: ClusterConfig, plan: Plan, run: Run) -> None:
     """Pre-flight as for an attached run, then coordinator on the first host, agents everywhere."""
-    session.open(config, plan, run, extra={TOKEN_FILE: new_token()})
+    session.open(config, plan, run, extra={RENDEZVOUS_FILE: Rendezvous.ahead().to_json()})
     python = config.ssh.python
     first = plan.hosts_with_tasks()[0]
     run_dir = session.paths[first.name].run_dir
@@ -78,17 +84,17 @@ def start(session: HostSession, config: ClusterConfig, plan: Plan, run: Run) -> 
         "--listen",
         first.cluster_address,
     ]
-    console = posixpath.join(run_dir, "console.log")
+    console = posixpath.join(run_dir, CONSOLE_FILE)
     session.connections[first.name].run(remote_command(argv, background_output=console), timeout=30)
-    text = _wait_for_file(session, first.name, posixpath.join(run_dir, COORDINATOR_FILE), 60)
-    if text is None:
+    path = posixpath.join(run_dir, RENDEZVOUS_FILE)
+    coordinator = _wait_for_coordinator(session, first.name, path, 60)
+    if coordinator is None:
         output = session.read_file(first.name, console) or "(no output)"
         raise LaunchError(f"the coordinator did not start on {first.name}:\n{output[-2000:]}")
-    coordinator = json.loads(text)
     run.update_meta(
         detached=True,
         ssh_coordinator=first.name,
-        ssh_coordinator_pid=coordinator["pid"],
+        ssh_coordinator_pid=coordinator.pid,
         state="starting",
     )
 
@@ -104,11 +110,11 @@ def start(session: HostSession, config: ClusterConfig, plan: Plan, run: Run) -> 
             "--host",
             conn.name,
             "--address",
-            coordinator["address"],
+            coordinator.address,
             "--port",
-            str(coordinator["port"]),
+            str(coordinator.port),
         ]
-        out = posixpath.join(host_dir, "agent.log")
+        out = posixpath.join(host_dir, AGENT_LOG)
         conn.run(remote_command(argv, background_output=out), timeout=30)
 
     results = parallel(start_agent, session.connections.values())
@@ -127,12 +133,12 @@ def _wait_until_ready(session: HostSession, run: Run, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         refresh(session, run)
-        if any(e.get("event") == "cluster_ready" for e in run.events()):
+        if cluster_ready(run):
             return
         if run.ended:
             raise LaunchError(
                 f"the detached run {run.id} ended before it was ready: "
-                f"{run.read_meta().get('message', 'see its logs')}"
+                f"{run.record().message or 'see its logs'}"
             )
         time.sleep(0.5)
     raise LaunchError(
@@ -150,21 +156,23 @@ def refresh(session: HostSession, run: Run) -> None:
         session.say(f"cannot reach the hosts, showing the last copied state: {err}")
         return
     try:
-        coordinator = run.read_meta()["ssh_coordinator"]
+        coordinator = run.record().part(SshDetails).ssh_coordinator
         conn = session.connections[coordinator]
         remote_dir = session.paths[coordinator].run_dir
         with conn.sftp() as sftp:
-            mirrored = ["events.jsonl", "console.log"] + [
-                n for n in sftp.listdir(remote_dir) if n.startswith("samples-")
+            mirrored = [EVENTS_FILE, CONSOLE_FILE] + [
+                n for n in sftp.listdir(remote_dir) if n.startswith(SAMPLES_PREFIX)
             ]
         fetch_new_bytes(conn, [(posixpath.join(remote_dir, n), run.dir / n) for n in mirrored])
-        remote_meta = json.loads(
-            session.read_file(coordinator, posixpath.join(remote_dir, "run.json")) or "{}"
+        remote = RunRecord.from_dict(
+            json.loads(
+                session.read_file(coordinator, posixpath.join(remote_dir, META_FILE)) or "{}"
+            )
         )
         copied: dict[str, Any] = {
-            k: remote_meta[k]
+            k: getattr(remote, k)
             for k in ("state", "exit_code", "message", "ended")
-            if k in remote_meta
+            if getattr(remote, k) is not None
         }
         if copied:
             run.update_meta(**copied)
@@ -179,18 +187,18 @@ def down(session: HostSession, run: Run, grace: float) -> str:
     session.reconnect(run)
     try:
         refresh(session, run)  # the agents' pids are in the coordinator's events
-        meta = run.read_meta()
-        conn = session.connections[meta["ssh_coordinator"]]
-        stop = [meta.get("ssh_python", "python3"), "-c", STOP_PROCESS]
+        details = run.record().part(SshDetails)
+        conn = session.connections[details.ssh_coordinator]
+        stop = [details.ssh_python, "-c", STOP_PROCESS]
         result = conn.run(
-            remote_command([*stop, str(meta["ssh_coordinator_pid"]), run.id, f"{grace + 30:g}"]),
+            remote_command([*stop, str(details.ssh_coordinator_pid), run.id, f"{grace + 30:g}"]),
             timeout=grace + 60,
         )
         what = [f"coordinator on {conn.name}: {result.stdout.strip() or result.stderr.strip()}"]
         agents = {}
-        for event in run.events():
-            if event.get("event") == "agent_started" and event.get("pid"):
-                agents[event.get("host")] = event["pid"]
+        for record in protocol.records(run.events()):
+            if isinstance(record.event, protocol.AgentStarted) and record.event.pid:
+                agents[record.host] = record.event.pid
 
         def stop_agent(host_conn: Connection) -> str:
             pid = agents.get(host_conn.name)
@@ -206,6 +214,6 @@ def down(session: HostSession, run: Run, grace: float) -> str:
         refresh(session, run)
         if not run.ended:
             run.finish(Outcome(143, "stopped with tflaunch down", interrupted=True))
-        return f"run {run.id} is down (state: {run.read_meta().get('state')}); " + "; ".join(what)
+        return f"run {run.id} is down (state: {run.record().state}); " + "; ".join(what)
     finally:
         session.close()

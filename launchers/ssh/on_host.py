@@ -8,8 +8,9 @@ scripts):
   attached run (same policy, same events and run.json), listening on that host's *cluster* address
   for the agents;
 * ``python -m tflaunch.launchers.ssh.on_host agent`` on every host: connects to that coordinator over
-  the private network, proves it belongs to the run (a random token the launcher put in each
-  host's run directory), then serves its agent over that connection (:mod:`tflaunch.runtime.rendezvous`).
+  the private network, proves it belongs to the run (a random token: the launcher put the run's
+  rendezvous record, still without an address, in each host's run directory), then serves its
+  agent over that connection (:mod:`tflaunch.runtime.rendezvous`).
 
 The coordinator pings the agents, so an agent whose coordinator vanished still stops its tasks;
 the coordinator stops the PS when training ends, as always. ``tflaunch status``, ``logs [-f]`` and
@@ -20,31 +21,36 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import socket
 import sys
 from pathlib import Path
 
 from tflaunch.cluster.plan import Plan
-from tflaunch.errors import TflaunchError
+from tflaunch.errors import LaunchError, TflaunchError
 from tflaunch.runtime.agent import serve
 from tflaunch.runtime.coordinator import coordinate
 from tflaunch.runtime.link import socket_streams
-from tflaunch.runtime.rendezvous import Listener, connect, publish
+from tflaunch.runtime.rendezvous import Listener, Rendezvous, connect, publish, read_published
 from tflaunch.runtime.run import Outcome, Run
+from tflaunch.runtime.runfiles import PLAN_FILE
 
-COORDINATOR_FILE = "coordinator.json"
-TOKEN_FILE = "token"
+
+def handed_over(run_dir: Path) -> Rendezvous:
+    """The rendezvous record the launcher put in this host's run directory."""
+    record = read_published(run_dir)
+    if record is None:
+        raise LaunchError(f"{run_dir} holds no rendezvous record from the launcher")
+    return record
 
 
 def run_coordinator(run_dir: Path, run_id: str, listen: str) -> int:
     """Listen on ``listen``, publish where, admit every host's agent, and coordinate the run."""
-    plan = Plan.from_dict(json.loads((run_dir / "plan.json").read_text()))
+    plan = Plan.from_dict(json.loads((run_dir / PLAN_FILE).read_text()))
     run = Run(run_id, run_dir)
     hosts = [h.name for h in plan.hosts_with_tasks()]
-    listener = Listener(listen, (run_dir / TOKEN_FILE).read_text().strip(), set(hosts))
-    publish(
-        run_dir / COORDINATOR_FILE, {"pid": os.getpid(), "address": listen, "port": listener.port}
-    )
+    record = handed_over(run_dir)
+    listener = Listener(listen, record.token, set(hosts))
+    publish(run_dir, record.listening(listener, host=socket.gethostname()))
     run.start("ssh", hosts, detached=True)
     joined = listener.accept(plan.supervision.ready_timeout + 60)
     missing = sorted(set(hosts) - set(joined))
@@ -59,9 +65,8 @@ def run_coordinator(run_dir: Path, run_id: str, listen: str) -> int:
 
 def run_agent(run_dir: Path, host: str, address: str, port: int, timeout: float) -> int:
     """Connect to the coordinator, then serve this host's agent over the connection."""
-    plan = Plan.from_dict(json.loads((run_dir / "plan.json").read_text()))
-    token = (run_dir / TOKEN_FILE).read_text().strip()
-    sock = connect(address, port, token, host, timeout)
+    plan = Plan.from_dict(json.loads((run_dir / PLAN_FILE).read_text()))
+    sock = connect(address, port, handed_over(run_dir).token, host, timeout)
     commands, events = socket_streams(sock)
     try:
         return serve(plan, host, run_dir, commands, events)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
-from tflaunch.launchers.ssh.session import HostSession
+from tflaunch.launchers.ssh.session import HostSession, SshDetails
 from tflaunch.runtime.run import Run
 
 
@@ -23,8 +23,7 @@ def exec_on_hosts(
     """Run ``argv`` on every host of ``run``; stream prefixed output; the worst exit code."""
     if not argv:
         raise LaunchError("exec: give the command after '--', e.g. tflaunch exec RUN -- nvidia-smi")
-    meta = run.read_meta()
-    if "ssh_options" not in meta:
+    if run.record().part(SshDetails).ssh_options is None:
         raise LaunchError(
             f"run {run.id} never reached its hosts (no connection settings in run.json); "
             "exec needs a run that got as far as the pre-flight check."

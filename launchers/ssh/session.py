@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import paramiko
 
@@ -48,7 +48,21 @@ from tflaunch.launchers.ssh.preflight import warnings as preflight_warnings
 from tflaunch.launchers.ssh.setup import prepare_hosts
 from tflaunch.runtime.link import agent_args, agent_argv
 from tflaunch.runtime.run import Run
-from tflaunch.runtime.runfiles import open_run_file
+from tflaunch.runtime.runfiles import PLAN_FILE, open_run_file
+
+
+@dataclasses.dataclass(frozen=True)
+class SshDetails:
+    """What an SSH run adds to run.json (:class:`tflaunch.runtime.run.RunRecord`'s details)."""
+
+    ssh_hosts: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)  # HostPaths
+    ssh_options: dict[str, Any] | None = None  # SshOptions: how to reach the hosts again
+    ssh_python: str = "python3"
+    ssh_timings: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    ssh_open_seconds: float | None = None
+    detached: bool = False
+    ssh_coordinator: str | None = None  # a detached run's coordinator: its host and pid
+    ssh_coordinator_pid: int | None = None
 
 
 def _safe_name(name: str) -> str:
@@ -232,7 +246,7 @@ class HostSession:
         """Turn ``host``'s waiting probe into its agent; returns the agent's channel."""
         probe = self.probes[host]
         run_dir = self.paths[host].run_dir
-        args = agent_args(posixpath.join(run_dir, "plan.json"), host, run_dir)
+        args = agent_args(posixpath.join(run_dir, PLAN_FILE), host, run_dir)
         probe.sendall((json.dumps({"agent": args}) + "\n").encode())
         del self.probes[host]  # (one that could not be told stays, for end_probes)
         return probe
@@ -240,7 +254,7 @@ class HostSession:
     def agent_argv(self, python: str, host: str) -> list[str]:
         """The agent's command line on ``host`` (its plan and logs in the host's run dir)."""
         run_dir = self.paths[host].run_dir
-        return agent_argv(python, posixpath.join(run_dir, "plan.json"), host, run_dir)
+        return agent_argv(python, posixpath.join(run_dir, PLAN_FILE), host, run_dir)
 
     def fetch_logs(self, plan: Plan, run: Run) -> None:
         """Bring every task's log (what is new of it) from its host into the local run dir."""
@@ -274,12 +288,12 @@ class HostSession:
         """Connect to the hosts of an existing run, with the options it was started with."""
         if self.connections:
             return
-        meta = run.read_meta()
+        details = run.record().part(SshDetails)
         plan = run.read_plan()
-        self.paths = {name: HostPaths(**p) for name, p in meta.get("ssh_hosts", {}).items()}
+        self.paths = {name: HostPaths(**p) for name, p in details.ssh_hosts.items()}
         self.connections = connect_all(
             [(h.name, h.connect_address) for h in plan.hosts_with_tasks()],
-            SshOptions(**meta["ssh_options"]),
+            SshOptions(**(details.ssh_options or {})),
         )
 
     def read_file(self, host: str, path: str) -> str | None:
@@ -370,7 +384,7 @@ class _HostSteps:
 
     def __post_init__(self) -> None:
         # The same plan for every host: each agent resolves its tasks' workdir there.
-        self.files = {"plan.json": self.plan.to_json(), **self.extra}
+        self.files = {PLAN_FILE: self.plan.to_json(), **self.extra}
 
     @property
     def setup(self) -> bool:

@@ -7,20 +7,22 @@ anything answers there: a foreign process that took the port after the busy-port
 error naming the port. Another node's PS counts once its port accepts connections; its own agent
 vouches for who listens.
 Each task's output is teed raw to its log file and reported upstream line by line. Upstream is a
-stream of JSON lines: events out (``started``, ``ready``, ``output``, ``exited``, ``error``, ...),
-commands in (``stop``, ``ping``, ``restart``, ``stop_tasks``, ``start_tasks``, ``pass_on``). Told to
+stream of JSON lines (:mod:`tflaunch.runtime.protocol`): events out (a task started, ready,
+exited, a line of its output, an error, ...), commands in (stop, ping, restart one task, stop or
+start every task, pass a signal on). Told to
 stop, signalled, or losing its launcher (input closed, or no heartbeat within the timeout), it tears every
 task down: SIGTERM to the task's process group, the grace period, then SIGKILL.
 
-Restarts are the coordinator's decision; the agent carries them out. ``restart`` starts one exited
-task again in place (same argv, TF_CONFIG, port and GPUs; ``$TFLAUNCH_TASK_RESTARTS`` counts);
-``stop_tasks`` stops every task of the node (``tasks_stopped`` when all are gone) and
-``start_tasks`` starts them again in the usual order, for a whole-cluster restart
+Restarts are the coordinator's decision; the agent carries them out. :class:`~protocol.Restart`
+starts one exited task again in place (same argv, TF_CONFIG, port and GPUs;
+``$TFLAUNCH_TASK_RESTARTS`` counts); :class:`~protocol.StopTasks` stops every task of the node
+(:class:`~protocol.TasksStopped` when all are gone) and :class:`~protocol.StartTasks` starts them
+again in the usual order, for a whole-cluster restart
 (``$TFLAUNCH_CLUSTER_RESTARTS`` counts). With any restart policy on, the agent stays up after its
 tasks ended, until told to stop. With ``supervision.stall_timeout``, a watched task (the chief and
 workers; only the chief with ``success: chief``) that shows no progress that long is stopped and
-its exit reported as ``stalled``. SIGUSR1/SIGUSR2 (Slurm's ``--signal`` ahead of the time limit),
-received or sent as ``pass_on``, go to every task's process group; nothing is stopped.
+its exit reported as stalled. SIGUSR1/SIGUSR2 (Slurm's ``--signal`` ahead of the time limit),
+received or passed on by the coordinator, go to every task's process group; nothing is stopped.
 
 Run as ``python -m tflaunch.runtime.agent --plan plan.json --host NAME --run-dir DIR``.
 """
@@ -43,7 +45,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tflaunch.cluster.plan import Plan, Task, TaskView, render_task
-from tflaunch.runtime import procs
+from tflaunch.runtime import procs, protocol
 from tflaunch.runtime.link import read_lines
 from tflaunch.runtime.monitor import Sampler
 from tflaunch.runtime.restart import STALLED
@@ -52,7 +54,7 @@ from tflaunch.runtime.runfiles import make_run_dir, open_run_file
 from tflaunch.runtime.stall import StallWatch
 from tflaunch.runtime.tracehook import with_hook
 
-Emit = Callable[[dict[str, Any]], None]
+Emit = Callable[[protocol.Event], None]
 START_ORDER = (("ps",), ("chief", "worker", "evaluator"))
 MAX_COMMAND = 64 * 1024  # characters of one command line
 
@@ -85,7 +87,7 @@ class TaskProcess:
             line = raw.decode("utf-8", "replace").rstrip("\r\n")
             if self.on_output:
                 self.on_output(self.task.name, line)
-            self.emit({"event": "output", "task": self.task.name, "line": line})
+            self.emit(protocol.Output(task=self.task.name, line=line))
 
     def _wait(self) -> None:
         returncode = self.proc.wait()
@@ -94,10 +96,11 @@ class TaskProcess:
         self._reader.join(timeout=2)
         self.log.close()
         self.returncode = procs.exit_code(returncode)
-        event = {"event": "exited", "task": self.task.name, "code": self.returncode}
-        if self.stop_reason:
-            event["stopped_by"] = self.stop_reason
-        self.emit(event)
+        self.emit(
+            protocol.Exited(
+                task=self.task.name, code=self.returncode, stopped_by=self.stop_reason or None
+            )
+        )
         self.done.set()
 
     def stop(self, reason: str, grace: float) -> threading.Thread:
@@ -123,7 +126,7 @@ class Agent:
         plan: Plan,
         host: str,
         run_dir: str | os.PathLike,
-        emit: Emit,
+        emit: Callable[[dict[str, Any]], None],
         reap_strays: bool = False,
     ):
         self.plan, self.host, self.run_dir = plan, host, Path(run_dir)
@@ -131,19 +134,22 @@ class Agent:
         self.reap_strays = reap_strays
         self.tasks = plan.tasks_on(host)
         self.views = {t.name: _resolved(render_task(plan, t, self.run_dir)) for t in self.tasks}
-        self.emit = emit
+        self._emit_wire = emit  # events on the wire: JSON objects
         self.running: dict[str, TaskProcess] = {}
         self.stopping = threading.Event()
         self.stop_reason = ""
         sup = plan.supervision
         self.grace = sup.grace_period
-        self.commands: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.commands: queue.Queue[protocol.Command] = queue.Queue()
         self.restarts: dict[str, int] = {}
         self.generation = 0  # whole-cluster restarts so far
         self.stays_up = sup.restart.enabled
         self.watched = ("chief",) if sup.success == "chief" else ("chief", "worker")
         self.stall = StallWatch(sup.stall_timeout, sup.step_pattern)
         self._stall_lock = threading.Lock()
+
+    def emit(self, event: protocol.Event) -> None:
+        self._emit_wire(event.wire())
 
     def stop(self, reason: str) -> None:
         if not self.stopping.is_set():
@@ -152,9 +158,7 @@ class Agent:
 
     def run(self) -> int:
         """Start, supervise and finally tear down this host's tasks. Returns the agent's exit code."""
-        self.emit(
-            {"event": "agent_started", "pid": os.getpid(), "tasks": [t.name for t in self.tasks]}
-        )
+        self.emit(protocol.AgentStarted(pid=os.getpid(), tasks=[t.name for t in self.tasks]))
         sampler = Sampler.from_supervision(
             self.plan.supervision, self._task_pids, self.emit, hosts=len(self.plan.hosts)
         )
@@ -163,11 +167,11 @@ class Agent:
                 write_cluster_file(self.plan, self.run_dir)
             problem = self._preflight()
             if problem:
-                self.emit({"event": "error", "code": 2, "message": problem})
+                self.emit(protocol.AgentError(code=2, message=problem))
                 return 2
             if not self._start_all():
                 return 1
-            self.emit({"event": "host_started"})
+            self.emit(protocol.HostStarted())
             while not self.stopping.is_set():
                 if not self._obey():
                     return 1
@@ -180,7 +184,7 @@ class Agent:
             self._teardown()
             if sampler:
                 sampler.stop()  # after the teardown: the last sample holds all the traffic
-            self.emit({"event": "agent_exit", "reason": self.stop_reason})
+            self.emit(protocol.AgentExit(reason=self.stop_reason))
 
     def pass_on(self, signum: int) -> None:
         """Send ``signum`` (SIGUSR1/2: Slurm's warning ahead of the time limit) to every live
@@ -189,11 +193,9 @@ class Agent:
         for task in live:
             procs.signal_group(task.proc.pid, signum)
         self.emit(
-            {
-                "event": "signal_passed_on",
-                "signal": signal.Signals(signum).name,
-                "tasks": [t.task.name for t in live],
-            }
+            protocol.SignalPassedOn(
+                signal=signal.Signals(signum).name, tasks=[t.task.name for t in live]
+            )
         )
 
     def _start_all(self) -> bool:
@@ -213,17 +215,18 @@ class Agent:
                 command = self.commands.get_nowait()
             except queue.Empty:
                 return True
-            cmd = command["cmd"]
-            if cmd == "restart":
-                current = self.running.get(command.get("task", ""))
+            if isinstance(command, protocol.Restart):
+                current = self.running.get(command.task)
                 if current is not None and current.done.is_set():
                     self.restarts[current.task.name] = self.restarts.get(current.task.name, 0) + 1
                     self._start(current.task)
-            elif cmd == "stop_tasks":
-                self._stop_tasks(str(command.get("reason", "cluster restart")))
-                self.emit({"event": "tasks_stopped"})
-            elif cmd == "start_tasks":
-                self.generation = int(command.get("generation", self.generation + 1))
+            elif isinstance(command, protocol.StopTasks):
+                reason = command.reason
+                self._stop_tasks(str("cluster restart" if reason is None else reason))
+                self.emit(protocol.TasksStopped())
+            elif isinstance(command, protocol.StartTasks):
+                generation = command.generation
+                self.generation = int(self.generation + 1 if generation is None else generation)
                 if not self._start_all():
                     return False
         return True
@@ -248,7 +251,7 @@ class Agent:
             current = self.running[name]
             if current.done.is_set():
                 continue
-            self.emit({"event": "stalled", "task": name, "what": what})
+            self.emit(protocol.Stalled(task=name, what=what))
             current.stop(STALLED, self.grace)
 
     def _task_pids(self) -> dict[str, int]:
@@ -308,17 +311,16 @@ class Agent:
             with self._stall_lock:
                 self.stall.watch(task.name, time.monotonic())
         self.running[task.name] = TaskProcess(task, proc, log, self.emit, self._observe)
-        event = {
-            "event": "started",
-            "task": task.name,
-            "pid": proc.pid,
-            "log": str(self.run_dir / task.log_name),
-            "restarts": restarts,
-            "generation": self.generation,
-        }
-        if cpus:
-            event["cpus"] = cpus
-        self.emit(event)
+        self.emit(
+            protocol.Started(
+                task=task.name,
+                pid=proc.pid,
+                log=str(self.run_dir / task.log_name),
+                restarts=restarts,
+                generation=self.generation,
+                cpus=cpus or None,
+            )
+        )
 
     def _wait_for_ps(self) -> bool:
         """Wait until every PS of the cluster accepts connections. False on timeout or stop."""
@@ -330,7 +332,7 @@ class Agent:
         # From the shared cluster: a Slurm node's plan holds only its own tasks.
         pending = {f"ps:{i}": address for i, address in enumerate(ps)}
         own = {t.name for t in self.tasks if t.job == "ps"}
-        self.emit({"event": "waiting", "what": "PS ports", "tasks": sorted(pending)})
+        self.emit(protocol.Waiting(what="PS ports", tasks=sorted(pending)))
         while pending and not self.stopping.is_set():
             for name, address in list(pending.items()):
                 host, _, port = address.rpartition(":")
@@ -340,7 +342,7 @@ class Agent:
                         return False
                     if verdict:
                         del pending[name]
-                        self.emit({"event": "ready", "task": name})
+                        self.emit(protocol.Ready(task=name))
                 elif procs.port_open(host, int(port), timeout=0.3):
                     del pending[name]  # another node's PS: its own agent checks who listens
             if not pending:
@@ -348,13 +350,12 @@ class Agent:
             if time.monotonic() > deadline:
                 missing = ", ".join(f"{n} at {pending[n]}" for n in sorted(pending))
                 self.emit(
-                    {
-                        "event": "error",
-                        "code": 1,
-                        "message": f"readiness timeout: after {timeout:g} s these PS still do not accept "
-                        f"connections: {missing}. Check their logs, or raise "
+                    protocol.AgentError(
+                        code=1,
+                        message=f"readiness timeout: after {timeout:g} s these PS still do not "
+                        f"accept connections: {missing}. Check their logs, or raise "
                         "supervision.ready_timeout.",
-                    }
+                    )
                 )
                 return False
             self.stopping.wait(0.2)
@@ -374,27 +375,20 @@ class Agent:
         if procs.tree_listens(pid, port):  # it bound the port between the two looks
             return True
         self.emit(
-            {
-                "event": "error",
-                "code": 1,
-                "message": f"{name}: port {port} on {self.host} answers, but not from {name} "
+            protocol.AgentError(
+                code=1,
+                message=f"{name}: port {port} on {self.host} answers, but not from {name} "
                 f"(pid {pid}) or its children: {procs.listeners(port)} took it after the "
                 f"busy-port check, so {name} cannot serve there. Stop that process or change "
                 "ports.ps, and start the run again.",
-            }
+            )
         )
         return False
 
     def _teardown(self) -> None:
         live = [t for t in self.running.values() if not t.done.is_set()]
         if live:
-            self.emit(
-                {
-                    "event": "stopping",
-                    "tasks": [t.task.name for t in live],
-                    "reason": self.stop_reason,
-                }
-            )
+            self.emit(protocol.Stopping(tasks=[t.task.name for t in live], reason=self.stop_reason))
         threads = [t.stop(self.stop_reason or "teardown", self.grace) for t in live]
         for thread in threads:
             thread.join(self.grace + 10)
@@ -402,7 +396,7 @@ class Agent:
             task.done.wait(timeout=5)
         strays = procs.kill_descendants() if self.reap_strays else 0
         if strays:
-            self.emit({"event": "strays_killed", "count": strays})
+            self.emit(protocol.StraysKilled(count=strays))
 
 
 class LineEmitter:
@@ -425,7 +419,7 @@ class LineEmitter:
     def __call__(self, event: dict[str, Any]) -> None:
         if self.broken:
             return
-        if event.get("event") == "output":
+        if protocol.is_output(event):
             if self._queue.qsize() >= self.max_pending:
                 self.dropped += 1
                 return
@@ -435,7 +429,7 @@ class LineEmitter:
                     "link was slow; the task's log has them]"
                 )
                 self.dropped = 0
-                self._put({"event": "output", "task": event.get("task"), "line": note})
+                self._put(protocol.Output(task=event.get("task"), line=note).wire())
         self._put(event)
 
     def _put(self, event: dict[str, Any]) -> None:
@@ -481,23 +475,24 @@ def listen(agent: Agent, stream: IO[str], heartbeat_timeout: float) -> None:
         for line in read_lines(stream, MAX_COMMAND):
             last_heard[0] = time.monotonic()
             try:
-                command = json.loads(line)
+                data = json.loads(line)
             except ValueError:
-                command = None
-            if not isinstance(command, dict) or not isinstance(command.get("cmd"), str):
+                data = None
+            if not protocol.is_command(data):
                 print(
                     f"tflaunch agent: ignored a line that is not a command: {line[:200]!r}",
                     file=sys.stderr,
                     flush=True,
                 )
                 continue
-            if command["cmd"] == "stop":
-                reason = command.get("reason")
+            command = protocol.command_of(data)
+            if isinstance(command, protocol.Stop):
+                reason = command.reason
                 agent.stop(reason if isinstance(reason, str) else "stopped by the launcher")
-            elif command["cmd"] in ("restart", "stop_tasks", "start_tasks"):
+            elif isinstance(command, protocol.Restart | protocol.StopTasks | protocol.StartTasks):
                 agent.commands.put(command)
-            elif command["cmd"] == "pass_on" and command.get("signal") in ("SIGUSR1", "SIGUSR2"):
-                agent.pass_on(signal.Signals[command["signal"]])
+            elif isinstance(command, protocol.PassOn) and command.signal in ("SIGUSR1", "SIGUSR2"):
+                agent.pass_on(signal.Signals[command.signal])
     except (OSError, ValueError):
         pass  # the stream broke: as closed
     agent.stop("the launcher's stream closed")
@@ -509,7 +504,6 @@ def serve(
     run_dir: str | os.PathLike,
     commands: IO[str],
     events: IO[str],
-    heartbeat_timeout: float | None = None,
 ) -> int:
     """Run ``host``'s agent with its commands coming from and its events going to two streams
     (pipes, an SSH channel, a TCP connection): the one agent loop of every backend. Signals
@@ -521,8 +515,7 @@ def serve(
         signal.signal(sig, lambda signum, _frame: agent.stop(f"signal {signum}"))
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, lambda signum, _frame: agent.pass_on(signum))
-    if heartbeat_timeout is None:
-        heartbeat_timeout = plan.supervision.heartbeat_timeout
+    heartbeat_timeout = plan.supervision.heartbeat_timeout
     threading.Thread(target=listen, args=(agent, commands, heartbeat_timeout), daemon=True).start()
     try:
         return agent.run()
@@ -540,18 +533,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", required=True, help="plan.json written by the launcher")
     parser.add_argument("--host", required=True, help="the host of the plan this agent runs")
     parser.add_argument("--run-dir", required=True, help="where task logs go")
-    parser.add_argument(
-        "--heartbeat-timeout",
-        type=float,
-        default=None,
-        help="stop when the launcher is silent this long (0: never)",
-    )
     args = parser.parse_args(argv)
     plan = Plan.from_dict(json.loads(Path(args.plan).read_text()))
     # Events own the real stdout; anything else printed here must not corrupt the stream.
     events_out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     sys.stdout = sys.stderr
-    return serve(plan, args.host, args.run_dir, sys.stdin, events_out, args.heartbeat_timeout)
+    return serve(plan, args.host, args.run_dir, sys.stdin, events_out)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Links: the coordinator's end of one agent's JSON-lines stream, whatever carries it.
 
-The protocol is the same on every transport: events from the agent (one JSON object a line),
-commands to it (``stop``, ``ping``, ``start``). A local agent is reached through a subprocess's
+The protocol (:mod:`tflaunch.runtime.protocol`) is the same on every transport: events from the
+agent (one JSON object a line), commands to it. Links carry the wire form, JSON objects. A local agent is reached through a subprocess's
 pipes (:class:`ProcessLink`), an SSH agent through a channel (the SSH backend's ``SshLink``),
 agents inside a Slurm job or a detached SSH run through a TCP connection (:class:`SocketLink`).
 :func:`agent_argv` is the one way an agent's command line is written.
@@ -20,7 +20,14 @@ import time
 import weakref
 from typing import IO, Any, Protocol
 
+from tflaunch.runtime import protocol
+
 MAX_LINE = 1 << 20  # bytes of one event line; longer lines are cut (an agent's lines are small)
+
+
+def agent_output(host: str, line: str) -> dict[str, Any]:
+    """A line from the agent itself that is not an event (a crash, a warning), as its output."""
+    return protocol.Output(task=f"agent@{host}", line=line).wire()
 
 
 class AgentLink(Protocol):
@@ -29,7 +36,7 @@ class AgentLink(Protocol):
     host: str
 
     def start_reader(self, sink: queue.Queue) -> None:
-        """Push ``(host, event)`` for every event line, then ``(host, {"event": "link_closed"})``."""
+        """Push ``(host, event)`` for every event line, then ``(host, LinkClosed().wire())``."""
 
     def send(self, command: dict[str, Any]) -> None:
         """Send one command line; a dead link is ignored (its closing is reported as an event)."""
@@ -38,26 +45,19 @@ class AgentLink(Protocol):
         """Wait up to ``timeout`` for the agent to end, then force it; never blocks longer."""
 
 
-def agent_argv(
-    python: str, plan: str, host: str, run_dir: str, heartbeat_timeout: float | None = None
-) -> list[str]:
+def agent_argv(python: str, plan: str, host: str, run_dir: str) -> list[str]:
     """The command that runs the agent of ``host`` from the plan file at ``plan``."""
     return [
         python,
         "-m",
         "tflaunch.runtime.agent",
-        *agent_args(plan, host, run_dir, heartbeat_timeout),
+        *agent_args(plan, host, run_dir),
     ]
 
 
-def agent_args(
-    plan: str, host: str, run_dir: str, heartbeat_timeout: float | None = None
-) -> list[str]:
+def agent_args(plan: str, host: str, run_dir: str) -> list[str]:
     """The agent's arguments (``tflaunch.runtime.agent.main``'s argv)."""
-    args = ["--plan", plan, "--host", host, "--run-dir", run_dir]
-    if heartbeat_timeout is not None:
-        args += ["--heartbeat-timeout", f"{heartbeat_timeout:g}"]
-    return args
+    return ["--plan", plan, "--host", host, "--run-dir", run_dir]
 
 
 def read_lines(stream: IO[str], limit: int = MAX_LINE):
@@ -95,13 +95,13 @@ class StreamLink:
                 except ValueError:
                     event = None
                 if not isinstance(event, dict):
-                    event = {"event": "output", "task": f"agent@{self.host}", "line": line}
+                    event = agent_output(self.host, line)
                 sink.put((self.host, event))
         except (OSError, ValueError):
             pass  # the stream broke: reported as closed below
         finally:
             self.ended.set()
-            sink.put((self.host, {"event": "link_closed"}))
+            sink.put((self.host, protocol.LinkClosed().wire()))
 
     def send(self, command: dict[str, Any]) -> None:
         with self._lock:
@@ -235,7 +235,7 @@ class SocketReader:
             event = None
         if not isinstance(event, dict):
             text = line.decode("utf-8", "replace").rstrip("\r")
-            event = {"event": "output", "task": f"agent@{link.host}", "line": text}
+            event = agent_output(link.host, text)
         self.sink.put((link.host, event))
 
     def discard(self, link: SocketLink) -> None:
@@ -248,4 +248,4 @@ class SocketReader:
     def _end(self, link: SocketLink) -> None:
         self.discard(link)
         link.ended.set()
-        self.sink.put((link.host, {"event": "link_closed"}))
+        self.sink.put((link.host, protocol.LinkClosed().wire()))

@@ -31,19 +31,20 @@ from typing import IO, TYPE_CHECKING, Any
 
 import psutil
 
-from tflaunch.runtime.runfiles import open_run_file
+from tflaunch.runtime import protocol
+from tflaunch.runtime.runfiles import SAMPLES_PREFIX, open_run_file
 
 if TYPE_CHECKING:
     from tflaunch.cluster.config import Supervision
 
-Emit = Callable[[dict[str, Any]], None]
+Emit = Callable[[protocol.Event], None]
 PidSource = Callable[[], Mapping[str, int]]
 NET_FIELDS = ("bytes_sent", "bytes_recv", "packets_sent", "packets_recv")
 
 
 def samples_path(run_dir: str | os.PathLike, host: str) -> Path:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in host)
-    return Path(run_dir) / f"samples-{safe}.jsonl"
+    return Path(run_dir) / f"{SAMPLES_PREFIX}{safe}.jsonl"
 
 
 # ---- taking samples ---------------------------------------------------------------------------
@@ -254,10 +255,10 @@ class Sampler:
     def sample_once(self) -> None:
         with self._lock:
             try:
-                self.emit({"event": "sample", **self.sampler.sample(dict(self.task_pids()))})
+                self.emit(protocol.Sample(self.sampler.sample(dict(self.task_pids()))))
             except (psutil.Error, OSError) as err:
                 # Monitoring must never take the cluster down: report what broke and go on.
-                self.emit({"event": "sample_error", "message": f"{type(err).__name__}: {err}"})
+                self.emit(protocol.SampleError(message=f"{type(err).__name__}: {err}"))
 
     def stop(self, final: bool = True) -> None:
         """Stop the thread (bounded wait) and take the last sample."""
@@ -324,9 +325,11 @@ def _records(path: Path) -> Iterator[dict[str, Any]]:
 def read_samples(run_dir: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
     """Every host's samples, in time order."""
     hosts: dict[str, list[dict[str, Any]]] = {}
-    for path in sorted(Path(run_dir).glob("samples-*.jsonl")):
+    for path in sorted(Path(run_dir).glob(f"{SAMPLES_PREFIX}*.jsonl")):
         for record in _records(path):
-            hosts.setdefault(record.get("host", path.stem[len("samples-") :]), []).append(record)
+            hosts.setdefault(record.get("host", path.stem[len(SAMPLES_PREFIX) :]), []).append(
+                record
+            )
     for records in hosts.values():
         records.sort(key=lambda r: r.get("time") or 0.0)
     return hosts
@@ -335,10 +338,10 @@ def read_samples(run_dir: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
 def latest_samples(run_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
     """The last sample of every host, read from the end of each file (they grow all run long)."""
     latest = {}
-    for path in Path(run_dir).glob("samples-*.jsonl"):
+    for path in Path(run_dir).glob(f"{SAMPLES_PREFIX}*.jsonl"):
         record = _last_record(path)
         if record is not None:
-            latest[record.get("host", path.stem[len("samples-") :])] = record
+            latest[record.get("host", path.stem[len(SAMPLES_PREFIX) :])] = record
     return latest
 
 

@@ -1,8 +1,12 @@
 """How agents on other machines meet their coordinator: one listener, one token, one hello.
 
-The coordinator listens on its cluster address, publishes where (address, port and a one-run
-token, in a 0600 file of the run directory, or handed over by the launcher), and accepts one
-connection per expected host. An agent connects and sends one hello line,
+The coordinator listens on its cluster address, publishes where — one file of the run directory,
+``coordinator.json`` (mode 0600), with one schema, :class:`Rendezvous`: address, port, a one-run
+token, the coordinator's host and pid, and which start of the run published it — and accepts one
+connection per expected host. Agents read it from the run directory: on a shared file system
+(Slurm) the coordinator's own record; on hosts without one (detached SSH runs) the launcher hands
+every host the record's token ahead (a record with no address yet), the coordinator on the first
+host publishes the whole record, and the launcher passes its address on to the agents. An agent connects and sends one hello line,
 ``{"hello": HOST, "token": TOKEN, ...}``; what follows on the connection is the usual JSON-lines
 stream (:mod:`tflaunch.runtime.link`). Used inside a Slurm job and by detached SSH runs.
 
@@ -24,14 +28,15 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tflaunch.errors import LaunchError
 from tflaunch.runtime.link import SocketLink
 
+RENDEZVOUS_FILE = "coordinator.json"
 HELLO_TIMEOUT = 10.0  # seconds for a new connection to send its whole hello line
 MAX_HELLO = 64 * 1024  # bytes of a hello line
 BACKLOG = 128
@@ -41,25 +46,81 @@ def new_token() -> str:
     return secrets.token_hex(16)
 
 
-def publish(path: Path, info: Mapping[str, Any]) -> None:
-    """Write ``info`` (address, port, token, ...) to ``path`` atomically, readable by the owner only."""
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where a run's coordinator listens, and the token that admits its agents."""
+
+    token: str
+    address: str = ""  # empty until the coordinator listens
+    port: int = 0
+    host: str = ""  # the coordinator's host
+    pid: int = 0  # the coordinator's process there
+    attempt: str = ""  # which start of the run published it: a Slurm job id and requeue count
+
+    @classmethod
+    def ahead(cls) -> Rendezvous:
+        """A new run's record before its coordinator listens: the token alone."""
+        return cls(new_token())
+
+    def listening(self, listener: Listener, host: str = "", attempt: str = "") -> Rendezvous:
+        """This record with where ``listener`` listens, from this process."""
+        return replace(
+            self,
+            address=listener.address,
+            port=listener.port,
+            host=host,
+            pid=os.getpid(),
+            attempt=attempt,
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Rendezvous | None:
+        """The record in ``text``, or None (malformed, or not this schema)."""
+        try:
+            data = json.loads(text)
+            return cls(**data) if isinstance(data, dict) else None
+        except (ValueError, TypeError):
+            return None
+
+
+def rendezvous_path(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / RENDEZVOUS_FILE
+
+
+def publish(run_dir: str | os.PathLike, record: Rendezvous) -> None:
+    """Write ``record`` to the run directory's rendezvous file atomically, readable by the owner
+    only."""
+    path = rendezvous_path(run_dir)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump(dict(info), f)
+        f.write(record.to_json())
     os.replace(tmp, path)
 
 
+def read_published(run_dir: str | os.PathLike) -> Rendezvous | None:
+    try:
+        return Rendezvous.from_json(rendezvous_path(run_dir).read_text())
+    except OSError:
+        return None
+
+
 def wait_published(
-    path: Path, timeout: float, current: Callable[[dict[str, Any]], bool] = lambda _: True
-) -> dict[str, Any]:
-    """The published info once ``path`` holds one that ``current`` accepts (e.g. this job's)."""
+    run_dir: str | os.PathLike,
+    timeout: float,
+    current: Callable[[Rendezvous], bool] = lambda r: bool(r.port),
+) -> Rendezvous:
+    """The published record once the run directory holds one that ``current`` accepts (by
+    default: one with a port, i.e. a coordinator listening; or this job's, for Slurm)."""
+    path = rendezvous_path(run_dir)
     deadline = time.monotonic() + timeout
     while True:
-        with contextlib.suppress(OSError, ValueError):
-            info = json.loads(path.read_text())
-            if isinstance(info, dict) and current(info):
-                return info
+        record = read_published(run_dir)
+        if record is not None and current(record):
+            return record
         if time.monotonic() > deadline:
             raise LaunchError(
                 f"the coordinator did not publish {path} within {timeout:g} s; is the run "

@@ -20,15 +20,22 @@ import os
 import secrets
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
 from tflaunch.cluster.plan import Plan, cluster_file_path, cluster_file_text
 from tflaunch.errors import RunNotFoundError
-from tflaunch.runtime.runfiles import DEFAULT_DIR_MODE, make_run_dir, write_run_file
+from tflaunch.runtime.runfiles import (
+    DEFAULT_DIR_MODE,
+    EVENTS_FILE,
+    META_FILE,
+    PLAN_FILE,
+    make_run_dir,
+    write_run_file,
+)
 
 # A run's states, in run.json: created → (submitted →) starting → running → one of ENDED; a
 # Slurm run may go running → requeued → running again before it ends.
@@ -52,6 +59,51 @@ class Outcome:
         if self.requeued:
             return "requeued"
         return "succeeded" if self.code == 0 else "stopped" if self.interrupted else "failed"
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """``run.json``, typed: what every run records. A backend adds details of its own (a Slurm
+    job id, its SSH hosts' paths, EC2 instances); they are kept in ``details`` and a backend reads
+    them through a dataclass of its own (:meth:`part`). On disk the record is one flat JSON object
+    (sorted keys), as it always was; :class:`Run` reads it (:meth:`Run.record`) and writes it
+    (:meth:`Run.update_meta`, a field at a time, so that writers on either side never drop each
+    other's fields), nothing else."""
+
+    run_id: str | None = None
+    name: str | None = None
+    backend: str | None = None
+    state: str | None = None  # see ENDED and the states above
+    cluster_file: str | None = None
+    created: float | None = None
+    started: float | None = None
+    ended: float | None = None
+    hosts: list[str] = field(default_factory=list)
+    coordinator_pid: int | None = None  # the process that coordinates the run ...
+    coordinator_started: float | None = None  # ... and its start time (a reused pid differs)
+    exit_code: int | None = None
+    message: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)  # the backend's own
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunRecord:
+        known = {f.name for f in fields(cls)} - {"details"}
+        return cls(
+            **{k: v for k, v in data.items() if k in known},
+            details={k: v for k, v in data.items() if k not in known},
+        )
+
+    @property
+    def has_ended(self) -> bool:
+        return self.state in ENDED
+
+    def part(self, cls: type[T]) -> T:
+        """The backend's details as its own dataclass ``cls`` (absent fields take its defaults)."""
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in self.details.items() if k in names})
 
 
 def new_run_id(name: str) -> str:
@@ -85,13 +137,13 @@ class Run:
     def open(cls, root: str | os.PathLike, run_id: str) -> Run:
         """Find a run by id (or a unique prefix of one, or a path to its directory)."""
         as_path = Path(run_id)
-        if (as_path / "run.json").exists():
+        if (as_path / META_FILE).exists():
             return cls(as_path.resolve().name, as_path.resolve())
         root = Path(root)
-        if (root / run_id / "run.json").exists():
+        if (root / run_id / META_FILE).exists():
             return cls(run_id, (root / run_id).resolve())
         matches = (
-            sorted(p for p in root.glob(f"{run_id}*") if (p / "run.json").exists())
+            sorted(p for p in root.glob(f"{run_id}*") if (p / META_FILE).exists())
             if root.is_dir()
             else []
         )
@@ -106,15 +158,15 @@ class Run:
 
     @property
     def plan_path(self) -> Path:
-        return self.dir / "plan.json"
+        return self.dir / PLAN_FILE
 
     @property
     def events_path(self) -> Path:
-        return self.dir / "events.jsonl"
+        return self.dir / EVENTS_FILE
 
     @property
     def meta_path(self) -> Path:
-        return self.dir / "run.json"
+        return self.dir / META_FILE
 
     def log_path(self, log_name: str) -> Path:
         return self.dir / log_name
@@ -127,11 +179,17 @@ class Run:
     def read_plan(self) -> Plan:
         return Plan.from_dict(json.loads(self.plan_path.read_text()))
 
+    def record(self) -> RunRecord:
+        """run.json as a typed record (an empty one when it is missing or unreadable)."""
+        return RunRecord.from_dict(self.read_meta())
+
     def read_meta(self) -> dict[str, Any]:
+        """run.json as it is on disk; :meth:`record` is the typed view to read."""
         try:
-            return json.loads(self.meta_path.read_text())
+            data = json.loads(self.meta_path.read_text())
         except (OSError, ValueError):
             return {}
+        return data if isinstance(data, dict) else {}
 
     def update_meta(self, **fields: Any) -> dict[str, Any]:
         meta = self.read_meta()
@@ -165,7 +223,7 @@ class Run:
 
     @property
     def ended(self) -> bool:
-        return self.read_meta().get("state") in ENDED
+        return self.record().has_ended
 
     def events(self) -> Iterator[dict[str, Any]]:
         try:
@@ -198,7 +256,7 @@ def list_runs(root: str | os.PathLike) -> list[Path]:
     if not root.is_dir():
         return []
     return sorted(
-        (p for p in root.iterdir() if (p / "run.json").exists()), key=lambda p: p.stat().st_mtime
+        (p for p in root.iterdir() if (p / META_FILE).exists()), key=lambda p: p.stat().st_mtime
     )
 
 

@@ -20,9 +20,10 @@ from typing import Any
 import psutil
 
 from tflaunch.errors import LaunchError
-from tflaunch.runtime import procs
-from tflaunch.runtime.run import ENDED, Outcome, Run
-from tflaunch.runtime.runfiles import open_run_file
+from tflaunch.runtime import procs, protocol
+from tflaunch.runtime.restart import STALLED
+from tflaunch.runtime.run import Outcome, Run
+from tflaunch.runtime.runfiles import CONSOLE_FILE, open_run_file
 
 
 def spawn_detached(
@@ -43,7 +44,7 @@ def spawn_detached(
         "--attached-daemon",
         *options,
     ]
-    with open_run_file(run.dir / "console.log", "ab") as console:
+    with open_run_file(run.dir / CONSOLE_FILE, "ab") as console:
         proc = procs.spawn(
             argv,
             os.environ,
@@ -55,14 +56,14 @@ def spawn_detached(
     sys.stderr.write(
         f"[tflaunch] run {run.id} is starting in the background; waiting up to "
         f"{timeout:g} s for every task to start and every PS to accept connections "
-        f"(its output: {run.dir / 'console.log'})\n"
+        f"(its output: {run.dir / CONSOLE_FILE})\n"
     )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if any(e.get("event") == "cluster_ready" for e in run.events()):
+        if cluster_ready(run):
             return
         if proc.poll() is not None:
-            tail = _tail(run.dir / "console.log", 20)
+            tail = _tail(run.dir / CONSOLE_FILE, 20)
             raise LaunchError(
                 f"the detached run {run.id} ended before it was ready (exit code "
                 f"{proc.returncode}). Its output:\n{tail}"
@@ -77,13 +78,13 @@ def spawn_detached(
 def coordinator_process(run: Run) -> psutil.Process | None:
     """The run's coordinator if it still runs: the recorded pid, checked to be the same process
     (its start time, and a tflaunch command line), never a process that reused the pid."""
-    meta = run.read_meta()
-    pid = meta.get("coordinator_pid")
-    if not isinstance(pid, int) or meta.get("state") in ENDED:
+    record = run.record()
+    pid = record.coordinator_pid
+    if not isinstance(pid, int) or record.has_ended:
         return None
     try:
         proc = psutil.Process(pid)
-        started = meta.get("coordinator_started")
+        started = record.coordinator_started
         if started is not None and abs(proc.create_time() - float(started)) > 0.05:
             return None
         if not any("tflaunch" in part for part in proc.cmdline()):
@@ -110,22 +111,23 @@ def stop_local_coordinator(run: Run, grace: float) -> str:
     if not run.ended:
         run.finish(Outcome(143, "stopped with tflaunch down; its coordinator was gone", True))
     extra = f"; killed {leftovers} leftover task process group(s)" if leftovers else ""
-    return f"run {run.id} is down (state: {run.read_meta().get('state')}){extra}"
+    return f"run {run.id} is down (state: {run.record().state}){extra}"
 
 
 def kill_leftover_tasks(run: Run) -> int:
     """SIGKILL the groups of this run's tasks still alive on this machine (a crashed coordinator)."""
     killed = 0
-    for event in run.events():
-        if event.get("event") != "started" or not event.get("pid"):
+    for record in protocol.records(run.events()):
+        event = record.event
+        if not isinstance(event, protocol.Started) or not event.pid:
             continue
         try:
-            proc = psutil.Process(event["pid"])
-            if proc.environ().get("TFLAUNCH_TASK") != event.get("task"):
+            proc = psutil.Process(event.pid)
+            if proc.environ().get("TFLAUNCH_TASK") != event.task:
                 continue  # the pid was reused by an unrelated process
-        except (psutil.Error, OSError):
+        except (psutil.Error, OSError, TypeError, ValueError):
             continue
-        if procs.signal_group(event["pid"], signal.SIGKILL):
+        if procs.signal_group(event.pid, signal.SIGKILL):
             killed += 1
     # What escaped its task's group (a setsid daemon) still carries the run's marker.
     return killed + procs.kill_marked(procs.RUN_MARKER, str(run.dir.resolve()))
@@ -147,21 +149,26 @@ def task_states(run: Run) -> dict[str, dict[str, Any]]:
         }
         for t in plan.tasks
     }
-    for event in run.events():
-        state = states.get(event.get("task", ""))
+    for record in protocol.records(run.events()):
+        event = record.event
+        state = states.get(getattr(event, "task", None) or "")
         if state is None:
             continue
-        kind = event.get("event")
-        if kind == "started":
-            state.update(state="running", pid=event.get("pid"), started=event.get("time"))
-        elif kind == "ready":
+        if isinstance(event, protocol.Started):
+            state.update(state="running", pid=event.pid, started=record.time)
+        elif isinstance(event, protocol.Ready):
             state["state"] = "ready"
-        elif kind == "exited":
-            state.update(state="exited", code=event.get("code"))
-        elif kind in ("restarting", "cluster_restarting"):
+        elif isinstance(event, protocol.Exited):
+            state.update(state="exited", code=event.code)
+        elif isinstance(event, protocol.Restarting | protocol.ClusterRestarting):
             state.update(state="restarting", restarts=state["restarts"] + 1)
-            state["cause"] = "stalled" if event.get("cause") == "stalled" else event.get("code")
+            state["cause"] = STALLED if event.cause == STALLED else event.code
     return states
+
+
+def cluster_ready(run: Run) -> bool:
+    """Whether the run's coordinator said that every task started (and every PS listens)."""
+    return any(isinstance(r.event, protocol.ClusterReady) for r in protocol.records(run.events()))
 
 
 def follow_logs(run: Run, names: list[str], follow: bool, alive: Any) -> Iterator[str]:

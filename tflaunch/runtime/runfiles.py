@@ -1,4 +1,7 @@
-"""Files of a run directory, created with the directory's permissions.
+"""Files of a run directory: their names, and their creation with the directory's permissions.
+
+The names are here, at the bottom of the runtime, so that the login side (the backends, ``status``,
+``logs``) and the node side (agents, the coordinators that run on a host) take them from one place.
 
 A run directory is private by default (0700) and each file in it gets the directory's mode
 without the search bits (0600), whatever the umask; ``run_dir_mode`` in the cluster file chooses
@@ -13,6 +16,12 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_DIR_MODE = 0o700
+
+PLAN_FILE = "plan.json"  # the resolved plan
+META_FILE = "run.json"  # the run's record: backend, state, exit code, backend details
+EVENTS_FILE = "events.jsonl"  # the coordinator's record of events
+CONSOLE_FILE = "console.log"  # a detached coordinator's output
+SAMPLES_PREFIX = "samples-"  # samples-<host>.jsonl: resource samples
 
 
 def make_run_dir(path: Path, mode: int = DEFAULT_DIR_MODE) -> None:

@@ -51,9 +51,9 @@ from pathlib import Path
 import click
 
 from tflaunch.errors import TflaunchError
+from tflaunch.models.placement_math import STRATEGIES
+from tflaunch.models.registry import VARIABLE_UPDATES as UPDATES
 
-UPDATES = ("parameter_server", "distributed_replicated", "collective_all_reduce")
-STRATEGIES = ("round_robin", "greedy", "lpt", "partitioned")
 ASSUMPTIONS = __doc__.split("Assumptions (printed by ``tflaunch model``):", 1)[1].strip()
 
 
@@ -448,7 +448,7 @@ def load_inputs(path: Path) -> Inputs:
 def _model_variables(model: str, num_classes: int) -> tuple[tuple[str, tuple[int, ...], int], ...]:
     """The model's trainable variables, from one TensorFlow graph build (as tflaunch placement)."""
     from tflaunch.models.registry import UnknownModelError, get_model_spec
-    from tflaunch.tools.placement import model_variables
+    from tflaunch.tools.placement_command import model_variables
 
     try:
         spec = get_model_spec(model)
@@ -469,7 +469,7 @@ def _workers_rate(text: str) -> tuple[int, float]:
 
 
 def _int_list(text: str) -> list[int]:
-    from tflaunch.tools.placement import parse_ps_counts
+    from tflaunch.tools.placement_command import parse_ps_counts
 
     return parse_ps_counts(text)
 

@@ -99,7 +99,7 @@ def plot_progress(run: Run, out: Path) -> list[Path]:
     series = [s for s in _series(run) if s.step_rates()]
     if not series:
         return []
-    from tflaunch.tools.bench_plot import pyplot
+    from tflaunch.tools.bench_sweep_plot import pyplot
 
     plt = pyplot()
     with_img = any(r is not None for s in series for r in s.rates)

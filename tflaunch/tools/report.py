@@ -380,7 +380,7 @@ def make_report(
     if progress:
         data["progress"] = progress
         text += progress_text
-    instances = run.read_meta().get("instances")
+    instances = run.record().details.get("instances")  # an EC2 run's (launchers/ssh)
     if instances:
         data["instances"] = instance_cost(instances, time.time())
         text += format_instance_cost(data["instances"])
@@ -446,13 +446,9 @@ def watch_status(run: Run, interval: float, show: Callable[[], None]) -> None:
     """Redraw ``show`` every ``interval`` seconds until the run has ended (or Ctrl-C)."""
     import click
 
-    from tflaunch.runtime.run import ENDED
-
     try:
         while True:
-            ended = (
-                run.read_meta().get("state") in ENDED
-            )  # before drawing: the last screen shows the end
+            ended = run.record().has_ended  # before drawing: the last screen shows the end
             click.clear()
             show()
             if ended:

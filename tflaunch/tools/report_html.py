@@ -18,17 +18,19 @@ from pathlib import Path
 from typing import Any
 
 from tflaunch.errors import TflaunchError
-from tflaunch.runtime.run import Run
+from tflaunch.runtime import protocol
+from tflaunch.runtime.run import Run, RunRecord
+from tflaunch.runtime.runfiles import EVENTS_FILE, PLAN_FILE
 
 # Events drawn on the timeline, with their colour and a one-word label.
-MARKS = {
-    "started": ("#2b7bb9", "start"),
-    "ready": ("#3a9d5d", "ready"),
-    "exited": ("#555555", "exit"),
-    "restarting": ("#e08a00", "restart"),
-    "cluster_restarting": ("#e08a00", "cluster restart"),
-    "running_again": ("#3a9d5d", "running again"),
-    "stalled": ("#c0392b", "stall"),
+MARKS: dict[type[protocol.Event], tuple[str, str]] = {
+    protocol.Started: ("#2b7bb9", "start"),
+    protocol.Ready: ("#3a9d5d", "ready"),
+    protocol.Exited: ("#555555", "exit"),
+    protocol.Restarting: ("#e08a00", "restart"),
+    protocol.ClusterRestarting: ("#e08a00", "cluster restart"),
+    protocol.RunningAgain: ("#3a9d5d", "running again"),
+    protocol.Stalled: ("#c0392b", "stall"),
 }
 # Text results a run directory may hold, with the heading they get (relative to the run dir).
 TEXTS = {
@@ -38,7 +40,7 @@ TEXTS = {
     "model.txt": "Performance model",
     "steps_summary.txt": "Step rates",
 }
-LINKS = ("trace/trace.json", "netbench.json", "summary.json", "events.jsonl", "plan.json")
+LINKS = ("trace/trace.json", "netbench.json", "summary.json", EVENTS_FILE, PLAN_FILE)
 LOG_TAIL = 20
 
 
@@ -69,12 +71,12 @@ def write_html_report(run: Run, out_dir: Path | None = None) -> Path:
 
 def render_page(run: Run, out: Path) -> str:
     """The page's HTML, from the run directory and the report files in ``out``."""
-    meta = run.read_meta()
+    record = run.record()
     events = list(run.events())
     sections = [
-        _state_section(run, meta),
+        _state_section(run, record),
         _tasks_section(run),
-        _timeline_section(events, meta),
+        _timeline_section(events, record),
         _plots_section(run.dir, out),
         *_text_sections(run.dir, out),
         _files_section(run.dir, out),
@@ -94,16 +96,20 @@ def render_page(run: Run, out: Path) -> str:
     )
 
 
-def _state_section(run: Run, meta: dict[str, Any]) -> Section:
-    state = str(meta.get("state", "unknown"))
+def _or_dash(value: Any) -> Any:
+    return "-" if value is None else value
+
+
+def _state_section(run: Run, record: RunRecord) -> Section:
+    state = str(record.state or "unknown")
     rows = [
         ("state", f'<span class="state {html.escape(state)}">{html.escape(state)}</span>'),
-        ("exit code", _esc(meta.get("exit_code", "-"))),
-        ("backend", _esc(meta.get("backend", "-"))),
-        ("hosts", _esc(", ".join(meta.get("hosts", [])) or "-")),
-        ("started", _when(meta.get("started"))),
-        ("ended", _when(meta.get("ended"))),
-        ("duration", _span(meta.get("started"), meta.get("ended"))),
+        ("exit code", _esc(_or_dash(record.exit_code))),
+        ("backend", _esc(_or_dash(record.backend))),
+        ("hosts", _esc(", ".join(record.hosts) or "-")),
+        ("started", _when(record.started)),
+        ("ended", _when(record.ended)),
+        ("duration", _span(record.started, record.ended)),
         ("run directory", _esc(run.dir)),
     ]
     table = (
@@ -111,7 +117,7 @@ def _state_section(run: Run, meta: dict[str, Any]) -> Section:
         + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
         + "</table>"
     )
-    message = meta.get("message")
+    message = record.message
     report = f'<pre class="report">{_esc(message)}</pre>' if message else ""
     return Section("state", "Run", table + report)
 
@@ -122,7 +128,11 @@ def _tasks_section(run: Run) -> Section:
     plan = run.read_plan()
     states = runctl.task_states(run)
     # A task failed if its last exit was non-zero and not a stop that tflaunch asked for.
-    last_exit = {e["task"]: e for e in run.events() if e.get("event") == "exited" and "task" in e}
+    last_exit = {
+        r.event.task: r.event
+        for r in protocol.records(run.events())
+        if isinstance(r.event, protocol.Exited) and r.event.task
+    }
     head = (
         "<tr>"
         + "".join(
@@ -135,8 +145,8 @@ def _tasks_section(run: Run) -> Section:
     for task in plan.tasks:
         s = states[task.name]
         restarts = f"{s['restarts']} (last: {s['cause']})" if s["restarts"] else "-"
-        exit_event = last_exit.get(task.name, {})
-        failed = exit_event.get("code") not in (None, 0) and not exit_event.get("stopped_by")
+        exit_event = last_exit.get(task.name)
+        failed = exit_event is not None and exit_event.code != 0 and not exit_event.stopped_by
         rows.append(
             f'<tr class="{"failed" if failed else ""}">'
             + "".join(
@@ -171,11 +181,11 @@ def _log_tail(run: Run, name: str, log_name: str) -> str:
     )
 
 
-def _timeline_section(events: list[dict[str, Any]], meta: dict[str, Any]) -> Section:
+def _timeline_section(events: list[dict[str, Any]], record: RunRecord) -> Section:
     if not events:
         return Section("timeline", "Timeline", "<p>No events were recorded.</p>")
     start = min(e.get("time", 0) for e in events)
-    end = max(max(e.get("time", 0) for e in events), float(meta.get("ended") or 0))
+    end = max(max(e.get("time", 0) for e in events), float(record.ended or 0))
     span = max(end - start, 1e-3)
     tasks = list(dict.fromkeys(e["task"] for e in events if "task" in e))
     return Section(
@@ -198,7 +208,7 @@ def _timeline_svg(events: list[dict[str, Any]], tasks: list[str], start: float, 
         parts.append(f'<text x="4" y="{y + 4}">{_esc(task)}</text>')
         parts.append(f'<line x1="{label}" x2="{label + width}" y1="{y}" y2="{y}" class="lane"/>')
     for e in events:
-        mark = MARKS.get(e.get("event", ""))
+        mark = MARKS.get(type(protocol.event_of(e)))  # type: ignore[arg-type]
         if not mark or e.get("task") not in tasks:
             continue
         x = label + width * (e.get("time", start) - start) / span
@@ -227,11 +237,12 @@ def _timeline_svg(events: list[dict[str, Any]], tasks: list[str], start: float, 
 def _event_table(events: list[dict[str, Any]], start: float) -> str:
     rows = []
     for e in events:
-        rest = {k: v for k, v in e.items() if k not in ("time", "event", "host", "task", "log")}
+        details = protocol.details_of(e)
+        rest = {k: v for k, v in details.items() if k not in ("time", "host", "task", "log")}
         rows.append(
             "<tr>"
             f"<td>+{e.get('time', start) - start:.2f} s</td><td>{_esc(e.get('host', ''))}</td>"
-            f"<td>{_esc(e.get('task', ''))}</td><td>{_esc(e.get('event', ''))}</td>"
+            f"<td>{_esc(e.get('task', ''))}</td><td>{_esc(protocol.kind_of(e))}</td>"
             f"<td>{_esc(', '.join(f'{k}={v}' for k, v in rest.items()))}</td></tr>"
         )
     return (

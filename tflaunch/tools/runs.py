@@ -18,11 +18,12 @@ from pathlib import Path
 
 from tflaunch import launch
 from tflaunch.errors import ConfigError, LaunchError, TflaunchError
+from tflaunch.runtime import protocol
 from tflaunch.runtime.run import ENDED, Run, list_runs
 from tflaunch.text import aligned
 
 DEFAULT_LIMIT = 20
-RESTART_EVENTS = ("restarting", "cluster_restarting")
+RESTART_EVENTS = (protocol.Restarting, protocol.ClusterRestarting)
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -68,7 +69,9 @@ def run_row(run: Run, now: float | None = None) -> RunRow:
         started=started,
         duration=duration,
         tasks=_task_count(run),
-        restarts=sum(1 for e in run.events() if e.get("event") in RESTART_EVENTS),
+        restarts=sum(
+            1 for r in protocol.records(run.events()) if isinstance(r.event, RESTART_EVENTS)
+        ),
         exit_code=meta.get("exit_code"),
         problem=problem,
     )

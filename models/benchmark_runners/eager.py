@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from tflaunch.models.bench.common import Timing, images_per_sec, log, timed_loop
+from tflaunch.models.benchmark_runners.common import Timing, images_per_sec, log, timed_loop
 from tflaunch.models.cluster import TRAINING_JOBS, ClusterInfo
 from tflaunch.models.cluster_file_resolver import resolver_for
 from tflaunch.models.data.imagenet import list_shards, make_dataset

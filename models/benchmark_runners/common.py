@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-VARIABLE_UPDATES = ("parameter_server", "distributed_replicated", "collective_all_reduce")
 OPTIMIZERS = ("sgd", "momentum")
 TRANSFER_ORDERS = ("none", "tic", "tac")
 

@@ -53,7 +53,7 @@ COLOURS = {
 def render_png(trace: Mapping, path: Path, max_rows_per_task: int = 4) -> Path:
     """A timeline: one band per task (its step row, then its busiest threads), coloured by
     category, on the shared time axis."""
-    from tflaunch.tools.bench_plot import pyplot
+    from tflaunch.tools.bench_sweep_plot import pyplot
 
     plt = pyplot()
     names, events = events_by_task(trace)

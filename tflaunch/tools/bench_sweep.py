@@ -49,9 +49,8 @@ import click
 import yaml
 
 from tflaunch.errors import ConfigError
-from tflaunch.models.registry import UnknownModelError, get_model_spec
+from tflaunch.models.registry import VARIABLE_UPDATES, UnknownModelError, get_model_spec
 
-VARIABLE_UPDATES = ("parameter_server", "distributed_replicated", "collective_all_reduce")
 DATA_KINDS = ("synthetic", "real")
 SWEEP_KEYS = (
     "name",
@@ -502,7 +501,7 @@ def cluster_runner(sweep: Sweep) -> Runner:
 
 def write_outputs(sweep: Sweep, measurements: Sequence[Measurement]) -> list[Path]:
     """results.csv, results.json and the PNG plots; returns the paths written."""
-    from tflaunch.tools.bench_plot import plot_results
+    from tflaunch.tools.bench_sweep_plot import plot_results
 
     out = sweep.output_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -575,7 +574,7 @@ def _load_model_inputs(path: str | None):
 def echo_predictions(sweep: Sweep, rows: Sequence[Row], inputs, echo) -> None:
     """The performance model's prediction beside each measured row, with the error."""
     from tflaunch.cluster.config import load_config
-    from tflaunch.tools.netbench import placement_of
+    from tflaunch.tools.netbench_command import placement_of
     from tflaunch.tools.perfmodel import measured_lines
 
     strategy = placement_of(load_config(sweep.cluster).program.argv)

@@ -19,13 +19,13 @@ from pathlib import Path
 import click
 
 from tflaunch.errors import TflaunchError
+from tflaunch.models.placement_math import STRATEGIES
 from tflaunch.text import aligned
 
 RESULT_PREFIX = "netbench-result: "
 UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3}
 DEFAULT_SIZES = "1K-64M"
 MODELS = ("inception_v3", "resnet50", "mnist", "none")
-STRATEGIES = ("round_robin", "greedy", "lpt", "partitioned")
 
 
 class NetbenchError(TflaunchError):
@@ -178,7 +178,7 @@ def ps_lines(ps: Mapping) -> list[str]:
 
 def plot(result: Mapping, path: Path) -> Path:
     """Bandwidth and time against message size, one line per pair (log-log)."""
-    from tflaunch.tools.bench_plot import pyplot
+    from tflaunch.tools.bench_sweep_plot import pyplot
 
     plt = pyplot()
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4.2))

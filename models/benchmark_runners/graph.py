@@ -20,8 +20,14 @@ from contextlib import nullcontext
 
 import tensorflow as tf
 
-from tflaunch.models.bench import transfers
-from tflaunch.models.bench.common import BenchmarkError, Timing, images_per_sec, log, timed_loop
+from tflaunch.models.benchmark_runners import transfers
+from tflaunch.models.benchmark_runners.common import (
+    BenchmarkError,
+    Timing,
+    images_per_sec,
+    log,
+    timed_loop,
+)
 from tflaunch.models.cluster import ClusterInfo
 from tflaunch.models.data.imagenet import list_shards, make_dataset
 from tflaunch.models.registry import ModelSpec, get_model_spec

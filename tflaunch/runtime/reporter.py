@@ -1,0 +1,95 @@
+"""What the coordinator tells, and where: every event it keeps goes to ``events.jsonl``, resource
+samples, progress and ``--trace``'s window to :class:`tflaunch.runtime.insight.Insight`, task output (prefixed with the task) and the coordinator's own
+lines (``[tflaunch] ...``) to its output stream, and the one failure report of a failed run —
+task, host, exit, the restarts so far, why there was none this time, the task's last lines and its
+log — to stderr at the end."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import IO, Any
+
+from tflaunch.cluster.plan import Plan
+from tflaunch.runtime import protocol
+from tflaunch.runtime.insight import Insight
+from tflaunch.runtime.run import Outcome, Run
+from tflaunch.runtime.runfiles import open_run_file
+from tflaunch.runtime.tasks import TaskBoard, TaskState
+
+
+class Reporter:
+    def __init__(self, plan: Plan, run: Run, board: TaskBoard, out: IO[str] | None = None):
+        self.run, self.board = run, board
+        self.out = out or sys.stdout
+        self.width = max(len(s.name) for s in board) + 2
+        self._events_file = open_run_file(run.events_path, "a")
+        # Resource samples (samples-<host>.jsonl, not events), steps, and --trace's window.
+        self._samples = Insight(plan, run, board.leader, self.say)
+
+    def close(self) -> None:
+        self._events_file.close()
+        self._samples.close()
+
+    # ---- files -------------------------------------------------------------------------------
+
+    def record(self, event: protocol.Event) -> None:
+        """Keep one of the coordinator's own events."""
+        self._write(event.wire())
+
+    def record_from(self, host: str, data: dict[str, Any]) -> None:
+        """Keep an agent's event as it came, with the host it came from."""
+        self._write({"host": host, **data})
+
+    def sample(self, host: str, data: dict[str, Any]) -> None:
+        self._samples.write(host, data)
+
+    def _write(self, data: dict[str, Any]) -> None:
+        data.setdefault("time", round(time.time(), 3))
+        self._events_file.write(json.dumps(data) + "\n")
+        self._events_file.flush()
+
+    # ---- the console -------------------------------------------------------------------------
+
+    def output(self, task: str, line: str) -> None:
+        self._samples.output(task, line)  # steps, and --trace's window
+        state = self.board.get(task)
+        if state:
+            state.tail.append(line)
+        self.out.write(f"{'[' + task + ']':<{self.width}} {line}\n")
+        self.out.flush()
+
+    def say(self, message: str) -> None:
+        self.out.write(f"[tflaunch] {message}\n")
+        self.out.flush()
+
+    def end(self, outcome: Outcome) -> None:
+        if outcome.code == 0:
+            self.say(f"run {self.run.id} {outcome.message}; run directory {self.run.dir}")
+        else:
+            sys.stderr.write(f"tflaunch: run {self.run.id} failed: {outcome.message}\n")
+            sys.stderr.flush()
+
+    # ---- failure reports ---------------------------------------------------------------------
+
+    def task_failed(
+        self, state: TaskState, code: int, what: str, note: str, restarts: list[str]
+    ) -> Outcome:
+        """The report of a run failed by one task, its root cause first."""
+        lines = [f"{state.name} on {state.host} {what}."]
+        if note:
+            lines.append(note)
+        if restarts:
+            lines.append("restarts: " + "; ".join(restarts))
+        if state.tail:
+            lines.append(f"last {len(state.tail)} lines of its output:")
+            lines += [f"    {line}" for line in state.tail]
+        lines.append(f"log: {state.log}")
+        self.record(protocol.Failed(task=state.name, code=code))
+        return Outcome(code, "\n".join(lines))
+
+    def failed(self, message: str, code: int) -> Outcome:
+        """The report of a run failed by no task of its own (an agent, a host, a timeout)."""
+        self.record(protocol.Failed(code=code, message=message))
+        return Outcome(code, message)

@@ -1,0 +1,86 @@
+"""Hosts that stop answering, and the new agents that take their place once they answer again.
+
+A backend that can start a new agent on a host (SSH with ``ssh.host_wait``) hands the coordinator
+a :class:`Revive`. For each lost host, :class:`HostRevival` waits in a thread of its own until the
+old agent is surely gone, asks the backend for a new agent within the wait, and posts the outcome
+to the coordinator's event queue: ``host_back`` (the new link is kept here until the coordinator
+takes it) or ``host_gone``. Once the run ends no new agent may join: one that starts too late is
+closed at once.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tflaunch.runtime import protocol
+from tflaunch.runtime.link import AgentLink
+
+
+@dataclass(frozen=True)
+class Revive:
+    """How a backend waits for a host that stopped answering (SSH's ``ssh.host_wait``): up to
+    ``wait`` seconds; ``start(host, deadline)`` returns a new agent's link on the host once it
+    answers, and raises when it stays silent until the deadline (monotonic clock)."""
+
+    wait: float
+    start: Callable[[str, float], AgentLink]
+
+
+class HostRevival:
+    OLD_AGENT_MARGIN = 10.0  # seconds, beyond the grace period, for a lost host's agent to end
+
+    def __init__(self, revive: Revive | None, grace: float, events: queue.Queue):
+        self.revive, self.grace, self.events = revive, grace, events
+        self.wait = revive.wait if revive else 0.0
+        self.lost: dict[str, float] = {}  # hosts that stopped answering -> when
+        self.revived: set[str] = set()  # hosts whose new agent started its own tasks
+        self._new_links: dict[str, AgentLink] = {}  # from the waiting threads
+        self._ended = threading.Event()  # no new agent may start any more
+        self._lock = threading.Lock()
+
+    def lose(self, host: str, when: float) -> None:
+        self.lost[host] = when
+
+    def wait_for(self, host: str) -> None:
+        """Start waiting for ``host`` (in a thread): ``host_back`` or ``host_gone`` follows."""
+        threading.Thread(target=self._wait_for_host, args=(host,), daemon=True).start()
+
+    def _wait_for_host(self, host: str) -> None:
+        """Not before the old agent is surely gone: it stops its tasks when it has heard nothing
+        for its heartbeat timeout, which passed when the host was reported lost, and then takes
+        at most the grace period."""
+        lost_at = self.lost[host]
+        deadline = lost_at + self.wait
+        time.sleep(max(0.0, lost_at + self.grace + self.OLD_AGENT_MARGIN - time.monotonic()))
+        try:
+            assert self.revive is not None
+            link = self.revive.start(host, deadline)
+        except Exception as err:  # reported as the host's failure
+            self.events.put((host, protocol.HostGone(message=str(err)).wire()))
+            return
+        with self._lock:
+            if self._ended.is_set():
+                link.close(timeout=5)  # the run ended meanwhile: the new agent stops at once
+                return
+            self._new_links[host] = link
+            self.events.put((host, protocol.HostBack().wire()))
+
+    def back(self, host: str) -> tuple[AgentLink, float]:
+        """The new agent's link of a host that answers again, and how long it was lost."""
+        link = self._new_links.pop(host)
+        lost_at = self.lost.pop(host)
+        self.revived.add(host)
+        return link, time.monotonic() - lost_at
+
+    def take_revived(self) -> set[str]:
+        """The hosts whose new agents started their own tasks (forgotten from now on)."""
+        revived, self.revived = self.revived, set()
+        return revived
+
+    def end(self) -> None:
+        with self._lock:
+            self._ended.set()

@@ -1,0 +1,116 @@
+"""Signals to the coordinator, and Slurm's requeue.
+
+SIGINT, SIGTERM or SIGHUP (Ctrl-C, ``tflaunch down``) become one stop that the main loop reads
+(:class:`SignalWatch`); SIGUSR1 or SIGUSR2 (Slurm's warning ahead of the time limit) are collected
+to be passed on to every task. Given a :class:`Requeue` (Slurm with ``slurm.requeue``), the first
+warning schedules the run's stop for the requeue (:class:`RequeueTimer`).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tflaunch.runtime import protocol
+from tflaunch.runtime.reporter import Reporter
+from tflaunch.runtime.run import Outcome
+
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2)  # Slurm's --signal: pass on, stop nothing
+
+
+class SignalWatch:
+    """Handlers for the coordinator's process while it runs (main thread only), restored after."""
+
+    def __init__(self) -> None:
+        self.stopped_by: int | None = None
+        self.passed_on: list[int] = []
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> SignalWatch:
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOPPING:
+                self._previous[sig] = signal.signal(sig, self._on_stop)
+            for sig in PASSED_ON:
+                self._previous[sig] = signal.signal(sig, self._on_pass_on)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _on_stop(self, signum: int, _frame: Any) -> None:
+        if self.stopped_by is None:
+            self.stopped_by = signum
+
+    def _on_pass_on(self, signum: int, _frame: Any) -> None:
+        self.passed_on.append(signum)
+
+    def take_passed_on(self) -> list[str]:
+        """The names of the signals received to pass on since the last call, in order."""
+        names = []
+        while self.passed_on:
+            names.append(signal.Signals(self.passed_on.pop(0)).name)
+        return names
+
+    def interrupted(self) -> Outcome | None:
+        if self.stopped_by is None:
+            return None
+        name = signal.Signals(self.stopped_by).name
+        return Outcome(
+            128 + self.stopped_by,
+            f"interrupted by {name}; the cluster was stopped",
+            interrupted=True,
+        )
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """What Slurm's warning signal leads to when the job may be requeued: the run stops for the
+    requeue ``after`` seconds later. ``refused`` (the limit is reached) says why it does not."""
+
+    after: float = 0.0
+    note: str = ""  # "requeue 1 of at most 2"
+    refused: str = ""
+
+
+class RequeueTimer:
+    """Slurm's warning, seen once: schedules the stop for a requeue, or says why there is none."""
+
+    def __init__(self, requeue: Requeue | None, reporter: Reporter):
+        self.requeue, self.reporter = requeue, reporter
+        self.warning = ""  # the first warning signal's name
+        self.at: float | None = None
+
+    def warned(self, name: str) -> None:
+        if self.warning:
+            return  # Slurm signals every process of the step: one warning, seen more than once
+        self.warning = name
+        if self.requeue is None:
+            return
+        if self.requeue.refused:
+            self.reporter.say(f"{name} from Slurm passed on to the tasks; {self.requeue.refused}")
+            return
+        self.at = time.monotonic() + self.requeue.after
+        self.reporter.record(protocol.RequeueScheduled(signal=name, after=self.requeue.after))
+        self.reporter.say(
+            f"{name} from Slurm passed on to the tasks; stopping the cluster in "
+            f"{self.requeue.after:g} s (slurm.checkpoint_wait) to requeue the job "
+            f"({self.requeue.note})"
+        )
+
+    def due(self) -> Outcome | None:
+        """The requeue's outcome once its time has come."""
+        if self.at is None or time.monotonic() < self.at:
+            return None
+        assert self.requeue is not None
+        self.reporter.record(protocol.Requeueing(signal=self.warning))
+        return Outcome(
+            0,
+            f"stopped {self.requeue.after:g} s after Slurm's {self.warning} to be requeued "
+            f"({self.requeue.note}); the requeued job resumes from the checkpoints",
+            requeued=True,
+        )
