@@ -193,7 +193,8 @@ def _start_skew_ms(tasks: Sequence[TaskTrace]) -> float:
 # -- summary ---------------------------------------------------------------------------------
 
 
-def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+def union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Overlapping intervals merged, in order."""
     merged: list[list[float]] = []
     for a, b in sorted(intervals):
         if merged and a <= merged[-1][1]:
@@ -266,7 +267,7 @@ def summarize(trace: Mapping) -> dict[str, dict]:
         layers: list[tuple[float, float]] = []
         covered = []
         for cat in ("compute", "communication", "recv_wait"):
-            layers = _union(
+            layers = union(
                 layers + [(e["ts"], e["ts"] + e["dur"]) for e in events[pid] if e["cat"] == cat]
             )
             covered.append(sum(_length(layers, a, b) for a, b in windows))

@@ -30,7 +30,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from tflaunch.models.trace_format import events_by_task, step_windows
+from tflaunch.models.trace_format import events_by_task, step_windows, union
 
 ORDER_FILE = "transfer_order.json"
 REPORT_JSON = "trace_transfers.json"
@@ -51,16 +51,6 @@ def kendall_tau(values: Sequence[float]) -> float:
             d = values[j] - vi
             score += (d > 0) - (d < 0)
     return score / (n * (n - 1) / 2)
-
-
-def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[list[float]] = []
-    for a, b in sorted(intervals):
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    return [(a, b) for a, b in merged]
 
 
 def _clip(spans: Iterable[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
@@ -113,7 +103,7 @@ def transfer_report(trace: Mapping, order: Mapping | None) -> dict:
     rows = []
     for task, steps in step_windows(trace).items():
         evs = events.get(pids.get(task), [])
-        compute = _union((e["ts"], e["ts"] + e["dur"]) for e in evs if e["cat"] == "compute")
+        compute = union((e["ts"], e["ts"] + e["dur"]) for e in evs if e["cat"] == "compute")
         sends = [(e["ts"], e["ts"] + e["dur"]) for e in evs if e["cat"] == "communication"]
         recvs = [e for e in evs if e["cat"] == "recv_wait"]
         for step, start, end in steps:
@@ -130,7 +120,7 @@ def transfer_report(trace: Mapping, order: Mapping | None) -> dict:
             for at, rank in arrivals:
                 first[rank] = min(first.get(rank, at), at)
             arrivals = sorted((at, rank) for rank, at in first.items())
-            step_comm = _clip(_union(waits + sends), start, end)
+            step_comm = _clip(union(waits + sends), start, end)
             comm_ms = _length(step_comm) / 1000.0
             overlapped = _intersection(step_comm, _clip(compute, start, end)) / 1000.0
             rows.append(
