@@ -86,12 +86,7 @@ class RestartBook:
         scope = self.policy.scope_of(failure.job)
         if scope == "cluster":
             if self.cluster_restarts >= self.policy.max_cluster_restarts:
-                return Decision(
-                    "fail",
-                    reason=f"the cluster was restarted {self.cluster_restarts} time(s), the limit "
-                    f"of supervision.restart.max_cluster_restarts "
-                    f"({self.policy.max_cluster_restarts})",
-                )
+                return self._cluster_limit_reached()
             self.cluster_restarts += 1
             self.task_restarts[failure.task] = done + 1
             return Decision("restart_cluster", self._backoff(self.cluster_restarts), done + 1)
@@ -109,14 +104,16 @@ class RestartBook:
         """A host stopped answering: restart the cluster once it is back, within the bound."""
         self.hosts_lost[host] = self.hosts_lost.get(host, 0) + 1
         if self.cluster_restarts >= self.policy.max_cluster_restarts:
-            return Decision(
-                "fail",
-                reason=f"the cluster was restarted {self.cluster_restarts} time(s), the limit "
-                f"of supervision.restart.max_cluster_restarts "
-                f"({self.policy.max_cluster_restarts})",
-            )
+            return self._cluster_limit_reached()
         self.cluster_restarts += 1
         return Decision("restart_cluster", self._backoff(self.cluster_restarts))
+
+    def _cluster_limit_reached(self) -> Decision:
+        return Decision(
+            "fail",
+            reason=f"the cluster was restarted {self.cluster_restarts} time(s), the limit "
+            f"of supervision.restart.max_cluster_restarts ({self.policy.max_cluster_restarts})",
+        )
 
     def _backoff(self, nth: int) -> float:
         return min(self.policy.backoff * 2 ** (nth - 1), self.policy.backoff_max)
