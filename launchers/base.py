@@ -13,6 +13,8 @@ it needs, the interpreter on its hosts, where its run files live, where TensorBo
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -23,7 +25,9 @@ from typing import Any
 from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Host, Plan
 from tflaunch.errors import LaunchError, TflaunchError
+from tflaunch.runtime import procs
 from tflaunch.runtime.coordinator import Requeue, Revive, coordinate
+from tflaunch.runtime.link import ProcessLink, agent_argv
 from tflaunch.runtime.run import Outcome, Run
 
 
@@ -171,3 +175,21 @@ class Backend(ABC):
         from tflaunch.runtime import runctl
 
         return runctl.coordinator_alive(run)
+
+
+def spawn_agent(run: Run, host: str, die_with_parent: bool) -> ProcessLink:
+    """The agent of ``host`` as a child process of this one, speaking over its stdin/stdout.
+
+    ``die_with_parent``: tied to this process by the parent-death signal (a Slurm node's agent);
+    a local launcher's agent is not, so that it outlives a killed launcher just long enough to
+    see its input close and tear its tasks down."""
+    proc = procs.spawn(
+        agent_argv(sys.executable, str(run.plan_path), host, str(run.dir)),
+        os.environ,
+        cwd=None,
+        stdin=subprocess.PIPE,
+        stderr=None,
+        die_with_parent=die_with_parent,
+        text=True,
+    )
+    return ProcessLink(host, proc)

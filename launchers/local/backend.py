@@ -17,14 +17,12 @@ import dataclasses
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Mapping
 
 from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Host, Plan, hosts_from_config, unset_gpus
-from tflaunch.launchers.base import Backend, LaunchOptions
-from tflaunch.runtime import procs
-from tflaunch.runtime.link import ProcessLink, agent_argv
+from tflaunch.launchers.base import Backend, LaunchOptions, spawn_agent
+from tflaunch.runtime.link import ProcessLink
 from tflaunch.runtime.run import Outcome, Run
 
 
@@ -73,22 +71,7 @@ class LocalBackend(Backend):
         return [found.get(h.name, h) for h in hosts]
 
     def start_agents(self, config: ClusterConfig, plan: Plan, run: Run) -> list[ProcessLink]:
-        links = []
-        for host in plan.hosts_with_tasks():
-            argv = agent_argv(sys.executable, str(run.plan_path), host.name, str(run.dir))
-            # The agent outlives a killed launcher just long enough to see its input close and
-            # tear its tasks down, so it is not tied to the launcher by the parent-death signal.
-            proc = procs.spawn(
-                argv,
-                os.environ,
-                cwd=None,
-                stdin=subprocess.PIPE,
-                stderr=None,
-                die_with_parent=False,
-                text=True,
-            )
-            links.append(ProcessLink(host.name, proc))
-        return links
+        return [spawn_agent(run, h.name, die_with_parent=False) for h in plan.hosts_with_tasks()]
 
 
 NVIDIA_SMI_LINE = re.compile(r"GPU (\d+): .*?\(UUID: ([^)]+)\)")

@@ -30,7 +30,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -41,13 +40,13 @@ from tflaunch.cluster import hostlist
 from tflaunch.cluster.config import ClusterConfig, parse_config
 from tflaunch.cluster.plan import Host, Plan, make_plan
 from tflaunch.errors import TflaunchError
-from tflaunch.launchers.base import Backend
+from tflaunch.launchers.base import Backend, spawn_agent
 from tflaunch.launchers.slurm.client import requeue as requeue_job
 from tflaunch.launchers.slurm.script import SETUP_FILE, SNAPSHOT_FILE, Layout, layout
-from tflaunch.runtime import procs, protocol
+from tflaunch.runtime import protocol
 from tflaunch.runtime.agent import serve
 from tflaunch.runtime.coordinator import Requeue
-from tflaunch.runtime.link import MAX_LINE, ProcessLink, SocketLink, agent_argv, socket_streams
+from tflaunch.runtime.link import MAX_LINE, SocketLink, socket_streams
 from tflaunch.runtime.rendezvous import Listener, Rendezvous, connect, publish, wait_published
 from tflaunch.runtime.run import Outcome, Run
 
@@ -193,17 +192,7 @@ class AllocationBackend(Backend):
     def start_agents(self, config: ClusterConfig, plan: Plan, run: Run) -> list:
         links: list = []
         if plan.tasks_on(self.node.name):
-            argv = agent_argv(sys.executable, str(run.plan_path), self.node.name, str(run.dir))
-            proc = procs.spawn(
-                argv,
-                os.environ,
-                cwd=None,
-                stdin=subprocess.PIPE,
-                stderr=None,
-                die_with_parent=True,
-                text=True,
-            )
-            links.append(ProcessLink(self.node.name, proc))
+            links.append(spawn_agent(run, self.node.name, die_with_parent=True))
         for link in self.remote:
             link.send(protocol.Start().wire())
         return links + list(self.remote)
