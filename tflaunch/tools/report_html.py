@@ -75,7 +75,7 @@ def render_page(run: Run, out: Path) -> str:
     events = list(run.events())
     sections = [
         _state_section(run, record),
-        _tasks_section(run),
+        _tasks_section(run, events),
         _timeline_section(events, record),
         _plots_section(run.dir, out),
         *_text_sections(run.dir, out),
@@ -122,7 +122,7 @@ def _state_section(run: Run, record: RunRecord) -> Section:
     return Section("state", "Run", table + report)
 
 
-def _tasks_section(run: Run) -> Section:
+def _tasks_section(run: Run, events: list[dict[str, Any]]) -> Section:
     from tflaunch.runtime import runctl
 
     plan = run.read_plan()
@@ -130,7 +130,7 @@ def _tasks_section(run: Run) -> Section:
     # A task failed if its last exit was non-zero and not a stop that tflaunch asked for.
     last_exit = {
         r.event.task: r.event
-        for r in protocol.records(run.events())
+        for r in protocol.records(events)
         if isinstance(r.event, protocol.Exited) and r.event.task
     }
     head = (
