@@ -59,12 +59,32 @@ def test_gpus_0_turns_detection_off_and_plan_says_where_counts_came_from(smi_pat
     assert shown.output.splitlines()[-1] == "GPUs: 2 on localhost (nvidia-smi -L (2 found))"
 
 
-def test_too_few_detected_gpus_is_a_plan_error_naming_the_source(smi_path, tmp_path, monkeypatch):
+def test_too_few_detected_gpus_leave_the_workers_on_cpu_and_say_so(smi_path, tmp_path, monkeypatch):
+    # a one-GPU laptop and a two-worker file that names no GPU count: it runs, on CPU, and says so
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     (tmp_path / "c.yaml").write_text("program: [python3, t.py]\nroles: {ps: 1, worker: 2}\n")
     result = CliRunner().invoke(cli, ["plan", str(tmp_path / "c.yaml")])
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line.split()[3] for line in result.output.splitlines()[1:4]}
+    assert rows == {"ps:0": "-", "worker:0": "-", "worker:1": "-"}
+    last = result.output.splitlines()[-1]
+    assert last.startswith(
+        "GPUs: 0 on localhost (nvidia-smi -L (2 found), 1 of them in the inherited"
+    )
+    assert "1 GPU(s) for 2 worker tasks, one each would not go round, so they run on CPU" in last
+    assert "set placement.gpus_per_worker" in last
+
+
+def test_too_few_detected_gpus_for_a_count_the_file_asks_is_a_plan_error(smi_path, tmp_path):
+    # gpus_per_worker written in the file is a demand: found GPUs that cannot meet it fail
+    (tmp_path / "c.yaml").write_text(
+        "program: [python3, t.py]\nroles: {ps: 1, worker: 2}\nplacement: {gpus_per_worker: 2}\n"
+    )
+    result = CliRunner().invoke(cli, ["plan", str(tmp_path / "c.yaml")])
     assert result.exit_code == 2
-    assert "has 1 GPU(s) (nvidia-smi -L (2 found), 1 of them in the inherited " in result.output
+    assert (
+        "has 2 GPU(s) (nvidia-smi -L (2 found)) but its 2 worker task(s) at 2 each" in result.output
+    )
     assert "placement.gpus_per_worker (0: run on CPU)" in result.output
 
 
@@ -76,6 +96,18 @@ def test_local_run_without_gpus_key_gives_each_worker_its_own_detected_gpu(smi_p
     assert "ps:0 CUDA_VISIBLE_DEVICES=''" in result.stdout
     assert "worker:0 CUDA_VISIBLE_DEVICES='0'" in result.stdout
     assert "worker:1 CUDA_VISIBLE_DEVICES='1'" in result.stdout
+
+
+@pytest.mark.slow
+def test_local_run_with_one_detected_gpu_for_two_workers_runs_them_on_cpu(smi_path, tmp_path):
+    cluster = fake_cluster(tmp_path)
+    result = tflaunch("up", str(cluster), env={"PATH": smi_path, "CUDA_VISIBLE_DEVICES": "0"})
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("[tflaunch] localhost: nvidia-smi -L (2 found), 1 of them in the ")
+    assert "so they run on CPU" in first
+    for task in ("ps:0", "worker:0", "worker:1"):
+        assert f"{task} CUDA_VISIBLE_DEVICES=''" in result.stdout
 
 
 SSH_HOSTS = """\
@@ -125,3 +157,19 @@ def test_pre_flight_gpus_that_do_not_fit_are_a_launch_error():
     plan = make_plan(config, resolve_hosts(config))
     with pytest.raises(LaunchError, match="pre-flight found GPUs on hosts the cluster file"):
         adopt_found_gpus(config, plan, _reports(a=2, b=0), None)
+
+
+def test_pre_flight_gpus_too_few_for_a_hosts_workers_leave_them_on_cpu():
+    from tflaunch.cluster.plan import make_plan
+    from tflaunch.launchers.ssh.gpus import adopt_found_gpus
+    from tflaunch.launchers.ssh.sources import resolve_hosts
+
+    config = parse_config(SSH_HOSTS.replace("workers_per_host: 1", "workers_per_host: 2"))
+    plan = make_plan(config, resolve_hosts(config))
+    adopted, notes = adopt_found_gpus(config, plan, _reports(a=1, b=0), None)
+    assert {t.name: t.gpus for t in adopted.tasks} == {"ps:0": (), "worker:0": (), "worker:1": ()}
+    assert notes == [
+        "a: pre-flight: nvidia-smi lists 1: 1 GPU(s) for 2 worker tasks, one each would not go "
+        "round, so they run on CPU; to use the GPUs, lower placement.workers_per_host or the "
+        "workers, or set placement.gpus_per_worker"
+    ]

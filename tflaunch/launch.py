@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Plan, make_plan
+from tflaunch.cluster.plan import Plan, gpu_notices, make_plan
 from tflaunch.errors import ConfigError, LaunchError, PlanError
 from tflaunch.runtime.run import ENDED, Outcome, Run, new_run_id
 
@@ -129,6 +129,8 @@ def up(
         plan = run.read_plan()
     else:
         plan, run = prepare(config, runs_dir, run_id, cluster_file)
+        for notice in gpu_notices(plan):
+            print(f"[tflaunch] {notice}", flush=True)
     if detach:
         return backend.detach(config, plan, run, cluster_file, runs_dir, options)
     return backend.launch(config, plan, run, options)

@@ -8,7 +8,9 @@ GPUs: a host whose ``gpus`` the file leaves out gets this machine's GPUs as ``nv
 lists them, narrowed to an inherited ``CUDA_VISIBLE_DEVICES`` (whose ids, numbers or UUIDs, the
 tasks then get), as torchrun and Ray find them; ``gpus: 0`` (or ``placement.gpus_per_worker: 0``)
 keeps the tasks on CPU. Several local hosts share one machine's GPUs, so they are not found for
-them: each such host needs its own ``gpus``. ``tflaunch plan`` says where each count came from.
+them: each such host needs its own ``gpus``. Found GPUs fewer than the host's workers leave
+them on CPU, as a line at ``up`` says (see ``make_plan``). ``tflaunch plan`` says where each
+count came from.
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ class LocalBackend(Backend):
         else:
             ids, source = detect_gpus(os.environ)
             found = {
-                h.name: dataclasses.replace(h, gpu_ids=ids, gpu_source=source) for h in open_hosts
+                h.name: dataclasses.replace(h, gpu_ids=ids, gpu_source=source, gpus_found=True)
+                for h in open_hosts
             }
         return [found.get(h.name, h) for h in hosts]
 

@@ -3,7 +3,8 @@
 Pre-flight runs ``nvidia-smi`` on every host anyway. A host whose GPU count the file does not give
 (no ``gpus`` on an inline host, no ``ssh.gpus`` for the IP files, no ``ssh.ec2.gpus``, an instance
 type without known GPUs) gets the GPUs found there: the plan is made again with them, the hosts'
-plan files are rewritten before any agent starts, and the launcher says so.
+plan files are rewritten before any agent starts, and the launcher says so. Found GPUs too few for
+a host's workers leave them on CPU, and the line says that instead.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def adopt_found_gpus(
             h,
             gpu_ids=gpu_ids(found[h.name]),
             gpu_source=f"pre-flight: nvidia-smi lists {found[h.name]}",
+            gpus_found=True,
         )
         if h.name in found
         else h
@@ -57,8 +59,11 @@ def adopt_found_gpus(
             f"pre-flight found GPUs on hosts the cluster file gives none, and they do not fit "
             f"the workers: {err} Give those hosts' gpus in the cluster file (0: run on CPU)."
         ) from None
+    unused = {h.name: h.gpu_source for h in adopted.hosts if h.gpus_found and not h.gpu_ids}
     notes = [
-        f"{name}: using the {count} GPU(s) nvidia-smi lists there (pre-flight); the cluster "
+        f"{name}: {unused[name]}"
+        if name in unused
+        else f"{name}: using the {count} GPU(s) nvidia-smi lists there (pre-flight); the cluster "
         "file gives the host none (gpus: 0 keeps it on CPU)"
         for name, count in found.items()
     ]

@@ -51,13 +51,16 @@ CLUSTER_FILE_PATH_RESERVE = 512
 class Host:
     """A concrete machine: how tasks reach it, how the launcher reaches it, its GPU ids, and
     where their count came from (shown by ``tflaunch plan``, not kept in plan.json; empty: not
-    given, for the backend to find)."""
+    given, for the backend to find). ``gpus_found``: the count was found on the machine
+    (``nvidia-smi``), not written in the cluster file, so too few of them for the host's tasks
+    leave those tasks on CPU instead of failing the plan (:func:`make_plan`)."""
 
     name: str
     cluster_address: str
     connect_address: str
     gpu_ids: tuple[str, ...] = ()
     gpu_source: str = field(default="", compare=False)
+    gpus_found: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -423,6 +426,15 @@ def make_plan(
     )
     worker_hosts, ps_hosts = _split_hosts(config, hosts, len(slot_jobs))
     slots = _fill_slots(config, worker_hosts, slot_jobs)
+    on_cpu = {
+        host.name: _found_gpus_unused(host, len(jobs))
+        for host, jobs in slots
+        if _too_few_found(config, host, len(jobs))
+    }
+    if on_cpu:
+        hosts = tuple(on_cpu.get(h.name, h) for h in hosts)
+        slots = [(on_cpu.get(host.name, host), jobs) for host, jobs in slots]
+        worker_hosts = tuple(on_cpu.get(h.name, h) for h in worker_hosts)
     ps_on = _place_ps(config, worker_hosts, ps_hosts, len(slots))
 
     placed: list[tuple[str, int, Host, tuple[str, ...]]] = []
@@ -561,6 +573,36 @@ def _place_ps(
             "Raise placement.ps_per_host, add workers on more hosts, or use placement.ps: dedicated."
         )
     return [targets[i % len(targets)] for i in range(n_ps)]
+
+
+def _too_few_found(config: ClusterConfig, host: Host, n_tasks: int) -> bool:
+    """Whether ``host``'s GPUs were found on it (not given), are fewer than its ``n_tasks``
+    slot tasks, and nothing in the file asks for a number per task: then the tasks run on CPU
+    (a laptop with one GPU runs a two-worker example) where a count the user wrote fails."""
+    return (
+        host.gpus_found
+        and config.placement.gpus_per_worker is None
+        and 0 < len(host.gpu_ids) < n_tasks
+    )
+
+
+def _found_gpus_unused(host: Host, n_tasks: int) -> Host:
+    """``host`` with its found GPUs left out, its source saying why and how to use them."""
+    why = (
+        f"{host.gpu_source}: {len(host.gpu_ids)} GPU(s) for {n_tasks} worker tasks, one each "
+        "would not go round, so they run on CPU; to use the GPUs, lower "
+        "placement.workers_per_host or the workers, or set placement.gpus_per_worker"
+    )
+    return replace(host, gpu_ids=(), gpu_source=why)
+
+
+def gpu_notices(plan: Plan) -> list[str]:
+    """One line per host whose found GPUs the plan leaves unused, for ``tflaunch up``."""
+    return [
+        f"{host.name}: {host.gpu_source}"
+        for host in plan.hosts_with_tasks()
+        if host.gpus_found and not host.gpu_ids
+    ]
 
 
 def _assign_gpus(config: ClusterConfig, host: Host, n_tasks: int) -> list[tuple[str, ...]]:
