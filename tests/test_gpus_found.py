@@ -103,7 +103,7 @@ def test_local_run_with_one_detected_gpu_for_two_workers_runs_them_on_cpu(smi_pa
     cluster = fake_cluster(tmp_path)
     result = tflaunch("up", str(cluster), env={"PATH": smi_path, "CUDA_VISIBLE_DEVICES": "0"})
     assert result.returncode == 0, result.stderr
-    first = result.stdout.splitlines()[0]
+    first = result.stderr.splitlines()[0]
     assert first.startswith("[tflaunch] localhost: nvidia-smi -L (2 found), 1 of them in the ")
     assert "so they run on CPU" in first
     for task in ("ps:0", "worker:0", "worker:1"):

@@ -8,6 +8,7 @@ The CLI, ``tflaunch bench`` and other callers go through here; only this module 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -130,7 +131,7 @@ def up(
     else:
         plan, run = prepare(config, runs_dir, run_id, cluster_file)
         for notice in gpu_notices(plan):
-            print(f"[tflaunch] {notice}", flush=True)
+            print(f"[tflaunch] {notice}", file=sys.stderr, flush=True)
     if detach:
         return backend.detach(config, plan, run, cluster_file, runs_dir, options)
     return backend.launch(config, plan, run, options)

@@ -68,7 +68,7 @@ class LocalBackend(Backend):
         else:
             ids, source = detect_gpus(os.environ)
             found = {
-                h.name: dataclasses.replace(h, gpu_ids=ids, gpu_source=source, gpus_found=True)
+                h.name: dataclasses.replace(h, gpu_ids=ids, gpu_source=source, gpus_found=bool(ids))
                 for h in open_hosts
             }
         return [found.get(h.name, h) for h in hosts]
