@@ -9,7 +9,6 @@ that ``down`` and ``gc`` find the account again. Providers of other packages joi
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,7 @@ from tflaunch.errors import ConfigError
 if TYPE_CHECKING:
     from tflaunch.cluster.config import ClusterConfig
     from tflaunch.launchers.clouds.base import Provider, Say
+    from tflaunch.runtime.run import RunRecord
 
 _PROVIDERS = {"ec2": "tflaunch.launchers.clouds.ec2.provider:Ec2Provider"}
 
@@ -47,9 +47,19 @@ def provider_for(config: ClusterConfig, say: Say) -> Provider:
     return provider_class(section.cloud)(section, say)
 
 
-def provider_of_run(meta: Mapping[str, Any], say: Say) -> Provider | None:
-    """The provider a run made its instances with (from its run.json), or None."""
+def run_access(record: RunRecord) -> tuple[str, dict[str, Any]] | None:
+    """(cloud, access) of the account a run made its instances in (from its run.json), or
+    None."""
+    from tflaunch.launchers.clouds.base import access_part
+
     for name in providers():
-        if meta.get(name):
-            return provider_class(name).from_access(meta[name], say)
+        access = getattr(record.part(access_part(name)), name)
+        if access:
+            return name, access
     return None
+
+
+def provider_of_run(record: RunRecord, say: Say) -> Provider | None:
+    """The provider a run made its instances with (from its run.json), or None."""
+    found = run_access(record)
+    return None if found is None else provider_class(found[0]).from_access(found[1], say)
