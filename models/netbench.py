@@ -30,6 +30,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tflaunch.models.cluster import ClusterInfo, resolve_cluster  # noqa: E402
+from tflaunch.models.registry import model_names  # noqa: E402
 
 v1 = tf.compat.v1
 RESULT_PREFIX = "netbench-result: "
@@ -204,7 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", required=True, help="message sizes in bytes, comma-separated")
     p.add_argument("--min_repeats", type=int, default=5)
     p.add_argument("--max_seconds", type=float, default=0.5, help="per pair and size")
-    p.add_argument("--ps_model", default="inception_v3", help="or 'none' to skip the PS test")
+    p.add_argument(
+        "--ps_model",
+        default="inception_v3",
+        choices=(*model_names(sized_in_graph=True, aliases=True), "none"),
+        help="a network of tflaunch.models.registry, or 'none' to skip the PS test",
+    )
     p.add_argument("--ps_placement", default="round_robin")
     p.add_argument("--ps_steps", type=int, default=10)
     p.add_argument("--ps_warmup", type=int, default=2)

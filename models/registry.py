@@ -41,6 +41,9 @@ class ModelSpec:
     default_num_classes: int
     fixed_num_classes: bool = False  # the net always has default_num_classes outputs
     benchmark: bool = True  # a tf.Module the CNN benchmark can train
+    # Its variables are made by building it in a TF1 graph, without running it: the placement
+    # report and netbench's PS test (``tflaunch netbench --ps-model``) size them that way.
+    sized_in_graph: bool = True
 
     def build(self, num_classes: int, data_format: str = "NHWC") -> object:
         """Import the network and build it (its variables are created here)."""
@@ -86,9 +89,16 @@ MODELS: dict[str, ModelSpec] = {
 ALIASES: dict[str, str] = {"inception_v3": "inception3"}
 
 
-def model_names(*, benchmark: bool = False, aliases: bool = False) -> tuple[str, ...]:
-    """Main names (the benchmark's only, with ``benchmark``), then the aliases if asked for."""
-    main = tuple(name for name, spec in MODELS.items() if spec.benchmark or not benchmark)
+def model_names(
+    *, benchmark: bool = False, aliases: bool = False, sized_in_graph: bool = False
+) -> tuple[str, ...]:
+    """Main names (the benchmark's only, with ``benchmark``; those whose variables a graph
+    build sizes only, with ``sized_in_graph``), then their aliases if asked for."""
+    main = tuple(
+        name
+        for name, spec in MODELS.items()
+        if (spec.benchmark or not benchmark) and (spec.sized_in_graph or not sized_in_graph)
+    )
     extra = tuple(alias for alias, name in ALIASES.items() if name in main) if aliases else ()
     return main + extra
 

@@ -84,8 +84,8 @@ def test_success_stops_the_ps_and_records_the_end(cluster):
     assert outcome.code == 0 and outcome.state == "succeeded"
     assert all({"cmd": "stop", "reason": "the run is ending"} in link.sent for link in links)
     assert all(link.closed for link in links)
-    meta = run.read_meta()
-    assert (meta["state"], meta["exit_code"]) == ("succeeded", 0)
+    record = run.record()
+    assert (record.state, record.exit_code) == ("succeeded", 0)
     assert "cluster ready" in out
     kinds = [e["event"] for e in run.events()]
     assert kinds.count("cluster_ready") == 1 and kinds.count("exited") == 3
@@ -102,7 +102,7 @@ def test_a_failing_worker_fails_the_run_with_one_report(cluster):
     assert outcome.message.startswith("worker:1 on b exited with code 3.")
     assert "Traceback: boom" in outcome.message and "worker-1.log" in outcome.message
     assert all(any(c.get("cmd") == "stop" for c in link.sent) for link in links)
-    assert run.read_meta()["state"] == "failed"
+    assert run.record().state == "failed"
     failed = [e for e in run.events() if e["event"] == "failed"]
     assert [(e["task"], e["code"]) for e in failed] == [("worker:1", 3)]
 

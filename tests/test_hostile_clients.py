@@ -97,7 +97,7 @@ def test_detached_coordinator_refuses_hostile_clients_while_the_agent_joins(tmp_
     finally:
         coordinator.kill()
     assert coordinator.returncode == 0, output
-    meta = run.read_meta()
-    assert meta["state"] == "succeeded", meta
+    record = run.record()
+    assert record.state == "succeeded", record
     assert "succeeded: 3 tasks" in output
     assert wait_until_gone(str(tmp_path), timeout=10) == []

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from tests.helpers import tflaunch, wait_until_gone, write_cluster
 from tflaunch.cli import cli
+from tflaunch.models import registry
 from tflaunch.tools import netbench_command as nb
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,6 +97,20 @@ def test_bad_sizes_exit_2_before_anything_starts(tmp_path) -> None:
     cluster = write_cluster(tmp_path / "c.yaml", {"argv": [sys.executable, "-c", "pass"]})
     result = CliRunner().invoke(cli, ["netbench", str(cluster), "--sizes", "lots"])
     assert result.exit_code == 2 and "not a message size" in result.output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_ps_models_come_from_the_registry(tmp_path, monkeypatch) -> None:
+    assert (*registry.model_names(sized_in_graph=True, aliases=True), "none") == nb.PS_MODELS
+    assert {"inception_v3", "inception3", "resnet50", "mnist", "none"} <= set(nb.PS_MODELS)
+    unsized = registry.ModelSpec("blob", "no graph build", "m:f", 8, 8, 2, sized_in_graph=False)
+    monkeypatch.setitem(registry.MODELS, "blob", unsized)
+    assert "blob" in registry.model_names() and "blob" not in registry.model_names(
+        sized_in_graph=True, aliases=True
+    )
+    cluster = write_cluster(tmp_path / "c.yaml", {"argv": [sys.executable, "-c", "pass"]})
+    result = CliRunner().invoke(cli, ["netbench", str(cluster), "--ps-model", "vgg16"])
+    assert result.exit_code == 2 and "'vgg16' is not one of" in result.output
     assert not (tmp_path / "runs").exists()
 
 

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from tests.helpers import fake_cluster, tflaunch
 from tflaunch.cli import cli
+from tflaunch.launchers.slurm.script import SlurmDetails
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.tools.runs import parse_age
 
@@ -135,7 +136,8 @@ def test_live_detached_run_is_listed_running_and_refused_by_rm_and_prune(tmp_pat
 def test_a_run_whose_backend_cannot_be_asked_is_listed_unknown_and_kept(
     runs, monkeypatch, tmp_path
 ):
-    _left_behind(runs, "elsewhere", "slurm", started=time.time(), state="running", job_id=42)
+    run = _left_behind(runs, "elsewhere", "slurm", started=time.time(), state="running")
+    run.update_part(SlurmDetails, job_id=42)
     monkeypatch.setenv("PATH", str(tmp_path))  # no squeue here
     table = CliRunner().invoke(cli, ["status", "--runs-dir", str(runs)]).output.splitlines()
     assert table[1].split()[1:4] == ["elsewhere", "slurm", "unknown"]

@@ -18,7 +18,14 @@ import pytest
 from tflaunch.cluster.config import parse_config
 from tflaunch.errors import LaunchError
 from tflaunch.launchers.clouds import base, sweep
-from tflaunch.launchers.clouds.base import TAG_CLUSTER, TAG_HOST, TAG_LAUNCHER, TAG_ROLE, TAG_RUN
+from tflaunch.launchers.clouds.base import (
+    TAG_CLUSTER,
+    TAG_HOST,
+    TAG_LAUNCHER,
+    TAG_ROLE,
+    TAG_RUN,
+    CloudDetails,
+)
 from tflaunch.launchers.clouds.costs import CostLine, cost_table
 from tflaunch.launchers.clouds.ec2.pricing import PRICE_LIST, resolve_prices
 from tflaunch.launchers.clouds.ec2.provider import ADDRESS_MAP_ENV, Ec2Provider, port_ranges
@@ -236,7 +243,7 @@ def test_up_creates_exactly_the_planned_instances(
     assert len(run_instances_of(ec2_endpoint, run.id, ("running",))) == 3
     assert "terminated 3 instance(s)" in provision.terminate_run(run, said.append)
     assert run_instances_of(ec2_endpoint, run.id, ("pending", "running", "stopped")) == []
-    assert all(r["terminated"] for r in run.read_meta()["instances"])
+    assert all(r["terminated"] for r in run.record().part(CloudDetails).instances)
 
 
 @pytest.mark.parametrize("ending", ["success", "failure", "ctrl-c", "error before start"])
@@ -463,7 +470,7 @@ def test_an_ended_instance_is_seen_and_replaced_at_its_cluster_address(
     )  # fmt: skip
     assert new["PrivateIpAddress"] == old["PrivateIpAddress"]  # the plan's address stays true
     assert new["InstanceLifecycle"] == "spot"
-    records = {r["id"]: r for r in run.read_meta()["instances"]}
+    records = {r["id"]: r for r in run.record().part(CloudDetails).instances}
     assert records[old_id]["terminated"] and records[new_id]["terminated"] is None
     assert (
         provision.terminate_run(run, lambda m: None) == f"terminated 2 instance(s) of run {run.id}"
@@ -491,7 +498,7 @@ def test_a_kept_cluster_is_reused_refused_when_it_does_not_fit_and_ended_by_name
     second, said = up(config)
     assert "reusing kept cluster tflaunch: 3 instance(s), none created" in said
     assert not any(m.startswith(("creating", "instances accepting SSH")) for m in said)
-    assert sorted(r["id"] for r in second.read_meta()["instances"]) == made
+    assert sorted(r["id"] for r in second.record().part(CloudDetails).instances) == made
     assert "kept cluster tflaunch keeps running" in provision.terminate_run(second, print)
 
     bigger = provision_config(

@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import skip_or_fail
 from tests.helpers import fake_cluster, read_until, start_tflaunch, tflaunch, wait_until_gone
-from tflaunch.launchers.local.terminals import follow_command, session_name
+from tflaunch.launchers.local.terminals import TerminalsDetails, follow_command, session_name
 from tflaunch.runtime.run import Run
 
 
@@ -83,7 +83,7 @@ def test_tmux_windows_show_each_task_and_close_after_the_run(tmp_path, tmux_env)
         read_until(proc.stdout, "cluster ready", timeout=30)
         run = run_of(tmp_path)
         session = session_name(run)
-        assert run.read_meta()["terminals_session"] == session
+        assert run.record().part(TerminalsDetails).terminals_session == session
         windows = tmux("list-windows", "-t", session, "-F", "#{window_index} #{window_name}")
         names = dict(line.split(" ", 1)[::-1] for line in windows.stdout.split("\n") if line)
         assert sorted(names) == ["ps:0", "worker:0", "worker:1"]

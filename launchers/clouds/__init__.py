@@ -8,8 +8,8 @@ that ``down`` and ``gc`` find the account again. Providers of other packages joi
 
 from __future__ import annotations
 
+import functools
 import importlib
-from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
@@ -18,12 +18,25 @@ from tflaunch.errors import ConfigError
 if TYPE_CHECKING:
     from tflaunch.cluster.config import ClusterConfig
     from tflaunch.launchers.clouds.base import Provider, Say
+    from tflaunch.runtime.run import RunRecord
 
 _PROVIDERS = {"ec2": "tflaunch.launchers.clouds.ec2.provider:Ec2Provider"}
 
 
 def providers() -> dict[str, str]:
-    """Every known provider: name -> ``module:class`` (this package's, then entry points)."""
+    """Every known provider: name -> ``module:class`` (this package's, then entry points),
+    scanned once a process."""
+    return dict(_scanned())
+
+
+@functools.cache
+def _scanned() -> tuple[tuple[str, str], ...]:
+    return tuple(scan_providers().items())
+
+
+def scan_providers() -> dict[str, str]:
+    """The scan itself (~11 ms: it reads every installed package's metadata; ``status --cloud``
+    asks :func:`providers` once per run directory)."""
     found = dict(_PROVIDERS)
     for point in entry_points(group="tflaunch.clouds"):
         found.setdefault(point.name, point.value)
@@ -47,9 +60,19 @@ def provider_for(config: ClusterConfig, say: Say) -> Provider:
     return provider_class(section.cloud)(section, say)
 
 
-def provider_of_run(meta: Mapping[str, Any], say: Say) -> Provider | None:
-    """The provider a run made its instances with (from its run.json), or None."""
+def run_access(record: RunRecord) -> tuple[str, dict[str, Any]] | None:
+    """(cloud, access) of the account a run made its instances in (from its run.json), or
+    None."""
+    from tflaunch.launchers.clouds.base import access_part
+
     for name in providers():
-        if meta.get(name):
-            return provider_class(name).from_access(meta[name], say)
+        access = getattr(record.part(access_part(name)), name)
+        if access:
+            return name, access
     return None
+
+
+def provider_of_run(record: RunRecord, say: Say) -> Provider | None:
+    """The provider a run made its instances with (from its run.json), or None."""
+    found = run_access(record)
+    return None if found is None else provider_class(found[0]).from_access(found[1], say)

@@ -15,6 +15,7 @@ another, finds the run, cluster and host an instance belongs to.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -64,6 +65,29 @@ class Instance:
     @property
     def host(self) -> str:
         return self.tags.get(TAG_HOST, "")
+
+
+@dataclasses.dataclass(frozen=True)
+class CloudDetails:
+    """What a provisioned run adds to run.json (:class:`tflaunch.runtime.run.RunRecord`'s
+    details), beside its provider's access (:func:`access_part`)."""
+
+    # One dict per instance the run made or took: id, name, type, role, spot, hourly_usd,
+    # launched, terminated (when it ended, or None) and kept (the kept cluster's name, if any).
+    instances: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    keep_cluster: str | None = None  # the run's instances are this kept cluster's
+    detached: bool = False  # written by the backend: a detached run's instances outlive 'up'
+
+
+@functools.cache
+def access_part(cloud: str) -> type:
+    """The run.json part that holds how to reach a run's account again: one field named after
+    its provider (e.g. ``ec2: {region, profile, endpoint_url, security_group}``)."""
+    return dataclasses.make_dataclass(
+        f"{cloud.capitalize()}Access",
+        [(cloud, dict[str, Any] | None, dataclasses.field(default=None))],
+        frozen=True,
+    )
 
 
 def pending_hosts(planned: Sequence[PlannedInstance]) -> list[Host]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tflaunch.errors import TflaunchError
-from tflaunch.launchers.clouds import kept, provider_class
+from tflaunch.launchers.clouds import kept, provider_class, run_access
 from tflaunch.launchers.clouds.base import (
     TAG_AUTOSTOP,
     TAG_CLUSTER,
@@ -32,8 +32,6 @@ def accounts(
     runs_root: Path, extra: tuple[str, Mapping[str, Any]] | None
 ) -> list[tuple[str, dict]]:
     """(cloud, access) of every account the runs directory knows, each once."""
-    from tflaunch.launchers.clouds import providers
-
     found: dict[str, tuple[str, dict]] = {}
 
     def add(cloud: str, access: Mapping[str, Any]) -> None:
@@ -45,10 +43,9 @@ def accounts(
     for record in kept.records(runs_root):
         add(record["cloud"], record["access"])
     for path in list_runs(runs_root):
-        meta = Run(path.name, path).read_meta()
-        for cloud in providers():
-            if meta.get(cloud):
-                add(cloud, meta[cloud])
+        found_in_run = run_access(Run(path.name, path).record())
+        if found_in_run is not None:
+            add(*found_in_run)
     return list(found.values())
 
 

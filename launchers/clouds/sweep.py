@@ -29,12 +29,13 @@ from tflaunch.launchers.clouds.base import (
     TAG_LAUNCHER,
     TAG_RUN,
     TAG_RUN_DIR,
+    CloudDetails,
     Instance,
     Provider,
     Say,
     network_name,
 )
-from tflaunch.runtime.run import ENDED, Run
+from tflaunch.runtime.run import Run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,14 +74,15 @@ def launcher_alive(tag: str) -> bool | None:
 def mark_terminated(run: Run, ids: set[str] | None = None) -> None:
     """Record in run.json when the run's instances (or those of ``ids``) ended."""
     now = time.time()
-    records = run.read_meta().get("instances") or []
-    run.update_meta(
+    records = run.record().part(CloudDetails).instances
+    run.update_part(
+        CloudDetails,
         instances=[
             {**r, "terminated": r.get("terminated") or now}
             if ids is None or r.get("id") in ids
             else r
             for r in records
-        ]
+        ],
     )
 
 
@@ -89,15 +91,15 @@ def judge(run_id: str, tags: dict[str, str]) -> tuple[bool, str]:
     if tags.get(TAG_KEEP):
         return False, f"kept cluster {tags[TAG_KEEP]}; 'tflaunch down --cluster' ends it"
     run_dir = Path(tags.get(TAG_RUN_DIR, "/nonexistent"))
-    meta = Run(run_id, run_dir).read_meta() if (run_dir / "run.json").exists() else {}
-    if meta.get("state") in ENDED:
-        return True, f"its run {meta['state']}"
+    record = Run(run_id, run_dir).record()  # an empty one when the directory is gone
+    if record.has_ended:
+        return True, f"its run {record.state}"
     alive = launcher_alive(tags.get(TAG_LAUNCHER, ""))
     if alive is None:
         return False, f"started from {tags.get(TAG_LAUNCHER, '?').split(':')[0]}; sweep there"
     if alive:
         return False, "its launcher is running"
-    if meta.get("detached"):
+    if record.part(CloudDetails).detached:
         return False, "a detached run that has not ended"
     return True, "its launcher is gone"
 
@@ -124,9 +126,9 @@ def sweep(provider: Provider, say: Say, dry_run: bool = False) -> list[Verdict]:
         provider.terminate(list(ids))
         for network in sorted(networks):
             provider.delete_network(network, wait=60)
-        run_dir = Path(tags.get(TAG_RUN_DIR, "/nonexistent"))
-        if (run_dir / "run.json").exists():
-            mark_terminated(Run(run_id, run_dir), set(ids))
+        run = Run(run_id, Path(tags.get(TAG_RUN_DIR, "/nonexistent")))
+        if run.recorded:
+            mark_terminated(run, set(ids))
     return verdicts
 
 

@@ -32,6 +32,16 @@ KINDS = ("tmux", "xterm", "gnome-terminal")
 TMUX_TIMEOUT = 10.0  # seconds for one tmux command: every wait has a deadline
 
 
+@dataclass(frozen=True)
+class TerminalsDetails:
+    """What ``--terminals`` adds to run.json (:class:`tflaunch.runtime.run.RunRecord`'s
+    details): the kind of windows, and a tmux run's session and socket to attach to."""
+
+    terminals: str | None = None
+    terminals_session: str | None = None
+    terminals_socket: str | None = None
+
+
 def check(kind: str) -> None:
     """Raise LaunchError (exit 2) when windows of ``kind`` cannot be opened here."""
     if kind not in KINDS:
@@ -138,7 +148,12 @@ def _open_tmux(terminals: Terminals, run: Run, windows: list[tuple[str, list[str
     terminals.socket = (
         _tmux(None, "display-message", "-p", "-t", session, "#{socket_path}").strip() or None
     )
-    run.update_meta(terminals="tmux", terminals_session=session, terminals_socket=terminals.socket)
+    run.update_part(
+        TerminalsDetails,
+        terminals="tmux",
+        terminals_session=session,
+        terminals_socket=terminals.socket,
+    )
 
 
 def _open_windows(terminals: Terminals, run: Run, windows: list[tuple[str, list[str]]]) -> None:
@@ -161,7 +176,7 @@ def _open_windows(terminals: Terminals, run: Run, windows: list[tuple[str, list[
                 "Check the display, or use --terminals tmux."
             )
         time.sleep(0.1)
-    run.update_meta(terminals=terminals.kind)
+    run.update_part(TerminalsDetails, terminals=terminals.kind)
 
 
 def _tmux(socket: str | None, *args: str, check: bool = True) -> str:
@@ -186,8 +201,9 @@ def _tmux(socket: str | None, *args: str, check: bool = True) -> str:
 
 def attach(run: Run) -> None:
     """Replace this process with a tmux client on the run's session."""
-    meta = run.read_meta()
-    session, socket = meta.get("terminals_session"), meta.get("terminals_socket")
+    record = run.record()
+    details = record.part(TerminalsDetails)
+    session, socket = details.terminals_session, details.terminals_socket
     if not session:
         raise LaunchError(
             f"run {run.id} has no tmux session: it was started without "
@@ -205,7 +221,7 @@ def attach(run: Run) -> None:
     if probe.returncode != 0:
         raise LaunchError(
             f"the tmux session {session} of run {run.id} is gone: the run has ended "
-            f"(state: {meta.get('state', 'unknown')}). See 'tflaunch logs {run.id}'."
+            f"(state: {record.state or 'unknown'}). See 'tflaunch logs {run.id}'."
         )
     # Inside tmux already, attaching would nest sessions: switch this client instead.
     command = "switch-client" if os.environ.get("TMUX") else "attach-session"

@@ -131,7 +131,7 @@ def follow(run: Run, job_id: str, out: IO[str] = sys.stdout, err: IO[str] = sys.
             if caught and cancelled_at is None:
                 cancelled_at = time.monotonic()
                 _say(err, f"{signal.Signals(caught[0]).name}: cancelling Slurm job {job_id}")
-                run.update_meta(cancel_requested=time.time())
+                run.update_part(SlurmDetails, cancel_requested=time.time())
                 cancel(job_id)
             if cancelled_at is not None and time.monotonic() - cancelled_at > 120:
                 break  # Slurm is slow to confirm; the job was cancelled all the same
@@ -239,7 +239,8 @@ class SlurmBackend(Backend):
     def submit(self, config: ClusterConfig, run: Run, out: IO[str] = sys.stdout) -> str:
         script = self.prepare(config, run)
         job_id = submit(script)
-        run.update_meta(
+        run.update_part(
+            SlurmDetails,
             backend=self.name,
             job_id=job_id,
             state="submitted",
@@ -311,7 +312,7 @@ class SlurmBackend(Backend):
         if not state.ended:
             # Slurm signals every process of the step at once, so tasks may report their SIGTERM
             # before the coordinator does: the marker says the run was stopped, not failed.
-            run.update_meta(cancel_requested=time.time())
+            run.update_part(SlurmDetails, cancel_requested=time.time())
             cancel(str(job_id), check=True)
             deadline = time.monotonic() + grace + 60
             while not state.ended and time.monotonic() < deadline:

@@ -42,7 +42,7 @@ from tflaunch.cluster.plan import Host, Plan, make_plan
 from tflaunch.errors import TflaunchError
 from tflaunch.launchers.base import Backend, spawn_agent
 from tflaunch.launchers.slurm.client import requeue as requeue_job
-from tflaunch.launchers.slurm.script import SETUP_FILE, SNAPSHOT_FILE, Layout, layout
+from tflaunch.launchers.slurm.script import SETUP_FILE, SNAPSHOT_FILE, Layout, SlurmDetails, layout
 from tflaunch.runtime import protocol
 from tflaunch.runtime.agent import serve
 from tflaunch.runtime.coordinator import Requeue
@@ -250,8 +250,11 @@ def coordinate(node: Node) -> int:
     gpus = {h: tuple(str(g) for g in a.hello.get("gpu_ids", ())) for h, a in joined.items()}
     plan = node.plan(gpus)
     node.run.write_plan(plan)
-    node.run.update_meta(
-        job_id=node.job_id, coordinator_host=node.name, nodes=[h.name for h in plan.hosts]
+    node.run.update_part(
+        SlurmDetails,
+        job_id=node.job_id,
+        coordinator_host=node.name,
+        nodes=[h.name for h in plan.hosts],
     )
     links = [a.link for a in joined.values()]
     outcome = AllocationBackend(node, links).launch(node.config, plan, node.run)

@@ -44,6 +44,8 @@ class SlurmDetails:
     cancel_requested: float | None = None  # when scancel was asked for (a cancel, not a failure)
     coordinator_host: str | None = None
     nodes: list[str] | None = None
+    submitted: float | None = None  # when sbatch took the job ...
+    script: str | None = None  # ... and the batch script it was given
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,8 @@ from tflaunch.launchers.ssh.connect import (
     parallel,
     remote_command,
 )
-from tflaunch.launchers.ssh.session import HostSession, SshDetails
+from tflaunch.launchers.ssh.details import SshDetails
+from tflaunch.launchers.ssh.session import HostSession
 from tflaunch.launchers.ssh.sources import resolve_hosts
 from tflaunch.runtime import protocol
 from tflaunch.runtime.coordinator import Revive
@@ -356,7 +357,7 @@ class SshBackend(Backend):
         from tflaunch.launchers.ssh.tensorboard import run_ssh
         from tflaunch.launchers.tensorboard import TensorBoardError
 
-        cluster_file = run.read_meta().get("cluster_file")
+        cluster_file = run.record().cluster_file
         if not cluster_file or not Path(cluster_file).exists():
             raise TensorBoardError(
                 f"run {run.id} was started from {cluster_file}, which is gone: the SSH settings "

@@ -9,7 +9,6 @@ tears the cluster down as on Ctrl-C) and then makes sure no agent of the run is 
 
 from __future__ import annotations
 
-import json
 import posixpath
 import time
 from typing import Any
@@ -18,12 +17,13 @@ from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Plan
 from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
-from tflaunch.launchers.ssh.session import HostSession, SshDetails, fetch_new_bytes
+from tflaunch.launchers.ssh.details import SshDetails
+from tflaunch.launchers.ssh.session import HostSession, fetch_new_bytes
 from tflaunch.runtime import protocol
 from tflaunch.runtime.rendezvous import RENDEZVOUS_FILE, Rendezvous
-from tflaunch.runtime.run import Outcome, Run, RunRecord
+from tflaunch.runtime.run import Outcome, Run, RunRecord, remote_record_path
 from tflaunch.runtime.runctl import cluster_ready
-from tflaunch.runtime.runfiles import CONSOLE_FILE, EVENTS_FILE, META_FILE, SAMPLES_PREFIX
+from tflaunch.runtime.runfiles import CONSOLE_FILE, EVENTS_FILE, SAMPLES_PREFIX
 
 ON_HOST = "tflaunch.launchers.ssh.on_host"
 AGENT_LOG = "agent.log"  # a detached agent's own output, in its host's run directory
@@ -91,7 +91,8 @@ def start(session: HostSession, config: ClusterConfig, plan: Plan, run: Run) -> 
     if coordinator is None:
         output = session.read_file(first.name, console) or "(no output)"
         raise LaunchError(f"the coordinator did not start on {first.name}:\n{output[-2000:]}")
-    run.update_meta(
+    run.update_part(
+        SshDetails,
         detached=True,
         ssh_coordinator=first.name,
         ssh_coordinator_pid=coordinator.pid,
@@ -164,10 +165,8 @@ def refresh(session: HostSession, run: Run) -> None:
                 n for n in sftp.listdir(remote_dir) if n.startswith(SAMPLES_PREFIX)
             ]
         fetch_new_bytes(conn, [(posixpath.join(remote_dir, n), run.dir / n) for n in mirrored])
-        remote = RunRecord.from_dict(
-            json.loads(
-                session.read_file(coordinator, posixpath.join(remote_dir, META_FILE)) or "{}"
-            )
+        remote = RunRecord.from_json(
+            session.read_file(coordinator, remote_record_path(remote_dir)) or "{}"
         )
         copied: dict[str, Any] = {
             k: getattr(remote, k)

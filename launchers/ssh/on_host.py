@@ -27,6 +27,7 @@ from pathlib import Path
 
 from tflaunch.cluster.plan import Plan
 from tflaunch.errors import LaunchError, TflaunchError
+from tflaunch.launchers.ssh.details import SshDetails
 from tflaunch.runtime.agent import serve
 from tflaunch.runtime.coordinator import coordinate
 from tflaunch.runtime.link import socket_streams
@@ -51,7 +52,7 @@ def run_coordinator(run_dir: Path, run_id: str, listen: str) -> int:
     record = handed_over(run_dir)
     listener = Listener(listen, record.token, set(hosts))
     publish(run_dir, record.listening(listener, host=socket.gethostname()))
-    run.start("ssh", hosts, detached=True)
+    run.start("ssh", hosts, SshDetails, detached=True)
     joined = listener.accept(plan.supervision.ready_timeout + 60)
     missing = sorted(set(hosts) - set(joined))
     if missing:

@@ -48,9 +48,11 @@ from tflaunch.launchers.clouds.base import (
     TAG_LAUNCHER,
     TAG_RUN,
     TAG_RUN_DIR,
+    CloudDetails,
     Instance,
     PlannedInstance,
     Provider,
+    access_part,
     pending_hosts,
 )
 from tflaunch.launchers.clouds.costs import Price, cost_table
@@ -200,7 +202,7 @@ def provisioned_run(
     end = _Ending(detach, down_at_end or config.ssh.provision.terminate_at_end, keep)
     if not keep:
         return _provisioned(config, run, start, say, plan, provider, planned, end, (), fleet_ready)
-    run.update_meta(keep_cluster=keep)  # the run's instances are the kept cluster's
+    run.update_part(CloudDetails, keep_cluster=keep)  # the run's instances are the kept cluster's
     with kept.in_use(run.dir.parent, keep, f"run {run.id}"):
         reuse = _kept_instances(provider, keep, planned, recreate, run, say)
         return _provisioned(
@@ -275,9 +277,7 @@ def _provisioned(
                 made.reused, made.ids = True, {i.host: i.id for i in reuse}
                 made.group = _network_of(reuse)
                 say(f"reusing kept cluster {keep}: {len(reuse)} instance(s), none created")
-                run.update_meta(
-                    **{provider.name: {**provider.access(), "security_group": made.group}}
-                )
+                _record_access(run, provider, made.group)
                 _record(run, planned, made.ids, prices, keep)
                 found = provider.wait_running(list(made.ids.values()), section.ready_timeout)
                 hosts = provider.hosts(planned, made.ids, found, config.ssh.jump_host is not None)
@@ -317,7 +317,7 @@ def _create(
     made.group = provider.open_network(
         run.id, config.name, ports, config.ssh.port, section.ssh_from or my_public_cidr()
     )
-    run.update_meta(**{provider.name: {**provider.access(), "security_group": made.group}})
+    _record_access(run, provider, made.group)
     extra = {
         TAG_LAUNCHER: launcher_tag(),
         TAG_RUN_DIR: str(run.dir),
@@ -451,7 +451,7 @@ class Fleet:
 
     def _record_replacement(self, planned: PlannedInstance, old_id: str, new_id: str) -> None:
         mark_terminated(self.run, {old_id})
-        records = self.run.read_meta().get("instances") or []
+        records = self.run.record().part(CloudDetails).instances
         _record(self.run, [planned], {planned.name: new_id}, self.prices, self.keep, records)
 
 
@@ -470,29 +470,36 @@ def _record(
          "launched": now, "terminated": None, **({"kept": keep} if keep else {})}
         for p in planned if p.name in ids
     ]  # fmt: skip
-    run.update_meta(instances=[*before, *made])
+    run.update_part(CloudDetails, instances=[*before, *made])
+
+
+def _record_access(run: Run, provider: Provider, group: str | None) -> None:
+    """How ``down`` and ``gc`` reach the run's account and network rules again."""
+    access = {**provider.access(), "security_group": group}
+    run.update_part(access_part(provider.name), **{provider.name: access})
 
 
 def terminate_run(run: Run, say: Say) -> str:
     """``tflaunch down``: terminate the instances a run created; what was done, in words."""
-    meta = run.read_meta()
-    provider: Provider | None = provider_of_run(meta, say)
+    record = run.record()
+    provider: Provider | None = provider_of_run(record, say)
     if provider is None:
         return ""
-    keep = meta.get("keep_cluster")
+    keep = record.part(CloudDetails).keep_cluster
     if keep:
         return f"kept cluster {keep} keeps running: 'tflaunch down --cluster {keep}' ends it"
     alive = provider.describe(tags={TAG_RUN: run.id})
-    provider.terminate([i.id for i in alive], meta[provider.name].get("security_group"))
+    access = getattr(record.part(access_part(provider.name)), provider.name)
+    provider.terminate([i.id for i in alive], access.get("security_group"))
     mark_terminated(run)
     return f"terminated {len(alive)} instance(s) of run {run.id}"
 
 
 def instance_lines(run: Run, say: Say) -> list[str]:
     """For ``status RUN``: the run's instances, their state now (from the provider) and price."""
-    meta = run.read_meta()
-    records = meta.get("instances") or []
-    provider = provider_of_run(meta, say) if records else None
+    record = run.record()
+    records = record.part(CloudDetails).instances
+    provider = provider_of_run(record, say) if records else None
     if provider is None:
         return []
     try:

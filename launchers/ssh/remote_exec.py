@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 
 from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
-from tflaunch.launchers.ssh.session import HostSession, SshDetails
+from tflaunch.launchers.ssh.details import SshDetails
+from tflaunch.launchers.ssh.session import HostSession
 from tflaunch.runtime.run import Run
 
 

@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import paramiko
 
@@ -36,6 +36,7 @@ from tflaunch.launchers.ssh.connect import (
     connect_jump,
     parallel,
 )
+from tflaunch.launchers.ssh.details import SshDetails
 from tflaunch.launchers.ssh.gpus import adopt_found_gpus
 from tflaunch.launchers.ssh.preflight import (
     HostReport,
@@ -49,20 +50,6 @@ from tflaunch.launchers.ssh.setup import prepare_hosts
 from tflaunch.runtime.link import agent_args, agent_argv
 from tflaunch.runtime.run import Run
 from tflaunch.runtime.runfiles import PLAN_FILE, open_run_file
-
-
-@dataclasses.dataclass(frozen=True)
-class SshDetails:
-    """What an SSH run adds to run.json (:class:`tflaunch.runtime.run.RunRecord`'s details)."""
-
-    ssh_hosts: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)  # HostPaths
-    ssh_options: dict[str, Any] | None = None  # SshOptions: how to reach the hosts again
-    ssh_python: str = "python3"
-    ssh_timings: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
-    ssh_open_seconds: float | None = None
-    detached: bool = False
-    ssh_coordinator: str | None = None  # a detached run's coordinator: its host and pid
-    ssh_coordinator_pid: int | None = None
 
 
 def _safe_name(name: str) -> str:
@@ -166,15 +153,16 @@ class HostSession:
         if gpu_notes:  # the hosts got the plan before pre-flight found their GPUs
             self._rewrite_plans(plan)
         if only is not None:
-            known = run.read_meta().get("ssh_hosts") or {}
+            known = run.record().part(SshDetails).ssh_hosts
             paths = {name: dataclasses.asdict(p) for name, p in self.paths.items()}
-            run.update_meta(ssh_hosts={**known, **paths})
+            run.update_part(SshDetails, ssh_hosts={**known, **paths})
             return plan
         resolved = tuple(
             dataclasses.replace(t, workdir=self.paths[t.host].workdir) for t in plan.tasks
         )
         run.write_plan(dataclasses.replace(plan, tasks=resolved))  # what the hosts run
-        run.update_meta(
+        run.update_part(
+            SshDetails,
             ssh_hosts={name: dataclasses.asdict(p) for name, p in self.paths.items()},
             ssh_options=dataclasses.asdict(options),
             ssh_python=config.ssh.python,

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import secrets
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -70,8 +72,9 @@ class RunRecord:
     job id, its SSH hosts' paths, EC2 instances); they are kept in ``details`` and a backend reads
     them through a dataclass of its own (:meth:`part`). On disk the record is one flat JSON object
     (sorted keys), as it always was; :class:`Run` reads it (:meth:`Run.record`) and writes it
-    (:meth:`Run.update_meta`, a field at a time, so that writers on either side never drop each
-    other's fields), nothing else."""
+    (:meth:`Run.update_meta` for these fields, :meth:`Run.update_part` for a backend's, a few
+    fields at a time, so that writers on either side never drop each other's fields), nothing
+    else (``tests/test_run_record.py`` checks)."""
 
     run_id: str | None = None
     name: str | None = None
@@ -90,11 +93,16 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunRecord:
-        known = {f.name for f in fields(cls)} - {"details"}
+        known = _core_fields()
         return cls(
             **{k: v for k, v in data.items() if k in known},
             details={k: v for k, v in data.items() if k not in known},
         )
+
+    @classmethod
+    def from_json(cls, text: str) -> RunRecord:
+        """A run.json's text (e.g. read from another host) as a record; empty when unreadable."""
+        return cls.from_dict(_meta_of(text))
 
     @property
     def has_ended(self) -> bool:
@@ -104,6 +112,30 @@ class RunRecord:
         """The backend's details as its own dataclass ``cls`` (absent fields take its defaults)."""
         names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
         return cls(**{k: v for k, v in self.details.items() if k in names})
+
+
+def _core_fields() -> set[str]:
+    return {f.name for f in fields(RunRecord)} - {"details"}
+
+
+def _part_fields(part: type) -> set[str]:
+    if not is_dataclass(part):
+        raise TypeError(f"{part!r} is not a dataclass: a run.json part is one")
+    return {f.name for f in fields(part)}
+
+
+def _meta_of(text: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def remote_record_path(run_dir: str) -> str:
+    """The run.json of a run directory on another host (a POSIX path), to read as
+    :meth:`RunRecord.from_json`."""
+    return posixpath.join(run_dir, META_FILE)
 
 
 def new_run_id(name: str) -> str:
@@ -179,35 +211,54 @@ class Run:
     def read_plan(self) -> Plan:
         return Plan.from_dict(json.loads(self.plan_path.read_text()))
 
+    @property
+    def recorded(self) -> bool:
+        """Whether the run has a run.json (a directory named by a tag may be gone)."""
+        return self.meta_path.exists()
+
     def record(self) -> RunRecord:
-        """run.json as a typed record (an empty one when it is missing or unreadable)."""
-        return RunRecord.from_dict(self.read_meta())
+        """run.json as a typed record (an empty one when it is missing or unreadable): the one
+        way to read it."""
+        return RunRecord.from_dict(self._read_meta())
 
-    def read_meta(self) -> dict[str, Any]:
-        """run.json as it is on disk; :meth:`record` is the typed view to read."""
+    def _read_meta(self) -> dict[str, Any]:
         try:
-            data = json.loads(self.meta_path.read_text())
-        except (OSError, ValueError):
+            return _meta_of(self.meta_path.read_text())
+        except OSError:
             return {}
-        return data if isinstance(data, dict) else {}
 
-    def update_meta(self, **fields: Any) -> dict[str, Any]:
-        meta = self.read_meta()
-        meta.update(fields)
+    def update_meta(self, **values: Any) -> None:
+        """Write fields of :class:`RunRecord` (a backend's own go through :meth:`update_part`)."""
+        self._write(_core_fields(), values)
+
+    def update_part(self, part: type, **values: Any) -> None:
+        """Write fields of a backend's part ``part`` (a dataclass read back with
+        :meth:`RunRecord.part`), and of :class:`RunRecord`, in one write."""
+        self._write(_part_fields(part) | _core_fields(), values, part.__name__)
+
+    def _write(self, known: set[str], values: dict[str, Any], part: str = "RunRecord") -> None:
+        strays = sorted(set(values) - known)
+        if strays:
+            raise TypeError(f"run.json: {', '.join(strays)} is not a field of {part}")
+        meta = self._read_meta()
+        meta.update(values)
         _atomic_write(self.meta_path, json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        return meta
 
-    def start(self, backend: str, hosts: list[str], **fields: Any) -> None:
+    def start(
+        self, backend: str, hosts: list[str], part: type | None = None, **values: Any
+    ) -> None:
         """Record that this process coordinates the run from now on (with its start time, so
-        that a later ``down`` can tell it from another process that reused its pid)."""
-        self.update_meta(
+        that a later ``down`` can tell it from another process that reused its pid); ``values``
+        are fields of the backend's ``part``, if any."""
+        write = self.update_meta if part is None else partial(self.update_part, part)
+        write(
             backend=backend,
             state="starting",
             coordinator_pid=os.getpid(),
             coordinator_started=psutil.Process().create_time(),
             started=time.time(),
             hosts=hosts,
-            **fields,
+            **values,
         )
 
     def finish(self, outcome: Outcome) -> Outcome:

@@ -20,12 +20,15 @@ import click
 
 from tflaunch.errors import TflaunchError
 from tflaunch.models.placement_math import STRATEGIES
+from tflaunch.models.registry import model_names
 from tflaunch.text import aligned
 
 RESULT_PREFIX = "netbench-result: "
 UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3}
 DEFAULT_SIZES = "1K-64M"
-MODELS = ("inception_v3", "resnet50", "mnist", "none")
+NO_PS_MODEL = "none"  # --ps-model none: skip the PS test
+# The registry's networks whose variables netbench can size (and their aliases), and "none".
+PS_MODELS = (*model_names(sized_in_graph=True, aliases=True), NO_PS_MODEL)
 
 
 class NetbenchError(TflaunchError):
@@ -221,7 +224,14 @@ def plot(result: Mapping, path: Path) -> Path:
     show_default=True,
     help="Repeat each pair and size for at least this long (50 runs at most).",
 )
-@click.option("--ps-model", type=click.Choice(MODELS), default="inception_v3", show_default=True)
+@click.option(
+    "--ps-model",
+    type=click.Choice(PS_MODELS),
+    default="inception_v3",
+    show_default=True,
+    help=f"A network of tflaunch.models.registry whose variables the PS test places, or "
+    f"'{NO_PS_MODEL}' to skip the test.",
+)
 @click.option(
     "--ps-placement",
     type=click.Choice(STRATEGIES),

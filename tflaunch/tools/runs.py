@@ -45,9 +45,9 @@ class RunRow:
 
 def run_row(run: Run, now: float | None = None) -> RunRow:
     """The list's view of one run."""
-    meta = run.read_meta()
-    started = meta.get("started") or meta.get("created")
-    ended = meta.get("ended")
+    record = run.record()
+    started = record.started or record.created
+    ended = record.ended
     problem = None
     try:
         state = launch.run_state(run)
@@ -63,8 +63,8 @@ def run_row(run: Run, now: float | None = None) -> RunRow:
         duration = max(0.0, (now or time.time()) - started)
     return RunRow(
         id=run.id,
-        name=meta.get("name"),
-        backend=meta.get("backend"),
+        name=record.name,
+        backend=record.backend,
         state=state,
         started=started,
         duration=duration,
@@ -72,7 +72,7 @@ def run_row(run: Run, now: float | None = None) -> RunRow:
         restarts=sum(
             1 for r in protocol.records(run.events()) if isinstance(r.event, RESTART_EVENTS)
         ),
-        exit_code=meta.get("exit_code"),
+        exit_code=record.exit_code,
         problem=problem,
     )
 
@@ -95,8 +95,8 @@ def run_rows(runs_dir: str | Path, limit: int | None = DEFAULT_LIMIT) -> tuple[l
 
 
 def _start_of(run: Run) -> float:
-    meta = run.read_meta()
-    return float(meta.get("started") or meta.get("created") or 0.0)
+    record = run.record()
+    return float(record.started or record.created or 0.0)
 
 
 def rows_json(rows: list[RunRow]) -> list[dict]:
@@ -167,8 +167,8 @@ def prune(
     removed = 0
     for path in list_runs(runs_dir):
         run = Run(path.name, path.resolve())
-        meta = run.read_meta()
-        last = meta.get("ended") or meta.get("started") or meta.get("created") or 0.0
+        record = run.record()
+        last = record.ended or record.started or record.created or 0.0
         if now - last < older_than:
             continue
         try:
