@@ -12,8 +12,9 @@ backoff. Two scopes:
 On Slurm, ``--requeue-repeats N`` (default 1) adds a third row, requeue: a job with a 1-minute limit,
 ``slurm.signal: USR1@50`` and ``slurm.requeue: 1`` whose first run outlasts the limit; the figure
 is the coordinator's ``requeueing`` event (the cluster is stopped and the job requeued) to worker 1
-started again in the requeued job. Slurm holds a requeued job back for ``cred_expire`` seconds (30
-on the test cluster, 120 by default), which dominates it.
+started again in the requeued job. Slurm holds a requeued job back for ``cred_expire`` seconds (10
+on the test cluster, 120 by default) and then starts it on its main scheduler's next pass (every 2 s
+on the test cluster, 60 s by default), which dominates it.
 
 Usage: python benchmarks/restart_latency.py [--repeats 5] [--backend local|slurm|both]
                                             [--requeue-repeats 1]

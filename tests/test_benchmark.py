@@ -234,10 +234,32 @@ def test_single_process_tfrecords(tfrecord_dir, tmp_path, capsys) -> None:
 # --- 1 PS + 2 workers through `tflaunch up` (slow) ---------------------------------------------
 
 
+def _check_totals(stdout: str, result_dir: Path) -> None:
+    """Every worker prints the same total: the sum of both workers' own figures."""
+    totals = {
+        worker: float(m.group(1))
+        for worker in ("worker:0", "worker:1")
+        for m in re.finditer(rf"^\[{worker}\]\s+total images/sec: ([\d.]+)$", stdout, re.M)
+    }
+    assert set(totals) == {"worker:0", "worker:1"}
+    docs = [json.loads((result_dir / f"worker-{i}.json").read_text()) for i in (0, 1)]
+    own = sum(d["images_per_sec"]["worker"] for d in docs)
+    assert totals["worker:0"] == totals["worker:1"] == pytest.approx(own, abs=0.01)
+    assert all(d["cluster"]["num_workers"] == 2 and d["cluster"]["num_ps"] == 1 for d in docs)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("real_data", [False, True], ids=["synthetic", "tfrecords"])
 @pytest.mark.parametrize(
-    "variable_update", ["parameter_server", "distributed_replicated", "collective_all_reduce"]
+    ("variable_update", "real_data"),
+    [
+        ("parameter_server", False),
+        ("parameter_server", True),
+        ("distributed_replicated", False),
+        ("distributed_replicated", True),
+        # collective_all_reduce on synthetic data: test_collective_all_reduce_from_a_cluster_file
+        ("collective_all_reduce", True),
+    ],
+    ids=lambda value: {False: "synthetic", True: "tfrecords"}.get(value, value),
 )
 def test_cluster_through_tflaunch_up(variable_update, real_data, tfrecord_dir, tmp_path) -> None:
     argv = [sys.executable, "-m", "tflaunch.models.benchmark", *TINY, "--num_batches", "2"]
@@ -254,17 +276,7 @@ def test_cluster_through_tflaunch_up(variable_update, real_data, tfrecord_dir, t
     )
     result = tflaunch("up", str(cluster), cwd=ROOT, timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    totals = {
-        worker: float(m.group(1))
-        for worker in ("worker:0", "worker:1")
-        for m in re.finditer(rf"^\[{worker}\]\s+total images/sec: ([\d.]+)$", result.stdout, re.M)
-    }
-    assert set(totals) == {"worker:0", "worker:1"}
-    # Every worker prints the same total: the sum of both workers' own figures.
-    docs = [json.loads((tmp_path / f"worker-{i}.json").read_text()) for i in (0, 1)]
-    own = sum(d["images_per_sec"]["worker"] for d in docs)
-    assert totals["worker:0"] == totals["worker:1"] == pytest.approx(own, abs=0.01)
-    assert all(d["cluster"]["num_workers"] == 2 and d["cluster"]["num_ps"] == 1 for d in docs)
+    _check_totals(result.stdout, tmp_path)
     assert wait_until_gone(str(tmp_path)) == []
 
 
@@ -272,10 +284,12 @@ def test_cluster_through_tflaunch_up(variable_update, real_data, tfrecord_dir, t
 def test_collective_all_reduce_from_a_cluster_file(tmp_path) -> None:
     """The cluster only from the cluster file tflaunch writes ({cluster_file}, no TF_CONFIG):
     MultiWorkerMirroredStrategy over the two workers through ClusterFileResolver (the PS left
-    out by its jobs filter, idle)."""
+    out by its jobs filter, idle). Also the collective_all_reduce/synthetic case of
+    test_cluster_through_tflaunch_up, with its checks of the totals."""
     argv = [sys.executable, "-m", "tflaunch.models.benchmark", *TINY, "--num_batches", "2"]
     argv += ["--num_warmup_batches", "1", "--variable_update", "collective_all_reduce"]
     argv += ["--cluster_file", "{cluster_file}"]
+    argv += ["--result_json", str(tmp_path / "{job_name}-{task_index}.json")]
     program = {"argv": argv, "env": {"TEST_MARKER": str(tmp_path)}, "tf_config": False}
     config = write_cluster(tmp_path / "cluster.yaml", program, supervision={"ready_timeout": 240})
     result = tflaunch("up", str(config), cwd=ROOT, timeout=400)
@@ -290,6 +304,7 @@ def test_collective_all_reduce_from_a_cluster_file(tmp_path) -> None:
     assert "collective_all_reduce: worker 1 of 2, PS tasks unused" in result.stdout
     totals = re.findall(r"^\[worker:\d\]\s+total images/sec: ([\d.]+)$", result.stdout, re.M)
     assert len(totals) == 2 and totals[0] == totals[1]
+    _check_totals(result.stdout, tmp_path)
     assert wait_until_gone(str(tmp_path)) == []
 
 

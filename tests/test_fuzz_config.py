@@ -9,9 +9,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import ROOT
 
 
+@pytest.mark.slow  # 750 launcher runs: 11 s on this 2-core machine, alone
 def test_150_mutated_files_give_no_traceback_and_stay_small_and_fast():
     result = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "fuzz_config.py"), "--seed", "7", "--count", "150"],

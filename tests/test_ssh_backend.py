@@ -91,6 +91,17 @@ def wait_hosts_clean(hosts, timeout: float) -> list[str]:
     return left_on_hosts(hosts)
 
 
+def wait_tasks_gone(host, timeout: float) -> list[str]:
+    """Wait until no stand-in task is left on ``host`` (the hosts are this session's alone);
+    return those left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in ssh_hosts.processes_in(host) if "fake_task.py" in p]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
 def only_run(tmp_path: Path) -> Path:
     (run,) = (tmp_path / "runs").iterdir()
     return run
@@ -489,7 +500,8 @@ def test_lost_host_that_answers_again_gets_a_new_agent_and_the_cluster_restarts(
     cluster = ssh_cluster(
         tmp_path,
         ssh_test_hosts,
-        env={"WORK_SECONDS": "20"},
+        # the first run outlasts the cut; the restarted one only has to finish
+        env={"WORK_SECONDS": "20", "RESTART_WORK_SECONDS": "1"},
         ssh={"host_wait": 60},
         supervision={"restart": {"ps": "exit-code", "backoff": 0.5}},
     )
@@ -498,7 +510,8 @@ def test_lost_host_that_answers_again_gets_a_new_agent_and_the_cluster_restarts(
     try:
         ssh_hosts.cut_host_link(host2)
         seen = read_until(proc.stdout, "host2 stopped answering", timeout=30)
-        time.sleep(4)
+        # still cut off, host2's agent stops its own tasks once its heartbeat times out
+        assert wait_tasks_gone(host2, 30) == []
         ssh_hosts.restore_host_link(host2)
         seen += read_until(proc.stdout, "host2 answers again", timeout=60)
         seen += read_until(proc.stdout, "succeeded", timeout=90)

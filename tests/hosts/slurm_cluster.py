@@ -53,8 +53,12 @@ REQUIRED_PROGRAMS = ("ip", "munged", "slurmctld", "slurmd", "scontrol", "sinfo",
 READY_TIMEOUT_S = 60.0
 LOCK_FILE = Path("/tmp/tfl-slurm.lock")
 # A step credential's lifetime, which is also how long a requeued job waits before it may start
-# again (Slurm's default 120 s would make every requeue test wait two minutes).
-CRED_EXPIRE_S = 30
+# again (Slurm's default 120 s would make every requeue test wait two minutes). A step is launched
+# within a second of its credential's creation here, so 10 s leaves a wide margin.
+CRED_EXPIRE_S = 10
+# How often the main scheduler looks at the queue (Slurm's default is 60 s). Backfill (every 1 s
+# here) does not start a requeued job, so without this it waits up to a minute once eligible.
+SCHED_INTERVAL_S = 2
 
 
 @dataclass(frozen=True)
@@ -302,7 +306,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=1
+SchedulerParameters=bf_interval=1,sched_interval={SCHED_INTERVAL_S}
 MpiDefault=none
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none

@@ -4,7 +4,8 @@ Reads its role from TF_CONFIG like a real task; without one (``program.tf_config
 reads the cluster file named by its first argument (``{cluster_file}``) or by
 $TFLAUNCH_CLUSTER_FILE, and its role from $TFLAUNCH_TASK. A PS listens on its port (after
 PS_DELAY seconds) and serves forever. A worker checks that every PS accepts connections, prints what it sees, runs
-WORK_SECONDS (worker i: WORK_SECONDS + i * WORK_STEP), and exits with FAIL_CODE if its index is
+WORK_SECONDS (worker i: WORK_SECONDS + i * WORK_STEP; with RESTART_WORK_SECONDS set, that instead
+in every run of the task after its first in the run directory), and exits with FAIL_CODE if its index is
 FAIL_INDEX (only in its first FAIL_RUNS runs, counted by $TFLAUNCH_TASK_RESTARTS and
 $TFLAUNCH_CLUSTER_RESTARTS).
 SIGUSR1 prints 'got SIGUSR1'. SPAWN_CHILD=1 makes every task start a long-sleeping child of its own;
@@ -65,9 +66,15 @@ for address in config["cluster"].get("ps", []):
     except OSError:
         reachable.append(False)
 print(f"all ps reachable at start: {all(reachable)}", flush=True)
-time.sleep(
-    float(os.environ.get("WORK_SECONDS", "1")) + index * float(os.environ.get("WORK_STEP", "0"))
-)
+work = os.environ.get("WORK_SECONDS", "1")
+if "RESTART_WORK_SECONDS" in os.environ:
+    # A file, not the restart counters: an agent started anew on a host that came back counts
+    # its tasks' runs from 0 again.
+    ran = os.path.join(os.environ["TFLAUNCH_RUN_DIR"], f".fake-task-{job}-{index}-ran")
+    if os.path.exists(ran):
+        work = os.environ["RESTART_WORK_SECONDS"]
+    open(ran, "w").close()
+time.sleep(float(work) + index * float(os.environ.get("WORK_STEP", "0")))
 print("done", flush=True)
 restarts = sum(int(os.environ.get(f"TFLAUNCH_{k}_RESTARTS", "0")) for k in ("TASK", "CLUSTER"))
 failing = str(index) == os.environ.get("FAIL_INDEX") and job == "worker"
