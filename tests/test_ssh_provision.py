@@ -427,6 +427,60 @@ def test_status_lists_a_runs_instances_and_the_accounts_instances_with_cost(
     assert all("terminated" in line for line in provision.instance_lines(run, print)[2:])
 
 
+def test_status_cloud_shows_idle_time_from_the_instances_tags_also_when_stopped(
+    tmp_path, ec2_endpoint, aws_env, banner_port, monkeypatch
+):
+    import time
+
+    from tflaunch.launchers.clouds.listing import cloud_json, cloud_table
+
+    config = provision_config(tmp_path, "roles: {ps: 1, worker: 2}\n", ec2_endpoint,
+                              ssh_port=banner_port)  # fmt: skip
+    address_map(tmp_path, ["worker-1", "worker-2"], monkeypatch)
+    runs = tmp_path / "runs"
+    run = Run.create(runs, "t")
+    during = {}
+
+    def start(plan):  # while the run trains, its instances are busy with it
+        during.update(cloud_json(runs, None, print))
+        return 0
+
+    provisioned_run(config, run, start, lambda m: None)  # the instances keep running
+    assert [(r["host"], r["busy_run"], r["idle_seconds"]) for r in during["instances"]] == [
+        ("worker-1", run.id, None), ("worker-2", run.id, None)
+    ]  # fmt: skip
+    after = cloud_json(runs, None, print)["instances"]
+    assert [r["busy_run"] for r in after] == [None, None]
+    assert all(0 <= r["idle_seconds"] < 30 and r["autostop_seconds"] == 1800 for r in after)
+
+    # The idle time is the cloud's, not the host's: a stopped instance (unreachable) has one,
+    # and another machine's runs directory (which knows only the account) sees the same.
+    ids = [r["instance"] for r in after]
+    client = ec2(ec2_endpoint)
+    ended = f"{time.time() - 1800:.0f}"
+    client.create_tags(Resources=ids, Tags=[{"Key": base.TAG_IDLE_SINCE, "Value": ended}])
+    client.stop_instances(InstanceIds=[ids[1]])
+    other = tmp_path / "other-laptop"
+    access = ("ec2", {"region": "us-east-1", "endpoint_url": ec2_endpoint})
+    listed = cloud_json(other, access, print)["instances"]
+    assert [(r["host"], r["state"]) for r in listed] == [
+        ("worker-1", "running"), ("worker-2", "stopped")
+    ]  # fmt: skip
+    assert all(1799 <= r["idle_seconds"] < 1830 for r in listed)
+    table = cloud_table(other, access, print)
+    assert table[0].split()[5:8] == ["AGE", "IDLE", "AUTOSTOP"]
+    assert [line.split()[7:9] for line in table[1:3]] == [["30", "min"], ["30", "min"]]
+
+    # A detached run that this runs directory knows has ended is idle since its end.
+    client.delete_tags(Resources=ids, Tags=[{"Key": base.TAG_IDLE_SINCE}])
+    client.create_tags(Resources=ids, Tags=[{"Key": base.TAG_BUSY, "Value": run.id}])
+    assert {r["busy_run"] for r in cloud_json(runs, None, print)["instances"]} == {run.id}
+    run.update_meta(state="succeeded", ended=time.time() - 120)
+    listed = cloud_json(runs, None, print)["instances"]
+    assert all(r["busy_run"] is None and 119 <= r["idle_seconds"] < 150 for r in listed)
+    provision.terminate_run(run, lambda m: None)
+
+
 def test_an_ended_instance_is_seen_and_replaced_at_its_cluster_address(
     tmp_path, ec2_endpoint, aws_env, banner_port, monkeypatch
 ):

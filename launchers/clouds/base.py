@@ -29,6 +29,9 @@ TAG_RUN, TAG_CLUSTER, TAG_HOST = "tflaunch:run", "tflaunch:cluster", "tflaunch:h
 TAG_ROLE, TAG_LAUNCHER, TAG_RUN_DIR = "tflaunch:role", "tflaunch:launcher", "tflaunch:run-dir"
 TAG_KEEP = "tflaunch:keep"  # a kept cluster's instances: 'up' of that cluster name reuses them
 TAG_AUTOSTOP = "tflaunch:autostop"  # seconds idle after which the instance ends itself
+# What the launcher says of an instance's use, for 'status --cloud' on any machine, whether the
+# instance answers or not: the run using it now, or when the last run on it ended.
+TAG_BUSY, TAG_IDLE_SINCE = "tflaunch:busy", "tflaunch:idle-since"  # run id; epoch seconds
 ALIVE_STATES = ("pending", "running", "stopping", "stopped")
 GONE_STATES = ("shutting-down", "terminated")
 POLL_SECONDS = 2.0  # between state queries
@@ -149,6 +152,10 @@ class Provider(ABC):
         states: Sequence[str] = ALIVE_STATES,
     ) -> list[Instance]:
         """Instances by id and/or tag (a None value: the tag is present), in the given states."""
+
+    @abstractmethod
+    def tag(self, ids: Sequence[str], tags: Mapping[str, str], remove: Sequence[str] = ()) -> None:
+        """Set ``tags`` on the instances and take the ``remove`` keys off them."""
 
     @abstractmethod
     def terminate(self, ids: Sequence[str], network: str | None = None, wait: float = 300) -> None:

@@ -44,6 +44,8 @@ from tflaunch.launchers.clouds.base import (
     ALIVE_STATES,
     GONE_STATES,
     TAG_AUTOSTOP,
+    TAG_BUSY,
+    TAG_IDLE_SINCE,
     TAG_KEEP,
     TAG_LAUNCHER,
     TAG_RUN,
@@ -275,6 +277,7 @@ def _provisioned(
                 made.reused, made.ids = True, {i.host: i.id for i in reuse}
                 made.group = _network_of(reuse)
                 say(f"reusing kept cluster {keep}: {len(reuse)} instance(s), none created")
+                provider.tag(list(made.ids.values()), {TAG_BUSY: run.id})
                 run.update_meta(
                     **{provider.name: {**provider.access(), "security_group": made.group}}
                 )
@@ -322,6 +325,7 @@ def _create(
         TAG_LAUNCHER: launcher_tag(),
         TAG_RUN_DIR: str(run.dir),
         TAG_AUTOSTOP: f"{section.idle_timeout:g}",
+        TAG_BUSY: run.id,
     }
     if keep:
         extra[TAG_KEEP] = keep
@@ -349,13 +353,18 @@ def _end(
     for host, old, new in made.replaced:
         say(f"replaced instance of {host}: {old} (ended) -> {new}")
     keep = end.keep
+    in_use = end.detach and made.started  # a detached run goes on using them
     if keep and (made.started or made.reused):
+        if not in_use:
+            _mark_idle(provider, list(made.ids.values()), say)
         say(
             f"kept cluster {keep} keeps running: 'tflaunch down --cluster {keep}' terminates it "
             f"(it terminates itself after {idle_timeout:g} s idle)"
         )
         return
     if made.started and (end.detach or not end.asked):
+        if not in_use:
+            _mark_idle(provider, list(made.ids.values()), say)
         say(
             f"the instances keep running: 'tflaunch down {run.id}' terminates them (they "
             f"terminate themselves after {idle_timeout:g} s idle)"
@@ -366,6 +375,15 @@ def _end(
         mark_terminated(run)
         if keep:
             kept.record_path(run.dir.parent, keep).unlink(missing_ok=True)
+
+
+def _mark_idle(provider: Provider, ids: Sequence[str], say: Say) -> None:
+    """Record on the instances that their run ended now: 'status --cloud' shows them idle since
+    then, from any machine, whether they answer or not."""
+    try:
+        provider.tag(ids, {TAG_IDLE_SINCE: f"{time.time():.0f}"}, remove=[TAG_BUSY])
+    except TflaunchError as err:  # the run's outcome stands; only the listing loses its idle time
+        say(f"could not record the instances' idle time: {err}")
 
 
 class Fleet:
@@ -426,6 +444,7 @@ class Fleet:
         extra = {TAG_LAUNCHER: launcher_tag(), TAG_RUN_DIR: str(self.run.dir)}
         section = self.config.ssh.provision
         extra[TAG_AUTOSTOP] = f"{section.idle_timeout:g}"
+        extra[TAG_BUSY] = self.run.id
         if self.keep:
             extra[TAG_KEEP] = self.keep
         data = user_data(self.config.supervision.max_runtime, section.idle_timeout)

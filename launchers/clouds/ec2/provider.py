@@ -252,6 +252,17 @@ class Ec2Provider(Provider):
             )
         return super().hosts(planned, ids, found, via_jump)
 
+    def tag(self, ids: Sequence[str], tags: Mapping[str, str], remove: Sequence[str] = ()) -> None:
+        if not ids:
+            return
+        with aws_errors("tagging instances"):
+            if tags:
+                self.client.create_tags(
+                    Resources=list(ids), Tags=[{"Key": k, "Value": v} for k, v in tags.items()]
+                )
+            if remove:
+                self.client.delete_tags(Resources=list(ids), Tags=[{"Key": k} for k in remove])
+
     def terminate(self, ids: Sequence[str], network: str | None = None, wait: float = 300) -> None:
         if ids:
             with aws_errors("terminating instances"):
