@@ -9,6 +9,7 @@ banner. tests/test_ssh_cloud.py runs real clusters on the namespace test hosts i
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 from pathlib import Path
@@ -558,9 +559,101 @@ def test_a_kept_cluster_is_reused_refused_when_it_does_not_fit_and_ended_by_name
         "p3.8xlarge; it has worker-2 (worker, p3.2xlarge), which the plan does not use"
         in str(refused.value)
     )
-    with kept.in_use(tmp_path / "runs", "tflaunch", "run r-1"), pytest.raises(LaunchError) as busy:
+    provider = Ec2Provider.from_access({"region": "us-east-1", "endpoint_url": ec2_endpoint}, print)
+    with kept.in_use(provider, "tflaunch", "run r-1", print), pytest.raises(LaunchError) as busy:
         up(config)
-    assert "kept cluster 'tflaunch' is in use by run r-1 (pid" in str(busy.value)
+    assert f"kept cluster 'tflaunch' is in use by run r-1 on {socket.gethostname()} (pid" in str(
+        busy.value
+    )
     ended = kept.down_cluster(tmp_path / "runs", "tflaunch", print)
     assert ended == "terminated 3 instance(s) of kept cluster tflaunch"
     assert run_instances_of(ec2_endpoint, first.id, ("pending", "running", "stopped")) == []
+
+
+def test_a_kept_clusters_lock_holds_across_machines_and_a_stale_one_is_broken(
+    tmp_path, ec2_endpoint, aws_env, banner_port, monkeypatch
+):
+    import subprocess
+    import time
+
+    from tflaunch.launchers.clouds import kept
+    from tflaunch.launchers.clouds.base import LockHolder
+    from tflaunch.launchers.clouds.ec2.lock import TAG_HEARTBEAT, TAG_SINCE, group_name
+
+    monkeypatch.setattr(kept, "HEARTBEAT_SECONDS", 0.2)
+    config = provision_config(tmp_path, "roles: {ps: 1, worker: 1}\n", ec2_endpoint,
+                              ssh_port=banner_port)  # fmt: skip
+    address_map(tmp_path, ["worker-1"], monkeypatch)
+    access = {"region": "us-east-1", "endpoint_url": ec2_endpoint}
+    provider = Ec2Provider.from_access(access, print)
+
+    def lock_groups() -> list[dict]:
+        return ec2(ec2_endpoint).describe_security_groups(
+            Filters=[{"Name": "group-name", "Values": [group_name("tflaunch")]}]
+        )["SecurityGroups"]
+
+    seen: dict = {}
+
+    def start(plan):  # the lock is held, and its heartbeat moves on, while the run goes
+        time.sleep(1.5)
+        (group,) = lock_groups()
+        tags = {t["Key"]: t["Value"] for t in group["Tags"]}
+        seen["beats"] = float(tags[TAG_HEARTBEAT]) - float(tags[TAG_SINCE])
+        return 0
+
+    def up(runs: Path) -> list[str]:
+        said: list[str] = []
+        run = Run.create(runs, "t")
+        seen["run"] = run.id
+        provisioned_run(config, run, start, said.append, keep="tflaunch")
+        return said
+
+    # Another laptop holds the cluster: the cloud says so to this one, naming the holder.
+    now = time.time()
+    other = LockHolder("run other-1", "other-laptop:4242:1700000000", now - 60, now - 10)
+    assert provider.take_lock("tflaunch", other) is None
+    with pytest.raises(LaunchError) as busy:
+        up(tmp_path / "laptop-a")
+    assert (
+        "kept cluster 'tflaunch' is in use by run other-1 on other-laptop (pid 4242, since "
+        in str(busy.value)
+    )
+    assert re.search(r"last heartbeat 1\d s ago\); wait until that ends", str(busy.value))
+    provider.drop_lock("tflaunch", other)
+
+    # Two 'up's of two laptops (runs directories of their own) at once: the second is refused.
+    first = up(tmp_path / "laptop-a")
+    assert seen["beats"] >= 1 and lock_groups() == []  # released at the end
+    held = kept.in_use(provider, "tflaunch", "run held-by-a", print)
+    with held, pytest.raises(LaunchError, match="is in use by run held-by-a on "):
+        up(tmp_path / "laptop-b")
+    assert any(m.startswith("creating 1 instance(s)") for m in first)
+
+    # A stale lock: its holder's heartbeat stopped long ago (another machine), or its process
+    # on this machine is gone. Both are broken, saying so, and the 'up' goes on.
+    old = LockHolder("run lost-1", "other-laptop:4242:1700000000", now - 900, now - 600)
+    assert provider.take_lock("tflaunch", old) is None
+    said = up(tmp_path / "laptop-b")
+    assert any(
+        "kept cluster 'tflaunch': breaking the stale lock of run lost-1 on other-laptop (pid 4242"
+        in m
+        and "no heartbeat for 6" in m
+        and "(more than 300 s)" in m
+        for m in said
+    ), said
+    assert "reusing kept cluster tflaunch: 1 instance(s), none created" in said
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = LockHolder("run killed-1", f"{socket.gethostname()}:{gone.pid}:1", now, now)
+    assert provider.take_lock("tflaunch", dead) is None
+    said = up(tmp_path / "laptop-a")
+    assert any(
+        f"breaking the stale lock of run killed-1 on {socket.gethostname()} (pid {gone.pid}" in m
+        and "its process (pid" in m
+        and "no longer runs on this machine" in m
+        for m in said
+    ), said
+    assert lock_groups() == []
+    assert kept.down_cluster(tmp_path / "laptop-a", "tflaunch", print) == (
+        "terminated 1 instance(s) of kept cluster tflaunch"
+    )

@@ -15,6 +15,7 @@ another, finds the run, cluster and host an instance belongs to.
 from __future__ import annotations
 
 import dataclasses
+import socket
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -67,6 +68,57 @@ class Instance:
     @property
     def host(self) -> str:
         return self.tags.get(TAG_HOST, "")
+
+
+@dataclasses.dataclass(frozen=True)
+class LockHolder:
+    """Who holds a kept cluster's lock, as the cloud keeps it (so every machine sees it): what
+    holds it ("run ID", "tflaunch down --cluster"), its process (``host:pid:start time``, as
+    :func:`launcher_tag` writes it), since when, and its last
+    heartbeat (epoch seconds)."""
+
+    what: str
+    launcher: str
+    since: float
+    heartbeat: float
+
+    @property
+    def laptop(self) -> str:
+        return self.launcher.partition(":")[0] or "?"
+
+    @property
+    def pid(self) -> str:
+        return self.launcher.split(":")[1] if self.launcher.count(":") >= 1 else "?"
+
+    def describe(self, now: float) -> str:
+        since = time.strftime("%H:%M:%S UTC", time.gmtime(self.since))
+        return (
+            f"{self.what} on {self.laptop} (pid {self.pid}, since {since}, last heartbeat "
+            f"{max(0.0, now - self.heartbeat):.0f} s ago)"
+        )
+
+
+def launcher_tag() -> str:
+    """``host:pid:start time`` of this process, so a sweep can tell whether it is still alive."""
+    import psutil
+
+    me = psutil.Process()
+    return f"{socket.gethostname()}:{me.pid}:{int(me.create_time())}"
+
+
+def launcher_alive(tag: str) -> bool | None:
+    """Whether the launcher named by a tag still runs; None when it ran on another machine."""
+    import psutil
+
+    host, _, rest = tag.partition(":")
+    pid_text, _, started = rest.partition(":")
+    if host != socket.gethostname():
+        return None
+    try:
+        process = psutil.Process(int(pid_text))
+        return int(process.create_time()) == int(started)
+    except (psutil.NoSuchProcess, ValueError):
+        return False
 
 
 def pending_hosts(planned: Sequence[PlannedInstance]) -> list[Host]:
@@ -164,6 +216,23 @@ class Provider(ABC):
     @abstractmethod
     def delete_network(self, network: str, wait: float) -> None:
         """Delete the run's network rules (once no instance uses them)."""
+
+    # ---- a kept cluster's lock, held in the cloud so that it holds across machines ----------
+
+    @abstractmethod
+    def take_lock(self, name: str, holder: LockHolder) -> LockHolder | None:
+        """Take the lock called ``name`` in one atomic step: None when this call took it for
+        ``holder``, else whoever holds it."""
+
+    @abstractmethod
+    def renew_lock(self, name: str, holder: LockHolder, heartbeat: float) -> LockHolder | None:
+        """Move the lock's heartbeat on while ``holder`` holds it: None when done, else whoever
+        holds it now (the lock was broken and taken)."""
+
+    @abstractmethod
+    def drop_lock(self, name: str, holder: LockHolder) -> None:
+        """Remove the lock if (and only if) ``holder`` holds it: a release, or the break of a
+        stale lock that leaves alone one taken meanwhile by someone else."""
 
     @abstractmethod
     def access(self) -> dict[str, Any]:

@@ -53,10 +53,11 @@ from tflaunch.launchers.clouds.base import (
     Instance,
     PlannedInstance,
     Provider,
+    launcher_tag,
     pending_hosts,
 )
 from tflaunch.launchers.clouds.costs import Price, cost_table
-from tflaunch.launchers.clouds.sweep import launcher_tag, mark_terminated
+from tflaunch.launchers.clouds.sweep import mark_terminated
 from tflaunch.launchers.clouds.watchdog import user_data
 from tflaunch.runtime.run import Run
 from tflaunch.text import aligned
@@ -203,7 +204,7 @@ def provisioned_run(
     if not keep:
         return _provisioned(config, run, start, say, plan, provider, planned, end, (), fleet_ready)
     run.update_meta(keep_cluster=keep)  # the run's instances are the kept cluster's
-    with kept.in_use(run.dir.parent, keep, f"run {run.id}"):
+    with kept.in_use(provider, keep, f"run {run.id}", say):
         reuse = _kept_instances(provider, keep, planned, recreate, run, say)
         return _provisioned(
             config, run, start, say, plan, provider, planned, end, reuse, fleet_ready
