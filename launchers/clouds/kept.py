@@ -115,7 +115,13 @@ def in_use(provider: Provider, name: str, what: str, say: Say) -> Iterator[None]
     finally:
         stop.set()
         beat.join(timeout=HEARTBEAT_SECONDS)
-        provider.drop_lock(name, me)
+        try:
+            provider.drop_lock(name, me)
+        except TflaunchError as err:  # the command's own outcome stands
+            say(
+                f"kept cluster '{name}': could not release its lock ({err}); the next command "
+                f"breaks it once its heartbeat is {STALE_SECONDS:g} s old"
+            )
 
 
 def stale(holder: LockHolder, now: float) -> str | None:
