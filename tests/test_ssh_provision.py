@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tflaunch.cluster.config import parse_config
+from tflaunch.cluster.plan import make_plan
 from tflaunch.errors import LaunchError
 from tflaunch.launchers.clouds import base, sweep
 from tflaunch.launchers.clouds.base import TAG_CLUSTER, TAG_HOST, TAG_LAUNCHER, TAG_ROLE, TAG_RUN
@@ -44,7 +45,7 @@ def provision_config(tmp_path: Path, extra: str = "", endpoint: str | None = Non
     ]
     if endpoint:
         lines.append(f"    endpoint_url: {endpoint}")
-    text = HEAD + extra + "\n".join(lines) + "\n" + over.get("more", "")
+    text = over.get("head", HEAD) + extra + "\n".join(lines) + "\n" + over.get("more", "")
     return parse_config(text, source=str(tmp_path / "c.yaml"), base_dir=str(tmp_path))
 
 
@@ -657,3 +658,34 @@ def test_a_kept_clusters_lock_holds_across_machines_and_a_stale_one_is_broken(
     assert kept.down_cluster(tmp_path / "laptop-a", "tflaunch", print) == (
         "terminated 1 instance(s) of kept cluster tflaunch"
     )
+
+
+def test_spot_workers_with_checkpoints_on_the_instances_disks_are_told_where_they_must_live(
+    tmp_path,
+):
+    from tflaunch.launchers.ssh.provision import candidate_hosts, checkpoint_notice
+
+    run_dir = tmp_path / "runs" / "r-1"
+
+    def notice(spot: bool, chosen: str | None) -> str | None:
+        program = "{argv: [python, train.py]" + (f", checkpoint_dir: '{chosen}'" if chosen else "")
+        config = provision_config(
+            tmp_path, "roles: {ps: 1, worker: 2}\n", head=f"program: {program}}}\nbackend: ssh\n",
+            more="    spot_workers: true\n" if spot else "",
+        )  # fmt: skip
+        plan = make_plan(config, candidate_hosts(config), run_dir)
+        if chosen and "://" in chosen:  # a URL reaches the tasks as it is
+            assert plan.program.checkpoint_dir == chosen
+        return checkpoint_notice(config, plan, run_dir)
+
+    assert notice(False, None) is None
+    said = notice(True, None)
+    assert said.startswith(
+        f"checkpoints: {run_dir}/checkpoints (the default, the run directory's path) is on each "
+        "instance's own disk, and with ssh.provision.spot_workers every worker host is a spot "
+        "instance (worker-1, where worker:0 writes them)."
+    )
+    assert "Set program.checkpoint_dir to storage every instance shares" in said
+    assert "checkpoints: ./ckpt (program.checkpoint_dir) is on each" in notice(True, "ckpt")
+    assert notice(True, "/mnt/efs/ckpt") is None  # an absolute path: a shared mount, trusted
+    assert notice(True, "gs://bucket/ckpt") is None

@@ -27,6 +27,7 @@ Instances are terminated (never stopped) when:
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 import signal
 import socket
 import threading
@@ -34,10 +35,11 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Host, Plan, make_plan
+from tflaunch.cluster.plan import Host, Plan, checkpoint_dir, make_plan
 from tflaunch.errors import LaunchError, TflaunchError
 from tflaunch.launchers.clouds import kept, provider_for, provider_of_run
 from tflaunch.launchers.clouds.base import (
@@ -201,6 +203,9 @@ def provisioned_run(
     if len(planned) < len(candidates):  # placement on fewer hosts may differ: plan on those
         plan = make_plan(config, pending_hosts(planned))
     end = _Ending(detach, down_at_end or config.ssh.provision.terminate_at_end, keep)
+    notice = checkpoint_notice(config, plan, run.dir)
+    if notice:
+        say(notice)
     if not keep:
         return _provisioned(config, run, start, say, plan, provider, planned, end, (), fleet_ready)
     run.update_meta(keep_cluster=keep)  # the run's instances are the kept cluster's
@@ -209,6 +214,31 @@ def provisioned_run(
         return _provisioned(
             config, run, start, say, plan, provider, planned, end, reuse, fleet_ready
         )
+
+
+def checkpoint_notice(config: ClusterConfig, plan: Plan, run_dir: Path) -> str | None:
+    """What to say when the checkpoints would die with a spot instance: with ``spot_workers``
+    the chief's host is a spot instance too, and a replacement starts with an empty disk, so the
+    checkpoints must be on storage every instance shares. An absolute ``program.checkpoint_dir``
+    (a shared mount, one trusts) or a URL (``gs://``, ``s3://``) is left alone."""
+    chosen = config.program.checkpoint_dir
+    if not config.ssh.provision.spot_workers or (
+        chosen and ("://" in chosen or posixpath.isabs(chosen))
+    ):
+        return None
+    leader = next(
+        (t for t in plan.tasks if t.job == "chief" or (t.job == "worker" and t.index == 0)), None
+    )
+    host = f" ({leader.host}, where {leader.job}:{leader.index} writes them)" if leader else ""
+    where = "program.checkpoint_dir" if chosen else "the default, the run directory's path"
+    return (
+        f"checkpoints: {checkpoint_dir(config, run_dir)} ({where}) is on each instance's own disk, "
+        f"and with ssh.provision.spot_workers every worker host is a spot instance{host}. An "
+        "instance that replaces a reclaimed one starts without them: the cluster restarts from "
+        "step 0 if it was the chief's. Set program.checkpoint_dir to storage every instance "
+        "shares: an absolute path on a shared mount (EFS), or a URL your program writes to "
+        "(gs://..., s3://...)."
+    )
 
 
 @dataclasses.dataclass(frozen=True)
