@@ -471,6 +471,14 @@ def test_status_cloud_shows_idle_time_from_the_instances_tags_also_when_stopped(
     assert all(1799 <= r["idle_seconds"] < 1830 for r in listed)
     table = cloud_table(other, access, print)
     assert table[0].split()[5:8] == ["AGE", "IDLE", "AUTOSTOP"]
+    from click.testing import CliRunner
+
+    from tflaunch.cli import cli
+
+    shown = CliRunner().invoke(cli, ["status", "--cloud", "--json", "--runs-dir", str(other),
+                                     "--region", "us-east-1", "--endpoint-url", ec2_endpoint])  # fmt: skip
+    assert shown.exit_code == 0, shown.output
+    assert [r["idle_seconds"] // 60 for r in json.loads(shown.stdout)["instances"]] == [30, 30]
     assert [line.split()[7:9] for line in table[1:3]] == [["30", "min"], ["30", "min"]]
 
     # A detached run that this runs directory knows has ended is idle since its end.
@@ -643,6 +651,15 @@ def test_a_kept_clusters_lock_holds_across_machines_and_a_stale_one_is_broken(
         for m in said
     ), said
     assert "reusing kept cluster tflaunch: 1 instance(s), none created" in said
+    assert not any("did not mark them idle" in m for m in said)
+    # A run that marked the cluster in use and never idle (detached, or killed) is named.
+    instance_ids = [i.id for i in kept.find(provider, "tflaunch")]
+    provider.tag(instance_ids, {base.TAG_BUSY: "detached-1"})
+    said = up(tmp_path / "laptop-b")
+    assert (
+        "kept cluster tflaunch: run detached-1 marked its instances in use and did not mark them "
+        "idle (a detached run, or a launcher that was killed)" in " ".join(said)
+    )
     gone = subprocess.Popen(["true"])
     gone.wait()
     dead = LockHolder("run killed-1", f"{socket.gethostname()}:{gone.pid}:1", now, now)

@@ -275,6 +275,19 @@ def _kept_instances(
     return existing
 
 
+def _say_unfinished(instances: Sequence[Instance], keep: str, say: Say) -> None:
+    """A run that marked the kept cluster busy and never marked it idle: a detached run (its
+    end is not tagged, and it holds the lock only until started) or a launcher that was killed.
+    If it still runs, it shares the hosts with the new one; say so."""
+    busy = sorted({i.tags.get(TAG_BUSY, "") for i in instances} - {""})
+    if busy:
+        say(
+            f"kept cluster {keep}: run {', '.join(busy)} marked its instances in use and did not "
+            "mark them idle (a detached run, or a launcher that was killed); if it still runs, "
+            "it shares the hosts with this one ('tflaunch down RUN' stops it)"
+        )
+
+
 def _network_of(instances: Sequence[Instance]) -> str | None:
     """The network rules a kept cluster's instances were made in (their run's own)."""
     for instance in instances:
@@ -308,6 +321,7 @@ def _provisioned(
                 made.reused, made.ids = True, {i.host: i.id for i in reuse}
                 made.group = _network_of(reuse)
                 say(f"reusing kept cluster {keep}: {len(reuse)} instance(s), none created")
+                _say_unfinished(reuse, keep, say)
                 provider.tag(list(made.ids.values()), {TAG_BUSY: run.id})
                 run.update_meta(
                     **{provider.name: {**provider.access(), "security_group": made.group}}
