@@ -74,8 +74,7 @@ class Instance:
 class LockHolder:
     """Who holds a kept cluster's lock, as the cloud keeps it (so every machine sees it): what
     holds it ("run ID", "tflaunch down --cluster"), its process (``host:pid:start time``, as
-    :func:`launcher_tag` writes it), since when, and its last
-    heartbeat (epoch seconds)."""
+    :func:`launcher_tag` writes it), since when, and its last heartbeat (epoch seconds)."""
 
     what: str
     launcher: str
