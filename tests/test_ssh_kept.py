@@ -1,10 +1,15 @@
 """Kept clusters (``up --keep``) against moto's server and the SSH namespace test hosts: the
 second ``up`` of a kept cluster creates nothing and waits for no SSH, syncs only what changed
 and skips setup; a plan that does not fit is refused naming the difference; a second ``up``
-while one holds the cluster is refused; ``down --cluster`` leaves nothing running."""
+while one holds the cluster (from another laptop) is refused naming it; ``status --cloud`` shows
+the cluster busy, then idle; ``down --cluster`` leaves nothing running."""
 
 from __future__ import annotations
 
+import json
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,7 +20,6 @@ from tests.helpers import FAKE_TASK, tflaunch
 from tests.hosts import ssh_hosts
 from tests.test_ssh_cloud import clean_region, cloud_cluster, instances  # noqa: F401 (fixtures)
 from tests.test_ssh_provision import aws_env  # noqa: F401 (a fixture)
-from tflaunch.launchers.clouds import kept
 
 ssh_test_hosts = ssh_hosts.ssh_test_hosts  # the session fixture
 
@@ -34,6 +38,21 @@ def kept_cluster(tmp_path: Path, hosts, endpoint: str, monkeypatch) -> Path:
     data["ssh"].update(upload=[], sync=str(source), setup=["sleep 3; echo set up"], setup_once=True)
     cluster.write_text(yaml.safe_dump(data))
     return cluster
+
+
+def wait_for(condition, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def cloud_status(endpoint: str, runs: list[str], env: dict) -> dict:
+    """``status --cloud --json`` as another laptop asks it: the account named on the line."""
+    listed = tflaunch("status", "--cloud", "--json", *runs, "--region", "us-east-1",
+                      "--endpoint-url", endpoint, env=env)  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    return json.loads(listed.stdout)
 
 
 def timed_up(*args: str) -> tuple[float, object]:
@@ -97,7 +116,46 @@ def test_a_kept_cluster_that_does_not_fit_is_refused_unless_recreate(
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     (old,) = instances(clean_region, ("running",))
 
+    # Two laptops (runs directories and homes of their own: no local file is shared) start an
+    # 'up' of the cluster at once: the second is refused, naming the first and where it runs.
     data = yaml.safe_load(cluster.read_text())
+    data["program"]["env"]["WORK_SECONDS"] = "8"
+    cluster.write_text(yaml.safe_dump(data))
+    laptop_b = ["--runs-dir", str(tmp_path / "laptop-b")]
+    b_env = {"HOME": str(tmp_path / "home-b")}
+    (tmp_path / "home-b").mkdir()
+    a_log = tmp_path / "laptop-a.err"
+    with open(a_log, "w") as err:
+        holder = subprocess.Popen(
+            [sys.executable, "-m", "tflaunch", "up", str(cluster), "--keep",
+             "--run-id", "laptop-a-run"],
+            stdout=subprocess.DEVNULL, stderr=err, text=True,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: "reusing kept cluster cloud-test" in a_log.read_text(), 60)
+        busy = tflaunch("up", str(cluster), "--keep", *laptop_b, env=b_env, timeout=120)
+        listed = cloud_status(clean_region, laptop_b, b_env)
+    finally:
+        assert holder.wait(timeout=120) == 0, a_log.read_text()[-3000:]
+    assert busy.returncode == 2, busy.stderr[-3000:]
+    assert (
+        f"kept cluster 'cloud-test' is in use by run laptop-a-run on {socket.gethostname()} "
+        f"(pid {holder.pid}, since " in busy.stderr
+    )
+    assert "Traceback" not in busy.stderr
+    (row,) = listed["instances"]
+    assert (row["busy_run"], row["idle_seconds"], row["kept"]) == ("laptop-a-run", None, True)
+
+    # Once the first ended, laptop B's 'up' takes the cluster; afterwards it shows idle.
+    data["program"]["env"]["WORK_SECONDS"] = "1"
+    cluster.write_text(yaml.safe_dump(data))
+    after = tflaunch("up", str(cluster), "--keep", *laptop_b, env=b_env, timeout=180)
+    assert after.returncode == 0, after.stdout[-3000:] + after.stderr[-3000:]
+    assert "reusing kept cluster cloud-test: 1 instance(s), none created" in after.stderr
+    (row,) = cloud_status(clean_region, laptop_b, b_env)["instances"]
+    assert row["busy_run"] is None and 0 <= row["idle_seconds"] < 60, row
+    assert [i["InstanceId"] for i in instances(clean_region)] == [old["InstanceId"]]
+
     data["ssh"]["provision"]["worker_instance_type"] = "c5.2xlarge"
     cluster.write_text(yaml.safe_dump(data))
     _, refused = timed_up(str(cluster), "--keep")
@@ -108,12 +166,6 @@ def test_a_kept_cluster_that_does_not_fit_is_refused_unless_recreate(
     )
     assert "Traceback" not in refused.stderr
     assert [i["InstanceId"] for i in instances(clean_region)] == [old["InstanceId"]]
-
-    # While one 'up' holds the cluster, a second is refused, saying who holds it.
-    with kept.in_use(runs, "cloud-test", "run holding-it"):
-        _, busy = timed_up(str(cluster), "--keep")
-    assert busy.returncode == 2
-    assert "kept cluster 'cloud-test' is in use by run holding-it (pid" in busy.stderr
 
     _, recreated = timed_up(str(cluster), "--keep", "--recreate")
     assert recreated.returncode == 0, recreated.stdout[-3000:] + recreated.stderr[-3000:]

@@ -9,6 +9,7 @@ banner. tests/test_ssh_cloud.py runs real clusters on the namespace test hosts i
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tflaunch.cluster.config import parse_config
+from tflaunch.cluster.plan import make_plan
 from tflaunch.errors import LaunchError
 from tflaunch.launchers.clouds import base, sweep
 from tflaunch.launchers.clouds.base import (
@@ -50,7 +52,7 @@ def provision_config(tmp_path: Path, extra: str = "", endpoint: str | None = Non
     ]
     if endpoint:
         lines.append(f"    endpoint_url: {endpoint}")
-    text = HEAD + extra + "\n".join(lines) + "\n" + over.get("more", "")
+    text = over.get("head", HEAD) + extra + "\n".join(lines) + "\n" + over.get("more", "")
     return parse_config(text, source=str(tmp_path / "c.yaml"), base_dir=str(tmp_path))
 
 
@@ -434,6 +436,68 @@ def test_status_lists_a_runs_instances_and_the_accounts_instances_with_cost(
     assert all("terminated" in line for line in provision.instance_lines(run, print)[2:])
 
 
+def test_status_cloud_shows_idle_time_from_the_instances_tags_also_when_stopped(
+    tmp_path, ec2_endpoint, aws_env, banner_port, monkeypatch
+):
+    import time
+
+    from tflaunch.launchers.clouds.listing import cloud_json, cloud_table
+
+    config = provision_config(tmp_path, "roles: {ps: 1, worker: 2}\n", ec2_endpoint,
+                              ssh_port=banner_port)  # fmt: skip
+    address_map(tmp_path, ["worker-1", "worker-2"], monkeypatch)
+    runs = tmp_path / "runs"
+    run = Run.create(runs, "t")
+    during = {}
+
+    def start(plan):  # while the run trains, its instances are busy with it
+        during.update(cloud_json(runs, None, print))
+        return 0
+
+    provisioned_run(config, run, start, lambda m: None)  # the instances keep running
+    assert [(r["host"], r["busy_run"], r["idle_seconds"]) for r in during["instances"]] == [
+        ("worker-1", run.id, None), ("worker-2", run.id, None)
+    ]  # fmt: skip
+    after = cloud_json(runs, None, print)["instances"]
+    assert [r["busy_run"] for r in after] == [None, None]
+    assert all(0 <= r["idle_seconds"] < 30 and r["autostop_seconds"] == 1800 for r in after)
+
+    # The idle time is the cloud's, not the host's: a stopped instance (unreachable) has one,
+    # and another machine's runs directory (which knows only the account) sees the same.
+    ids = [r["instance"] for r in after]
+    client = ec2(ec2_endpoint)
+    ended = f"{time.time() - 1800:.0f}"
+    client.create_tags(Resources=ids, Tags=[{"Key": base.TAG_IDLE_SINCE, "Value": ended}])
+    client.stop_instances(InstanceIds=[ids[1]])
+    other = tmp_path / "other-laptop"
+    access = ("ec2", {"region": "us-east-1", "endpoint_url": ec2_endpoint})
+    listed = cloud_json(other, access, print)["instances"]
+    assert [(r["host"], r["state"]) for r in listed] == [
+        ("worker-1", "running"), ("worker-2", "stopped")
+    ]  # fmt: skip
+    assert all(1799 <= r["idle_seconds"] < 1830 for r in listed)
+    table = cloud_table(other, access, print)
+    assert table[0].split()[5:8] == ["AGE", "IDLE", "AUTOSTOP"]
+    from click.testing import CliRunner
+
+    from tflaunch.cli import cli
+
+    shown = CliRunner().invoke(cli, ["status", "--cloud", "--json", "--runs-dir", str(other),
+                                     "--region", "us-east-1", "--endpoint-url", ec2_endpoint])  # fmt: skip
+    assert shown.exit_code == 0, shown.output
+    assert [r["idle_seconds"] // 60 for r in json.loads(shown.stdout)["instances"]] == [30, 30]
+    assert [line.split()[7:9] for line in table[1:3]] == [["30", "min"], ["30", "min"]]
+
+    # A detached run that this runs directory knows has ended is idle since its end.
+    client.delete_tags(Resources=ids, Tags=[{"Key": base.TAG_IDLE_SINCE}])
+    client.create_tags(Resources=ids, Tags=[{"Key": base.TAG_BUSY, "Value": run.id}])
+    assert {r["busy_run"] for r in cloud_json(runs, None, print)["instances"]} == {run.id}
+    run.update_meta(state="succeeded", ended=time.time() - 120)
+    listed = cloud_json(runs, None, print)["instances"]
+    assert all(r["busy_run"] is None and 119 <= r["idle_seconds"] < 150 for r in listed)
+    provision.terminate_run(run, lambda m: None)
+
+
 def test_an_ended_instance_is_seen_and_replaced_at_its_cluster_address(
     tmp_path, ec2_endpoint, aws_env, banner_port, monkeypatch
 ):
@@ -511,9 +575,141 @@ def test_a_kept_cluster_is_reused_refused_when_it_does_not_fit_and_ended_by_name
         "p3.8xlarge; it has worker-2 (worker, p3.2xlarge), which the plan does not use"
         in str(refused.value)
     )
-    with kept.in_use(tmp_path / "runs", "tflaunch", "run r-1"), pytest.raises(LaunchError) as busy:
+    provider = Ec2Provider.from_access({"region": "us-east-1", "endpoint_url": ec2_endpoint}, print)
+    with kept.in_use(provider, "tflaunch", "run r-1", print), pytest.raises(LaunchError) as busy:
         up(config)
-    assert "kept cluster 'tflaunch' is in use by run r-1 (pid" in str(busy.value)
+    assert f"kept cluster 'tflaunch' is in use by run r-1 on {socket.gethostname()} (pid" in str(
+        busy.value
+    )
     ended = kept.down_cluster(tmp_path / "runs", "tflaunch", print)
     assert ended == "terminated 3 instance(s) of kept cluster tflaunch"
     assert run_instances_of(ec2_endpoint, first.id, ("pending", "running", "stopped")) == []
+
+
+def test_a_kept_clusters_lock_holds_across_machines_and_a_stale_one_is_broken(
+    tmp_path, ec2_endpoint, aws_env, banner_port, monkeypatch
+):
+    import subprocess
+    import time
+
+    from tflaunch.launchers.clouds import kept
+    from tflaunch.launchers.clouds.base import LockHolder
+    from tflaunch.launchers.clouds.ec2.lock import TAG_HEARTBEAT, TAG_SINCE, group_name
+
+    monkeypatch.setattr(kept, "HEARTBEAT_SECONDS", 0.2)
+    config = provision_config(tmp_path, "roles: {ps: 1, worker: 1}\n", ec2_endpoint,
+                              ssh_port=banner_port)  # fmt: skip
+    address_map(tmp_path, ["worker-1"], monkeypatch)
+    access = {"region": "us-east-1", "endpoint_url": ec2_endpoint}
+    provider = Ec2Provider.from_access(access, print)
+
+    def lock_groups() -> list[dict]:
+        return ec2(ec2_endpoint).describe_security_groups(
+            Filters=[{"Name": "group-name", "Values": [group_name("tflaunch")]}]
+        )["SecurityGroups"]
+
+    seen: dict = {}
+
+    def start(plan):  # the lock is held, and its heartbeat moves on, while the run goes
+        time.sleep(1.5)
+        (group,) = lock_groups()
+        tags = {t["Key"]: t["Value"] for t in group["Tags"]}
+        seen["beats"] = float(tags[TAG_HEARTBEAT]) - float(tags[TAG_SINCE])
+        return 0
+
+    def up(runs: Path) -> list[str]:
+        said: list[str] = []
+        run = Run.create(runs, "t")
+        seen["run"] = run.id
+        provisioned_run(config, run, start, said.append, keep="tflaunch")
+        return said
+
+    # Another laptop holds the cluster: the cloud says so to this one, naming the holder.
+    now = time.time()
+    other = LockHolder("run other-1", "other-laptop:4242:1700000000", now - 60, now - 10)
+    assert provider.take_lock("tflaunch", other) is None
+    with pytest.raises(LaunchError) as busy:
+        up(tmp_path / "laptop-a")
+    assert (
+        "kept cluster 'tflaunch' is in use by run other-1 on other-laptop (pid 4242, since "
+        in str(busy.value)
+    )
+    assert re.search(r"last heartbeat 1\d s ago\); wait until that ends", str(busy.value))
+    provider.drop_lock("tflaunch", other)
+
+    # Two 'up's of two laptops (runs directories of their own) at once: the second is refused.
+    first = up(tmp_path / "laptop-a")
+    assert seen["beats"] >= 1 and lock_groups() == []  # released at the end
+    held = kept.in_use(provider, "tflaunch", "run held-by-a", print)
+    with held, pytest.raises(LaunchError, match="is in use by run held-by-a on "):
+        up(tmp_path / "laptop-b")
+    assert any(m.startswith("creating 1 instance(s)") for m in first)
+
+    # A stale lock: its holder's heartbeat stopped long ago (another machine), or its process
+    # on this machine is gone. Both are broken, saying so, and the 'up' goes on.
+    old = LockHolder("run lost-1", "other-laptop:4242:1700000000", now - 900, now - 600)
+    assert provider.take_lock("tflaunch", old) is None
+    said = up(tmp_path / "laptop-b")
+    assert any(
+        "kept cluster 'tflaunch': breaking the stale lock of run lost-1 on other-laptop (pid 4242"
+        in m
+        and "no heartbeat for 6" in m
+        and "(more than 300 s)" in m
+        for m in said
+    ), said
+    assert "reusing kept cluster tflaunch: 1 instance(s), none created" in said
+    assert not any("did not mark them idle" in m for m in said)
+    # A run that marked the cluster in use and never idle (detached, or killed) is named.
+    instance_ids = [i.id for i in kept.find(provider, "tflaunch")]
+    provider.tag(instance_ids, {base.TAG_BUSY: "detached-1"})
+    said = up(tmp_path / "laptop-b")
+    assert (
+        "kept cluster tflaunch: run detached-1 marked its instances in use and did not mark them "
+        "idle (a detached run, or a launcher that was killed)" in " ".join(said)
+    )
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = LockHolder("run killed-1", f"{socket.gethostname()}:{gone.pid}:1", now, now)
+    assert provider.take_lock("tflaunch", dead) is None
+    said = up(tmp_path / "laptop-a")
+    assert any(
+        f"breaking the stale lock of run killed-1 on {socket.gethostname()} (pid {gone.pid}" in m
+        and "its process (pid" in m
+        and "no longer runs on this machine" in m
+        for m in said
+    ), said
+    assert lock_groups() == []
+    assert kept.down_cluster(tmp_path / "laptop-a", "tflaunch", print) == (
+        "terminated 1 instance(s) of kept cluster tflaunch"
+    )
+
+
+def test_spot_workers_with_checkpoints_on_the_instances_disks_are_told_where_they_must_live(
+    tmp_path,
+):
+    from tflaunch.launchers.ssh.provision import candidate_hosts, checkpoint_notice
+
+    run_dir = tmp_path / "runs" / "r-1"
+
+    def notice(spot: bool, chosen: str | None) -> str | None:
+        program = "{argv: [python, train.py]" + (f", checkpoint_dir: '{chosen}'" if chosen else "")
+        config = provision_config(
+            tmp_path, "roles: {ps: 1, worker: 2}\n", head=f"program: {program}}}\nbackend: ssh\n",
+            more="    spot_workers: true\n" if spot else "",
+        )  # fmt: skip
+        plan = make_plan(config, candidate_hosts(config), run_dir)
+        if chosen and "://" in chosen:  # a URL reaches the tasks as it is
+            assert plan.program.checkpoint_dir == chosen
+        return checkpoint_notice(config, plan, run_dir)
+
+    assert notice(False, None) is None
+    said = notice(True, None)
+    assert said.startswith(
+        f"checkpoints: {run_dir}/checkpoints (the default, the run directory's path) is on each "
+        "instance's own disk, and with ssh.provision.spot_workers every worker host is a spot "
+        "instance (worker-1, where worker:0 writes them)."
+    )
+    assert "Set program.checkpoint_dir to storage every instance shares" in said
+    assert "checkpoints: ./ckpt (program.checkpoint_dir) is on each" in notice(True, "ckpt")
+    assert notice(True, "/mnt/efs/ckpt") is None  # an absolute path: a shared mount, trusted
+    assert notice(True, "gs://bucket/ckpt") is None

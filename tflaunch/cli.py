@@ -347,7 +347,7 @@ run_dir_option = click.option(
     "--cloud",
     is_flag=True,
     help="List the tflaunch instances of the accounts the runs directory knows (runs and kept "
-    "clusters): cluster, role, type, state, age, autostop, cost.",
+    "clusters): cluster, role, type, state, age, idle time, autostop, cost.",
 )
 @click.option("--region", default=None, help="With --cloud: also this AWS region.")
 @click.option("--profile", default=None, help="With --cloud: the AWS profile for --region.")
@@ -373,7 +373,8 @@ def status(
     accounts and what it costs)."""
     if cloud:
         options = {"region": region, "profile": profile, "endpoint_url": endpoint_url}
-        for line in launch.cloud_status(runs_dir, options, click.echo):
+        say = (lambda m: click.echo(m, err=True)) if as_json else click.echo  # JSON alone on stdout
+        for line in launch.cloud_status(runs_dir, options, say, as_json):
             click.echo(line)
         return
     if run_id is None:

@@ -7,6 +7,7 @@ The CLI, ``tflaunch bench`` and other callers go through here; only this module 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -166,11 +167,17 @@ def down_cluster(name: str, runs_dir: str, say: Callable[[str], None]) -> str:
 
 
 def cloud_status(
-    runs_dir: str, options: Mapping[str, str | None], say: Callable[[str], None]
+    runs_dir: str,
+    options: Mapping[str, str | None],
+    say: Callable[[str], None],
+    as_json: bool = False,
 ) -> list[str]:
     """``tflaunch status --cloud``: the tflaunch instances of every account the runs directory
-    knows (and the one ``options`` name), one row each, with their cost."""
-    from tflaunch.launchers.clouds.listing import cloud_table
+    knows (and the one ``options`` name), one row each, with their idle time and cost (with
+    ``as_json``: one JSON document)."""
+    from tflaunch.launchers.clouds.listing import cloud_json, cloud_table
 
     extra = ("ec2", options) if any(options.values()) else None
+    if as_json:
+        return [json.dumps(cloud_json(Path(runs_dir), extra, say), indent=2)]
     return cloud_table(Path(runs_dir), extra, say)

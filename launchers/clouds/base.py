@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import socket
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -30,6 +31,9 @@ TAG_RUN, TAG_CLUSTER, TAG_HOST = "tflaunch:run", "tflaunch:cluster", "tflaunch:h
 TAG_ROLE, TAG_LAUNCHER, TAG_RUN_DIR = "tflaunch:role", "tflaunch:launcher", "tflaunch:run-dir"
 TAG_KEEP = "tflaunch:keep"  # a kept cluster's instances: 'up' of that cluster name reuses them
 TAG_AUTOSTOP = "tflaunch:autostop"  # seconds idle after which the instance ends itself
+# What the launcher says of an instance's use, for 'status --cloud' on any machine, whether the
+# instance answers or not: the run using it now, or when the last run on it ended.
+TAG_BUSY, TAG_IDLE_SINCE = "tflaunch:busy", "tflaunch:idle-since"  # run id; epoch seconds
 ALIVE_STATES = ("pending", "running", "stopping", "stopped")
 GONE_STATES = ("shutting-down", "terminated")
 POLL_SECONDS = 2.0  # between state queries
@@ -88,6 +92,56 @@ def access_part(cloud: str) -> type:
         [(cloud, dict[str, Any] | None, dataclasses.field(default=None))],
         frozen=True,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class LockHolder:
+    """Who holds a kept cluster's lock, as the cloud keeps it (so every machine sees it): what
+    holds it ("run ID", "tflaunch down --cluster"), its process (``host:pid:start time``, as
+    :func:`launcher_tag` writes it), since when, and its last heartbeat (epoch seconds)."""
+
+    what: str
+    launcher: str
+    since: float
+    heartbeat: float
+
+    @property
+    def laptop(self) -> str:
+        return self.launcher.partition(":")[0] or "?"
+
+    @property
+    def pid(self) -> str:
+        return self.launcher.split(":")[1] if self.launcher.count(":") >= 1 else "?"
+
+    def describe(self, now: float) -> str:
+        since = time.strftime("%H:%M:%S UTC", time.gmtime(self.since))
+        return (
+            f"{self.what} on {self.laptop} (pid {self.pid}, since {since}, last heartbeat "
+            f"{max(0.0, now - self.heartbeat):.0f} s ago)"
+        )
+
+
+def launcher_tag() -> str:
+    """``host:pid:start time`` of this process, so a sweep can tell whether it is still alive."""
+    import psutil
+
+    me = psutil.Process()
+    return f"{socket.gethostname()}:{me.pid}:{int(me.create_time())}"
+
+
+def launcher_alive(tag: str) -> bool | None:
+    """Whether the launcher named by a tag still runs; None when it ran on another machine."""
+    import psutil
+
+    host, _, rest = tag.partition(":")
+    pid_text, _, started = rest.partition(":")
+    if host != socket.gethostname():
+        return None
+    try:
+        process = psutil.Process(int(pid_text))
+        return int(process.create_time()) == int(started)
+    except (psutil.NoSuchProcess, ValueError):
+        return False
 
 
 def pending_hosts(planned: Sequence[PlannedInstance]) -> list[Host]:
@@ -175,12 +229,33 @@ class Provider(ABC):
         """Instances by id and/or tag (a None value: the tag is present), in the given states."""
 
     @abstractmethod
+    def tag(self, ids: Sequence[str], tags: Mapping[str, str], remove: Sequence[str] = ()) -> None:
+        """Set ``tags`` on the instances and take the ``remove`` keys off them."""
+
+    @abstractmethod
     def terminate(self, ids: Sequence[str], network: str | None = None, wait: float = 300) -> None:
         """Terminate the instances, wait until the provider says so, then delete ``network``."""
 
     @abstractmethod
     def delete_network(self, network: str, wait: float) -> None:
         """Delete the run's network rules (once no instance uses them)."""
+
+    # ---- a kept cluster's lock, held in the cloud so that it holds across machines ----------
+
+    @abstractmethod
+    def take_lock(self, name: str, holder: LockHolder) -> LockHolder | None:
+        """Take the lock called ``name`` in one atomic step: None when this call took it for
+        ``holder``, else whoever holds it."""
+
+    @abstractmethod
+    def renew_lock(self, name: str, holder: LockHolder, heartbeat: float) -> LockHolder | None:
+        """Move the lock's heartbeat on while ``holder`` holds it: None when done, else whoever
+        holds it now (the lock was broken and taken)."""
+
+    @abstractmethod
+    def drop_lock(self, name: str, holder: LockHolder) -> None:
+        """Remove the lock if (and only if) ``holder`` holds it: a release, or the break of a
+        stale lock that leaves alone one taken meanwhile by someone else."""
 
     @abstractmethod
     def access(self) -> dict[str, Any]:

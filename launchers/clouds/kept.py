@@ -10,35 +10,40 @@ ones. ``tflaunch down --cluster NAME`` terminates a kept cluster; its instances'
 (``ssh.provision.idle_timeout``) ends it too.
 
 The launcher side of a kept cluster lives in ``<runs_dir>/.clusters/``: ``NAME.json`` (the
-account, network rules and idle timeout), ``NAME.known_hosts`` (its host keys, recorded on first
-contact and then required) and ``NAME.lock``, held by the ``up`` that uses the cluster, so that
-a second ``up`` of the same name is refused while the first runs.
+account, network rules and idle timeout) and ``NAME.known_hosts`` (its host keys, recorded on
+first contact and then required). Its lock is the cloud's (:func:`in_use`), held by the ``up``
+(or ``down --cluster``) that uses the cluster, so that a second one of the same name is refused
+while the first runs, from this machine or any other.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from tflaunch.errors import LaunchError
+from tflaunch.errors import LaunchError, TflaunchError
 from tflaunch.launchers.clouds import provider_class
 from tflaunch.launchers.clouds.base import (
     GONE_STATES,
     TAG_KEEP,
     TAG_ROLE,
     Instance,
+    LockHolder,
     PlannedInstance,
     Provider,
     Say,
+    launcher_alive,
+    launcher_tag,
 )
 
 CLUSTERS_DIR = ".clusters"
+HEARTBEAT_SECONDS = 30.0  # how often the holder of a kept cluster's lock says it still runs
+STALE_SECONDS = 300.0  # a lock without a heartbeat this long is broken by the next command
 
 
 def clusters_dir(runs_root: Path) -> Path:
@@ -76,31 +81,77 @@ def records(runs_root: Path) -> list[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def in_use(runs_root: Path, name: str, holder: str) -> Iterator[None]:
-    """Hold the cluster for one ``up`` (or ``down --cluster``); refuse when another holds it."""
-    folder = clusters_dir(runs_root)
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"{name}.lock", "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+def in_use(provider: Provider, name: str, what: str, say: Say) -> Iterator[None]:
+    """Hold the kept cluster for one ``up`` (or ``down --cluster``); refuse, naming the holder,
+    when another command holds it, on this machine or any other. The lock lives in the cloud
+    (:meth:`Provider.take_lock`); while held, a thread moves its heartbeat on every
+    :data:`HEARTBEAT_SECONDS`. A lock whose holder is gone (a process of this machine that no
+    longer runs, or a heartbeat older than :data:`STALE_SECONDS`) is broken, with a message."""
+    now = time.time()
+    me = LockHolder(what, launcher_tag(), now, now)
+    holder = provider.take_lock(name, me)
+    if holder is not None:
+        why = stale(holder, now)
+        if why is None:
             raise LaunchError(
-                f"kept cluster '{name}' is in use by {_holder(lock)}; wait until that ends, "
-                "or give this cluster file another name."
-            ) from None
+                f"kept cluster '{name}' is in use by {holder.describe(now)}; wait until that "
+                "ends, or give this cluster file another name."
+            )
+        say(f"kept cluster '{name}': breaking the stale lock of {holder.describe(now)}: {why}")
+        provider.drop_lock(name, holder)
+        holder = provider.take_lock(name, me)
+        if holder is not None:
+            raise LaunchError(
+                f"kept cluster '{name}' was taken by {holder.describe(time.time())} as its stale "
+                "lock was broken; wait until that ends."
+            )
+    stop = threading.Event()
+    beat = threading.Thread(
+        target=_heartbeat, args=(provider, name, me, stop, say), daemon=True, name="kept-lock"
+    )
+    beat.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        beat.join(timeout=HEARTBEAT_SECONDS)
         try:
-            lock.truncate(0)
-            lock.write(f"{holder} (pid {os.getpid()}, since {time.strftime('%H:%M:%S')})\n")
-            lock.flush()
-            yield
-        finally:
-            lock.truncate(0)
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            provider.drop_lock(name, me)
+        except TflaunchError as err:  # the command's own outcome stands
+            say(
+                f"kept cluster '{name}': could not release its lock ({err}); the next command "
+                f"breaks it once its heartbeat is {STALE_SECONDS:g} s old"
+            )
 
 
-def _holder(lock: IO[str]) -> str:
-    lock.seek(0)
-    return lock.read().strip() or "another tflaunch command"
+def stale(holder: LockHolder, now: float) -> str | None:
+    """Why a lock's holder is gone, or None while it may still run."""
+    alive = launcher_alive(holder.launcher)
+    if alive is False:
+        return f"its process (pid {holder.pid}) no longer runs on this machine"
+    if alive is None and now - holder.heartbeat > STALE_SECONDS:
+        return f"no heartbeat for {now - holder.heartbeat:.0f} s (more than {STALE_SECONDS:g} s)"
+    return None
+
+
+def _heartbeat(
+    provider: Provider, name: str, me: LockHolder, stop: threading.Event, say: Say
+) -> None:
+    warned = False
+    while not stop.wait(HEARTBEAT_SECONDS):
+        try:
+            taken = provider.renew_lock(name, me, time.time())
+        except TflaunchError as err:  # the run goes on; a long outage makes the lock stale
+            if not warned:
+                say(f"kept cluster '{name}': could not renew its lock: {err}")
+                warned = True
+            continue
+        if taken is not None:
+            say(
+                f"kept cluster '{name}': its lock was broken and is held by "
+                f"{taken.describe(time.time())}; this run goes on"
+            )
+            return
 
 
 def find(provider: Provider, name: str) -> list[Instance]:
@@ -142,8 +193,8 @@ def differences(planned: Sequence[PlannedInstance], kept: Sequence[Instance]) ->
 def down_cluster(runs_root: Path, name: str, say: Say) -> str:
     """``tflaunch down --cluster NAME``: terminate the kept cluster and its network rules."""
     record = read_record(runs_root, name)
-    with in_use(runs_root, name, "tflaunch down --cluster"):
-        provider = provider_of_record(record, say)
+    provider = provider_of_record(record, say)
+    with in_use(provider, name, "tflaunch down --cluster", say):
         alive = find(provider, name)
         provider.terminate([i.id for i in alive], record.get("network"))
         record_path(runs_root, name).unlink()

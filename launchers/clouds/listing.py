@@ -2,11 +2,14 @@
 
 The accounts are those of the kept clusters and runs recorded under the runs directory (and one
 named on the command line); the instances are whatever each provider lists with tflaunch's tags,
-across runs and kept clusters, from this machine or another.
+across runs and kept clusters, from this machine or another. Each row's idle time comes from the
+instance's tags (:func:`idle_of`), not from the host, so stopped and unreachable instances have
+one too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Mapping
@@ -17,7 +20,9 @@ from tflaunch.errors import TflaunchError
 from tflaunch.launchers.clouds import kept, provider_class, run_access
 from tflaunch.launchers.clouds.base import (
     TAG_AUTOSTOP,
+    TAG_BUSY,
     TAG_CLUSTER,
+    TAG_IDLE_SINCE,
     TAG_KEEP,
     TAG_ROLE,
     TAG_RUN,
@@ -55,16 +60,65 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def cloud_table(
+@dataclasses.dataclass(frozen=True)
+class CloudRow:
+    """One live tflaunch instance as ``status --cloud`` shows it (``--json``: these fields)."""
+
+    cluster: str
+    kept: bool
+    host: str
+    role: str
+    spot: bool
+    instance_type: str
+    state: str
+    age_seconds: float
+    busy_run: str | None  # the run using it now
+    idle_seconds: float | None  # since the last run on it ended; None: busy, or not recorded
+    autostop_seconds: float | None
+    usd_per_hour: float | None
+    usd_so_far: float | None
+    instance: str
+    run: str  # the run that made it
+    cloud: str
+    region: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class CloudListing:
+    rows: list[CloudRow]
+    not_listed: list[str]  # accounts that could not be asked, and why
+
+    @property
+    def usd_per_hour(self) -> float:
+        return sum(r.usd_per_hour or 0.0 for r in self.rows)
+
+
+def idle_of(instance: Instance, runs_root: Path, now: float) -> tuple[str | None, float | None]:
+    """(run using the instance, seconds idle), from the tags the launcher writes at a run's start
+    and end (:data:`TAG_BUSY`, :data:`TAG_IDLE_SINCE`). They are the cloud's, so the answer holds
+    for a stopped or unreachable instance and on any machine. A busy run that this runs
+    directory knows has ended (a detached run: no launcher was there to retag) counts as idle
+    since its end."""
+    busy = instance.tags.get(TAG_BUSY)
+    if busy:
+        record = Run(busy, Path(runs_root) / busy).record()
+        if record.has_ended and record.ended is not None:
+            return None, max(0.0, now - record.ended)
+        return busy, None
+    since = instance.tags.get(TAG_IDLE_SINCE)
+    try:
+        return None, max(0.0, now - float(since)) if since else None
+    except ValueError:
+        return None, None
+
+
+def cloud_listing(
     runs_root: Path, extra: tuple[str, Mapping[str, Any]] | None, say: Say
-) -> list[str]:
-    """One row per live tflaunch instance: cluster, host, role, type, state, age, autostop,
-    cost per hour and so far; then the total per hour."""
+) -> CloudListing:
+    """Every live tflaunch instance of the accounts the runs directory knows (and ``extra``)."""
     now = time.time()
-    rows = [("CLUSTER", "HOST", "ROLE", "TYPE", "STATE", "AGE", "AUTOSTOP", "USD/HOUR",
-             "USD SO FAR", "INSTANCE", "RUN")]  # fmt: skip
+    rows: list[CloudRow] = []
     seen: set[str] = set()
-    total = 0.0
     unreachable = []
     for cloud, access in accounts(runs_root, extra):
         try:
@@ -78,27 +132,65 @@ def cloud_table(
         for i in sorted(live, key=lambda i: (i.tags.get(TAG_CLUSTER, ""), i.host)):
             seen.add(i.id)
             hourly = prices[i.instance_type].hourly_usd
-            total += hourly or 0.0
-            cluster = i.tags.get(TAG_KEEP) or i.tags.get(TAG_CLUSTER, "?")
-            rows.append((
-                cluster + (" (kept)" if i.tags.get(TAG_KEEP) else ""),
-                i.host or "?",
-                i.tags.get(TAG_ROLE, "?") + (" spot" if i.spot else ""),
-                i.instance_type,
-                i.state,
-                _age(now - i.launched),
-                f"idle {i.tags[TAG_AUTOSTOP]} s" if i.tags.get(TAG_AUTOSTOP) else "-",
-                "?" if hourly is None else f"{hourly:.4f}",
-                "?" if hourly is None else f"{hourly * (now - i.launched) / 3600:.4f}",
-                i.id,
-                i.tags.get(TAG_RUN, "?"),
+            busy, idle = idle_of(i, runs_root, now)
+            autostop = i.tags.get(TAG_AUTOSTOP)
+            rows.append(CloudRow(
+                cluster=i.tags.get(TAG_KEEP) or i.tags.get(TAG_CLUSTER, "?"),
+                kept=bool(i.tags.get(TAG_KEEP)), host=i.host or "?",
+                role=i.tags.get(TAG_ROLE, "?"), spot=i.spot, instance_type=i.instance_type,
+                state=i.state, age_seconds=round(now - i.launched, 1), busy_run=busy,
+                idle_seconds=None if idle is None else round(idle, 1),
+                autostop_seconds=float(autostop) if autostop else None,
+                usd_per_hour=hourly,
+                usd_so_far=None if hourly is None else round(hourly * (now - i.launched) / 3600, 6),
+                instance=i.id, run=i.tags.get(TAG_RUN, "?"), cloud=cloud,
+                region=access.get("region"),
             ))  # fmt: skip
-    notes = [f"not listed: {u}" for u in unreachable]
-    if len(rows) == 1:
+    return CloudListing(rows, unreachable)
+
+
+def _idle_text(row: CloudRow) -> str:
+    if row.busy_run is not None:
+        return "busy"
+    return "?" if row.idle_seconds is None else _age(row.idle_seconds)
+
+
+def cloud_table(
+    runs_root: Path, extra: tuple[str, Mapping[str, Any]] | None, say: Say
+) -> list[str]:
+    """One row per live tflaunch instance: cluster, host, role, type, state, age, idle time,
+    autostop, cost per hour and so far; then the total per hour."""
+    listing = cloud_listing(runs_root, extra, say)
+    notes = [f"not listed: {u}" for u in listing.not_listed]
+    if not listing.rows:
         return [
             "no tflaunch instances are running on the accounts this runs directory knows",
             *notes,
         ]
+    rows = [("CLUSTER", "HOST", "ROLE", "TYPE", "STATE", "AGE", "IDLE", "AUTOSTOP", "USD/HOUR",
+             "USD SO FAR", "INSTANCE", "RUN")]  # fmt: skip
+    for r in listing.rows:
+        rows.append((
+            r.cluster + (" (kept)" if r.kept else ""), r.host, r.role + (" spot" if r.spot else ""),
+            r.instance_type, r.state, _age(r.age_seconds), _idle_text(r),
+            "-" if r.autostop_seconds is None else f"idle {r.autostop_seconds:g} s",
+            "?" if r.usd_per_hour is None else f"{r.usd_per_hour:.4f}",
+            "?" if r.usd_so_far is None else f"{r.usd_so_far:.4f}",
+            r.instance, r.busy_run or r.run,
+        ))  # fmt: skip
     out = aligned(rows)
-    out.append(f"{len(rows) - 1} instance(s), USD {total:.4f} per hour")
+    out.append(f"{len(listing.rows)} instance(s), USD {listing.usd_per_hour:.4f} per hour")
     return out + notes
+
+
+def cloud_json(
+    runs_root: Path, extra: tuple[str, Mapping[str, Any]] | None, say: Say
+) -> dict[str, Any]:
+    """``status --cloud --json``: the same listing as :func:`cloud_table`, one object per
+    instance (the fields of :class:`CloudRow`)."""
+    listing = cloud_listing(runs_root, extra, say)
+    return {
+        "instances": [dataclasses.asdict(r) for r in listing.rows],
+        "usd_per_hour": round(listing.usd_per_hour, 6),
+        "not_listed": listing.not_listed,
+    }

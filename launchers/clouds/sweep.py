@@ -17,7 +17,6 @@ but kept: only that machine can tell whether their launcher still runs. The run'
 from __future__ import annotations
 
 import dataclasses
-import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,6 +32,7 @@ from tflaunch.launchers.clouds.base import (
     Instance,
     Provider,
     Say,
+    launcher_alive,
     network_name,
 )
 from tflaunch.runtime.run import Run
@@ -46,29 +46,6 @@ class Verdict:
     instance_ids: tuple[str, ...]
     sweep: bool
     reason: str
-
-
-def launcher_tag() -> str:
-    """``host:pid:start time`` of this process, so a sweep can tell whether it is still alive."""
-    import psutil
-
-    me = psutil.Process()
-    return f"{socket.gethostname()}:{me.pid}:{int(me.create_time())}"
-
-
-def launcher_alive(tag: str) -> bool | None:
-    """Whether the launcher named by a tag still runs; None when it ran on another machine."""
-    import psutil
-
-    host, _, rest = tag.partition(":")
-    pid_text, _, started = rest.partition(":")
-    if host != socket.gethostname():
-        return None
-    try:
-        process = psutil.Process(int(pid_text))
-        return int(process.create_time()) == int(started)
-    except (psutil.NoSuchProcess, ValueError):
-        return False
 
 
 def mark_terminated(run: Run, ids: set[str] | None = None) -> None:

@@ -27,6 +27,7 @@ Instances are terminated (never stopped) when:
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 import signal
 import socket
 import threading
@@ -34,16 +35,19 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Host, Plan, make_plan
+from tflaunch.cluster.plan import Host, Plan, checkpoint_dir, make_plan
 from tflaunch.errors import LaunchError, TflaunchError
 from tflaunch.launchers.clouds import kept, provider_for, provider_of_run
 from tflaunch.launchers.clouds.base import (
     ALIVE_STATES,
     GONE_STATES,
     TAG_AUTOSTOP,
+    TAG_BUSY,
+    TAG_IDLE_SINCE,
     TAG_KEEP,
     TAG_LAUNCHER,
     TAG_RUN,
@@ -53,10 +57,11 @@ from tflaunch.launchers.clouds.base import (
     PlannedInstance,
     Provider,
     access_part,
+    launcher_tag,
     pending_hosts,
 )
 from tflaunch.launchers.clouds.costs import Price, cost_table
-from tflaunch.launchers.clouds.sweep import launcher_tag, mark_terminated
+from tflaunch.launchers.clouds.sweep import mark_terminated
 from tflaunch.launchers.clouds.watchdog import user_data
 from tflaunch.runtime.run import Run
 from tflaunch.text import aligned
@@ -200,14 +205,42 @@ def provisioned_run(
     if len(planned) < len(candidates):  # placement on fewer hosts may differ: plan on those
         plan = make_plan(config, pending_hosts(planned))
     end = _Ending(detach, down_at_end or config.ssh.provision.terminate_at_end, keep)
+    notice = checkpoint_notice(config, plan, run.dir)
+    if notice:
+        say(notice)
     if not keep:
         return _provisioned(config, run, start, say, plan, provider, planned, end, (), fleet_ready)
     run.update_part(CloudDetails, keep_cluster=keep)  # the run's instances are the kept cluster's
-    with kept.in_use(run.dir.parent, keep, f"run {run.id}"):
+    with kept.in_use(provider, keep, f"run {run.id}", say):
         reuse = _kept_instances(provider, keep, planned, recreate, run, say)
         return _provisioned(
             config, run, start, say, plan, provider, planned, end, reuse, fleet_ready
         )
+
+
+def checkpoint_notice(config: ClusterConfig, plan: Plan, run_dir: Path) -> str | None:
+    """What to say when the checkpoints would die with a spot instance: with ``spot_workers``
+    the chief's host is a spot instance too, and a replacement starts with an empty disk, so the
+    checkpoints must be on storage every instance shares. An absolute ``program.checkpoint_dir``
+    (a shared mount, one trusts) or a URL (``gs://``, ``s3://``) is left alone."""
+    chosen = config.program.checkpoint_dir
+    if not config.ssh.provision.spot_workers or (
+        chosen and ("://" in chosen or posixpath.isabs(chosen))
+    ):
+        return None
+    leader = next(
+        (t for t in plan.tasks if t.job == "chief" or (t.job == "worker" and t.index == 0)), None
+    )
+    host = f" ({leader.host}, where {leader.job}:{leader.index} writes them)" if leader else ""
+    where = "program.checkpoint_dir" if chosen else "the default, the run directory's path"
+    return (
+        f"checkpoints: {checkpoint_dir(config, run_dir)} ({where}) is on each instance's own disk, "
+        f"and with ssh.provision.spot_workers every worker host is a spot instance{host}. An "
+        "instance that replaces a reclaimed one starts without them: the cluster restarts from "
+        "step 0 if it was the chief's. Set program.checkpoint_dir to storage every instance "
+        "shares: an absolute path on a shared mount (EFS), or a URL your program writes to "
+        "(gs://..., s3://...)."
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,6 +277,19 @@ def _kept_instances(
     return existing
 
 
+def _say_unfinished(instances: Sequence[Instance], keep: str, say: Say) -> None:
+    """A run that marked the kept cluster busy and never marked it idle: a detached run (its
+    end is not tagged, and it holds the lock only until started) or a launcher that was killed.
+    If it still runs, it shares the hosts with the new one; say so."""
+    busy = sorted({i.tags.get(TAG_BUSY, "") for i in instances} - {""})
+    if busy:
+        say(
+            f"kept cluster {keep}: run {', '.join(busy)} marked its instances in use and did not "
+            "mark them idle (a detached run, or a launcher that was killed); if it still runs, "
+            "it shares the hosts with this one ('tflaunch down RUN' stops it)"
+        )
+
+
 def _network_of(instances: Sequence[Instance]) -> str | None:
     """The network rules a kept cluster's instances were made in (their run's own)."""
     for instance in instances:
@@ -277,6 +323,8 @@ def _provisioned(
                 made.reused, made.ids = True, {i.host: i.id for i in reuse}
                 made.group = _network_of(reuse)
                 say(f"reusing kept cluster {keep}: {len(reuse)} instance(s), none created")
+                _say_unfinished(reuse, keep, say)
+                provider.tag(list(made.ids.values()), {TAG_BUSY: run.id})
                 _record_access(run, provider, made.group)
                 _record(run, planned, made.ids, prices, keep)
                 found = provider.wait_running(list(made.ids.values()), section.ready_timeout)
@@ -322,6 +370,7 @@ def _create(
         TAG_LAUNCHER: launcher_tag(),
         TAG_RUN_DIR: str(run.dir),
         TAG_AUTOSTOP: f"{section.idle_timeout:g}",
+        TAG_BUSY: run.id,
     }
     if keep:
         extra[TAG_KEEP] = keep
@@ -349,13 +398,18 @@ def _end(
     for host, old, new in made.replaced:
         say(f"replaced instance of {host}: {old} (ended) -> {new}")
     keep = end.keep
+    in_use = end.detach and made.started  # a detached run goes on using them
     if keep and (made.started or made.reused):
+        if not in_use:
+            _mark_idle(provider, list(made.ids.values()), say)
         say(
             f"kept cluster {keep} keeps running: 'tflaunch down --cluster {keep}' terminates it "
             f"(it terminates itself after {idle_timeout:g} s idle)"
         )
         return
     if made.started and (end.detach or not end.asked):
+        if not in_use:
+            _mark_idle(provider, list(made.ids.values()), say)
         say(
             f"the instances keep running: 'tflaunch down {run.id}' terminates them (they "
             f"terminate themselves after {idle_timeout:g} s idle)"
@@ -366,6 +420,15 @@ def _end(
         mark_terminated(run)
         if keep:
             kept.record_path(run.dir.parent, keep).unlink(missing_ok=True)
+
+
+def _mark_idle(provider: Provider, ids: Sequence[str], say: Say) -> None:
+    """Record on the instances that their run ended now: 'status --cloud' shows them idle since
+    then, from any machine, whether they answer or not."""
+    try:
+        provider.tag(ids, {TAG_IDLE_SINCE: f"{time.time():.0f}"}, remove=[TAG_BUSY])
+    except TflaunchError as err:  # the run's outcome stands; only the listing loses its idle time
+        say(f"could not record the instances' idle time: {err}")
 
 
 class Fleet:
@@ -426,6 +489,7 @@ class Fleet:
         extra = {TAG_LAUNCHER: launcher_tag(), TAG_RUN_DIR: str(self.run.dir)}
         section = self.config.ssh.provision
         extra[TAG_AUTOSTOP] = f"{section.idle_timeout:g}"
+        extra[TAG_BUSY] = self.run.id
         if self.keep:
             extra[TAG_KEEP] = self.keep
         data = user_data(self.config.supervision.max_runtime, section.idle_timeout)

@@ -396,9 +396,12 @@ def unset_gpus(config: ClusterConfig, host: Host) -> bool:
 
 
 def checkpoint_dir(config: ClusterConfig, run_dir: str | os.PathLike | None) -> str:
-    """``program.checkpoint_dir`` against the workdir, else ``checkpoints/`` in the run
-    directory (shown as ``<run directory>/checkpoints`` when planning without a run)."""
+    """``program.checkpoint_dir`` against the workdir (a URL such as ``gs://bucket/run`` as it
+    is), else ``checkpoints/`` in the run directory (shown as ``<run directory>/checkpoints`` when
+    planning without a run)."""
     if config.program.checkpoint_dir:
+        if "://" in config.program.checkpoint_dir:  # the storage's own name, not a path here
+            return config.program.checkpoint_dir
         return os.path.join(config.workdir, os.path.expanduser(config.program.checkpoint_dir))
     return os.path.join(str(run_dir) if run_dir else "<run directory>", "checkpoints")
 

@@ -29,12 +29,14 @@ from tflaunch.launchers.clouds.base import (
     TAG_CLUSTER,
     TAG_RUN,
     Instance,
+    LockHolder,
     PlannedInstance,
     Provider,
     Say,
     network_name,
 )
 from tflaunch.launchers.clouds.costs import Price
+from tflaunch.launchers.clouds.ec2 import lock
 from tflaunch.launchers.clouds.ec2.client import aws_errors, ec2_client
 from tflaunch.launchers.clouds.ec2.pricing import gpus_of, resolve_prices
 
@@ -78,11 +80,18 @@ class Ec2Provider(Provider):
     def __init__(self, section: Any, say: Say):
         super().__init__(section, say)
         self.client = ec2_client(section, self.key)
+        self._vpc: str | None = None  # where the kept clusters' locks are, once asked
 
     @classmethod
     def from_access(cls, access: Mapping[str, Any], say: Say) -> Ec2Provider:
         return cls(
-            Access(access.get("region"), access.get("profile"), access.get("endpoint_url")), say
+            Access(
+                access.get("region"),
+                access.get("profile"),
+                access.get("endpoint_url"),
+                subnet=access.get("subnet"),
+            ),
+            say,
         )
 
     def access(self) -> dict[str, Any]:
@@ -90,6 +99,7 @@ class Ec2Provider(Provider):
             "region": self.section.region,
             "profile": self.section.profile,
             "endpoint_url": self.section.endpoint_url,
+            "subnet": self.section.subnet,  # its VPC holds the kept cluster's lock
         }
 
     # ---- planning and prices ---------------------------------------------------------------
@@ -252,6 +262,17 @@ class Ec2Provider(Provider):
             )
         return super().hosts(planned, ids, found, via_jump)
 
+    def tag(self, ids: Sequence[str], tags: Mapping[str, str], remove: Sequence[str] = ()) -> None:
+        if not ids:
+            return
+        with aws_errors("tagging instances"):
+            if tags:
+                self.client.create_tags(
+                    Resources=list(ids), Tags=[{"Key": k, "Value": v} for k, v in tags.items()]
+                )
+            if remove:
+                self.client.delete_tags(Resources=list(ids), Tags=[{"Key": k} for k in remove])
+
     def terminate(self, ids: Sequence[str], network: str | None = None, wait: float = 300) -> None:
         if ids:
             with aws_errors("terminating instances"):
@@ -264,6 +285,23 @@ class Ec2Provider(Provider):
                 time.sleep(base.POLL_SECONDS)
         if network:
             self.delete_network(network, wait)
+
+    # ---- a kept cluster's lock: a security group of its name (see lock.py) -------------------
+
+    def take_lock(self, name: str, holder: LockHolder) -> LockHolder | None:
+        return lock.take(self.client, self._lock_vpc(), name, holder)
+
+    def renew_lock(self, name: str, holder: LockHolder, heartbeat: float) -> LockHolder | None:
+        return lock.renew(self.client, self._lock_vpc(), name, holder, heartbeat)
+
+    def drop_lock(self, name: str, holder: LockHolder) -> None:
+        lock.drop(self.client, self._lock_vpc(), name, holder)
+
+    def _lock_vpc(self) -> str:
+        if self._vpc is None:
+            with aws_errors("finding the VPC"):
+                self._vpc = self._vpc_of(self.section.subnet)
+        return self._vpc
 
     def delete_network(self, network: str, wait: float) -> None:
         import botocore.exceptions
