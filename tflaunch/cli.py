@@ -294,6 +294,7 @@ def up(
             trace_at,
             trace_for,
             trace_port_offset,
+            detached=detach,
         )
     if dry_run:
         click.echo(launch.dry_run(config, runs_dir, run_id))
@@ -315,7 +316,10 @@ def up(
 def _show_trace(config: ClusterConfig, run: Run) -> None:
     trace_dir = run.dir / "trace"
     on_hosts = launch.backend_for(config.backend).host_run_dir(config, run.id) is not None
-    if on_hosts and not (trace_dir / trace_tools.TRACE_FILE).exists():
+    from tflaunch.runtime.tracehook import VERDICT_FILE
+
+    here = any((trace_dir / name).exists() for name in (trace_tools.TRACE_FILE, VERDICT_FILE))
+    if on_hosts and not here:
         where = config.program.env[trace_tools.DIR_ENV]
         click.echo(f"trace: on the first worker's host under {where}")
     else:
