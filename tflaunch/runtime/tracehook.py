@@ -249,6 +249,7 @@ class TraceTrigger:
         self.started = started
         self.seen: list[tuple[float, int]] = []  # the leader's (time, step) so far
         self.helper: Helper | None = None
+        self.helper_error = ""
         self.fired = False
         self.helper_deadline = 0.0
         self.verdict: tuple[bool, str] | None = None
@@ -310,16 +311,25 @@ class TraceTrigger:
             json.dumps({"start": time.time(), "end": time.time() + seconds}) + "\n"
         )
         order = {"tasks": targets, "duration_ms": max(1, int(seconds * 1000))}
-        self.start_helper().order(json.dumps(order) + "\n")  # a dead one: finish() says why
+        helper = self.start_helper()
+        if helper is None:
+            self._end(
+                False, f"no trace because the capture helper did not start: {self.helper_error}"
+            )
+            return
+        helper.order(json.dumps(order) + "\n")  # a dead one: finish() says why from its log
         self.fired = True
         self.helper_deadline = time.monotonic() + seconds + HELPER_MARGIN_S
 
-    def start_helper(self) -> Helper:
+    def start_helper(self) -> Helper | None:
         """The capture helper, started ahead of the window (on the trace site): it loads
         TensorFlow's profiler client and waits for the order on its input, so that the capture
-        starts the moment it is given."""
-        if self.helper is None:
-            self.helper = self.site.start_helper()
+        starts the moment it is given. None if it could not be started (``helper_error``)."""
+        if self.helper is None and not self.helper_error:
+            try:
+                self.helper = self.site.start_helper()
+            except Exception as exc:  # the run goes on; the verdict says why there is no trace
+                self.helper_error = f"{type(exc).__name__}: {exc}"
         return self.helper
 
     def _why_none(self, notes: Notes, when: str) -> str:
