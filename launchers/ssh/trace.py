@@ -32,7 +32,7 @@ import paramiko
 from tflaunch.cluster.plan import Plan
 from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
 from tflaunch.launchers.ssh.session import HostSession, remote_path, sftp_makedirs
-from tflaunch.models.trace_format import DIR_ENV
+from tflaunch.models.trace_format import DIR_ENV, TRACE_FILE
 from tflaunch.runtime.run import Run
 from tflaunch.runtime.runfiles import open_run_file, write_run_file
 from tflaunch.runtime.tracehook import (
@@ -158,12 +158,21 @@ class SshTraceSite(TraceSite):
         return RemoteHelper(channel, self.dir / CAPTURE_LOG)
 
     def collect(self) -> None:
-        """The leader host's trace directory (less the notes and log kept already) into the
-        local one; every host's notes again."""
+        """Every host's notes again, then the trace directory of the host that wrote the trace
+        (less the notes and log kept already) into the local one: the leader's host, where
+        the helper ran, else the first other host that has one (a program's own hooks write
+        from its first worker)."""
         self.notes()
-        with self._conn(self.leader_host).sftp() as sftp:
-            remote = self.remote_dir(self.leader_host, sftp)
-            _get_tree(sftp, remote, self.dir, skip={NOTES_DIR, CAPTURE_LOG})
+        others = [h for h in self.hosts if h != self.leader_host]
+        for host in [self.leader_host, *others]:
+            with self._conn(host).sftp() as sftp:
+                remote = self.remote_dir(host, sftp)
+                try:
+                    sftp.stat(posixpath.join(remote, TRACE_FILE))
+                except FileNotFoundError:
+                    continue
+                _get_tree(sftp, remote, self.dir, skip={NOTES_DIR, CAPTURE_LOG})
+                return
 
 
 def _get_tree(sftp: paramiko.SFTPClient, remote: str, local: Path, skip: set[str]) -> None:
