@@ -40,6 +40,7 @@ class LaunchOptions:
     down_at_end: bool = False  # up --down: end the machines the run created when it ends
     keep: bool = False  # up --keep: keep them as the file's named cluster, or reuse that one
     recreate: bool = False  # up --recreate: replace a kept cluster that does not fit the plan
+    trace: tuple[str, ...] = ()  # up --trace's options as given (for a detached coordinator)
 
     def argv(self) -> list[str]:
         """The same options as ``up`` arguments (for the background half of ``up --detach``)."""
@@ -48,6 +49,7 @@ class LaunchOptions:
             + (["--down"] if self.down_at_end else [])
             + (["--keep"] if self.keep else [])
             + (["--recreate"] if self.recreate else [])
+            + list(self.trace)
         )
 
 

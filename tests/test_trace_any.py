@@ -259,6 +259,25 @@ def test_up_trace_of_a_program_that_is_not_python_ends_with_one_line(tmp_path) -
         ]
 
 
+def test_detached_run_keeps_its_trace_options(tmp_path) -> None:
+    """``up --detach --trace``: the background coordinator gets the same options (it read the
+    cluster file again and traced nothing, silently)."""
+    cluster = write_cluster(
+        tmp_path / "c.yaml", {"argv": ["sleep", "1"]}, roles={"ps": 0, "worker": 1}
+    )
+    result = tflaunch("up", str(cluster), "--detach", "--trace", "5", cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (run,) = (tmp_path / "runs").iterdir()
+    deadline = time.monotonic() + 60
+    while tracehook.read_verdict(run / "trace") is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    verdict = tracehook.read_verdict(run / "trace")
+    assert verdict is not None and verdict[1].startswith("no trace because no task ran Python")
+    while Run(run.name, run).record().exit_code is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # the background coordinator ends with the run
+    assert Run(run.name, run).record().exit_code == 0
+
+
 def test_trace_options_are_checked(tmp_path) -> None:
     cluster = write_cluster(tmp_path / "c.yaml", {"argv": ["true"]}, roles={"ps": 0, "worker": 1})
     for args, needle in (

@@ -301,8 +301,24 @@ def up(
         return
     from tflaunch.launchers.base import LaunchOptions
 
+    trace_argv = [
+        word
+        for flag, value in (
+            ("--trace", trace_steps),
+            ("--trace-at", trace_at),
+            ("--trace-for", trace_for),
+        )
+        if value
+        for word in (flag, value)
+    ]
+    if traced:
+        trace_argv += ["--trace-port-offset", str(trace_port_offset)]
     options = LaunchOptions(
-        terminals=terminals, down_at_end=down_at_end, keep=keep, recreate=recreate
+        terminals=terminals,
+        down_at_end=down_at_end,
+        keep=keep,
+        recreate=recreate,
+        trace=tuple(trace_argv),
     )
     result = launch.up(config, cluster_file, runs_dir, run_id, detach, attached_daemon, options)
     if isinstance(result, str):
