@@ -8,8 +8,11 @@ own host's disk. So this trace site (:class:`tflaunch.runtime.tracehook.TraceSit
 - writes ``window.json`` on every host, where the tasks' hooks look for it;
 - starts the capture helper (``python -m tflaunch.models.trace_capture``, ``ssh.python``) on the
   host of the leader (the chief, else worker 0), which reaches every task's private address and
-  has TensorFlow; its order goes down the channel's input and its output comes back into the
-  local ``capture.log``;
+  has TensorFlow; its order goes down the channel's input (``"merge": false``: capture only) and
+  its output comes back into the local ``capture.log``;
+- once it captured: every task's profiler server saved its XPlane under the helper's ``raw/``
+  path *on its own host*, so the other hosts' files are copied to the leader's host, and the
+  helper's merge runs there (``--merge``);
 - then copies the host's trace directory (trace.json, the summary, ``raw/``) into the local one,
   where ``up`` shows it as for a local run.
 
@@ -20,11 +23,13 @@ decode and merge, and would pull the raw XPlanes of every task through the launc
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import posixpath
 import stat
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import paramiko
@@ -38,6 +43,7 @@ from tflaunch.runtime.runfiles import open_run_file, write_run_file
 from tflaunch.runtime.tracehook import (
     CAPTURE_LOG,
     CAPTURE_MODULE,
+    HELPER_MARGIN_S,
     NOTES_DIR,
     WINDOW_FILE,
     Helper,
@@ -53,8 +59,9 @@ class RemoteHelper(Helper):
     """The capture helper in an SSH channel: its order on the channel's input, its output
     (stdout and stderr) copied into the local ``capture.log`` as it comes."""
 
-    def __init__(self, channel: paramiko.Channel, log: Path):
+    def __init__(self, channel: paramiko.Channel, log: Path, ordered: Callable[[dict], None]):
         self.channel = channel
+        self.ordered = ordered  # told the order (the tasks), to merge them later
         self._pump = threading.Thread(target=self._copy, args=(log,), daemon=True)
         self._pump.start()
 
@@ -65,8 +72,11 @@ class RemoteHelper(Helper):
                 out.flush()
 
     def order(self, line: str) -> None:
+        """The order, as capture only: the merge waits for the other hosts' profiles."""
+        order = {**json.loads(line), "merge": False}
+        self.ordered(order)
         with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
-            self.channel.sendall(line.encode())
+            self.channel.sendall((json.dumps(order) + "\n").encode())
         self.end_input()
 
     def end_input(self) -> None:
@@ -104,6 +114,7 @@ class SshTraceSite(TraceSite):
         leader = tasks.get("chief:0") or tasks.get("worker:0") or plan.tasks[0]
         self.leader_host = leader.host
         self._homes: dict[str, str] = {}
+        self.order: dict | None = None  # the capture's order, once given
 
     def _conn(self, host: str) -> Connection:
         return self.session.connections[host]
@@ -155,14 +166,20 @@ class SshTraceSite(TraceSite):
         channel.set_combine_stderr(True)
         channel.exec_command(remote_command([self.python, "-m", CAPTURE_MODULE, remote]))
         self.dir.mkdir(parents=True, exist_ok=True)
-        return RemoteHelper(channel, self.dir / CAPTURE_LOG)
+        return RemoteHelper(channel, self.dir / CAPTURE_LOG, self._ordered)
+
+    def _ordered(self, order: dict) -> None:
+        self.order = order
 
     def collect(self) -> None:
-        """Every host's notes again, then the trace directory of the host that wrote the trace
-        (less the notes and log kept already) into the local one: the leader's host, where
-        the helper ran, else the first other host that has one (a program's own hooks write
-        from its first worker)."""
+        """Every host's notes again; after a capture, the other hosts' profiles gathered on the
+        leader's host and merged there; then the trace directory of the host that holds the
+        trace (the leader's, else — a program's own hooks write from its first worker — the
+        first other host that has one) into the local one, less the notes and log kept
+        already."""
         self.notes()
+        if self.order is not None:
+            self._gather_and_merge(self.order["tasks"])
         others = [h for h in self.hosts if h != self.leader_host]
         for host in [self.leader_host, *others]:
             with self._conn(host).sftp() as sftp:
@@ -173,6 +190,24 @@ class SshTraceSite(TraceSite):
                     continue
                 _get_tree(sftp, remote, self.dir, skip={NOTES_DIR, CAPTURE_LOG})
                 return
+
+    def _gather_and_merge(self, tasks: dict[str, str]) -> None:
+        """Copy the profiles the other hosts' servers saved (under the leader's raw path, as
+        the helper named it) to the leader's host; run the merge there, its output appended to
+        the local capture.log."""
+        leader = self._conn(self.leader_host)
+        with leader.sftp() as sftp:
+            raw = posixpath.join(self.remote_dir(self.leader_host, sftp), "raw")
+        for host in self.hosts:
+            if host != self.leader_host:
+                with self._conn(host).sftp() as source, leader.sftp() as target:
+                    _copy_tree(source, target, raw)
+        argv = [self.python, "-m", CAPTURE_MODULE, posixpath.dirname(raw), "--merge"]
+        result = leader.run(
+            remote_command([*argv, "--tasks", json.dumps(tasks)]), timeout=HELPER_MARGIN_S
+        )
+        with open_run_file(self.dir / CAPTURE_LOG, "a") as log:
+            log.write(result.stdout + result.stderr)
 
 
 def _get_tree(sftp: paramiko.SFTPClient, remote: str, local: Path, skip: set[str]) -> None:
@@ -192,6 +227,28 @@ def _get_tree(sftp: paramiko.SFTPClient, remote: str, local: Path, skip: set[str
         elif not _same_file(source, target):
             with open_run_file(target, "wb") as f:
                 sftp.getfo(source, f)
+
+
+def _copy_tree(source: paramiko.SFTPClient, target: paramiko.SFTPClient, path: str) -> None:
+    """``path`` (a folder) from one host to the same path on another; files the target already
+    has at the same size are left (a file system the hosts share)."""
+    try:
+        entries = source.listdir_attr(path)
+    except FileNotFoundError:
+        return
+    sftp_makedirs(target, path)
+    for entry in entries:
+        name = posixpath.join(path, entry.filename)
+        if stat.S_ISDIR(entry.st_mode or 0):
+            _copy_tree(source, target, name)
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if target.stat(name).st_size == entry.st_size:
+                continue
+        with source.open(name, "rb") as f:
+            data = f.read()
+        with target.open(name, "wb") as f:
+            f.write(data)
 
 
 def _same_file(remote: str, local: Path) -> bool:
