@@ -66,7 +66,9 @@ def capture(
     print(f"capturing {duration_ms} ms from {len(targets)} task(s) at {started:.3f}", flush=True)
     raw = trace_dir / "raw"
     try:
-        client.trace(",".join(targets.values()), str(raw), "", True, duration_ms, 3, {})
+        # One attempt: a retry opens a second window after the one the tasks wait for (some
+        # may be gone by then) and its profiles replace the first ones.
+        client.trace(",".join(targets.values()), str(raw), "", True, duration_ms, 1, {})
     except Exception as exc:
         # The servers save their XPlanes themselves; the client may still find no response in
         # time (a loaded host): go on with what was saved (here, or on the other hosts).
