@@ -499,7 +499,9 @@ def test_any_program_traced_from_the_leaders_host(ssh_test_hosts, tmp_path):
         "Python programs that import TensorFlow"
     ]
     program = Path(__file__).resolve().parent / "programs" / "tf1_between_graph.py"
-    argv = [sys.executable, str(program)]
+    # long enough that the window opens well before the end: step lines reach the launcher
+    # through the agents and SSH, in bursts on a loaded machine
+    argv = [sys.executable, str(program), "--train_steps", "4000"]
     for flag in ("job_name", "task_index", "ps_hosts", "worker_hosts"):
         argv += [f"--{flag}", "{" + flag + "}"]
     cluster = ssh_cluster(
@@ -511,7 +513,7 @@ def test_any_program_traced_from_the_leaders_host(ssh_test_hosts, tmp_path):
         ssh={"upload": []},
         supervision={"heartbeat_timeout": 20},
     )
-    result = tflaunch("up", str(cluster), "--trace", "100:10", timeout=400)
+    result = tflaunch("up", str(cluster), "--trace", "1000:10", timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "no trace" not in result.stdout + result.stderr, result.stdout[-3000:]
     run = only_run(tmp_path / "tf1")
