@@ -29,6 +29,7 @@ from tflaunch.runtime import procs
 from tflaunch.runtime.coordinator import Requeue, Revive, coordinate
 from tflaunch.runtime.link import ProcessLink, agent_argv
 from tflaunch.runtime.run import Outcome, Run
+from tflaunch.runtime.tracehook import TraceSite
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class LaunchOptions:
     down_at_end: bool = False  # up --down: end the machines the run created when it ends
     keep: bool = False  # up --keep: keep them as the file's named cluster, or reuse that one
     recreate: bool = False  # up --recreate: replace a kept cluster that does not fit the plan
+    trace: tuple[str, ...] = ()  # up --trace's options as given (for a detached coordinator)
 
     def argv(self) -> list[str]:
         """The same options as ``up`` arguments (for the background half of ``up --detach``)."""
@@ -47,6 +49,7 @@ class LaunchOptions:
             + (["--down"] if self.down_at_end else [])
             + (["--keep"] if self.keep else [])
             + (["--recreate"] if self.recreate else [])
+            + list(self.trace)
         )
 
 
@@ -80,12 +83,24 @@ class Backend(ABC):
             run.finish(Outcome(err.exit_code, str(err)))
             raise
         revive = self.reviver(config, plan, run)
-        return coordinate(plan, run, links, requeue=self.requeue, revive=revive)
+        site = self.trace_site(config, plan, run)
+        return coordinate(plan, run, links, requeue=self.requeue, revive=revive, trace_site=site)
 
     def reviver(self, config: ClusterConfig, plan: Plan, run: Run) -> Revive | None:
         """How to start a new agent on a host that stopped answering and answers again
         (``ssh.host_wait``); None: this backend cannot, and a lost host fails the run."""
         return None
+
+    def trace_site(self, config: ClusterConfig, plan: Plan, run: Run) -> TraceSite | None:
+        """Where ``up --trace``'s capture of any program runs and its files are, once the
+        agents started; None: on this machine, which reaches every task's profiler port and
+        shares the run's trace directory with the tasks (local, Slurm)."""
+        return None
+
+    def traces_any_program(self, config: ClusterConfig, detached: bool) -> bool:
+        """Whether ``up --trace`` can trace any program (the hook, the launcher's capture) in
+        such a run; else only programs on ``tflaunch.models``' own trace hooks. Default: yes."""
+        return True
 
     def detach(
         self,

@@ -131,6 +131,7 @@ def test_a_config_section_is_replaced_through_with_section():
 def test_launch_options_reach_a_detached_daemon_as_arguments():
     assert LaunchOptions().argv() == []
     assert LaunchOptions("tmux", True).argv() == ["--terminals", "tmux", "--down"]
+    assert LaunchOptions(trace=("--trace", "5")).argv() == ["--trace", "5"]
 
 
 def test_backend_names_are_compared_only_in_their_own_folder(tmp_path):

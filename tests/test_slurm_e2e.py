@@ -460,3 +460,27 @@ def test_time_limit_warning_checkpoints_requeues_and_the_requeued_job_resumes(
     ).stdout
     assert "Restarts=1" in show and "JobState=COMPLETED" in show
     assert wait_gone(str(tmp_path)) == []
+
+
+# --- up --trace of a plain TensorFlow program ------------------------------------------------------
+
+
+def test_plain_tf1_program_traced_on_slurm(cluster, tmp_path) -> None:
+    """``up --trace`` of a program that knows nothing of tflaunch: the coordinator runs on the
+    first node of the allocation and reaches every task's profiler port; one merged trace with
+    a track per task lands in the (shared) run directory."""
+    pytest.importorskip("tensorflow")
+    argv = [sys.executable, str(Path(__file__).parent / "programs" / "tf1_between_graph.py")]
+    for flag in ("job_name", "task_index", "ps_hosts", "worker_hosts"):
+        argv += [f"--{flag}", "{" + flag + "}"]
+    path = write_cluster(tmp_path, argv, {"ps": 1, "worker": 2}, name="traced")
+    result = tflaunch("up", str(path), "--trace", "100:10", timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "no trace" not in result.stdout + result.stderr, result.stdout[-3000:]
+    trace = json.loads((the_run(tmp_path) / "trace" / "trace.json").read_text())
+    names = {
+        e["args"]["name"].split()[0] for e in trace["traceEvents"] if e["name"] == "process_name"
+    }
+    assert names == {"ps:0", "worker:0", "worker:1"}
+    assert "ui.perfetto.dev" in result.stdout
+    assert wait_gone(str(tmp_path)) == []

@@ -488,6 +488,64 @@ def test_mnist_2ps_3workers_on_private_addresses(ssh_test_hosts, tmp_path):
     assert wait_hosts_clean(ssh_test_hosts, 10) == []
 
 
+def test_any_program_traced_from_the_leaders_host(ssh_test_hosts, tmp_path):
+    """up --trace of a plain TF1 program (no tflaunch import) on hosts whose profiler ports the
+    launcher cannot reach: the capture runs on worker 0's host, and the merged trace, its
+    summary and every host's notes come back into the local run directory. A program that is
+    not Python ends with the one "no trace because" line and its own exit code."""
+    pytest.importorskip("tensorflow")
+    for folder in ("sleep", "tf1"):
+        (tmp_path / folder).mkdir()
+    sleeper = ssh_cluster(
+        tmp_path / "sleep",
+        ssh_test_hosts,
+        program={"argv": ["sleep", "1"], "workdir": str(tmp_path)},
+        roles={"ps": 0, "worker": 2},
+        ssh={"upload": []},
+    )
+    result = tflaunch("up", str(sleeper), "--trace", "5", timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert [x for x in result.stdout.splitlines() if "no trace" in x] == [
+        "no trace because no task ran Python (program 'sleep'): the trace hook works only in "
+        "Python programs that import TensorFlow"
+    ]
+    program = Path(__file__).resolve().parent / "programs" / "tf1_between_graph.py"
+    # long enough that the window opens well before the end: step lines reach the launcher
+    # through the agents and SSH, in bursts on a loaded machine
+    argv = [sys.executable, str(program), "--train_steps", "4000"]
+    for flag in ("job_name", "task_index", "ps_hosts", "worker_hosts"):
+        argv += [f"--{flag}", "{" + flag + "}"]
+    cluster = ssh_cluster(
+        tmp_path / "tf1",
+        ssh_test_hosts,
+        name="ssh-traced",
+        program={"argv": argv, "workdir": str(tmp_path)},
+        roles={"ps": 1, "worker": 2},
+        ssh={"upload": []},
+        supervision={"heartbeat_timeout": 20},
+    )
+    result = tflaunch("up", str(cluster), "--trace", "1000:10", timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "no trace" not in result.stdout + result.stderr, result.stdout[-3000:]
+    run = only_run(tmp_path / "tf1")
+    plan = json.loads((run / "plan.json").read_text())
+    assert len({t["host"] for t in plan["tasks"]}) > 1  # the capture crossed hosts
+    trace = json.loads((run / "trace" / "trace.json").read_text())
+    names = {
+        e["args"]["name"].split()[0] for e in trace["traceEvents"] if e["name"] == "process_name"
+    }
+    assert names == {"ps:0", "worker:0", "worker:1"}
+    for task in ("worker-0", "worker-1"):
+        assert (run / "trace" / "tasks" / f"{task}.tf").exists()
+    assert json.loads((run / "trace" / "verdict.json").read_text())["ok"]
+    assert (run / "trace" / "trace_summary.json").exists()
+    assert "capturing" in (run / "trace" / "capture.log").read_text()
+    remote = tmp_path / "tf1" / "remote" / run.name / "trace"
+    assert (remote / "trace.json").exists()  # written on the leader's host, then fetched
+    assert "TASK" in result.stdout and "ui.perfetto.dev" in result.stdout
+    assert wait_hosts_clean(ssh_test_hosts, 10) == []
+
+
 # ---- a host that stops answering ------------------------------------------------------------
 
 

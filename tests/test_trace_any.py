@@ -208,6 +208,45 @@ def test_window_that_never_opens_says_so(tmp_path) -> None:
     assert timed.finish()[1] == "no trace because the run ended before the window at 30 s"
 
 
+class _FarSite(tracehook.TraceSite):
+    """A site whose hosts hold the notes (here: a folder apart) and whose helper cannot start."""
+
+    def __init__(self, local: Path, far: Path):
+        super().__init__(local)
+        self.far = far
+        self.windows: list[str] = []
+
+    def notes(self) -> tracehook.Notes:
+        return tracehook.read_notes(self.far)
+
+    def publish_window(self, text: str) -> None:
+        self.windows.append(text)
+
+    def start_helper(self) -> tracehook.Helper:
+        raise OSError("no route to the leader's host")
+
+
+def test_window_on_another_site_reads_its_notes_and_says_when_its_helper_failed(tmp_path) -> None:
+    far = tmp_path / "far"
+    (far / "tasks").mkdir(parents=True)
+    (far / "tasks" / "worker-0.tf").write_text(json.dumps({"pid": 1, "port": 12220}))
+    site = _FarSite(tmp_path / "trace", far)
+    request = tracehook.TraceRequest(tmp_path / "unused", 10000, at_s=1.0, for_s=2.0)
+    said: list[str] = []
+    trigger = tracehook.TraceTrigger(
+        request, "worker:0", {"worker:0": "10.0.0.5:2220"}, "python", said.append, 0.0, site
+    )
+    trigger.start_helper()
+    trigger.tick(1.5)
+    assert len(site.windows) == 1 and said[-1].startswith("trace: capturing 2.0 s of 1 task")
+    ok, line = trigger.finish()
+    assert not ok and line == (
+        "no trace because the capture helper did not start: OSError: no route to the leader's host"
+    )
+    assert tracehook.read_verdict(tmp_path / "trace") == (False, line)
+    assert not (tmp_path / "unused").exists()
+
+
 def test_up_trace_of_a_program_that_is_not_python_ends_with_one_line(tmp_path) -> None:
     for argv, code in ((["sleep", "1"], 0), (["sh", "-c", "exit 3"], 3)):
         cluster = write_cluster(tmp_path / "c.yaml", {"argv": argv}, roles={"ps": 0, "worker": 1})
@@ -218,6 +257,25 @@ def test_up_trace_of_a_program_that_is_not_python_ends_with_one_line(tmp_path) -
             "no trace because no task ran Python (program "
             f"'{argv[0]}'): the trace hook works only in Python programs that import TensorFlow"
         ]
+
+
+def test_detached_run_keeps_its_trace_options(tmp_path) -> None:
+    """``up --detach --trace``: the background coordinator gets the same options (it read the
+    cluster file again and traced nothing, silently)."""
+    cluster = write_cluster(
+        tmp_path / "c.yaml", {"argv": ["sleep", "1"]}, roles={"ps": 0, "worker": 1}
+    )
+    result = tflaunch("up", str(cluster), "--detach", "--trace", "5", cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (run,) = (tmp_path / "runs").iterdir()
+    deadline = time.monotonic() + 60
+    while tracehook.read_verdict(run / "trace") is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    verdict = tracehook.read_verdict(run / "trace")
+    assert verdict is not None and verdict[1].startswith("no trace because no task ran Python")
+    while Run(run.name, run).record().exit_code is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # the background coordinator ends with the run
+    assert Run(run.name, run).record().exit_code == 0
 
 
 def test_trace_options_are_checked(tmp_path) -> None:

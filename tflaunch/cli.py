@@ -294,14 +294,31 @@ def up(
             trace_at,
             trace_for,
             trace_port_offset,
+            detached=detach,
         )
     if dry_run:
         click.echo(launch.dry_run(config, runs_dir, run_id))
         return
     from tflaunch.launchers.base import LaunchOptions
 
+    trace_argv = [
+        word
+        for flag, value in (
+            ("--trace", trace_steps),
+            ("--trace-at", trace_at),
+            ("--trace-for", trace_for),
+        )
+        if value
+        for word in (flag, value)
+    ]
+    if traced:
+        trace_argv += ["--trace-port-offset", str(trace_port_offset)]
     options = LaunchOptions(
-        terminals=terminals, down_at_end=down_at_end, keep=keep, recreate=recreate
+        terminals=terminals,
+        down_at_end=down_at_end,
+        keep=keep,
+        recreate=recreate,
+        trace=tuple(trace_argv),
     )
     result = launch.up(config, cluster_file, runs_dir, run_id, detach, attached_daemon, options)
     if isinstance(result, str):
@@ -315,7 +332,10 @@ def up(
 def _show_trace(config: ClusterConfig, run: Run) -> None:
     trace_dir = run.dir / "trace"
     on_hosts = launch.backend_for(config.backend).host_run_dir(config, run.id) is not None
-    if on_hosts and not (trace_dir / trace_tools.TRACE_FILE).exists():
+    from tflaunch.runtime.tracehook import VERDICT_FILE
+
+    here = any((trace_dir / name).exists() for name in (trace_tools.TRACE_FILE, VERDICT_FILE))
+    if on_hosts and not here:
         where = config.program.env[trace_tools.DIR_ENV]
         click.echo(f"trace: on the first worker's host under {where}")
     else:

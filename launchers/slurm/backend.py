@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from tflaunch.cluster.config import ClusterConfig
+from tflaunch.cluster.config import ClusterConfig, parse_config
 from tflaunch.cluster.plan import Host, Plan
 from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.launchers.base import Backend, LaunchOptions
@@ -224,6 +224,7 @@ class SlurmBackend(Backend):
         write_run_file(script, self.render(config, run))
         snapshot = Path(config.source).read_text()
         write_run_file(run.dir / SNAPSHOT_FILE, snapshot)
+        filed = parse_config(snapshot, config.source, config.base_dir).program.env
         setup = {
             "run_id": run.id,
             "cluster_file": str(Path(config.source).resolve()),
@@ -232,6 +233,9 @@ class SlurmBackend(Backend):
             "output": config.slurm.output,
             "error": config.slurm.error,
             "submit_dir": os.getcwd(),
+            # what the launcher set beyond the file (up --trace's variables): the nodes plan
+            # from the snapshot, so they add it back
+            "program_env": {k: v for k, v in config.program.env.items() if filed.get(k) != v},
         }
         write_run_file(run.dir / SETUP_FILE, json.dumps(setup, indent=2) + "\n")
         return script

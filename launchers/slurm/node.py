@@ -33,7 +33,7 @@ import socket
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tflaunch.cluster import hostlist
@@ -159,6 +159,9 @@ def load_node(run_dir: Path, env: Mapping[str, str]) -> Node:
         source=setup["cluster_file"],
         base_dir=setup["base_dir"],
     )
+    if setup.get("program_env"):  # what the launcher added to the file (up --trace)
+        program_env = {**config.program.env, **setup["program_env"]}
+        config = replace(config, program=replace(config.program, env=program_env))
     job = layout(config)
     name = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     _, ps_nodes = allocation_nodes(env, job)

@@ -57,6 +57,7 @@ from tflaunch.runtime import protocol
 from tflaunch.runtime.coordinator import Revive
 from tflaunch.runtime.link import StreamLink, agent_output
 from tflaunch.runtime.run import Outcome, Run
+from tflaunch.runtime.tracehook import TraceRequest, TraceSite
 
 WATCH_SECONDS = 3.0  # between asking the provider whether a provisioned run's instances run
 
@@ -334,6 +335,22 @@ class SshBackend(Backend):
         finally:
             self.session.close()
         return run.id
+
+    # ---- up --trace ------------------------------------------------------------------------
+
+    def trace_site(self, config: ClusterConfig, plan: Plan, run: Run) -> TraceSite | None:
+        """The capture on the leader's host, notes and result through the run's connections
+        (:mod:`tflaunch.launchers.ssh.trace`): the launcher reaches no task's profiler port."""
+        from tflaunch.launchers.ssh.trace import SshTraceSite
+
+        if TraceRequest.from_env(plan.program.env) is None:
+            return None
+        return SshTraceSite(self.session, plan, run, config.ssh.python)
+
+    def traces_any_program(self, config: ClusterConfig, detached: bool) -> bool:
+        """Attached runs only: a detached run's coordinator, on the first host, holds no
+        connection to the other hosts, whose disks keep their tasks' notes."""
+        return not detached
 
     # ---- what other commands ask of an SSH run --------------------------------------------
 

@@ -53,6 +53,7 @@ from tflaunch.runtime.revival import HostRevival, Revive
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.signals import Requeue, RequeueTimer, SignalWatch
 from tflaunch.runtime.tasks import TaskBoard, TaskState
+from tflaunch.runtime.tracehook import TraceSite
 
 __all__ = ["Coordinator", "Requeue", "Revive", "coordinate"]
 
@@ -67,12 +68,13 @@ class Coordinator:
         on_ready: Any = None,
         requeue: Requeue | None = None,
         revive: Revive | None = None,
+        trace_site: TraceSite | None = None,
     ):
         self.plan, self.run, self.links = plan, run, list(links)
         self.on_ready = on_ready
         self.events: queue.Queue = queue.Queue()
         self.board = TaskBoard(plan, run)
-        self.report = Reporter(plan, run, self.board, out)
+        self.report = Reporter(plan, run, self.board, out, trace_site)
         self.signals = SignalWatch()
         self.requeue = RequeueTimer(requeue, self.report)
         sup = plan.supervision
@@ -283,12 +285,21 @@ def coordinate(
     out: IO[str] | None = None,
     requeue: Requeue | None = None,
     revive: Revive | None = None,
+    trace_site: TraceSite | None = None,
 ) -> Outcome:
-    """Coordinate ``links``' agents until the run ends, close the links, and record the end."""
+    """Coordinate ``links``' agents until the run ends, close the links, and record the end.
+    ``trace_site``: where ``up --trace``'s capture runs, when not here (``Backend.trace_site``)."""
     run.update_meta(state="running")
     try:
         coordinator = Coordinator(
-            plan, run, links, out=out, on_ready=on_ready, requeue=requeue, revive=revive
+            plan,
+            run,
+            links,
+            out=out,
+            on_ready=on_ready,
+            requeue=requeue,
+            revive=revive,
+            trace_site=trace_site,
         )
         outcome = coordinator.run_cluster()
     finally:

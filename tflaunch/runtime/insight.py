@@ -2,7 +2,8 @@
 (:class:`tflaunch.runtime.monitor.SampleLog`), progress samples from the tasks' output
 (:mod:`tflaunch.runtime.progress`) and, for ``up --trace``, the capture window
 (:mod:`tflaunch.runtime.tracehook`, opened from the leader's step lines or, from a timer thread
-of its own, by the clock). The coordinator hands it samples and output lines, and closes it."""
+of its own, by the clock; where the backend says, :class:`~tflaunch.runtime.tracehook.TraceSite`).
+The coordinator hands it samples and output lines, and closes it."""
 
 from __future__ import annotations
 
@@ -15,13 +16,20 @@ from tflaunch.cluster.plan import Plan
 from tflaunch.runtime.monitor import SampleLog
 from tflaunch.runtime.progress import ProgressLog, StepParser
 from tflaunch.runtime.run import Run
-from tflaunch.runtime.tracehook import TraceRequest, TraceTrigger
+from tflaunch.runtime.tracehook import TraceRequest, TraceSite, TraceTrigger
 
 TICK_S = 0.2
 
 
 class Insight:
-    def __init__(self, plan: Plan, run: Run, leader: str, say: Callable[[str], None]):
+    def __init__(
+        self,
+        plan: Plan,
+        run: Run,
+        leader: str,
+        say: Callable[[str], None],
+        trace_site: TraceSite | None = None,
+    ):
         sup = plan.supervision
         self.samples = SampleLog(run.dir)  # samples-<host>.jsonl
         self.progress = ProgressLog(run.dir, StepParser(sup.step_pattern, sup.rate_pattern))
@@ -37,7 +45,9 @@ class Insight:
             for i, address in enumerate(items)
         }
         program = plan.program.argv[0] if plan.program.argv else "?"
-        self.trigger = TraceTrigger(request, leader, addresses, program, say, time.monotonic())
+        self.trigger = TraceTrigger(
+            request, leader, addresses, program, say, time.monotonic(), trace_site
+        )
         self.trigger.start_helper()
         if request.at_s is not None:
             threading.Thread(target=self._tick, name="trace-window", daemon=True).start()

@@ -17,16 +17,24 @@ from tflaunch.runtime.insight import Insight
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.runfiles import open_run_file
 from tflaunch.runtime.tasks import TaskBoard, TaskState
+from tflaunch.runtime.tracehook import TraceSite
 
 
 class Reporter:
-    def __init__(self, plan: Plan, run: Run, board: TaskBoard, out: IO[str] | None = None):
+    def __init__(
+        self,
+        plan: Plan,
+        run: Run,
+        board: TaskBoard,
+        out: IO[str] | None = None,
+        trace_site: TraceSite | None = None,
+    ):
         self.run, self.board = run, board
         self.out = out or sys.stdout
         self.width = max(len(s.name) for s in board) + 2
         self._events_file = open_run_file(run.events_path, "a")
         # Resource samples (samples-<host>.jsonl, not events), steps, and --trace's window.
-        self._samples = Insight(plan, run, board.leader, self.say)
+        self._samples = Insight(plan, run, board.leader, self.say, trace_site)
 
     def close(self) -> None:
         self._events_file.close()

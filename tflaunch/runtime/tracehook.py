@@ -13,6 +13,12 @@ Three parts, none of which imports TensorFlow:
   TensorFlow's profiler client) waits from the start; when the window opens it asks every task
   that imported TensorFlow for the same wall-clock window at once and merges what it gets into ``trace.json`` and the summary.
 
+Where the notes are read, the window published and the helper started is a :class:`TraceSite`:
+this machine by default (local, and Slurm, whose coordinator runs inside the allocation on the
+shared file system); a backend whose tasks' files and private addresses are out of the
+launcher's reach gives its own (``Backend.trace_site``: ssh runs the helper on the leader's host
+and fetches the result).
+
 Whatever happens, the run's trace directory ends with ``verdict.json``: a trace, or one line
 saying why there is none (:func:`read_verdict`). Programs on ``tflaunch.models``' own trace hooks
 (the benchmark) take their trace themselves; they leave an ``inprogram`` note and the launcher
@@ -21,6 +27,7 @@ stands aside.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -40,6 +47,8 @@ HOOK_DIR = Path(__file__).resolve().parent / "sitehook"
 VERDICT_FILE = "verdict.json"
 WINDOW_FILE = "window.json"  # read by the hook: tasks that end inside the window wait for it
 NOTES_DIR = "tasks"
+CAPTURE_LOG = "capture.log"
+CAPTURE_MODULE = "tflaunch.models.trace_capture"
 # Tracing slows steps (2-3x measured on 2 cores); the capture covers the window at that pace,
 # plus the time the profilers take to start.
 PROFILED_SLOWDOWN = 3.0
@@ -145,6 +154,78 @@ def read_verdict(trace_dir: Path) -> tuple[bool, str] | None:
     return bool(data.get("ok")), str(data.get("line", ""))
 
 
+class Helper:
+    """The capture helper as the trigger drives it: started ahead of the window, given one
+    order (or none: the end of its input), awaited. This one: a child process of this one."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+
+    def order(self, line: str) -> None:
+        """Hand over the window's order and end the helper's input."""
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(line)
+            self.proc.stdin.close()
+        except OSError:
+            pass  # it died: the trigger says why from its log
+
+    def end_input(self) -> None:
+        with contextlib.suppress(OSError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, timeout: float) -> int | None:
+        """Its exit code, or None when it did not end within ``timeout`` seconds."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+class TraceSite:
+    """Where a traced run's files are and where its capture runs, as the trigger sees them.
+
+    This one is this machine: the tasks' hooks write their notes into ``dir`` (the run's trace
+    directory, here or on a file system shared with the nodes), and the helper runs here, where
+    every task's profiler port is reachable. A backend whose hosts keep their own files on a
+    private network subclasses it (``Backend.trace_site``). ``dir`` is always the local trace
+    directory: the verdict, the capture's log and, once :meth:`collect` ran, the trace."""
+
+    def __init__(self, trace_dir: Path):
+        self.dir = trace_dir
+
+    def notes(self) -> Notes:
+        return read_notes(self.dir)
+
+    def publish_window(self, text: str) -> None:
+        """``window.json`` where every task's hook reads it."""
+        write_run_file(self.dir / WINDOW_FILE, text)
+
+    def start_helper(self) -> Helper:
+        """The capture helper, here. It stays in the launcher's process group: Ctrl-C ends it."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        log = open_run_file(self.dir / CAPTURE_LOG, "w")
+        argv = [sys.executable, "-m", CAPTURE_MODULE, str(self.dir)]
+        env = {k: v for k, v in os.environ.items() if k != HOOK_ENV}
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, env=env, text=True
+        )
+        log.close()
+        return Helper(proc)
+
+    def collect(self) -> None:
+        """Bring what the capture (or a program's own hooks) wrote into ``dir``: already there."""
+        return None
+
+
 class TraceTrigger:
     """Opens the capture window once, from the leader's step lines or the clock, and says at
     the end what came of it. ``now`` is ``time.monotonic()``; the caller feeds lines and ticks."""
@@ -157,15 +238,18 @@ class TraceTrigger:
         program: str,
         say: Callable[[str], None],
         started: float,
+        site: TraceSite | None = None,
     ):
         self.request = request
+        self.site = site or TraceSite(request.trace_dir)
         self.leader = leader
         self.addresses = dict(addresses)  # task -> cluster host:port
         self.program = program
         self.say = say
         self.started = started
         self.seen: list[tuple[float, int]] = []  # the leader's (time, step) so far
-        self.helper: subprocess.Popen | None = None
+        self.helper: Helper | None = None
+        self.helper_error = ""
         self.fired = False
         self.helper_deadline = 0.0
         self.verdict: tuple[bool, str] | None = None
@@ -207,7 +291,7 @@ class TraceTrigger:
         return self.request.steps * per_step * PROFILED_SLOWDOWN + CAPTURE_SLACK_S
 
     def _fire(self, seconds: float, when: str) -> None:
-        notes = read_notes(self.request.trace_dir)
+        notes = self.site.notes()
         if notes.in_program:
             self._end(True, "", quiet=True)  # the program's own hooks take the trace
             return
@@ -223,40 +307,29 @@ class TraceTrigger:
         if missing:
             self.say(f"trace: {', '.join(missing)} had not imported TensorFlow {when}; not traced")
         self.say(f"trace: capturing {seconds:.1f} s of {len(targets)} task(s) {when}")
-        write_run_file(
-            self.request.trace_dir / WINDOW_FILE,
-            json.dumps({"start": time.time(), "end": time.time() + seconds}) + "\n",
+        self.site.publish_window(
+            json.dumps({"start": time.time(), "end": time.time() + seconds}) + "\n"
         )
-        helper = self.start_helper()
         order = {"tasks": targets, "duration_ms": max(1, int(seconds * 1000))}
-        try:
-            assert helper.stdin is not None
-            helper.stdin.write(json.dumps(order) + "\n")
-            helper.stdin.close()
-        except OSError:
-            pass  # it died: finish() says why from its log
+        helper = self.start_helper()
+        if helper is None:
+            self._end(
+                False, f"no trace because the capture helper did not start: {self.helper_error}"
+            )
+            return
+        helper.order(json.dumps(order) + "\n")  # a dead one: finish() says why from its log
         self.fired = True
         self.helper_deadline = time.monotonic() + seconds + HELPER_MARGIN_S
 
-    def start_helper(self) -> subprocess.Popen:
-        """The capture helper, started ahead of the window: it loads TensorFlow's profiler
-        client and waits for the order on its input, so that the capture starts the moment it
-        is given. It stays in the launcher's process group: Ctrl-C ends it too."""
-        if self.helper is None:
-            self.request.trace_dir.mkdir(parents=True, exist_ok=True)
-            log = open_run_file(self.request.trace_dir / "capture.log", "w")
-            argv = [sys.executable, "-m", "tflaunch.models.trace_capture"]
-            argv.append(str(self.request.trace_dir))
-            env = {k: v for k, v in os.environ.items() if k != HOOK_ENV}
-            self.helper = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.PIPE,
-                env=env,
-                text=True,
-            )
-            log.close()
+    def start_helper(self) -> Helper | None:
+        """The capture helper, started ahead of the window (on the trace site): it loads
+        TensorFlow's profiler client and waits for the order on its input, so that the capture
+        starts the moment it is given. None if it could not be started (``helper_error``)."""
+        if self.helper is None and not self.helper_error:
+            try:
+                self.helper = self.site.start_helper()
+            except Exception as exc:  # the run goes on; the verdict says why there is no trace
+                self.helper_error = f"{type(exc).__name__}: {exc}"
         return self.helper
 
     def _why_none(self, notes: Notes, when: str) -> str:
@@ -282,8 +355,9 @@ class TraceTrigger:
             return self.verdict
         if not self.fired:
             self._stop_helper()
-            notes = read_notes(self.request.trace_dir)
+            notes = self.site.notes()
             if notes.in_program:
+                self._collect()  # the program's own trace, where its hosts keep it
                 return self._end(True, "", quiet=True)
             if not notes.tf_ports:
                 return self._end(False, self._why_none(notes, "before the run ended"))
@@ -299,33 +373,34 @@ class TraceTrigger:
                 why = f"the run ended before the window at {self.request.at_s:g} s"
             return self._end(False, f"no trace because {why}")
         assert self.helper is not None
-        try:
-            code = self.helper.wait(max(1.0, self.helper_deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
+        code = self.helper.wait(max(1.0, self.helper_deadline - time.monotonic()))
+        if code is None:
             self.helper.kill()
-            self.helper.wait()
             return self._end(False, "no trace because the capture did not finish in time")
-        if code == 0 and (self.request.trace_dir / "trace.json").exists():
-            return self._end(True, f"trace: {self.request.trace_dir / 'trace.json'}")
-        tail = _last_line(self.request.trace_dir / "capture.log")
+        self._collect()
+        if code == 0 and (self.site.dir / "trace.json").exists():
+            return self._end(True, f"trace: {self.site.dir / 'trace.json'}")
+        tail = _last_line(self.site.dir / CAPTURE_LOG)
         return self._end(False, f"no trace because the capture failed: {tail}")
+
+    def _collect(self) -> None:
+        try:
+            self.site.collect()
+        except Exception as exc:  # the trace stays where it was written; say so, once
+            self.say(f"trace: could not fetch the trace from the hosts: {exc}")
 
     def _stop_helper(self) -> None:
         """The window never opened: the waiting helper ends at the end of its input."""
-        if self.helper is None or self.helper.poll() is not None:
+        if self.helper is None or not self.helper.running():
             return
-        try:
-            assert self.helper.stdin is not None
-            self.helper.stdin.close()
-            self.helper.wait(10)
-        except (OSError, subprocess.TimeoutExpired):
+        self.helper.end_input()
+        if self.helper.wait(10) is None:
             self.helper.kill()
-            self.helper.wait()
 
     def _end(self, ok: bool, line: str, quiet: bool = False) -> tuple[bool, str]:
         self.verdict = (ok, line)
         if not quiet:
-            write_verdict(self.request.trace_dir, ok, line)
+            write_verdict(self.site.dir, ok, line)
         return self.verdict
 
 

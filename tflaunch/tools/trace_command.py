@@ -130,11 +130,12 @@ def any_program_config(
     at: str | None,
     length: str | None,
     port_offset: int,
+    detached: bool = False,
 ):
     """``config`` traced by the launcher (any Python TensorFlow program): every task gets the
     trace hook, and the window is ``steps`` (FIRST:COUNT of the leader's step lines) or
-    ``at``/``length``. Runs whose files stay on their hosts (ssh) keep the programs' own hooks
-    only (their tasks' notes and profiler ports are on the hosts' private network)."""
+    ``at``/``length``. Runs whose backend cannot reach the tasks' notes and profiler ports
+    (a detached ssh run: ``Backend.traces_any_program``) keep the programs' own hooks only."""
     from dataclasses import replace
 
     from tflaunch.runtime.tracehook import request_env
@@ -149,12 +150,12 @@ def any_program_config(
     trace_dir = trace_dir_for(config, runs_dir, run_id)
     from tflaunch import launch
 
-    if launch.backend_for(config.backend).host_run_dir(config, run_id) is not None:
+    if not launch.backend_for(config.backend).traces_any_program(config, detached):
         if window_steps is None:
             raise TraceError(
-                f"--trace-at needs a launcher that reaches every task's profiler port; with "
-                f"backend {config.backend} use --trace STEPS with a program on tflaunch.models' "
-                "trace hooks."
+                f"--trace-at needs a launcher that reaches every task's profiler port; a "
+                f"detached run of backend {config.backend} takes --trace STEPS with a program "
+                "on tflaunch.models' trace hooks (or run it attached)."
             )
         return traced_config(config, parse_window(window_steps), trace_dir, port_offset)
     env = {
