@@ -485,7 +485,8 @@ def test_status_cloud_shows_idle_time_from_the_instances_tags_also_when_stopped(
     shown = CliRunner().invoke(cli, ["status", "--cloud", "--json", "--runs-dir", str(other),
                                      "--region", "us-east-1", "--endpoint-url", ec2_endpoint])  # fmt: skip
     assert shown.exit_code == 0, shown.output
-    assert [round(r["idle_seconds"] / 60) for r in json.loads(shown.stdout)["instances"]] == [30, 30]
+    idle = [round(r["idle_seconds"] / 60) for r in json.loads(shown.stdout)["instances"]]
+    assert idle == [30, 30]
     assert [line.split()[7:9] for line in table[1:3]] == [["30", "min"], ["30", "min"]]
 
     # A detached run that this runs directory knows has ended is idle since its end.
