@@ -198,3 +198,9 @@ def read_until(stream, needle: str, timeout: float) -> str:
         if needle in line:
             return "".join(seen)
     raise AssertionError(f"'{needle}' not seen within {timeout} s; got:\n{''.join(seen)}")
+
+
+def python_files(*tops: str) -> list[Path]:
+    """Every ``.py`` file under the repository's top folders ``tops``, sorted: what the
+    tree-scanning tests (stray protocol names, raw run.json reads) read."""
+    return sorted(p for top in tops for p in (ROOT / top).rglob("*.py"))

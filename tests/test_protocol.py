@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import python_files
 from tflaunch.runtime import protocol
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,7 +59,7 @@ def strays(paths: list[Path]) -> list[str]:
 
 
 def shipped_files() -> list[Path]:
-    return sorted(p for top in SHIPPED for p in (ROOT / top).rglob("*.py"))
+    return python_files(*SHIPPED)
 
 
 def test_event_and_command_names_are_spelled_only_in_the_protocol_module():

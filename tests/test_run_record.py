@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import python_files
 from tflaunch.launchers.clouds.base import CloudDetails, access_part
 from tflaunch.launchers.slurm.script import SlurmDetails
 from tflaunch.launchers.ssh.details import SshDetails
@@ -59,7 +60,7 @@ def raw_reads(paths: list[Path]) -> list[str]:
 
 
 def package_files() -> list[Path]:
-    return sorted(p for top in PACKAGE for p in (ROOT / top).rglob("*.py"))
+    return python_files(*PACKAGE)
 
 
 def test_only_run_py_reads_run_json():

@@ -437,7 +437,6 @@ def make_plan(
     if on_cpu:
         hosts = tuple(on_cpu.get(h.name, h) for h in hosts)
         slots = [(on_cpu.get(host.name, host), jobs) for host, jobs in slots]
-        worker_hosts = tuple(on_cpu.get(h.name, h) for h in worker_hosts)
     ps_on = _place_ps(config, worker_hosts, ps_hosts, len(slots))
 
     placed: list[tuple[str, int, Host, tuple[str, ...]]] = []
