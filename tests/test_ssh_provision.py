@@ -449,7 +449,7 @@ def test_an_ended_instance_is_seen_and_replaced_at_its_cluster_address(
     assert old["InstanceLifecycle"] == "spot"
     ec2(ec2_endpoint).terminate_instances(InstanceIds=[old["InstanceId"]])
     assert fleet.ended() == {
-        "worker-2": f"its instance {old['InstanceId']} is terminated (the provider says so)"
+        "worker-2": f"its instance {old['InstanceId']} is terminated, says ec2"
     }
     host, old_id, new_id = fleet.replace("worker-2", time.monotonic() + 20)
     assert (host.name, old_id) == ("worker-2", old["InstanceId"]) and new_id != old_id

@@ -14,10 +14,13 @@ only after TCP gives up, so the agent itself stops its tasks when its input clos
 heartbeat arrived for ``supervision.heartbeat_timeout`` seconds. The launcher in turn probes every
 connection (an SSH global request, like ``ServerAliveInterval``) and reports a host whose
 connection stopped answering as lost, which fails the run — unless ``ssh.host_wait`` is
-set: then the other hosts stop their tasks, and once the lost host accepts a connection again
-(within ``host_wait``) a new agent is started there from the plan in its run directory, and the
-whole cluster starts again (see :mod:`tflaunch.runtime.coordinator`). Attached runs only: a detached run's
-coordinator on the first host fails the run.
+set: then once the lost host accepts a connection again (within ``host_wait``) a new agent is
+started there from the plan in its run directory, which starts its tasks, alone when their
+roles' restart scope allows, else with the whole cluster (see
+:mod:`tflaunch.runtime.coordinator`). A provisioned run also asks the provider every few seconds
+whether its instances still run, and replaces an ended one (same host name, role, type and
+cluster address) the same way. Attached runs only: a detached run's coordinator on the first host
+fails the run.
 
 Per-task logs stay in the host's run directory (``<remote run dir>/<run id>/<host>/``) and are
 copied into the local run directory when the run ends.
@@ -244,7 +247,13 @@ class SshBackend(Backend):
             # a provisioned run whose agents stay up: an ended instance is replaced
             budget = config.ssh.host_wait or 2 * self.fleet.config.ssh.provision.ready_timeout
             return Revive(
-                budget, lambda host, deadline: self._replace(config, plan, run, host, deadline)
+                budget,
+                lambda host, deadline: self._replace(config, plan, run, host, deadline),
+                doing=lambda host: (
+                    f"{self.fleet.replacing(host)} on the same cluster address and "
+                    f"preparing it as at the start (sync, setup, pre-flight) within {budget:g} s"
+                ),
+                not_back=f"was not replaced within {budget:g} s",
             )
         if not config.ssh.host_wait:
             return None

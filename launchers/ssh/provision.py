@@ -405,8 +405,14 @@ class Fleet:
             instance = listed.get(instance_id)
             state = instance.state if instance is not None else "gone"
             if state not in ("pending", "running"):
-                gone[host] = f"its instance {instance_id} is {state} (the provider says so)"
+                gone[host] = f"its instance {instance_id} is {state}, says {self.provider.name}"
         return gone
+
+    def replacing(self, host: str) -> str:
+        """What replacing ``host``'s instance does, in words."""
+        planned = self.planned[host]
+        spot = "spot " if planned.spot else ""
+        return f"creating a replacement {spot}instance ({planned.instance_type})"
 
     def replace(self, host: str, deadline: float) -> tuple[Host, str, str]:
         """A new instance for ``host`` (running, accepting SSH); returns it, the old id and
@@ -420,9 +426,6 @@ class Fleet:
         if old is not None and old.state != "terminated":  # stopped or stopping: end it for good
             self.provider.terminate([old_id])
         planned = self.planned[host]
-        self.say(
-            f"{host}: its instance {old_id} ended; creating a replacement ({planned.instance_type})"
-        )
         extra = {TAG_LAUNCHER: launcher_tag(), TAG_RUN_DIR: str(self.run.dir)}
         section = self.config.ssh.provision
         extra[TAG_AUTOSTOP] = f"{section.idle_timeout:g}"
@@ -434,6 +437,7 @@ class Fleet:
             [planned], self.run.id, self.config.name, self.made.group or "", extra, data, same
         )
         new_id = created[host]
+        self.say(f"{host}: replacement instance {new_id} created (for {old_id}); waiting for it")
         with self._lock:
             self.made.ids[host] = new_id
             self.made.replaced.append((host, old_id, new_id))
