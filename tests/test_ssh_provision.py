@@ -418,6 +418,19 @@ def test_status_lists_a_runs_instances_and_the_accounts_instances_with_cost(
         ("worker-2", "worker", "p3.2xlarge", "running"),
     ]
     assert all(r[0] == "tflaunch" and "idle" in r for r in rows)
+    assert not [line for line in provision.instance_lines(run, print, True) if "lost" in line]
+    (gone,) = [
+        i for i in run_instances_of(ec2_endpoint, run.id)
+        if {t["Key"]: t["Value"] for t in i["Tags"]}[TAG_HOST] == "worker-2"
+    ]  # fmt: skip
+    ec2(ec2_endpoint).terminate_instances(InstanceIds=[gone["InstanceId"]])
+    lost = provision.instance_lines(run, print, unwatched=True)[-1]
+    assert lost.startswith(
+        f"lost: the instance(s) of worker-2 ({gone['InstanceId']}, terminated) ended, says ec2, "
+        "and nothing replaces them: a detached run's coordinator"
+    ), lost
+    assert f"'tflaunch down {run.id}' stops the run" in lost
+    assert "lost" not in provision.instance_lines(run, print)[-1]  # attached: replaced instead
     hourly = 2 * PRICE_LIST["p3.2xlarge"].hourly_usd + PRICE_LIST["c5.xlarge"].hourly_usd
     assert table[-1] == f"3 instance(s), USD {hourly:.4f} per hour"
     provision.terminate_run(run, lambda m: None)

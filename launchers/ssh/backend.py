@@ -380,7 +380,7 @@ class SshBackend(Backend):
         from tflaunch.launchers.ssh.provision import instance_lines
 
         details = run.record().part(SshDetails)
-        instances = instance_lines(run, self.session.say)
+        instances = instance_lines(run, self.session.say, unwatched=bool(details.detached))
         if not details.detached:
             return instances
         self.refresh(run)

@@ -492,8 +492,10 @@ def terminate_run(run: Run, say: Say) -> str:
     return f"terminated {len(alive)} instance(s) of run {run.id}"
 
 
-def instance_lines(run: Run, say: Say) -> list[str]:
-    """For ``status RUN``: the run's instances, their state now (from the provider) and price."""
+def instance_lines(run: Run, say: Say, unwatched: bool = False) -> list[str]:
+    """For ``status RUN``: the run's instances, their state now (from the provider) and price.
+    ``unwatched`` (a detached run: its coordinator has no cloud credentials, and nothing
+    replaces an instance that ends) adds a warning for each instance that ended by itself."""
     meta = run.read_meta()
     records = meta.get("instances") or []
     provider = provider_of_run(meta, say) if records else None
@@ -516,4 +518,30 @@ def instance_lines(run: Run, say: Say) -> list[str]:
             states.get(r["id"], unlisted) + (f" (kept cluster {r['kept']})" if r.get("kept") else ""),
             "?" if hourly is None else f"{hourly:.4f}",
         ))  # fmt: skip
-    return ["instances:", *("  " + line for line in aligned(rows))]
+    lines = ["instances:", *("  " + line for line in aligned(rows))]
+    if unwatched:
+        lines += _unwatched_losses(run, provider.name, records, states)
+    return lines
+
+
+def _unwatched_losses(
+    run: Run, cloud: str, records: Sequence[dict[str, Any]], states: dict[str, str]
+) -> list[str]:
+    """A warning for each instance of a detached run that ended without tflaunch ending it."""
+    lost = [
+        r
+        for r in records
+        if r.get("terminated") is None
+        and r["id"] in states
+        and states[r["id"]] not in ("pending", "running")
+    ]
+    if not lost:
+        return []
+    ended = ", ".join(f"{r['name']} ({r['id']}, {states[r['id']]})" for r in lost)
+    return [
+        f"lost: the instance(s) of {ended} ended, says {cloud}, and nothing replaces them: a "
+        "detached run's coordinator runs on a host without cloud credentials, so a detached "
+        "run is not watched for lost instances (an attached run, 'up' without --detach, "
+        "replaces them). Its coordinator notices the lost host only when its connection times "
+        f"out; 'tflaunch down {run.id}' stops the run and terminates its instances."
+    ]
