@@ -269,6 +269,7 @@ def _provisioned(
     say(f"cost of {what}:\n" + cost_table(lines))
     prices = {line.instance_type: line.price for line in lines}
     made = _Made()
+    fleet: Fleet | None = None
     try:
         with _signals_interrupt():
             if reuse:
@@ -286,7 +287,8 @@ def _provisioned(
             real = make_plan(config, hosts, run.dir)  # the run's own checkpoint directory
             run.write_plan(real)
         if fleet_ready is not None:
-            fleet_ready(Fleet(config, run, provider, planned, made, prices, keep, say))
+            fleet = Fleet(config, run, provider, planned, made, prices, keep, say)
+            fleet_ready(fleet)
         made.started = True
         return start(real)
     except KeyboardInterrupt as err:
@@ -297,6 +299,8 @@ def _provisioned(
             "so far are terminated below"
         ) from None
     finally:
+        if fleet is not None:
+            fleet.close()  # a replacement being created is in made.ids before the end
         _end(run, provider, made, end, section.idle_timeout, say)
 
 
@@ -389,6 +393,8 @@ class Fleet:
         self.planned = {p.name: p for p in planned}
         self.made, self.prices, self.keep = made, prices, keep
         self._lock = threading.Lock()
+        self._creating = threading.Lock()  # held while a replacement is created and recorded
+        self._closed = False  # the run ended: no more replacements
 
     def ended(self) -> dict[str, str]:
         """Host -> why, for every instance of the run that is ending or ended."""
@@ -416,7 +422,31 @@ class Fleet:
 
     def replace(self, host: str, deadline: float) -> tuple[Host, str, str]:
         """A new instance for ``host`` (running, accepting SSH); returns it, the old id and
-        the new id. Refuses when the old instance still runs."""
+        the new id. Refuses when the old instance still runs, or once the run ended."""
+        with self._creating:
+            new_id, old_id = self._create_replacement(host)
+        timeout = max(1.0, deadline - time.monotonic())
+        planned = self.planned[host]
+        found = self.provider.wait_running([new_id], timeout)
+        (made,) = self.provider.hosts(
+            [planned], {host: new_id}, found, self.config.ssh.jump_host is not None
+        )
+        if self.config.ssh.jump_host is None:
+            wait_for_ssh(
+                [made], self.config.ssh.port, max(1.0, deadline - time.monotonic()), self.say
+            )
+        return made, old_id, new_id
+
+    def close(self) -> None:
+        """The run ends: wait for a replacement being created (so that it is among the run's
+        instances when they are terminated or kept), and refuse any further one."""
+        with self._creating:
+            self._closed = True
+
+    def _create_replacement(self, host: str) -> tuple[str, str]:
+        """Create and record the new instance for ``host``; its id and the old one's."""
+        if self._closed:
+            raise LaunchError(f"the run ended; {host} is not replaced")
         with self._lock:
             old_id = self.made.ids[host]
         listed = self.provider.describe(ids=[old_id], states=(*ALIVE_STATES, *GONE_STATES))
@@ -442,16 +472,7 @@ class Fleet:
             self.made.ids[host] = new_id
             self.made.replaced.append((host, old_id, new_id))
             self._record_replacement(planned, old_id, new_id)
-        timeout = max(1.0, deadline - time.monotonic())
-        found = self.provider.wait_running([new_id], timeout)
-        (made,) = self.provider.hosts(
-            [planned], {host: new_id}, found, self.config.ssh.jump_host is not None
-        )
-        if self.config.ssh.jump_host is None:
-            wait_for_ssh(
-                [made], self.config.ssh.port, max(1.0, deadline - time.monotonic()), self.say
-            )
-        return made, old_id, new_id
+        return new_id, old_id
 
     def _record_replacement(self, planned: PlannedInstance, old_id: str, new_id: str) -> None:
         mark_terminated(self.run, {old_id})
