@@ -186,3 +186,67 @@ def test_past_the_restart_limit_a_reclaimed_worker_fails_the_run(
     assert "terminating 3 instance(s)" in err
     assert instances(clean_region, ("pending", "running")) == []
     assert not [e for e in events_of(tmp_path) if e["event"] == "instance_replaced"]
+
+
+def test_a_detached_runs_lost_instance_is_replaced_by_the_laptops_watcher(
+    ssh_test_hosts,
+    tmp_path,
+    clean_region,  # noqa: F811 (imported, a fixture)
+    monkeypatch,
+):
+    """``up --detach``: the coordinator on worker-1 has no cloud credentials; the watcher that
+    ``up`` leaves on the laptop sees worker-3's instance end, tells the coordinator, replaces and
+    prepares the instance, and its new agent joins: worker:2 restarts alone there."""
+    import time
+
+    from tests.helpers import tflaunch
+
+    cluster = spot_cluster(
+        tmp_path,
+        ssh_test_hosts,
+        clean_region,
+        monkeypatch,
+        program={"env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "30"}},
+        roles={"ps": 1, "worker": 3},  # worker:2 alone on worker-3
+        supervision={"finish_timeout": 300, "restart": {"worker": "on-failure"}},
+    )
+    runs = str(tmp_path / "runs")
+    started = tflaunch("up", str(cluster), "--detach", "--down", timeout=180)
+    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
+    run_id = started.stdout.strip().splitlines()[-1]
+    meta_path = tmp_path / "runs" / run_id / "run.json"
+    watcher = json.loads(meta_path.read_text())["ssh_watcher_pid"]
+    try:
+        old = terminate_host(clean_region, "worker-3")
+        deadline = time.monotonic() + 300
+        while json.loads(meta_path.read_text()).get("ended") is None:
+            assert time.monotonic() < deadline, (
+                tmp_path / "runs" / run_id / "watch.log"
+            ).read_text()
+            tflaunch("status", run_id, "--run-dir", runs, timeout=120)  # mirrors the hosts
+            time.sleep(3)
+        meta = json.loads(meta_path.read_text())
+        evs = events_of(tmp_path)
+    finally:
+        down = tflaunch("down", run_id, "--run-dir", runs, timeout=120)
+    watch_log = (tmp_path / "runs" / run_id / "watch.log").read_text()
+    assert meta["state"] == "succeeded", (meta.get("message"), watch_log[-3000:])
+    (replaced,) = [e for e in evs if e["event"] == "instance_replaced"]
+    assert (replaced["host"], replaced["old"]) == ("worker-3", old) and replaced["new"] != old
+    assert not [e for e in evs if e["event"] == "cluster_restarting"]
+    (restarting,) = [e for e in evs if e["event"] == "restarting"]
+    assert (restarting["task"], restarting["cause"]) == ("worker:2", "host_lost")
+    assert f"worker-3 was lost (its instance {old} is terminated, says ec2)" in watch_log
+    assert down.returncode == 0, down.stderr
+    assert instances(clean_region, ("pending", "running")) == []
+    time.sleep(1)
+    assert not running(watcher), "the watcher is still running"
+
+
+def running(pid: int) -> bool:
+    """``pid`` runs (a zombie that nobody reaped yet does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False

@@ -480,6 +480,24 @@ class Fleet:
         _record(self.run, [planned], {planned.name: new_id}, self.prices, self.keep, records)
 
 
+def fleet_of_run(config: ClusterConfig, run: Run, say: Say) -> Fleet:
+    """The :class:`Fleet` of a run started earlier (a detached run, watched from the laptop):
+    its instances and prices from run.json and the provider, ``config`` its cluster file."""
+    meta = run.read_meta()
+    provider = provider_for(config, say)  # the file's settings: types, image, spot, ...
+    if not meta.get(provider.name):
+        raise LaunchError(f"run {run.id} made no instances: there is nothing to watch")
+    planned = provider.instances_for(provider.candidates(config), run.read_plan())
+    live = [r for r in meta.get("instances") or [] if r.get("terminated") is None]
+    made = _Made(
+        ids={r["name"]: r["id"] for r in live},
+        group=meta[provider.name].get("security_group"),
+        started=True,
+    )
+    prices = {line.instance_type: line.price for line in provider.cost_lines(planned)}
+    return Fleet(config, run, provider, planned, made, prices, meta.get("keep_cluster"), say)
+
+
 def _record(
     run: Run,
     planned: Sequence[PlannedInstance],
@@ -515,8 +533,9 @@ def terminate_run(run: Run, say: Say) -> str:
 
 def instance_lines(run: Run, say: Say, unwatched: bool = False) -> list[str]:
     """For ``status RUN``: the run's instances, their state now (from the provider) and price.
-    ``unwatched`` (a detached run: its coordinator has no cloud credentials, and nothing
-    replaces an instance that ends) adds a warning for each instance that ended by itself."""
+    ``unwatched`` (a detached run without a watcher: its coordinator has no cloud credentials,
+    and nothing replaces an instance that ends) adds a warning for each instance that ended by
+    itself."""
     meta = run.read_meta()
     records = meta.get("instances") or []
     provider = provider_of_run(meta, say) if records else None
@@ -561,8 +580,8 @@ def _unwatched_losses(
     ended = ", ".join(f"{r['name']} ({r['id']}, {states[r['id']]})" for r in lost)
     return [
         f"lost: the instance(s) of {ended} ended, says {cloud}, and nothing replaces them: a "
-        "detached run's coordinator runs on a host without cloud credentials, so a detached "
-        "run is not watched for lost instances (an attached run, 'up' without --detach, "
-        "replaces them). Its coordinator notices the lost host only when its connection times "
-        f"out; 'tflaunch down {run.id}' stops the run and terminates its instances."
+        "detached run's coordinator runs on a host without cloud credentials, and this run "
+        "has no watcher here (one is started by 'up --detach' only with a restart policy in "
+        "supervision.restart). Its coordinator notices the lost host only when its connection "
+        f"times out; 'tflaunch down {run.id}' stops the run and terminates its instances."
     ]
