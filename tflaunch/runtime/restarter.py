@@ -212,6 +212,7 @@ class Restarter:
             f"{self.restart.of(names[0].partition(':')[0]).max_restarts} per task)"
         )
         self.revival.wait_for(host)
+        self._check_cluster_stopped()  # a cluster restart under way no longer waits for its agent
         return None
 
     def host_back(self, host: str) -> AgentLink:
