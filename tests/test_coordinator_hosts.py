@@ -156,17 +156,63 @@ def test_the_cluster_restarts_once_the_lost_host_answers_again(tmp_path):
     thread.join(10)
     outcome = result["outcome"]
     assert outcome.code == 0, outcome.message
-    assert "restarts: b stopped answering 1 time(s); the cluster restarted 1 time(s)" in (
-        outcome.message
-    )
+    assert "restarts: b was lost 1 time(s); the cluster restarted 1 time(s)" in (outcome.message)
     assert a.commands() == ["stop_tasks", "start_tasks", "stop"]
     assert new_b.commands() == ["stop"]  # its tasks were started by the new agent itself
     assert [host for host, _ in asked] == ["b"] and 25 < asked[0][1] <= 30
     kinds = [e["event"] for e in events(run)]
     assert kinds.index("host_lost") < kinds.index("host_back")
-    assert "b stopped answering (silent for 6 s); stopping the tasks on the other hosts" in (
-        out.getvalue()
+    assert (
+        "b was lost (silent for 6 s); stopping the tasks on the other hosts and waiting up to 30 s"
+        in (out.getvalue())
     )
+
+
+def test_a_lost_host_of_task_scoped_roles_restarts_its_tasks_alone(tmp_path):
+    plan, run = make(tmp_path, "{worker: on-failure, ps: exit-code}")
+    a, b = Agent("a", ["ps:0", "worker:0"]), Agent("b", ["worker:1"])
+    new_b = Agent("b", ["worker:1"])
+    revive = Revive(30, lambda host, deadline: new_b, doing=lambda host: f"replacing {host}")
+    thread, result, out = run_in_thread(plan, run, [a, b], revive=revive)
+    wait_for(lambda: b.sink is not None)
+    b.lose("its instance i-1 is terminated")
+    wait_for(lambda: new_b.sink is not None)
+    a.finish("worker:0")
+    new_b.finish("worker:1")
+    thread.join(10)
+    outcome = result["outcome"]
+    assert outcome.code == 0, outcome.message
+    assert a.commands() == ["stop"]  # never stopped for b's loss
+    assert new_b.commands() == ["stop"]
+    assert "restarts: worker:1 restarted 1 time(s) (failures: lost); b was lost 1 time(s)" in (
+        outcome.message
+    )
+    assert (
+        "b was lost (its instance i-1 is terminated); replacing b, then restarting its tasks "
+        "(worker:1) there alone while the other hosts keep running (restart 1 of at most 3 "
+        "per task)"
+    ) in out.getvalue()
+    evs = events(run)
+    kinds = [e["event"] for e in evs]
+    assert "cluster_restarting" not in kinds
+    (restarting,) = [e for e in evs if e["event"] == "restarting"]
+    assert (restarting["task"], restarting["cause"]) == ("worker:1", "host_lost")
+    assert [e["task"] for e in evs if e["event"] == "running_again"] == ["worker:1"]
+
+
+def test_a_lost_host_past_its_tasks_restart_limit_fails_the_run(tmp_path):
+    plan, run = make(tmp_path, "{worker: {policy: on-failure, max_restarts: 0}}")
+    a, b = Agent("a", ["ps:0", "worker:0"]), Agent("b", ["worker:1"])
+    thread, result, _ = run_in_thread(plan, run, [a, b], revive=Revive(30, lambda h, d: b))
+    wait_for(lambda: b.sink is not None)
+    b.lose()
+    thread.join(10)
+    message = result["outcome"].message
+    assert result["outcome"].code == 1
+    assert message.startswith(
+        "host b was lost: silent for 6 s. Not restarted: worker:1: it was restarted 0 time(s), "
+        "the limit of supervision.restart.worker.max_restarts (0)"
+    ), message
 
 
 def test_a_host_still_silent_after_host_wait_fails_the_run_naming_it(tmp_path):
@@ -186,7 +232,7 @@ def test_a_host_still_silent_after_host_wait_fails_the_run_naming_it(tmp_path):
     assert outcome.message.startswith(
         "host b did not answer again within 1 s (ssh.host_wait): no route to host."
     )
-    assert "restarts: b stopped answering 1 time(s)" in outcome.message
+    assert "restarts: b was lost 1 time(s)" in outcome.message
     assert a.commands() == ["stop_tasks", "stop"]
     assert json.loads(run.meta_path.read_text())["state"] == "failed"
 
@@ -199,9 +245,7 @@ def test_host_losses_past_max_cluster_restarts_fail_the_run(tmp_path):
     b.lose()
     thread.join(10)
     message = result["outcome"].message
-    assert "host b stopped answering: silent for 6 s. Not waiting for it: the cluster was " in (
-        message
-    )
+    assert "host b was lost: silent for 6 s. Not restarted: the cluster was " in (message)
     assert "supervision.restart.max_cluster_restarts (0)" in message
 
 

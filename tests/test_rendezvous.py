@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import socket
 import threading
 import time
@@ -145,3 +146,40 @@ def test_connect_gives_up_after_its_timeout():
         port = probe.getsockname()[1]  # bound, not listening: connections are refused
         with pytest.raises(LaunchError, match="cannot reach the coordinator"):
             connect("127.0.0.1", port, TOKEN, "node2", timeout=0.5)
+
+
+def test_with_later_the_listener_hands_on_later_hellos_of_expected_hosts():
+    """A detached provisioned run's coordinator: after the first join, a replaced host's agent
+    (and the laptop's watcher) still get in with the token; strangers and bad tokens do not."""
+    from launchers.ssh.on_host import Rejoins
+
+    listener = Listener("127.0.0.1", TOKEN, {"node2"})
+    rejoins = Rejoins(heartbeat=0.2)
+    agent_joins(listener)
+    joined = listener.accept(5, later=rejoins.hello)
+    assert set(joined) == {"node2"}
+    first = joined["node2"].link
+    rejoins.links["node2"] = first
+    sink: queue.Queue = queue.Queue()
+    first.start_reader(sink)
+    hostile(listener.port, json.dumps({"hello": "node9", "token": TOKEN}).encode() + b"\n")
+    hostile(listener.port, json.dumps({"hello": "node2", "token": "x"}).encode() + b"\n")
+    lost = socket.create_connection(("127.0.0.1", listener.port))
+    lost.sendall(json.dumps({"hello": "node2", "token": TOKEN, "lost": "gone"}).encode() + b"\n")
+    assert sink.get(timeout=5) == ("node2", {"event": "host_lost", "message": "gone"})
+    assert sink.get(timeout=5)[1]["event"] == "link_closed"
+    new = connect("127.0.0.1", listener.port, TOKEN, "node2", 5, replaced=["i-1", "i-2"])
+    new.settimeout(5)
+    assert new.recv(200).startswith(b'{"cmd": "ping"')  # parked until taken, and pinged
+    link = rejoins.take("node2", time.monotonic() + 5)
+    link.start_reader(sink)
+    assert sink.get(timeout=5) == (
+        "node2",
+        {"event": "instance_replaced", "old": "i-1", "new": "i-2"},
+    )
+    with pytest.raises(LaunchError, match="no agent of its replacement joined"):
+        rejoins.take("node2", time.monotonic() + 0.5)
+    assert listener.rejected >= 2
+    listener.close()
+    new.close()
+    lost.close()

@@ -6,7 +6,7 @@ import pytest
 
 from tflaunch.cluster.config import Restart, RoleRestart, parse_config
 from tflaunch.errors import ConfigError
-from tflaunch.runtime.restart import STALLED, Failure, RestartBook, restartable
+from tflaunch.runtime.restart import LOST, STALLED, Failure, RestartBook, restartable
 from tflaunch.runtime.stall import StallWatch
 
 
@@ -26,6 +26,8 @@ def book(**roles) -> RestartBook:
         ("exit-code", 143, "exited", True),
         ("exit-code", 143, STALLED, True),
         ("exit-code", 0, STALLED, True),
+        ("exit-code", 0, LOST, True),
+        ("never", 0, LOST, False),
     ],
 )
 def test_restartable(policy, code, cause, expected):
@@ -45,6 +47,29 @@ def test_worker_restarts_alone_with_doubling_backoff_until_its_limit():
     assert b.summary() == [
         "worker:1 restarted 2 time(s) (failures: 137 (SIGKILL), 1, 137 (SIGKILL))"
     ]
+
+
+def test_a_lost_host_restarts_its_tasks_alone_only_when_every_one_may():
+    b = book(worker=RoleRestart("exit-code", max_restarts=1), ps=RoleRestart("exit-code"))
+    alone = b.decide_host_lost("h2", ["worker:1", "worker:2"])
+    assert (alone.action, alone.delay, alone.count) == ("restart_task", 0.0, 1)
+    assert (b.task_restarts, b.run_task_restarts, b.cluster_restarts) == (
+        {"worker:1": 1, "worker:2": 1},
+        2,
+        0,
+    )
+    assert b.decide_host_lost("h1", ["ps:0", "worker:0"]).action == "restart_cluster"
+    refused = b.decide_host_lost("h2", ["worker:1", "worker:2"])
+    assert refused.action == "fail"
+    assert refused.reason.startswith("worker:1: it was restarted 1 time(s), the limit of ")
+    assert "supervision.restart.worker.max_restarts (1)" in refused.reason
+    assert b.history("worker:1") == "lost, lost"
+    assert "h2 was lost 2 time(s)" in b.summary()
+    # a role that never restarts, or restarts the cluster: the cluster restarts
+    never = book(ps=RoleRestart("exit-code"))
+    assert never.decide_host_lost("h2", ["worker:1"]).action == "restart_cluster"
+    scoped = book(worker=RoleRestart("on-failure", scope="cluster"))
+    assert scoped.decide_host_lost("h2", ["worker:1"]).action == "restart_cluster"
 
 
 def test_ps_and_chief_restart_the_cluster_within_the_cluster_bound():

@@ -567,7 +567,7 @@ def test_lost_host_that_answers_again_gets_a_new_agent_and_the_cluster_restarts(
     host2 = ssh_test_hosts.host(2)
     try:
         ssh_hosts.cut_host_link(host2)
-        seen = read_until(proc.stdout, "host2 stopped answering", timeout=30)
+        seen = read_until(proc.stdout, "host2 was lost", timeout=30)
         # still cut off, host2's agent stops its own tasks once its heartbeat times out
         assert wait_tasks_gone(host2, 30) == []
         ssh_hosts.restore_host_link(host2)
@@ -579,7 +579,7 @@ def test_lost_host_that_answers_again_gets_a_new_agent_and_the_cluster_restarts(
         if proc.poll() is None:
             proc.kill()
     assert "waiting up to 60 s (ssh.host_wait)" in seen
-    assert "restarts: host2 stopped answering 1 time(s); the cluster restarted 1 time(s)" in seen
+    assert "restarts: host2 was lost 1 time(s); the cluster restarted 1 time(s)" in seen
     evs = events(only_run(tmp_path))
     assert [e["host"] for e in evs if e["event"] == "host_lost"] == ["host2"]
     assert [e["host"] for e in evs if e["event"] == "host_back"] == ["host2"]
@@ -612,5 +612,5 @@ def test_lost_host_still_silent_after_host_wait_fails_the_run_naming_it(ssh_test
     assert proc.returncode == 1
     assert "host host2 did not answer again within 14 s (ssh.host_wait)" in stderr
     assert "Its tasks (ps:1, worker:1) are stopped by its agent" in stderr
-    assert "restarts: host2 stopped answering 1 time(s)" in stderr
+    assert "restarts: host2 was lost 1 time(s)" in stderr
     assert elapsed < 6 + 14 + 20

@@ -427,6 +427,19 @@ def test_status_lists_a_runs_instances_and_the_accounts_instances_with_cost(
         ("worker-2", "worker", "p3.2xlarge", "running"),
     ]
     assert all(r[0] == "tflaunch" and "idle" in r for r in rows)
+    assert not [line for line in provision.instance_lines(run, print, True) if "lost" in line]
+    (gone,) = [
+        i for i in run_instances_of(ec2_endpoint, run.id)
+        if {t["Key"]: t["Value"] for t in i["Tags"]}[TAG_HOST] == "worker-2"
+    ]  # fmt: skip
+    ec2(ec2_endpoint).terminate_instances(InstanceIds=[gone["InstanceId"]])
+    lost = provision.instance_lines(run, print, unwatched=True)[-1]
+    assert lost.startswith(
+        f"lost: the instance(s) of worker-2 ({gone['InstanceId']}, terminated) ended, says ec2, "
+        "and nothing replaces them: a detached run's coordinator"
+    ), lost
+    assert f"'tflaunch down {run.id}' stops the run" in lost
+    assert "lost" not in provision.instance_lines(run, print)[-1]  # attached: replaced instead
     hourly = 2 * PRICE_LIST["p3.2xlarge"].hourly_usd + PRICE_LIST["c5.xlarge"].hourly_usd
     assert table[-1] == f"3 instance(s), USD {hourly:.4f} per hour"
     provision.terminate_run(run, lambda m: None)
@@ -511,32 +524,39 @@ def test_an_ended_instance_is_seen_and_replaced_at_its_cluster_address(
     address_map(tmp_path, ["worker-1", "worker-2"], monkeypatch)
     run = Run.create(tmp_path / "runs", "t")
     fleets = []
-    provisioned_run(config, run, lambda plan: 0, lambda m: None, fleet_ready=fleets.append)
-    (fleet,) = fleets
-    assert fleet.ended() == {}
-    (old,) = [
-        i for i in run_instances_of(ec2_endpoint, run.id)
-        if {t["Key"]: t["Value"] for t in i["Tags"]}[TAG_HOST] == "worker-2"
-    ]  # fmt: skip
-    assert old["InstanceLifecycle"] == "spot"
-    ec2(ec2_endpoint).terminate_instances(InstanceIds=[old["InstanceId"]])
-    assert fleet.ended() == {
-        "worker-2": f"its instance {old['InstanceId']} is terminated (the provider says so)"
-    }
-    host, old_id, new_id = fleet.replace("worker-2", time.monotonic() + 20)
-    assert (host.name, old_id) == ("worker-2", old["InstanceId"]) and new_id != old_id
-    assert fleet.ended() == {}
-    (new,) = ec2(ec2_endpoint).describe_instances(InstanceIds=[new_id])["Reservations"][0][
-        "Instances"
-    ]
-    tags = {t["Key"]: t["Value"] for t in new["Tags"]}
-    assert (tags[TAG_HOST], tags[TAG_ROLE], new["InstanceType"]) == (
-        "worker-2", "worker", "p3.2xlarge"
-    )  # fmt: skip
-    assert new["PrivateIpAddress"] == old["PrivateIpAddress"]  # the plan's address stays true
-    assert new["InstanceLifecycle"] == "spot"
-    records = {r["id"]: r for r in run.record().part(CloudDetails).instances}
-    assert records[old_id]["terminated"] and records[new_id]["terminated"] is None
+
+    def during_the_run(plan) -> int:  # the fleet replaces instances while the run runs
+        (fleet,) = fleets
+        assert fleet.ended() == {}
+        (old,) = [
+            i for i in run_instances_of(ec2_endpoint, run.id)
+            if {t["Key"]: t["Value"] for t in i["Tags"]}[TAG_HOST] == "worker-2"
+        ]  # fmt: skip
+        assert old["InstanceLifecycle"] == "spot"
+        ec2(ec2_endpoint).terminate_instances(InstanceIds=[old["InstanceId"]])
+        assert fleet.ended() == {
+            "worker-2": f"its instance {old['InstanceId']} is terminated, says ec2"
+        }
+        host, old_id, new_id = fleet.replace("worker-2", time.monotonic() + 20)
+        assert (host.name, old_id) == ("worker-2", old["InstanceId"]) and new_id != old_id
+        assert fleet.ended() == {}
+        (new,) = ec2(ec2_endpoint).describe_instances(InstanceIds=[new_id])["Reservations"][0][
+            "Instances"
+        ]
+        tags = {t["Key"]: t["Value"] for t in new["Tags"]}
+        assert (tags[TAG_HOST], tags[TAG_ROLE], new["InstanceType"]) == (
+            "worker-2", "worker", "p3.2xlarge"
+        )  # fmt: skip
+        assert new["PrivateIpAddress"] == old["PrivateIpAddress"]  # the plan's address stays true
+        assert new["InstanceLifecycle"] == "spot"
+        records = {r["id"]: r for r in run.record().part(CloudDetails).instances}
+        assert records[old_id]["terminated"] and records[new_id]["terminated"] is None
+        return 0
+
+    provisioned_run(config, run, during_the_run, lambda m: None, fleet_ready=fleets.append)
+    with pytest.raises(LaunchError, match="the run ended; worker-2 is not replaced"):
+        fleets[0].replace("worker-2", time.monotonic() + 20)  # closed at the run's end
+    assert len(run.record().part(CloudDetails).instances) == 3
     assert (
         provision.terminate_run(run, lambda m: None) == f"terminated 2 instance(s) of run {run.id}"
     )

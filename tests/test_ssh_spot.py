@@ -2,7 +2,9 @@
 through the EC2 API (moto's server); tflaunch sees it from the provider, creates a replacement of
 the same host name, role and type (mapped onto the same namespace test host by the test-only
 address map), prepares it as at the start and restarts the cluster from its checkpoints, within
-``supervision.restart.max_cluster_restarts``. Nothing is left running afterwards."""
+``supervision.restart.max_cluster_restarts`` — or, when the host's roles restart alone (``scope:
+task``, a ParameterServerStrategy worker), its tasks alone while the rest keeps training. Nothing
+is left running afterwards."""
 
 from __future__ import annotations
 
@@ -52,21 +54,17 @@ def spot_cluster(tmp_path, hosts, endpoint, monkeypatch, **overrides) -> Path:
     return cluster
 
 
-def test_a_reclaimed_spot_worker_is_replaced_and_training_resumes(
-    ssh_test_hosts,
-    tmp_path,
-    clean_region,  # noqa: F811 (imported, a fixture)
-    monkeypatch,
-):
-    pytest.importorskip("tensorflow")
+def pss_spot_cluster(tmp_path, hosts, endpoint, monkeypatch, steps: int, worker: dict) -> Path:
+    """ParameterServerStrategy on the three instances: chief and PS on worker-1, worker:0 on
+    worker-2, worker:1 on worker-3; ``worker``: the workers' restart policy."""
     argv = [
-        sys.executable, "-m", "tflaunch.models.pss", "--train_steps", "600",
+        sys.executable, "-m", "tflaunch.models.pss", "--train_steps", str(steps),
         "--step_delay", "0.05", "--checkpoint_steps", "50", "--checkpoint_dir", "{checkpoint_dir}",
     ]  # fmt: skip
-    cluster = spot_cluster(
+    return spot_cluster(
         tmp_path,
-        ssh_test_hosts,
-        clean_region,
+        hosts,
+        endpoint,
         monkeypatch,
         program={"argv": argv, "workdir": str(ROOT), "env": {"TEST_MARKER": str(tmp_path)}},
         roles={"ps": 1, "worker": 2, "chief": 1},
@@ -77,7 +75,7 @@ def test_a_reclaimed_spot_worker_is_replaced_and_training_resumes(
             "heartbeat_timeout": 20,
             "grace_period": 5,
             "restart": {
-                "worker": "on-failure",
+                "worker": worker,
                 "ps": "exit-code",
                 "chief": "exit-code",
                 "max_cluster_restarts": 1,
@@ -85,6 +83,17 @@ def test_a_reclaimed_spot_worker_is_replaced_and_training_resumes(
             },  # fmt: skip
         },
     )
+
+
+def test_a_reclaimed_spot_worker_is_replaced_and_training_resumes(
+    ssh_test_hosts,
+    tmp_path,
+    clean_region,  # noqa: F811 (imported, a fixture)
+    monkeypatch,
+):
+    pytest.importorskip("tensorflow")
+    worker = {"policy": "on-failure", "scope": "cluster"}  # its loss restarts the cluster
+    cluster = pss_spot_cluster(tmp_path, ssh_test_hosts, clean_region, monkeypatch, 600, worker)
     proc = start_tflaunch("up", str(cluster), "--down")
     try:
         saved = read_until(proc.stdout, "[chief:0]  saved checkpoint", timeout=300)
@@ -105,6 +114,43 @@ def test_a_reclaimed_spot_worker_is_replaced_and_training_resumes(
     assert instances(clean_region, ("pending", "running")) == []
 
 
+def test_a_reclaimed_task_scoped_worker_restarts_alone_on_its_replacement(
+    ssh_test_hosts,
+    tmp_path,
+    clean_region,  # noqa: F811 (imported, a fixture)
+    monkeypatch,
+):
+    """A ParameterServerStrategy worker restarts alone (its default scope, task): the chief and
+    the PS keep training while worker-3's instance is replaced; its worker starts there again."""
+    pytest.importorskip("tensorflow")
+    worker = {"policy": "exit-code"}  # a lost host counts as a preemption
+    cluster = pss_spot_cluster(tmp_path, ssh_test_hosts, clean_region, monkeypatch, 1500, worker)
+    proc = start_tflaunch("up", str(cluster), "--down")
+    try:
+        read_until(proc.stdout, "[chief:0]  saved checkpoint", timeout=300)
+        old = terminate_host(clean_region, "worker-3")
+        seen = read_until(proc.stdout, "succeeded", timeout=400)
+        assert proc.wait(timeout=120) == 0, proc.stderr.read()[-3000:]
+        err = proc.stderr.read()
+    finally:
+        proc.kill()
+    evs = events_of(tmp_path)
+    (replaced,) = [e for e in evs if e["event"] == "instance_replaced"]
+    assert (replaced["host"], replaced["old"]) == ("worker-3", old) and replaced["new"] != old
+    assert not [e for e in evs if e["event"] == "cluster_restarting"]
+    (restarting,) = [e for e in evs if e["event"] == "restarting"]
+    assert (restarting["task"], restarting["cause"]) == ("worker:1", "host_lost")
+    started = [e["task"] for e in evs if e["event"] == "started"]
+    assert sorted(started) == ["chief:0", "ps:0", "worker:0", "worker:1", "worker:1"], started
+    assert [e["task"] for e in evs if e["event"] == "running_again"] == ["worker:1"]
+    assert "resumed from" not in seen  # the chief never restarted
+    assert f"its instance {old} is terminated, says ec2); creating a replacement spot " in seen
+    assert "then restarting its tasks (worker:1) there alone" in seen
+    assert f"replaced instance of worker-3: {old} (ended) -> {replaced['new']}" in err
+    assert "restarts: worker:1 restarted 1 time(s) (failures: lost); worker-3 was lost" in seen
+    assert instances(clean_region, ("pending", "running")) == []
+
+
 def test_past_the_restart_limit_a_reclaimed_worker_fails_the_run(
     ssh_test_hosts,
     tmp_path,
@@ -117,7 +163,12 @@ def test_past_the_restart_limit_a_reclaimed_worker_fails_the_run(
         clean_region,
         monkeypatch,
         program={"env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "120"}},
-        supervision={"restart": {"worker": "on-failure", "max_cluster_restarts": 0}},
+        supervision={
+            "restart": {
+                "worker": {"policy": "on-failure", "scope": "cluster"},
+                "max_cluster_restarts": 0,
+            }
+        },
     )
     proc = start_tflaunch("up", str(cluster), "--down")
     try:
@@ -128,8 +179,74 @@ def test_past_the_restart_limit_a_reclaimed_worker_fails_the_run(
     finally:
         proc.kill()
     assert code != 0
-    assert f"host worker-2 stopped answering: its instance {old} is" in err, err[-3000:]
+    assert f"host worker-2 was lost: its instance {old} is terminated, says ec2." in err, err[
+        -3000:
+    ]
     assert "supervision.restart.max_cluster_restarts (0)" in err
     assert "terminating 3 instance(s)" in err
     assert instances(clean_region, ("pending", "running")) == []
     assert not [e for e in events_of(tmp_path) if e["event"] == "instance_replaced"]
+
+
+def test_a_detached_runs_lost_instance_is_replaced_by_the_laptops_watcher(
+    ssh_test_hosts,
+    tmp_path,
+    clean_region,  # noqa: F811 (imported, a fixture)
+    monkeypatch,
+):
+    """``up --detach``: the coordinator on worker-1 has no cloud credentials; the watcher that
+    ``up`` leaves on the laptop sees worker-3's instance end, tells the coordinator, replaces and
+    prepares the instance, and its new agent joins: worker:2 restarts alone there."""
+    import time
+
+    from tests.helpers import tflaunch
+
+    cluster = spot_cluster(
+        tmp_path,
+        ssh_test_hosts,
+        clean_region,
+        monkeypatch,
+        program={"env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "30"}},
+        roles={"ps": 1, "worker": 3},  # worker:2 alone on worker-3
+        supervision={"finish_timeout": 300, "restart": {"worker": "on-failure"}},
+    )
+    runs = str(tmp_path / "runs")
+    started = tflaunch("up", str(cluster), "--detach", "--down", timeout=180)
+    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
+    run_id = started.stdout.strip().splitlines()[-1]
+    meta_path = tmp_path / "runs" / run_id / "run.json"
+    watcher = json.loads(meta_path.read_text())["ssh_watcher_pid"]
+    try:
+        old = terminate_host(clean_region, "worker-3")
+        deadline = time.monotonic() + 300
+        while json.loads(meta_path.read_text()).get("ended") is None:
+            assert time.monotonic() < deadline, (
+                tmp_path / "runs" / run_id / "watch.log"
+            ).read_text()
+            tflaunch("status", run_id, "--run-dir", runs, timeout=120)  # mirrors the hosts
+            time.sleep(3)
+        meta = json.loads(meta_path.read_text())
+        evs = events_of(tmp_path)
+    finally:
+        down = tflaunch("down", run_id, "--run-dir", runs, timeout=120)
+    watch_log = (tmp_path / "runs" / run_id / "watch.log").read_text()
+    assert meta["state"] == "succeeded", (meta.get("message"), watch_log[-3000:])
+    (replaced,) = [e for e in evs if e["event"] == "instance_replaced"]
+    assert (replaced["host"], replaced["old"]) == ("worker-3", old) and replaced["new"] != old
+    assert not [e for e in evs if e["event"] == "cluster_restarting"]
+    (restarting,) = [e for e in evs if e["event"] == "restarting"]
+    assert (restarting["task"], restarting["cause"]) == ("worker:2", "host_lost")
+    assert f"worker-3 was lost (its instance {old} is terminated, says ec2)" in watch_log
+    assert down.returncode == 0, down.stderr
+    assert instances(clean_region, ("pending", "running")) == []
+    time.sleep(1)
+    assert not running(watcher), "the watcher is still running"
+
+
+def running(pid: int) -> bool:
+    """``pid`` runs (a zombie that nobody reaped yet does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False

@@ -14,10 +14,14 @@ only after TCP gives up, so the agent itself stops its tasks when its input clos
 heartbeat arrived for ``supervision.heartbeat_timeout`` seconds. The launcher in turn probes every
 connection (an SSH global request, like ``ServerAliveInterval``) and reports a host whose
 connection stopped answering as lost, which fails the run — unless ``ssh.host_wait`` is
-set: then the other hosts stop their tasks, and once the lost host accepts a connection again
-(within ``host_wait``) a new agent is started there from the plan in its run directory, and the
-whole cluster starts again (see :mod:`tflaunch.runtime.coordinator`). Attached runs only: a detached run's
-coordinator on the first host fails the run.
+set: then once the lost host accepts a connection again (within ``host_wait``) a new agent is
+started there from the plan in its run directory, which starts its tasks, alone when their
+roles' restart scope allows, else with the whole cluster (see
+:mod:`tflaunch.runtime.coordinator`). A provisioned run also asks the provider every few seconds
+whether its instances still run, and replaces an ended one (same host name, role, type and
+cluster address) the same way; for a detached one, a watcher left on the laptop does
+(:mod:`tflaunch.launchers.ssh.watch`). ``ssh.host_wait`` is for attached runs only: a detached
+run's coordinator on the first host fails the run when a host stops answering.
 
 Per-task logs stay in the host's run directory (``<remote run dir>/<run id>/<host>/``) and are
 copied into the local run directory when the run ends.
@@ -246,7 +250,13 @@ class SshBackend(Backend):
             # a provisioned run whose agents stay up: an ended instance is replaced
             budget = config.ssh.host_wait or 2 * self.fleet.config.ssh.provision.ready_timeout
             return Revive(
-                budget, lambda host, deadline: self._replace(config, plan, run, host, deadline)
+                budget,
+                lambda host, deadline: self._replace(config, plan, run, host, deadline),
+                doing=lambda host: (
+                    f"{self.fleet.replacing(host)} on the same cluster address and "
+                    f"preparing it as at the start (sync, setup, pre-flight) within {budget:g} s"
+                ),
+                not_back=f"was not replaced within {budget:g} s",
             )
         if not config.ssh.host_wait:
             return None
@@ -322,18 +332,29 @@ class SshBackend(Backend):
             options = options or LaunchOptions()
             keep = config.name if options.keep else None
             on_hosts = provision.on_instances(config, run, keep)
-            start = lambda made: self.detach(on_hosts, made, run, cluster_file, run_root, options)  # noqa: E731
+            # its instances are watched from here (the hosts have no cloud credentials)
+            wait = 0.0
+            if plan.supervision.restart.enabled:
+                wait = config.ssh.host_wait or 2 * config.ssh.provision.ready_timeout
+            start = lambda made: self._start_detached(on_hosts, made, run, wait)  # noqa: E731
             return provision.provisioned_run(
                 config, run, start, self.session.say, detach=True, plan=plan, keep=keep,
                 recreate=options.recreate,
             )  # fmt: skip
+        return self._start_detached(config, plan, run, 0.0)
+
+    def _start_detached(self, config: ClusterConfig, plan: Plan, run: Run, wait: float) -> str:
+        """The coordinator and agents on the hosts; with ``wait``, a watcher here that replaces
+        ended instances (the coordinator waits as long for a replacement's agent)."""
         try:
-            detached.start(self.session, config, plan, run)
+            detached.start(self.session, config, plan, run, wait)
         except TflaunchError as err:
             run.finish(Outcome(err.exit_code, str(err)))
             raise
         finally:
             self.session.close()
+        if wait:
+            detached.start_watcher(run, self.session.say)
         return run.id
 
     # ---- up --trace ------------------------------------------------------------------------
@@ -389,7 +410,8 @@ class SshBackend(Backend):
         from tflaunch.launchers.ssh.provision import instance_lines
 
         details = run.record().part(SshDetails)
-        instances = instance_lines(run, self.session.say)
+        unwatched = details.detached and not details.ssh_watcher_pid
+        instances = instance_lines(run, self.session.say, unwatched=unwatched)
         if not details.detached:
             return instances
         self.refresh(run)

@@ -9,8 +9,14 @@ tears the cluster down as on Ctrl-C) and then makes sure no agent of the run is 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import posixpath
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tflaunch.cluster.config import ClusterConfig
@@ -23,10 +29,17 @@ from tflaunch.runtime import protocol
 from tflaunch.runtime.rendezvous import RENDEZVOUS_FILE, Rendezvous
 from tflaunch.runtime.run import Outcome, Run, RunRecord, remote_record_path
 from tflaunch.runtime.runctl import cluster_ready
-from tflaunch.runtime.runfiles import CONSOLE_FILE, EVENTS_FILE, SAMPLES_PREFIX
+from tflaunch.runtime.runfiles import (
+    CONSOLE_FILE,
+    EVENTS_FILE,
+    SAMPLES_PREFIX,
+    open_run_file,
+)
 
 ON_HOST = "tflaunch.launchers.ssh.on_host"
+WATCH = "tflaunch.launchers.ssh.watch"
 AGENT_LOG = "agent.log"  # a detached agent's own output, in its host's run directory
+WATCH_LOG = "watch.log"  # the laptop's watcher's output, in the local run directory
 
 # Runs on a host: SIGTERM a process if (and only if) its command line names the run, then wait.
 STOP_PROCESS = r"""
@@ -66,8 +79,32 @@ def _wait_for_coordinator(
     return None
 
 
-def start(session: HostSession, config: ClusterConfig, plan: Plan, run: Run) -> None:
-    """Pre-flight as for an attached run, then coordinator on the first host, agents everywhere."""
+def start_agent(
+    session: HostSession,
+    conn: Connection,
+    python: str,
+    coordinator: Rendezvous,
+    replaced: Sequence[str] = (),
+) -> None:
+    """Start ``conn``'s host's agent in the background; it connects to ``coordinator``.
+    ``replaced``: the old and new instance ids of a replacement joining a running cluster."""
+    host_dir = session.paths[conn.name].run_dir
+    argv = [
+        python, "-m", ON_HOST, "agent", "--run-dir", host_dir, "--host", conn.name,
+        "--address", coordinator.address, "--port", str(coordinator.port),
+    ]  # fmt: skip
+    if replaced:
+        argv += ["--replaced", *replaced]
+    out = posixpath.join(host_dir, AGENT_LOG)
+    conn.run(remote_command(argv, background_output=out), timeout=30)
+
+
+def start(
+    session: HostSession, config: ClusterConfig, plan: Plan, run: Run, replace_wait: float = 0.0
+) -> None:
+    """Pre-flight as for an attached run, then coordinator on the first host, agents everywhere.
+    ``replace_wait``: how long the coordinator waits for a replaced host's agent (a provisioned
+    run, watched by :mod:`tflaunch.launchers.ssh.watch`); 0 for none."""
     session.open(config, plan, run, extra={RENDEZVOUS_FILE: Rendezvous.ahead().to_json()})
     python = config.ssh.python
     first = plan.hosts_with_tasks()[0]
@@ -83,6 +120,8 @@ def start(session: HostSession, config: ClusterConfig, plan: Plan, run: Run) -> 
         run.id,
         "--listen",
         first.cluster_address,
+        "--replace-wait",
+        f"{replace_wait:g}",
     ]
     console = posixpath.join(run_dir, CONSOLE_FILE)
     session.connections[first.name].run(remote_command(argv, background_output=console), timeout=30)
@@ -99,26 +138,9 @@ def start(session: HostSession, config: ClusterConfig, plan: Plan, run: Run) -> 
         state="starting",
     )
 
-    def start_agent(conn: Connection) -> None:
-        host_dir = session.paths[conn.name].run_dir
-        argv = [
-            python,
-            "-m",
-            ON_HOST,
-            "agent",
-            "--run-dir",
-            host_dir,
-            "--host",
-            conn.name,
-            "--address",
-            coordinator.address,
-            "--port",
-            str(coordinator.port),
-        ]
-        out = posixpath.join(host_dir, AGENT_LOG)
-        conn.run(remote_command(argv, background_output=out), timeout=30)
-
-    results = parallel(start_agent, session.connections.values())
+    results = parallel(
+        lambda conn: start_agent(session, conn, python, coordinator), session.connections.values()
+    )
     failures = [f"{c.name}: {e}" for c, _, e in results if e is not None]
     if failures:
         down(session, run, plan.supervision.grace_period)
@@ -181,8 +203,44 @@ def refresh(session: HostSession, run: Run) -> None:
             session.close()
 
 
+def start_watcher(run: Run, say: Callable[[str], None]) -> int:
+    """Start the laptop's watch over the run's instances (:mod:`tflaunch.launchers.ssh.watch`)
+    in a session of its own, outliving this command; its pid goes into run.json."""
+    log = open_run_file(run.dir / WATCH_LOG, "ab")
+    with log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", WATCH, "--run-dir", str(run.dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    run.update_part(SshDetails, ssh_watcher_pid=proc.pid)
+    say(
+        "the run's instances are watched from here: one that ends is replaced "
+        f"(watcher pid {proc.pid}, log {run.dir / WATCH_LOG})"
+    )
+    return proc.pid
+
+
+def stop_watcher(run: Run) -> None:
+    """End the run's watcher, if one runs (its command line names the run directory)."""
+    pid = run.record().part(SshDetails).ssh_watcher_pid
+    if not pid:
+        return
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read().decode(errors="replace")
+    except OSError:
+        return
+    if str(run.dir) in cmdline and WATCH in cmdline:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+
+
 def down(session: HostSession, run: Run, grace: float) -> str:
     """Stop the coordinator (it tears the cluster down), then any agent of the run still left."""
+    stop_watcher(run)  # it would replace the instances 'down' ends
     session.reconnect(run)
     try:
         refresh(session, run)  # the agents' pids are in the coordinator's events

@@ -21,3 +21,4 @@ class SshDetails:
     detached: bool = False
     ssh_coordinator: str | None = None  # a detached run's coordinator: its host and pid
     ssh_coordinator_pid: int | None = None
+    ssh_watcher_pid: int | None = None  # the laptop's watch over its instances (provisioned)

@@ -13,7 +13,14 @@ scripts):
   agent over that connection (:mod:`tflaunch.runtime.rendezvous`).
 
 The coordinator pings the agents, so an agent whose coordinator vanished still stops its tasks;
-the coordinator stops the PS when training ends, as always. ``tflaunch status``, ``logs [-f]`` and
+the coordinator stops the PS when training ends, as always.
+
+A provisioned run's coordinator (``--replace-wait S``) keeps listening after every agent joined:
+the launcher's watcher (:mod:`tflaunch.launchers.ssh.watch`, which holds the cloud credentials the
+hosts lack) reports a host whose instance ended (a hello with ``lost``), and, once it replaced and
+prepared the instance, starts an agent there that joins again (a hello with ``replaced``: the old
+and new instance ids) within S seconds; the coordinator restarts its tasks alone or the cluster,
+as an attached run does. ``tflaunch status``, ``logs [-f]`` and
 ``down`` reconnect over SSH and work from the run directory (see ``SshBackend``).
 """
 
@@ -23,14 +30,18 @@ import argparse
 import json
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 from tflaunch.cluster.plan import Plan
 from tflaunch.errors import LaunchError, TflaunchError
 from tflaunch.launchers.ssh.details import SshDetails
+from tflaunch.runtime import protocol
 from tflaunch.runtime.agent import serve
-from tflaunch.runtime.coordinator import coordinate
-from tflaunch.runtime.link import socket_streams
+from tflaunch.runtime.coordinator import Revive, coordinate
+from tflaunch.runtime.link import SocketLink, socket_streams
 from tflaunch.runtime.rendezvous import Listener, Rendezvous, connect, publish, read_published
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.runfiles import PLAN_FILE
@@ -44,8 +55,56 @@ def handed_over(run_dir: Path) -> Rendezvous:
     return record
 
 
-def run_coordinator(run_dir: Path, run_id: str, listen: str) -> int:
-    """Listen on ``listen``, publish where, admit every host's agent, and coordinate the run."""
+class Rejoins:
+    """After the first join: the watcher's reports of lost hosts, and the agents of replaced
+    instances, parked (and pinged, so that they keep their tasks) until the coordinator takes
+    them."""
+
+    def __init__(self, heartbeat: float):
+        self.links: dict[str, SocketLink] = {}  # the coordinator's links, by host
+        self.heartbeat = heartbeat
+        self._parked: dict[str, SocketLink] = {}
+        self._changed = threading.Condition()
+        threading.Thread(target=self._ping_parked, daemon=True).start()
+
+    def hello(self, sock: socket.socket, hello: dict[str, Any]) -> None:
+        host = hello["hello"]
+        if "lost" in hello:  # the watcher: the host's instance ended
+            sock.close()
+            current = self.links.get(host)
+            if current is not None:
+                current.report_lost(str(hello["lost"]))
+            return
+        old, new = (list(hello.get("replaced") or []) + ["", ""])[:2]
+        first = [protocol.InstanceReplaced(old=str(old), new=str(new)).wire()] if old else []
+        with self._changed:
+            self._parked[host] = SocketLink(host, sock, first_events=first)
+            self._changed.notify_all()
+
+    def take(self, host: str, deadline: float) -> SocketLink:
+        """The new agent of ``host`` once it joined; raises at ``deadline`` (monotonic)."""
+        with self._changed:
+            while host not in self._parked:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise LaunchError("no agent of its replacement joined")
+                self._changed.wait(min(remaining, 1.0))
+            link = self.links[host] = self._parked.pop(host)
+            return link
+
+    def _ping_parked(self) -> None:
+        ping = protocol.Ping().wire()
+        while True:
+            time.sleep(self.heartbeat)
+            with self._changed:
+                parked = list(self._parked.values())
+            for link in parked:
+                link.send(ping)
+
+
+def run_coordinator(run_dir: Path, run_id: str, listen: str, replace_wait: float = 0.0) -> int:
+    """Listen on ``listen``, publish where, admit every host's agent, and coordinate the run;
+    with ``replace_wait``, take replaced hosts' new agents for as long (see the module)."""
     plan = Plan.from_dict(json.loads((run_dir / PLAN_FILE).read_text()))
     run = Run(run_id, run_dir)
     hosts = [h.name for h in plan.hosts_with_tasks()]
@@ -53,7 +112,21 @@ def run_coordinator(run_dir: Path, run_id: str, listen: str) -> int:
     listener = Listener(listen, record.token, set(hosts))
     publish(run_dir, record.listening(listener, host=socket.gethostname()))
     run.start("ssh", hosts, SshDetails, detached=True)
-    joined = listener.accept(plan.supervision.ready_timeout + 60)
+    revive, rejoins = None, None
+    if replace_wait > 0 and plan.supervision.restart.enabled:
+        rejoins = Rejoins(plan.supervision.heartbeat)
+        revive = Revive(
+            replace_wait,
+            rejoins.take,
+            doing=lambda host: (
+                "the launcher's watcher replaces its instance; waiting up to "
+                f"{replace_wait:g} s for the replacement's agent"
+            ),
+            not_back=f"was not replaced within {replace_wait:g} s",
+        )
+    joined = listener.accept(
+        plan.supervision.ready_timeout + 60, rejoins.hello if rejoins else None
+    )
     missing = sorted(set(hosts) - set(joined))
     if missing:
         for agent in joined.values():
@@ -61,13 +134,20 @@ def run_coordinator(run_dir: Path, run_id: str, listen: str) -> int:
         message = f"the agents of {', '.join(missing)} never connected to the coordinator"
         print(f"tflaunch: {message}", file=sys.stderr)
         return run.finish(Outcome(2, message)).code
-    return coordinate(plan, run, [joined[h].link for h in sorted(joined)]).code
+    links = [joined[h].link for h in sorted(joined)]
+    if rejoins is not None:
+        rejoins.links.update({link.host: link for link in links})
+    return coordinate(plan, run, links, revive=revive).code
 
 
-def run_agent(run_dir: Path, host: str, address: str, port: int, timeout: float) -> int:
-    """Connect to the coordinator, then serve this host's agent over the connection."""
+def run_agent(
+    run_dir: Path, host: str, address: str, port: int, timeout: float, replaced: list[str]
+) -> int:
+    """Connect to the coordinator, then serve this host's agent over the connection.
+    ``replaced``: the old and new instance ids of a replacement joining a running cluster."""
     plan = Plan.from_dict(json.loads((run_dir / PLAN_FILE).read_text()))
-    sock = connect(address, port, handed_over(run_dir).token, host, timeout)
+    extra = {"replaced": replaced} if replaced else {}
+    sock = connect(address, port, handed_over(run_dir).token, host, timeout, **extra)
     commands, events = socket_streams(sock)
     try:
         return serve(plan, host, run_dir, commands, events)
@@ -84,18 +164,27 @@ def main(argv: list[str] | None = None) -> int:
     coord.add_argument("--run-dir", required=True)
     coord.add_argument("--run-id", required=True)
     coord.add_argument("--listen", required=True, help="this host's cluster address")
+    coord.add_argument(
+        "--replace-wait", type=float, default=0.0, help="seconds for a replaced host's agent"
+    )
     ag = sub.add_parser("agent", help="connect to the coordinator, then run the agent")
     ag.add_argument("--run-dir", required=True, help="this host's run directory (plan, token)")
     ag.add_argument("--host", required=True)
     ag.add_argument("--address", required=True)
     ag.add_argument("--port", type=int, required=True)
     ag.add_argument("--connect-timeout", type=float, default=60.0)
+    ag.add_argument("--replaced", nargs=2, default=[], metavar=("OLD", "NEW"))
     args = parser.parse_args(argv)
     try:
         if args.command == "coordinate":
-            return run_coordinator(Path(args.run_dir), args.run_id, args.listen)
+            return run_coordinator(Path(args.run_dir), args.run_id, args.listen, args.replace_wait)
         return run_agent(
-            Path(args.run_dir), args.host, args.address, args.port, args.connect_timeout
+            Path(args.run_dir),
+            args.host,
+            args.address,
+            args.port,
+            args.connect_timeout,
+            args.replaced,
         )
     except TflaunchError as err:
         print(f"tflaunch: error: {err}", file=sys.stderr)

@@ -317,6 +317,7 @@ def _provisioned(
     say(f"cost of {what}:\n" + cost_table(lines))
     prices = {line.instance_type: line.price for line in lines}
     made = _Made()
+    fleet: Fleet | None = None
     try:
         with _signals_interrupt():
             if reuse:
@@ -334,7 +335,8 @@ def _provisioned(
             real = make_plan(config, hosts, run.dir)  # the run's own checkpoint directory
             run.write_plan(real)
         if fleet_ready is not None:
-            fleet_ready(Fleet(config, run, provider, planned, made, prices, keep, say))
+            fleet = Fleet(config, run, provider, planned, made, prices, keep, say)
+            fleet_ready(fleet)
         made.started = True
         return start(real)
     except KeyboardInterrupt as err:
@@ -345,6 +347,8 @@ def _provisioned(
             "so far are terminated below"
         ) from None
     finally:
+        if fleet is not None:
+            fleet.close()  # a replacement being created is in made.ids before the end
         _end(run, provider, made, end, section.idle_timeout, say)
 
 
@@ -452,6 +456,8 @@ class Fleet:
         self.planned = {p.name: p for p in planned}
         self.made, self.prices, self.keep = made, prices, keep
         self._lock = threading.Lock()
+        self._creating = threading.Lock()  # held while a replacement is created and recorded
+        self._closed = False  # the run ended: no more replacements
 
     def ended(self) -> dict[str, str]:
         """Host -> why, for every instance of the run that is ending or ended."""
@@ -468,12 +474,42 @@ class Fleet:
             instance = listed.get(instance_id)
             state = instance.state if instance is not None else "gone"
             if state not in ("pending", "running"):
-                gone[host] = f"its instance {instance_id} is {state} (the provider says so)"
+                gone[host] = f"its instance {instance_id} is {state}, says {self.provider.name}"
         return gone
+
+    def replacing(self, host: str) -> str:
+        """What replacing ``host``'s instance does, in words."""
+        planned = self.planned[host]
+        spot = "spot " if planned.spot else ""
+        return f"creating a replacement {spot}instance ({planned.instance_type})"
 
     def replace(self, host: str, deadline: float) -> tuple[Host, str, str]:
         """A new instance for ``host`` (running, accepting SSH); returns it, the old id and
-        the new id. Refuses when the old instance still runs."""
+        the new id. Refuses when the old instance still runs, or once the run ended."""
+        with self._creating:
+            new_id, old_id = self._create_replacement(host)
+        timeout = max(1.0, deadline - time.monotonic())
+        planned = self.planned[host]
+        found = self.provider.wait_running([new_id], timeout)
+        (made,) = self.provider.hosts(
+            [planned], {host: new_id}, found, self.config.ssh.jump_host is not None
+        )
+        if self.config.ssh.jump_host is None:
+            wait_for_ssh(
+                [made], self.config.ssh.port, max(1.0, deadline - time.monotonic()), self.say
+            )
+        return made, old_id, new_id
+
+    def close(self) -> None:
+        """The run ends: wait for a replacement being created (so that it is among the run's
+        instances when they are terminated or kept), and refuse any further one."""
+        with self._creating:
+            self._closed = True
+
+    def _create_replacement(self, host: str) -> tuple[str, str]:
+        """Create and record the new instance for ``host``; its id and the old one's."""
+        if self._closed:
+            raise LaunchError(f"the run ended; {host} is not replaced")
         with self._lock:
             old_id = self.made.ids[host]
         listed = self.provider.describe(ids=[old_id], states=(*ALIVE_STATES, *GONE_STATES))
@@ -483,9 +519,6 @@ class Fleet:
         if old is not None and old.state != "terminated":  # stopped or stopping: end it for good
             self.provider.terminate([old_id])
         planned = self.planned[host]
-        self.say(
-            f"{host}: its instance {old_id} ended; creating a replacement ({planned.instance_type})"
-        )
         extra = {TAG_LAUNCHER: launcher_tag(), TAG_RUN_DIR: str(self.run.dir)}
         section = self.config.ssh.provision
         extra[TAG_AUTOSTOP] = f"{section.idle_timeout:g}"
@@ -498,25 +531,37 @@ class Fleet:
             [planned], self.run.id, self.config.name, self.made.group or "", extra, data, same
         )
         new_id = created[host]
+        self.say(f"{host}: replacement instance {new_id} created (for {old_id}); waiting for it")
         with self._lock:
             self.made.ids[host] = new_id
             self.made.replaced.append((host, old_id, new_id))
             self._record_replacement(planned, old_id, new_id)
-        timeout = max(1.0, deadline - time.monotonic())
-        found = self.provider.wait_running([new_id], timeout)
-        (made,) = self.provider.hosts(
-            [planned], {host: new_id}, found, self.config.ssh.jump_host is not None
-        )
-        if self.config.ssh.jump_host is None:
-            wait_for_ssh(
-                [made], self.config.ssh.port, max(1.0, deadline - time.monotonic()), self.say
-            )
-        return made, old_id, new_id
+        return new_id, old_id
 
     def _record_replacement(self, planned: PlannedInstance, old_id: str, new_id: str) -> None:
         mark_terminated(self.run, {old_id})
         records = self.run.record().part(CloudDetails).instances
         _record(self.run, [planned], {planned.name: new_id}, self.prices, self.keep, records)
+
+
+def fleet_of_run(config: ClusterConfig, run: Run, say: Say) -> Fleet:
+    """The :class:`Fleet` of a run started earlier (a detached run, watched from the laptop):
+    its instances and prices from run.json and the provider, ``config`` its cluster file."""
+    record = run.record()
+    provider = provider_for(config, say)  # the file's settings: types, image, spot, ...
+    access = getattr(record.part(access_part(provider.name)), provider.name)
+    if not access:
+        raise LaunchError(f"run {run.id} made no instances: there is nothing to watch")
+    cloud = record.part(CloudDetails)
+    planned = provider.instances_for(provider.candidates(config), run.read_plan())
+    live = [r for r in cloud.instances if r.get("terminated") is None]
+    made = _Made(
+        ids={r["name"]: r["id"] for r in live},
+        group=access.get("security_group"),
+        started=True,
+    )
+    prices = {line.instance_type: line.price for line in provider.cost_lines(planned)}
+    return Fleet(config, run, provider, planned, made, prices, cloud.keep_cluster, say)
 
 
 def _record(
@@ -559,8 +604,11 @@ def terminate_run(run: Run, say: Say) -> str:
     return f"terminated {len(alive)} instance(s) of run {run.id}"
 
 
-def instance_lines(run: Run, say: Say) -> list[str]:
-    """For ``status RUN``: the run's instances, their state now (from the provider) and price."""
+def instance_lines(run: Run, say: Say, unwatched: bool = False) -> list[str]:
+    """For ``status RUN``: the run's instances, their state now (from the provider) and price.
+    ``unwatched`` (a detached run without a watcher: its coordinator has no cloud credentials,
+    and nothing replaces an instance that ends) adds a warning for each instance that ended by
+    itself."""
     record = run.record()
     records = record.part(CloudDetails).instances
     provider = provider_of_run(record, say) if records else None
@@ -583,4 +631,30 @@ def instance_lines(run: Run, say: Say) -> list[str]:
             states.get(r["id"], unlisted) + (f" (kept cluster {r['kept']})" if r.get("kept") else ""),
             "?" if hourly is None else f"{hourly:.4f}",
         ))  # fmt: skip
-    return ["instances:", *("  " + line for line in aligned(rows))]
+    lines = ["instances:", *("  " + line for line in aligned(rows))]
+    if unwatched:
+        lines += _unwatched_losses(run, provider.name, records, states)
+    return lines
+
+
+def _unwatched_losses(
+    run: Run, cloud: str, records: Sequence[dict[str, Any]], states: dict[str, str]
+) -> list[str]:
+    """A warning for each instance of a detached run that ended without tflaunch ending it."""
+    lost = [
+        r
+        for r in records
+        if r.get("terminated") is None
+        and r["id"] in states
+        and states[r["id"]] not in ("pending", "running")
+    ]
+    if not lost:
+        return []
+    ended = ", ".join(f"{r['name']} ({r['id']}, {states[r['id']]})" for r in lost)
+    return [
+        f"lost: the instance(s) of {ended} ended, says {cloud}, and nothing replaces them: a "
+        "detached run's coordinator runs on a host without cloud credentials, and this run "
+        "has no watcher here (one is started by 'up --detach' only with a restart policy in "
+        "supervision.restart). Its coordinator notices the lost host only when its connection "
+        f"times out; 'tflaunch down {run.id}' stops the run and terminates its instances."
+    ]

@@ -15,12 +15,15 @@
   a MonitoredTrainingSession worker that starts after the chief finished can wait forever.
 - SIGINT, SIGTERM or SIGHUP (Ctrl-C, ``tflaunch down``): the same teardown, never a restart;
   exit 130, 143 or 129.
-- A host that stops answering (its link's probe reports ``host_lost``) fails the run with a report
-  naming the host and its tasks — unless the backend can start a new agent there (a
-  :class:`~tflaunch.runtime.revival.Revive`: SSH with ``ssh.host_wait``): then the other hosts
-  stop their tasks, the host gets up to ``host_wait`` seconds to answer again, a new agent starts
-  its tasks there and the others start theirs (a cluster restart, counted in ``restart.max_cluster_restarts``); a host still
-  silent after ``host_wait`` fails the run, naming it.
+- A host that is lost (its link's probe reports ``host_lost``: it stopped answering, or its
+  instance ended) fails the run with a report naming the host and its tasks — unless the backend
+  can start a new agent there (a :class:`~tflaunch.runtime.revival.Revive`: SSH with
+  ``ssh.host_wait``, or a replacement instance in a provisioned run). Then, when every task of
+  the host may restart alone (its role's restart scope is ``task``), the other hosts keep
+  running and the host's new agent starts its tasks (each counted as a task restart); otherwise
+  the other hosts stop their tasks and start them again once the new agent started its own (a
+  cluster restart, counted in ``restart.max_cluster_restarts``). A host not back within the
+  backend's wait fails the run, naming it.
 - SIGUSR1 or SIGUSR2 (Slurm's warning ahead of the time limit) is passed on to every task. Given
   a :class:`~tflaunch.runtime.signals.Requeue` (Slurm with ``slurm.requeue``), the run is then
   stopped ``after`` seconds later — time for the chief to checkpoint — with a ``requeued``
@@ -170,9 +173,10 @@ class Coordinator:
             self.report.record_from(host, data)
         state = self.board.get(getattr(event, "task", None) or "")
         if isinstance(event, protocol.Started) and state:
+            again = bool(event.restarts + event.generation) or state.state == "restarting"
             self.board.set(state, "started", pid=event.pid)
             state.log = event.log or state.log
-            self.restarter.started(state, again=bool(event.restarts + event.generation))
+            self.restarter.started(state, again)
             self._check_ready()
         elif isinstance(event, protocol.Ready) and state:
             self.board.set(state, "ready")
@@ -196,9 +200,7 @@ class Coordinator:
             self.restarter.host_back(host).start_reader(self.events)
         elif isinstance(event, protocol.HostGone) and self.outcome is None:
             self.outcome = self.restarter.host_failed(
-                host,
-                f"did not answer again within {self.revival.wait:g} s (ssh.host_wait): "
-                f"{event.message}",
+                host, f"{self.revival.why_not_back()}: {event.message}"
             )
         elif isinstance(event, protocol.LinkClosed):
             self._link_closed(host)
@@ -216,6 +218,8 @@ class Coordinator:
             )
 
     def _task_exited(self, state: TaskState, code: int, stopped_by: str | None = None) -> None:
+        if state.host in self.revival.lost:
+            return  # from the lost host's old agent: its restart is decided already
         self.board.set(state, "exited", code=code)
         if self.outcome is not None or self.restarter.cluster_restarting:
             return  # the run is ending, or every task is being restarted anyway

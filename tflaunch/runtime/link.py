@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from typing import IO, Any, Protocol
 
 from tflaunch.runtime import protocol
@@ -138,14 +139,32 @@ class SocketLink(StreamLink):
     """An agent on another node, reached over one TCP connection. Its events are read by the
     sink's one :class:`SocketReader` thread, however many nodes the job has."""
 
-    def __init__(self, host: str, sock: socket.socket):
+    def __init__(self, host: str, sock: socket.socket, first_events: Sequence[dict[str, Any]] = ()):
         super().__init__(host, *socket_streams(sock))
         self.sock = sock
         self.reader: SocketReader | None = None
+        self.first_events = list(first_events)  # what happened to the host before this agent
 
     def start_reader(self, sink: queue.Queue) -> None:
+        for event in self.first_events:
+            sink.put((self.host, event))
         self.reader = SocketReader.of(sink)
         self.reader.add(self)
+
+    def report_lost(self, message: str) -> None:
+        """The host is gone (its provider says so): report it lost and cut the connection,
+        so that an agent still running there stops its tasks."""
+        reader = self.reader
+        if reader is None or self.ended.is_set():
+            return
+        reader.discard(self)
+        self.ended.set()
+        reader.sink.put((self.host, protocol.HostLost(message=message).wire()))
+        reader.sink.put((self.host, protocol.LinkClosed().wire()))
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self.sock.close()
 
     def close(self, timeout: float) -> None:
         with contextlib.suppress(OSError):

@@ -147,8 +147,12 @@ class Listener:
         self.address, self.port = address, self.server.getsockname()[1]
         self.rejected = 0
 
-    def accept(self, timeout: float) -> dict[str, Joined]:
-        """Admit agents until every expected host joined or ``timeout`` passed."""
+    def accept(
+        self, timeout: float, later: Callable[[socket.socket, dict[str, Any]], None] | None = None
+    ) -> dict[str, Joined]:
+        """Admit agents until every expected host joined or ``timeout`` passed. With ``later``,
+        the listener stays open afterwards and hands every later authentic hello (a replaced
+        host's new agent, a launcher's message) to ``later``, in a thread of its own."""
         joined: dict[str, Joined] = {}
         hellos: queue.Queue[tuple[socket.socket, dict[str, Any]] | None] = queue.Queue()
         deadline = time.monotonic() + timeout
@@ -175,9 +179,27 @@ class Listener:
                 sock.settimeout(None)
                 joined[host] = Joined(host, hello, SocketLink(host, sock))
         finally:
-            stop.set()
-            self.close()
+            if later is None or set(joined) != self.expected:
+                stop.set()
+                self.close()
+        if later is not None and set(joined) == self.expected:
+            threading.Thread(target=self._hand_on, args=(hellos, later), daemon=True).start()
         return joined
+
+    def _hand_on(
+        self, hellos: queue.Queue, later: Callable[[socket.socket, dict[str, Any]], None]
+    ) -> None:
+        while True:
+            item = hellos.get()
+            if item is None:
+                continue
+            sock, hello = item
+            if hello["hello"] not in self.expected:
+                self.rejected += 1
+                sock.close()
+                continue
+            sock.settimeout(None)
+            later(sock, hello)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

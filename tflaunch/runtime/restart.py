@@ -11,8 +11,12 @@ feeds it failures and acts on its decisions.
 - Bounds: ``max_restarts`` per task of the role, ``restart.max_restarts`` single-task restarts per
   run, ``restart.max_cluster_restarts`` cluster restarts per run. Past a bound the run fails and
   the report names the task, its exits and the bound.
-- A host that stops answering (SSH, with ``ssh.host_wait``) costs a cluster restart too,
-  within ``restart.max_cluster_restarts``, whatever the roles' policies.
+- A host that is lost (it stops answering, or its instance ended) restarts its tasks alone on
+  the host once it is back (or replaced) when every one of them may restart alone: its role's
+  scope is ``task`` and its policy is not ``never`` (a lost host counts as a preemption, which
+  ``exit-code`` restarts). Each counts against its role's ``max_restarts`` and the run's
+  ``restart.max_restarts``. Otherwise it costs a cluster restart, within
+  ``restart.max_cluster_restarts``, whatever the roles' policies.
 - Backoff: ``backoff`` seconds before a task's first restart, doubling with each further one of
   the same task (of the cluster, for cluster restarts), at most ``backoff_max``.
 """
@@ -20,12 +24,14 @@ feeds it failures and acts on its decisions.
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from tflaunch.cluster.config import Restart
 
 STALLED = "stalled"
+LOST = "lost"  # the task's host was lost: it stopped answering, or its instance ended
 
 
 @dataclass(frozen=True)
@@ -34,7 +40,7 @@ class Failure:
 
     task: str
     code: int
-    cause: str = "exited"  # "exited", or STALLED
+    cause: str = "exited"  # "exited", STALLED or LOST
 
     @property
     def job(self) -> str:
@@ -43,6 +49,8 @@ class Failure:
     def describe(self) -> str:
         if self.cause == STALLED:
             return f"stalled (stopped by tflaunch, exit {describe_code(self.code)})"
+        if self.cause == LOST:
+            return "lost with its host"
         return f"exited with code {describe_code(self.code)}"
 
 
@@ -100,13 +108,25 @@ class RestartBook:
         self.task_restarts[failure.task] = done + 1
         return Decision("restart_task", self._backoff(done + 1), done + 1)
 
-    def decide_host_lost(self, host: str) -> Decision:
-        """A host stopped answering: restart the cluster once it is back, within the bound."""
+    def decide_host_lost(self, host: str, tasks: Sequence[str] = ()) -> Decision:
+        """A host with ``tasks`` was lost: restart those tasks alone once it is back, when
+        every one of them may (``restart_task``, each counted as its own restart; the count
+        is the highest), else the cluster; within the bounds."""
         self.hosts_lost[host] = self.hosts_lost.get(host, 0) + 1
+        if tasks and all(self._alone_after_loss(task) for task in tasks):
+            decisions = [self.decide(Failure(task, 0, LOST)) for task in tasks]
+            for task, decision in zip(tasks, decisions, strict=True):
+                if decision.action == "fail":
+                    return replace(decision, reason=f"{task}: {decision.reason}")
+            return Decision("restart_task", 0.0, max(d.count for d in decisions))
         if self.cluster_restarts >= self.policy.max_cluster_restarts:
             return self._cluster_limit_reached()
         self.cluster_restarts += 1
         return Decision("restart_cluster", self._backoff(self.cluster_restarts))
+
+    def _alone_after_loss(self, task: str) -> bool:
+        job = task.partition(":")[0]
+        return self.policy.scope_of(job) == "task" and self.policy.of(job).policy != "never"
 
     def _cluster_limit_reached(self) -> Decision:
         return Decision(
@@ -121,7 +141,7 @@ class RestartBook:
     def history(self, task: str) -> str:
         """``137 (SIGKILL), stalled`` — the task's failures in order."""
         return ", ".join(
-            STALLED if f.cause == STALLED else describe_code(f.code)
+            f.cause if f.cause in (STALLED, LOST) else describe_code(f.code)
             for f in self.failures.get(task, [])
         )
 
@@ -131,9 +151,7 @@ class RestartBook:
             f"{task} restarted {n} time(s) (failures: {self.history(task)})"
             for task, n in sorted(self.task_restarts.items())
         ]
-        lines += [
-            f"{host} stopped answering {n} time(s)" for host, n in sorted(self.hosts_lost.items())
-        ]
+        lines += [f"{host} was lost {n} time(s)" for host, n in sorted(self.hosts_lost.items())]
         if self.cluster_restarts:
             lines.append(f"the cluster restarted {self.cluster_restarts} time(s)")
         return lines
@@ -143,7 +161,7 @@ def restartable(policy: str, failure: Failure) -> bool:
     if policy == "on-failure":
         return True
     if policy == "exit-code":
-        return failure.cause == STALLED or failure.code > 128
+        return failure.cause in (STALLED, LOST) or failure.code > 128
     return False
 
 

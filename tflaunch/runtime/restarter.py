@@ -146,19 +146,21 @@ class Restarter:
     # ---- hosts that stop answering -----------------------------------------------------------
 
     def host_lost(self, host: str, message: str) -> Outcome | None:
-        """A host stopped answering: wait for it and restart the cluster, or fail the run."""
+        """A host was lost (it stopped answering, or its instance ended): bring it back and
+        restart its tasks alone there, or the whole cluster; or fail the run."""
         self.report.record(protocol.HostLost(host=host, message=message))
         self.open_links.discard(host)
         self.stopped_hosts.discard(host)
         if self.revival.revive is None:
             return self.host_failed(host, f"stopped answering: {message}")
-        decision = self.book.decide_host_lost(host)
+        tasks = self.board.names_on(host)
+        decision = self.book.decide_host_lost(host, tasks)
         if decision.action == "fail":
-            return self.host_failed(
-                host, f"stopped answering: {message}. Not waiting for it: {decision.reason}"
-            )
+            return self.host_failed(host, f"was lost: {message}. Not restarted: {decision.reason}")
         now = time.monotonic()
         self.revival.lose(host, now)
+        if decision.action == "restart_task":
+            return self._restart_lost_tasks(host, message, decision, now)
         for state in self.board:
             if state.host == host:
                 state.state = "exited"
@@ -172,10 +174,10 @@ class Restarter:
             )
         )
         self.report.say(
-            f"{host} stopped answering ({message}); stopping the tasks on the other hosts and "
-            f"waiting up to {self.revival.wait:g} s (ssh.host_wait) for it to answer "
-            "again, then restarting the whole cluster from its checkpoints (cluster restart "
-            f"{self.book.cluster_restarts} of at most {self.restart.max_cluster_restarts})"
+            f"{host} was lost ({message}); stopping the tasks on the other hosts and "
+            f"{self.revival.doing(host)}, then restarting the whole cluster from its "
+            f"checkpoints (cluster restart {self.book.cluster_restarts} of at most "
+            f"{self.restart.max_cluster_restarts})"
         )
         if self.phase == "waiting":  # another host is being waited for already
             self.revival.wait_for(host)
@@ -185,6 +187,34 @@ class Restarter:
         self._check_cluster_stopped()
         return None
 
+    def _restart_lost_tasks(
+        self, host: str, message: str, decision: Decision, now: float
+    ) -> Outcome | None:
+        """Every task of the lost host may restart alone: the other hosts keep running, and
+        the host's new agent starts its tasks once it is back."""
+        names = self.board.names_on(host)
+        for name in names:
+            state = self.board.tasks[name]
+            self.failed_at[name] = now
+            self.board.set(state, "restarting")
+            self.report.record(
+                protocol.Restarting(
+                    task=name,
+                    cause=protocol.HostLost.NAME,
+                    restart=self.book.task_restarts[name],
+                    delay=0.0,
+                )
+            )
+        self.report.say(
+            f"{host} was lost ({message}); {self.revival.doing(host)}, then restarting its "
+            f"tasks ({', '.join(names)}) there alone while the other hosts keep running "
+            f"(restart {decision.count} of at most "
+            f"{self.restart.of(names[0].partition(':')[0]).max_restarts} per task)"
+        )
+        self.revival.wait_for(host)
+        self._check_cluster_stopped()  # a cluster restart under way no longer waits for its agent
+        return None
+
     def host_back(self, host: str) -> AgentLink:
         """A lost host answers again: its new agent's link, to be read from."""
         link, seconds = self.revival.back(host)
@@ -192,8 +222,15 @@ class Restarter:
         self.open_links.add(host)
         self.report.record(protocol.HostBack(host=host, seconds=round(seconds, 3)))
         self.report.say(f"{host} answers again after {seconds:.1f} s: a new agent starts its tasks")
-        if not self.revival.lost:
-            self._start_again()
+        if self.phase == "waiting":
+            if not self.revival.lost:
+                self._start_again()
+            return link
+        self.revival.forget_revived(host)  # its tasks restart alone, as its new agent starts
+        if self.phase == "stopping":
+            # back while a cluster restart (since its loss) stops every agent: it stops its
+            # tasks too, and starts them again with the others
+            link.send(protocol.StopTasks(reason="cluster restart").wire())
         return link
 
     # ---- failure reports -----------------------------------------------------------------------
