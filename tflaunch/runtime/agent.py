@@ -192,7 +192,7 @@ class Agent:
                 self._stop_old_tasks()
             if self.tasks:
                 write_cluster_file(self.plan, self.run_dir)
-            problem = self._preflight()
+            problem = preflight(self.host, self.tasks, self.views)
             if problem:
                 self.emit(protocol.AgentError(code=2, message=problem))
                 return 2
@@ -296,40 +296,6 @@ class Agent:
         return {
             name: t.proc.pid for name, t in list(self.running.items()) if t.proc.returncode is None
         }
-
-    def _preflight(self) -> str | None:
-        """Check what would make a task fail at once: missing workdir or program, busy ports,
-        too few cores for the tasks' CPU binding."""
-        slots = max((max(t.cpus) + 1 for t in self.tasks if t.cpus), default=0)
-        usable = _usable_cpus()
-        if slots > len(usable):
-            return (
-                f"{self.host} lets tasks use {len(usable)} cores, but placement.cpus_per_task "
-                f"binds its {len(self.tasks)} tasks to {slots}. Lower cpus_per_task or place "
-                "fewer tasks on the host."
-            )
-        for task in self.tasks:
-            view = self.views[task.name]
-            if not os.path.isdir(view.workdir):
-                return f"{task.name}: the working directory {view.workdir} does not exist on {self.host}."
-            program = view.argv[0]
-            path = view.env.get("PATH", os.environ.get("PATH", ""))
-            found = (
-                os.path.exists(os.path.join(view.workdir, program))
-                if os.sep in program
-                else shutil.which(program, path=path)
-            )
-            if not found:
-                return (
-                    f"{task.name}: the program '{program}' was not found on {self.host} "
-                    f"(workdir {view.workdir}). Install it or fix program.argv."
-                )
-            if task.port is not None and not procs.port_free(task.port):
-                return (
-                    f"{task.name}: port {task.port} on {self.host} is already in use. Stop what "
-                    "holds it (a leftover run? see 'tflaunch down') or change ports."
-                )
-        return None
 
     def _start(self, task: Task) -> None:
         view: TaskView = self.views[task.name]
@@ -563,6 +529,41 @@ def serve(
         return agent.run()
     finally:
         emitter.close()
+
+
+def preflight(host: str, tasks: list[Task], views: dict[str, TaskView]) -> str | None:
+    """Check what would make a task fail at once: missing workdir or program, busy ports,
+    too few cores for the tasks' CPU binding."""
+    slots = max((max(t.cpus) + 1 for t in tasks if t.cpus), default=0)
+    usable = _usable_cpus()
+    if slots > len(usable):
+        return (
+            f"{host} lets tasks use {len(usable)} cores, but placement.cpus_per_task "
+            f"binds its {len(tasks)} tasks to {slots}. Lower cpus_per_task or place "
+            "fewer tasks on the host."
+        )
+    for task in tasks:
+        view = views[task.name]
+        if not os.path.isdir(view.workdir):
+            return f"{task.name}: the working directory {view.workdir} does not exist on {host}."
+        program = view.argv[0]
+        path = view.env.get("PATH", os.environ.get("PATH", ""))
+        found = (
+            os.path.exists(os.path.join(view.workdir, program))
+            if os.sep in program
+            else shutil.which(program, path=path)
+        )
+        if not found:
+            return (
+                f"{task.name}: the program '{program}' was not found on {host} "
+                f"(workdir {view.workdir}). Install it or fix program.argv."
+            )
+        if task.port is not None and not procs.port_free(task.port):
+            return (
+                f"{task.name}: port {task.port} on {host} is already in use. Stop what "
+                "holds it (a leftover run? see 'tflaunch down') or change ports."
+            )
+    return None
 
 
 def _usable_cpus() -> list[int]:
