@@ -20,8 +20,8 @@ starts one exited task again in place (same argv, TF_CONFIG, port and GPUs;
 again in the usual order, for a whole-cluster restart
 (``$TFLAUNCH_CLUSTER_RESTARTS`` counts). A lost host's new agent (``--await-start``) starts its
 tasks only when told :class:`~protocol.Start`, which carries both counts so far in the run, and
-first stops what the old agent left running of them on the host. With any restart policy on, the agent stays up after its
-tasks ended, until told to stop. With ``supervision.stall_timeout``, a watched task (the chief and
+first stops what the old agent left running of them on the host. With any restart policy on, the
+agent stays up after its tasks ended, until told to stop. With ``supervision.stall_timeout``, a watched task (the chief and
 workers; only the chief with ``success: chief``) that shows no progress that long is stopped and
 its exit reported as stalled. SIGUSR1/SIGUSR2 (Slurm's ``--signal`` ahead of the time limit),
 received or passed on by the coordinator, go to every task's process group; nothing is stopped.

@@ -60,6 +60,9 @@ class Restarter:
         due = [(host, command) for when, host, command in self.scheduled if when <= now]
         if due:
             self.scheduled = [item for item in self.scheduled if item[0] > now]
+        for _, command in due:
+            if isinstance(command, protocol.Restart):  # its agent counts it as it restarts it
+                self.alone[command.task] = self.alone.get(command.task, 0) + 1
         return due
 
     def started(self, state: TaskState, again: bool) -> None:
@@ -84,7 +87,6 @@ class Restarter:
             "delay": decision.delay,
         }
         if decision.action == "restart_task":
-            self.alone[state.name] = self.alone.get(state.name, 0) + 1
             self.board.set(state, "restarting")
             self.report.record(protocol.Restarting(**entry))
             self.report.say(

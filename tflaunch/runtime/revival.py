@@ -10,8 +10,8 @@ join: one that starts too late is closed at once.
 Nothing waits for the lost host's old agent to end (it stops its tasks only once its heartbeat
 times out, maybe long after the host answers again): the new agent is started with
 ``--await-start``, and before it starts its tasks it stops what the old one left running of them
-on the host (:meth:`tflaunch.runtime.agent.Agent.begin`, ``old_tasks_stopped``), so ``host_wait``
-is only how long the host may take to answer again.
+on the host (:mod:`tflaunch.runtime.agent`, event ``old_tasks_stopped``), so ``host_wait`` is
+only how long the host may take to answer again.
 """
 
 from __future__ import annotations
