@@ -31,16 +31,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import time
 from collections.abc import Sequence
 
+from tflaunch.models.warning_signals import ignore_warnings, warnings_caught
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow's C++ runtime loads
 # Slurm's --signal reaches every process of the job step at once, maybe while TensorFlow
 # still loads: ignored until the program says otherwise, it cannot kill a task.
-for _warning in (signal.SIGUSR1, signal.SIGUSR2):
-    signal.signal(_warning, signal.SIG_IGN)
+ignore_warnings()
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -125,8 +125,7 @@ def resolve(args: argparse.Namespace) -> tf.distribute.cluster_resolver.ClusterR
 
 
 def serve(resolver: tf.distribute.cluster_resolver.ClusterResolver, threads: int) -> int:
-    for sig in (signal.SIGUSR1, signal.SIGUSR2):  # the chief's cue to checkpoint, not ours
-        signal.signal(sig, signal.SIG_IGN)
+    ignore_warnings()  # the chief's cue to checkpoint, not ours
     # A remote step blocks inter-op threads on reads from the PS: one thread would deadlock.
     config = tf.compat.v1.ConfigProto(
         intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads + 3
@@ -219,12 +218,15 @@ class Trainer:
         self.train_step = train_step
 
     def train(self, manager: tf.train.CheckpointManager | None) -> None:
+        # SIGUSR1/2 (Slurm's --signal ahead of the time limit): checkpoint now. Ignored again
+        # once training ends: one that comes while the chief exits must not kill it (exit 138).
+        with warnings_caught() as warned:
+            self._train(manager, warned)
+
+    def _train(self, manager: tf.train.CheckpointManager | None, warned: list[int]) -> None:
         args = self.args
         step = int(self.global_step.numpy())
         saved = step
-        warned = []  # SIGUSR1/2 (Slurm's --signal ahead of the time limit): checkpoint now
-        for sig in (signal.SIGUSR1, signal.SIGUSR2):
-            signal.signal(sig, lambda signum, _frame: warned.append(signum))
         while step < args.train_steps:
             todo = min(args.steps_per_round, args.train_steps - step)
             losses = [

@@ -273,15 +273,16 @@ class SshBackend(Backend):
                         conn = connect(host, address, options)
                     break
                 except LaunchError as err:
-                    if time.monotonic() + 2 > deadline:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
                         raise LaunchError(f"the last try to connect said: {err}") from None
-                    time.sleep(2)
+                    time.sleep(min(2.0, left))  # the last try is at the deadline
             old = self.session.connections.get(host)
             if old is not None:
                 with contextlib.suppress(Exception):
                     old.close()
             self.session.connections[host] = conn
-            argv = self.session.agent_argv(config.ssh.python, host)
+            argv = self.session.agent_argv(config.ssh.python, host, await_start=True)
             sup = plan.supervision
             return SshLink(
                 host, conn, conn.start(remote_command(argv)), sup.heartbeat, sup.heartbeat_timeout
@@ -304,7 +305,7 @@ class SshBackend(Backend):
                 old.close()
         conn = self.session.connections[host] = fresh.connections[host]
         self.session.paths[host] = fresh.paths[host]
-        argv = self.session.agent_argv(config.ssh.python, host)
+        argv = self.session.agent_argv(config.ssh.python, host, await_start=True)
         sup = plan.supervision
         replaced = protocol.InstanceReplaced(old=old_id, new=new_id).wire()
         link = SshLink(

@@ -150,7 +150,9 @@ def run_agent(
     sock = connect(address, port, handed_over(run_dir).token, host, timeout, **extra)
     commands, events = socket_streams(sock)
     try:
-        return serve(plan, host, run_dir, commands, events)
+        # a replacement's agent starts its tasks when the coordinator says so, counting their
+        # restarts so far
+        return serve(plan, host, run_dir, commands, events, await_start=bool(replaced))
     finally:
         sock.close()
 

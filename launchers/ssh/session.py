@@ -239,10 +239,12 @@ class HostSession:
         del self.probes[host]  # (one that could not be told stays, for end_probes)
         return probe
 
-    def agent_argv(self, python: str, host: str) -> list[str]:
-        """The agent's command line on ``host`` (its plan and logs in the host's run dir)."""
+    def agent_argv(self, python: str, host: str, await_start: bool = False) -> list[str]:
+        """The agent's command line on ``host`` (its plan and logs in the host's run dir);
+        ``await_start``: a lost host's new agent, started by the coordinator's ``start``."""
         run_dir = self.paths[host].run_dir
-        return agent_argv(python, posixpath.join(run_dir, PLAN_FILE), host, run_dir)
+        plan = posixpath.join(run_dir, PLAN_FILE)
+        return agent_argv(python, plan, host, run_dir, await_start)
 
     def fetch_logs(self, plan: Plan, run: Run) -> None:
         """Bring every task's log (what is new of it) from its host into the local run dir."""

@@ -5,9 +5,10 @@ reads the cluster file named by its first argument (``{cluster_file}``) or by
 $TFLAUNCH_CLUSTER_FILE, and its role from $TFLAUNCH_TASK. A PS listens on its port (after
 PS_DELAY seconds) and serves forever. A worker checks that every PS accepts connections, prints what it sees, runs
 WORK_SECONDS (worker i: WORK_SECONDS + i * WORK_STEP; with RESTART_WORK_SECONDS set, that instead
-in every run of the task after its first in the run directory), and exits with FAIL_CODE if its index is
-FAIL_INDEX (only in its first FAIL_RUNS runs, counted by $TFLAUNCH_TASK_RESTARTS and
-$TFLAUNCH_CLUSTER_RESTARTS).
+in every run of the task after its first in the run directory; with FINISH_AT_RESTART=N,
+FINISH_WORK_SECONDS (default 0.2) in a run whose restart counters add up to N or more), and exits
+with FAIL_CODE if its index is FAIL_INDEX (only in its first FAIL_RUNS runs, counted by
+$TFLAUNCH_TASK_RESTARTS and $TFLAUNCH_CLUSTER_RESTARTS, which every task prints at its start).
 SIGUSR1 prints 'got SIGUSR1'. SPAWN_CHILD=1 makes every task start a long-sleeping child of its own;
 SPAWN_DAEMON=1 a child in a session of its own that ignores SIGTERM (what escapes a process-group
 teardown).
@@ -34,6 +35,12 @@ else:
     same = path == os.environ["TFLAUNCH_CLUSTER_FILE"]
     print(f"cluster from file {path} (also $TFLAUNCH_CLUSTER_FILE: {same})", flush=True)
 print(f"{job}:{index} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}", flush=True)
+restarts = sum(int(os.environ.get(f"TFLAUNCH_{k}_RESTARTS", "0")) for k in ("TASK", "CLUSTER"))
+print(
+    f"{job}:{index} restarts: task {os.environ.get('TFLAUNCH_TASK_RESTARTS')} cluster "
+    f"{os.environ.get('TFLAUNCH_CLUSTER_RESTARTS')}",
+    flush=True,
+)
 if os.environ.get("SPAWN_CHILD") == "1":
     child = subprocess.Popen(["sleep", "1000"])
     print(f"child pid {child.pid}", flush=True)
@@ -68,15 +75,16 @@ for address in config["cluster"].get("ps", []):
 print(f"all ps reachable at start: {all(reachable)}", flush=True)
 work = os.environ.get("WORK_SECONDS", "1")
 if "RESTART_WORK_SECONDS" in os.environ:
-    # A file, not the restart counters: an agent started anew on a host that came back counts
-    # its tasks' runs from 0 again.
+    # A file, not the restart counters: every run after the task's first in the run directory.
     ran = os.path.join(os.environ["TFLAUNCH_RUN_DIR"], f".fake-task-{job}-{index}-ran")
     if os.path.exists(ran):
         work = os.environ["RESTART_WORK_SECONDS"]
     open(ran, "w").close()
-time.sleep(float(work) + index * float(os.environ.get("WORK_STEP", "0")))
+seconds = float(work) + index * float(os.environ.get("WORK_STEP", "0"))
+if "FINISH_AT_RESTART" in os.environ and restarts >= int(os.environ["FINISH_AT_RESTART"]):
+    seconds = float(os.environ.get("FINISH_WORK_SECONDS", "0.2"))
+time.sleep(seconds)
 print("done", flush=True)
-restarts = sum(int(os.environ.get(f"TFLAUNCH_{k}_RESTARTS", "0")) for k in ("TASK", "CLUSTER"))
 failing = str(index) == os.environ.get("FAIL_INDEX") and job == "worker"
 if failing and restarts < int(os.environ.get("FAIL_RUNS", "1000000")):
     sys.exit(int(os.environ.get("FAIL_CODE", "3")))

@@ -18,8 +18,10 @@ starts one exited task again in place (same argv, TF_CONFIG, port and GPUs;
 ``$TFLAUNCH_TASK_RESTARTS`` counts); :class:`~protocol.StopTasks` stops every task of the node
 (:class:`~protocol.TasksStopped` when all are gone) and :class:`~protocol.StartTasks` starts them
 again in the usual order, for a whole-cluster restart
-(``$TFLAUNCH_CLUSTER_RESTARTS`` counts). With any restart policy on, the agent stays up after its
-tasks ended, until told to stop. With ``supervision.stall_timeout``, a watched task (the chief and
+(``$TFLAUNCH_CLUSTER_RESTARTS`` counts). A lost host's new agent (``--await-start``) starts its
+tasks only when told :class:`~protocol.Start`, which carries both counts so far in the run, and
+first stops what the old agent left running of them on the host. With any restart policy on, the
+agent stays up after its tasks ended, until told to stop. With ``supervision.stall_timeout``, a watched task (the chief and
 workers; only the chief with ``success: chief``) that shows no progress that long is stopped and
 its exit reported as stalled. SIGUSR1/SIGUSR2 (Slurm's ``--signal`` ahead of the time limit),
 received or passed on by the coordinator, go to every task's process group; nothing is stopped.
@@ -56,6 +58,7 @@ from tflaunch.runtime.tracehook import with_hook
 
 Emit = Callable[[protocol.Event], None]
 START_ORDER = (("ps",), ("chief", "worker", "evaluator"))
+TASK_VARIABLE = "TFLAUNCH_TASK"  # the task's name, in its environment (render_task)
 MAX_COMMAND = 64 * 1024  # characters of one command line
 
 
@@ -128,6 +131,7 @@ class Agent:
         run_dir: str | os.PathLike,
         emit: Callable[[dict[str, Any]], None],
         reap_strays: bool = False,
+        await_start: bool = False,
     ):
         self.plan, self.host, self.run_dir = plan, host, Path(run_dir)
         # With the agent a subreaper, what escaped a task's group is below the agent: kill it.
@@ -147,6 +151,24 @@ class Agent:
         self.watched = ("chief",) if sup.success == "chief" else ("chief", "worker")
         self.stall = StallWatch(sup.stall_timeout, sup.step_pattern)
         self._stall_lock = threading.Lock()
+        # A lost host's new agent waits for its coordinator's start (with the restart counts)
+        self.await_start = await_start
+        self.begun = threading.Event()
+        if not await_start:
+            self.begun.set()
+
+    def begin(self, restarts: dict[str, int] | None, generation: int | None) -> None:
+        """Start the tasks (an agent started with ``await_start``), counting ``restarts`` of
+        each task and ``generation`` cluster restarts so far in the run."""
+        if self.begun.is_set():
+            return
+        names = {t.name for t in self.tasks}
+        for name, count in (restarts or {}).items():
+            if name in names and isinstance(count, int) and count >= 0:
+                self.restarts[name] = count
+        if isinstance(generation, int) and generation >= 0:
+            self.generation = generation
+        self.begun.set()
 
     def emit(self, event: protocol.Event) -> None:
         self._emit_wire(event.wire())
@@ -163,9 +185,14 @@ class Agent:
             self.plan.supervision, self._task_pids, self.emit, hosts=len(self.plan.hosts)
         )
         try:
+            while not self.begun.wait(0.1):
+                if self.stopping.is_set():
+                    return 0
+            if self.await_start:
+                self._stop_old_tasks()
             if self.tasks:
                 write_cluster_file(self.plan, self.run_dir)
-            problem = self._preflight()
+            problem = preflight(self.host, self.tasks, self.views)
             if problem:
                 self.emit(protocol.AgentError(code=2, message=problem))
                 return 2
@@ -185,6 +212,16 @@ class Agent:
             if sampler:
                 sampler.stop()  # after the teardown: the last sample holds all the traffic
             self.emit(protocol.AgentExit(reason=self.stop_reason))
+
+    def _stop_old_tasks(self) -> None:
+        """What the lost host's old agent left running of this host's tasks (it stops them only
+        once its heartbeat times out): stopped now, as a teardown would, so that the new tasks
+        find their ports free. Nothing is found on a new instance, or once the old agent ended."""
+        marks = {procs.RUN_MARKER: str(self.run_dir.resolve())}
+        names = [t.name for t in self.tasks]
+        stopped = procs.stop_marked(marks, names, TASK_VARIABLE, self.grace)
+        if stopped:
+            self.emit(protocol.OldTasksStopped(tasks=stopped))
 
     def pass_on(self, signum: int) -> None:
         """Send ``signum`` (SIGUSR1/2: Slurm's warning ahead of the time limit) to every live
@@ -259,40 +296,6 @@ class Agent:
         return {
             name: t.proc.pid for name, t in list(self.running.items()) if t.proc.returncode is None
         }
-
-    def _preflight(self) -> str | None:
-        """Check what would make a task fail at once: missing workdir or program, busy ports,
-        too few cores for the tasks' CPU binding."""
-        slots = max((max(t.cpus) + 1 for t in self.tasks if t.cpus), default=0)
-        usable = _usable_cpus()
-        if slots > len(usable):
-            return (
-                f"{self.host} lets tasks use {len(usable)} cores, but placement.cpus_per_task "
-                f"binds its {len(self.tasks)} tasks to {slots}. Lower cpus_per_task or place "
-                "fewer tasks on the host."
-            )
-        for task in self.tasks:
-            view = self.views[task.name]
-            if not os.path.isdir(view.workdir):
-                return f"{task.name}: the working directory {view.workdir} does not exist on {self.host}."
-            program = view.argv[0]
-            path = view.env.get("PATH", os.environ.get("PATH", ""))
-            found = (
-                os.path.exists(os.path.join(view.workdir, program))
-                if os.sep in program
-                else shutil.which(program, path=path)
-            )
-            if not found:
-                return (
-                    f"{task.name}: the program '{program}' was not found on {self.host} "
-                    f"(workdir {view.workdir}). Install it or fix program.argv."
-                )
-            if task.port is not None and not procs.port_free(task.port):
-                return (
-                    f"{task.name}: port {task.port} on {self.host} is already in use. Stop what "
-                    "holds it (a leftover run? see 'tflaunch down') or change ports."
-                )
-        return None
 
     def _start(self, task: Task) -> None:
         view: TaskView = self.views[task.name]
@@ -491,6 +494,8 @@ def listen(agent: Agent, stream: IO[str], heartbeat_timeout: float) -> None:
                 agent.stop(reason if isinstance(reason, str) else "stopped by the launcher")
             elif isinstance(command, protocol.Restart | protocol.StopTasks | protocol.StartTasks):
                 agent.commands.put(command)
+            elif isinstance(command, protocol.Start):
+                agent.begin(command.restarts, command.generation)
             elif isinstance(command, protocol.PassOn) and command.signal in ("SIGUSR1", "SIGUSR2"):
                 agent.pass_on(signal.Signals[command.signal])
     except (OSError, ValueError):
@@ -504,13 +509,16 @@ def serve(
     run_dir: str | os.PathLike,
     commands: IO[str],
     events: IO[str],
+    await_start: bool = False,
 ) -> int:
     """Run ``host``'s agent with its commands coming from and its events going to two streams
     (pipes, an SSH channel, a TCP connection): the one agent loop of every backend. Signals
-    stop it as a ``stop`` command does. Returns the agent's exit code."""
+    stop it as a ``stop`` command does. ``await_start``: a lost host's new agent, which starts
+    its tasks when its coordinator says ``start``. Returns the agent's exit code."""
     make_run_dir(Path(run_dir))
     emitter = LineEmitter(events, host)
-    agent = Agent(plan, host, run_dir, emitter, reap_strays=procs.become_subreaper())
+    reap = procs.become_subreaper()
+    agent = Agent(plan, host, run_dir, emitter, reap_strays=reap, await_start=await_start)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, _frame: agent.stop(f"signal {signum}"))
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
@@ -523,6 +531,41 @@ def serve(
         emitter.close()
 
 
+def preflight(host: str, tasks: list[Task], views: dict[str, TaskView]) -> str | None:
+    """Check what would make a task fail at once: missing workdir or program, busy ports,
+    too few cores for the tasks' CPU binding."""
+    slots = max((max(t.cpus) + 1 for t in tasks if t.cpus), default=0)
+    usable = _usable_cpus()
+    if slots > len(usable):
+        return (
+            f"{host} lets tasks use {len(usable)} cores, but placement.cpus_per_task "
+            f"binds its {len(tasks)} tasks to {slots}. Lower cpus_per_task or place "
+            "fewer tasks on the host."
+        )
+    for task in tasks:
+        view = views[task.name]
+        if not os.path.isdir(view.workdir):
+            return f"{task.name}: the working directory {view.workdir} does not exist on {host}."
+        program = view.argv[0]
+        path = view.env.get("PATH", os.environ.get("PATH", ""))
+        found = (
+            os.path.exists(os.path.join(view.workdir, program))
+            if os.sep in program
+            else shutil.which(program, path=path)
+        )
+        if not found:
+            return (
+                f"{task.name}: the program '{program}' was not found on {host} "
+                f"(workdir {view.workdir}). Install it or fix program.argv."
+            )
+        if task.port is not None and not procs.port_free(task.port):
+            return (
+                f"{task.name}: port {task.port} on {host} is already in use. Stop what "
+                "holds it (a leftover run? see 'tflaunch down') or change ports."
+            )
+    return None
+
+
 def _usable_cpus() -> list[int]:
     """The cores this agent may use (its affinity: a Slurm allocation's, or the whole host's)."""
     return sorted(os.sched_getaffinity(0))
@@ -533,12 +576,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan", required=True, help="plan.json written by the launcher")
     parser.add_argument("--host", required=True, help="the host of the plan this agent runs")
     parser.add_argument("--run-dir", required=True, help="where task logs go")
+    parser.add_argument(
+        "--await-start",
+        action="store_true",
+        help="a lost host's new agent: start the tasks when the coordinator says start",
+    )
     args = parser.parse_args(argv)
     plan = Plan.from_dict(json.loads(Path(args.plan).read_text()))
     # Events own the real stdout; anything else printed here must not corrupt the stream.
     events_out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     sys.stdout = sys.stderr
-    return serve(plan, args.host, args.run_dir, sys.stdin, events_out)
+    return serve(plan, args.host, args.run_dir, sys.stdin, events_out, args.await_start)
 
 
 if __name__ == "__main__":

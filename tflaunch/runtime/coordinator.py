@@ -81,7 +81,7 @@ class Coordinator:
         self.signals = SignalWatch()
         self.requeue = RequeueTimer(requeue, self.report)
         sup = plan.supervision
-        self.revival = HostRevival(revive, sup.grace_period, self.events)
+        self.revival = HostRevival(revive, self.events)
         self.open_links = {link.host for link in self.links}
         self.restarter = Restarter(
             sup, self.board, self.report, self.revival, self.links, self.open_links

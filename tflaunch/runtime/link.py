@@ -46,19 +46,23 @@ class AgentLink(Protocol):
         """Wait up to ``timeout`` for the agent to end, then force it; never blocks longer."""
 
 
-def agent_argv(python: str, plan: str, host: str, run_dir: str) -> list[str]:
-    """The command that runs the agent of ``host`` from the plan file at ``plan``."""
+def agent_argv(
+    python: str, plan: str, host: str, run_dir: str, await_start: bool = False
+) -> list[str]:
+    """The command that runs the agent of ``host`` from the plan file at ``plan``;
+    ``await_start``: a lost host's new agent, which waits for its coordinator's ``start``."""
     return [
         python,
         "-m",
         "tflaunch.runtime.agent",
-        *agent_args(plan, host, run_dir),
+        *agent_args(plan, host, run_dir, await_start),
     ]
 
 
-def agent_args(plan: str, host: str, run_dir: str) -> list[str]:
+def agent_args(plan: str, host: str, run_dir: str, await_start: bool = False) -> list[str]:
     """The agent's arguments (``tflaunch.runtime.agent.main``'s argv)."""
-    return ["--plan", plan, "--host", host, "--run-dir", run_dir]
+    args = ["--plan", plan, "--host", host, "--run-dir", run_dir]
+    return [*args, "--await-start"] if await_start else args
 
 
 def read_lines(stream: IO[str], limit: int = MAX_LINE):

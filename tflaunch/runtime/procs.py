@@ -101,6 +101,44 @@ def kill_marked(marker: str, value: str) -> int:
     return len(killed)
 
 
+def stop_marked(
+    marks: Mapping[str, str], names: Sequence[str], key: str, grace: float
+) -> list[str]:
+    """Stop the processes of this machine whose environment has every ``marks`` entry and whose
+    ``key`` variable is one of ``names`` (tasks a lost host's old agent left behind, with what
+    they started): SIGTERM, up to ``grace`` seconds, then SIGKILL. Returns the names found."""
+    found: dict[psutil.Process, str] = {}
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            env = proc.environ()
+            if (
+                proc.pid != os.getpid()
+                and env.get(key) in names
+                and all(env.get(k) == v for k, v in marks.items())
+            ):
+                found[proc] = env[key]
+    alive = list(found)
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(sig)
+        deadline = time.monotonic() + wait
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+            alive = [p for p in alive if _running(p)]
+        if not alive:
+            break
+    return sorted(set(found.values()))
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Alive and not a zombie (one its parent has not reaped yet is gone for our purpose)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)

@@ -176,6 +176,15 @@ class SignalPassedOn(Event):
     tasks: list[str] = field(default_factory=list)
 
 
+@_event("old_tasks_stopped", recorded=True)
+@dataclass(frozen=True)
+class OldTasksStopped(Event):
+    """A lost host's new agent found ``tasks`` of the run still running there, left by the old
+    agent, and stopped them before starting its own."""
+
+    tasks: list[str] = field(default_factory=list)
+
+
 @_event("strays_killed")
 @dataclass(frozen=True)
 class StraysKilled(Event):
@@ -384,7 +393,12 @@ class PassOn(Command):
 @_command("start")
 @dataclass(frozen=True)
 class Start(Command):
-    """Begin: sent once to an agent that joined over the rendezvous (Slurm's other nodes)."""
+    """Begin: sent once to an agent that joined over the rendezvous (Slurm's other nodes), and
+    to a lost host's new agent (started with ``--await-start``), which then counts its tasks'
+    earlier starts in the run: ``restarts`` by task, ``generation`` cluster restarts."""
+
+    restarts: dict[str, int] | None = None
+    generation: int | None = None
 
 
 # ---- reading ---------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ task whose role restarts the cluster, or a host that stopped answering (given a 
 revive it, :mod:`tflaunch.runtime.revival`) — goes through phases: every agent stops its tasks
 (``stop_tasks``), the lost hosts, if any, are waited for (``waiting``), and once every agent
 answered ``tasks_stopped`` and every lost host has a new agent, every agent starts its tasks again
-(``start_tasks``) after the backoff; a revived host's new agent starts its own. When a failure is
+(``start_tasks``) after the backoff; a revived host's new agent starts its own when told ``start``,
+which carries the restarts so far of its tasks and the cluster (``$TFLAUNCH_TASK_RESTARTS`` and
+``$TFLAUNCH_CLUSTER_RESTARTS`` go on counting on the new agent). When a failure is
 not restarted, the :class:`Restarter` returns the run's outcome with its failure report.
 """
 
@@ -44,6 +46,9 @@ class Restarter:
         self.stopped_hosts: set[str] = set()
         self.delay = 0.0
         self.failed_at: dict[str, float] = {}  # task -> when its last failure was seen
+        # task -> its restarts alone (in place, or on a lost host's new agent): what its agent
+        # counts in $TFLAUNCH_TASK_RESTARTS, handed to a new agent that takes over from it
+        self.alone: dict[str, int] = {}
 
     @property
     def cluster_restarting(self) -> bool:
@@ -55,6 +60,9 @@ class Restarter:
         due = [(host, command) for when, host, command in self.scheduled if when <= now]
         if due:
             self.scheduled = [item for item in self.scheduled if item[0] > now]
+        for _, command in due:
+            if isinstance(command, protocol.Restart):  # its agent counts it as it restarts it
+                self.alone[command.task] = self.alone.get(command.task, 0) + 1
         return due
 
     def started(self, state: TaskState, again: bool) -> None:
@@ -196,6 +204,7 @@ class Restarter:
         for name in names:
             state = self.board.tasks[name]
             self.failed_at[name] = now
+            self.alone[name] = self.alone.get(name, 0) + 1
             self.board.set(state, "restarting")
             self.report.record(
                 protocol.Restarting(
@@ -222,6 +231,9 @@ class Restarter:
         self.open_links.add(host)
         self.report.record(protocol.HostBack(host=host, seconds=round(seconds, 3)))
         self.report.say(f"{host} answers again after {seconds:.1f} s: a new agent starts its tasks")
+        # it starts them counting every restart of them in the run, as its old agent did
+        restarts = {name: self.alone.get(name, 0) for name in self.board.names_on(host)}
+        link.send(protocol.Start(restarts=restarts, generation=self.book.cluster_restarts).wire())
         if self.phase == "waiting":
             if not self.revival.lost:
                 self._start_again()

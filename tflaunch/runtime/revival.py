@@ -1,11 +1,17 @@
 """Hosts that stop answering, and the new agents that take their place once they answer again.
 
 A backend that can start a new agent on a host (SSH with ``ssh.host_wait``, or on a new instance
-that replaces an ended one) hands the coordinator a :class:`Revive`. For each lost host, :class:`HostRevival` waits in a thread of its own until the
-old agent is surely gone, asks the backend for a new agent within the wait, and posts the outcome
-to the coordinator's event queue: ``host_back`` (the new link is kept here until the coordinator
-takes it) or ``host_gone``. Once the run ends no new agent may join: one that starts too late is
-closed at once.
+that replaces an ended one) hands the coordinator a :class:`Revive`. For each lost host,
+:class:`HostRevival` asks the backend, in a thread of its own and at once, for a new agent within
+the wait, and posts the outcome to the coordinator's event queue: ``host_back`` (the new link is
+kept here until the coordinator takes it) or ``host_gone``. Once the run ends no new agent may
+join: one that starts too late is closed at once.
+
+Nothing waits for the lost host's old agent to end (it stops its tasks only once its heartbeat
+times out, maybe long after the host answers again): the new agent is started with
+``--await-start``, and before it starts its tasks it stops what the old one left running of them
+on the host (:mod:`tflaunch.runtime.agent`, event ``old_tasks_stopped``), so ``host_wait`` is
+only how long the host may take to answer again.
 """
 
 from __future__ import annotations
@@ -43,10 +49,8 @@ class Revive:
 
 
 class HostRevival:
-    OLD_AGENT_MARGIN = 10.0  # seconds, beyond the grace period, for a lost host's agent to end
-
-    def __init__(self, revive: Revive | None, grace: float, events: queue.Queue):
-        self.revive, self.grace, self.events = revive, grace, events
+    def __init__(self, revive: Revive | None, events: queue.Queue):
+        self.revive, self.events = revive, events
         self.wait = revive.wait if revive else 0.0
         self.lost: dict[str, float] = {}  # hosts that stopped answering -> when
         self._waiting: set[str] = set()  # lost hosts a thread waits for
@@ -76,12 +80,8 @@ class HostRevival:
         threading.Thread(target=self._wait_for_host, args=(host,), daemon=True).start()
 
     def _wait_for_host(self, host: str) -> None:
-        """Not before the old agent is surely gone: it stops its tasks when it has heard nothing
-        for its heartbeat timeout, which passed when the host was reported lost, and then takes
-        at most the grace period."""
-        lost_at = self.lost[host]
-        deadline = lost_at + self.wait
-        time.sleep(max(0.0, lost_at + self.grace + self.OLD_AGENT_MARGIN - time.monotonic()))
+        """Ask the backend for the host's new agent, by ``wait`` seconds after its loss."""
+        deadline = self.lost[host] + self.wait
         try:
             assert self.revive is not None
             link = self.revive.start(host, deadline)
