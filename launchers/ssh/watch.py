@@ -205,7 +205,8 @@ class CoordinatorRestart:
         """Restart the run on a replacement; False when the run failed instead."""
         self.watch.drop_connection()  # its host is gone (what it wrote last was mirrored)
         used = sum(
-            1 for e in self.run.events() if e.get("event") == protocol.ClusterRestarting.NAME
+            isinstance(r.event, protocol.ClusterRestarting)
+            for r in protocol.records(self.run.events())
         )
         if used >= self.limit:
             return self.fail(
