@@ -290,6 +290,52 @@ def test_a_detached_runs_coordinator_runs_on_an_on_demand_instance_when_there_is
     )
 
 
+def coordinators_host_lost(tmp_path, hosts, endpoint, monkeypatch, max_cluster_restarts: int):
+    """A detached run on three spot instances (so its coordinator is on worker-1) whose
+    worker-1 is terminated mid-run; waits for the run's end (mirrored by 'status'), then
+    'down'. run.json at the start and at the end, the events, watch.log, and what ``up`` said."""
+    import time
+
+    from tests.helpers import tflaunch
+
+    restart = {"worker": "on-failure", "max_cluster_restarts": max_cluster_restarts}
+    cluster = spot_cluster(
+        tmp_path,
+        hosts,
+        endpoint,
+        monkeypatch,
+        program={"env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "20"}},
+        roles={"ps": 1, "worker": 3},
+        supervision={"finish_timeout": 300, "restart": restart},
+    )
+    runs = str(tmp_path / "runs")
+    started = tflaunch("up", str(cluster), "--detach", "--down", timeout=180)
+    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
+    run_id = started.stdout.strip().splitlines()[-1]
+    run_dir = tmp_path / "runs" / run_id
+    meta_path = run_dir / "run.json"
+    first = json.loads(meta_path.read_text())
+    try:
+        time.sleep(3)  # the tasks run
+        old = terminate_host(endpoint, "worker-1")
+        deadline = time.monotonic() + 300
+        while json.loads(meta_path.read_text()).get("ended") is None:
+            assert time.monotonic() < deadline, (run_dir / "watch.log").read_text()
+            tflaunch("status", run_id, "--run-dir", runs, timeout=120)  # mirrors the hosts
+            time.sleep(3)
+        meta = json.loads(meta_path.read_text())
+        evs = events_of(tmp_path)
+    finally:
+        down = tflaunch("down", run_id, "--run-dir", runs, timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert instances(endpoint, ("pending", "running")) == []
+    time.sleep(1)
+    assert not running(first["ssh_watcher_pid"]), "the watcher is still running"
+    assert not run_processes(run_id, str(tmp_path)), "processes of the run still run"
+    watch_log = (run_dir / "watch.log").read_text()
+    return first, meta, evs, watch_log, old, started.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.ssh
 def test_a_detached_run_goes_on_when_its_coordinators_instance_ends(
@@ -302,44 +348,14 @@ def test_a_detached_run_goes_on_when_its_coordinators_instance_ends(
     is terminated mid-run: the watcher stops the other hosts' agents, replaces the instance,
     starts a new coordinator there (counting a cluster restart) and new agents everywhere; the
     run completes with exit 0, and afterwards nothing of it runs."""
-    import time
-
-    from tests.helpers import tflaunch
-
-    cluster = spot_cluster(
-        tmp_path,
-        ssh_test_hosts,
-        clean_region,
-        monkeypatch,
-        program={"env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "20"}},
-        roles={"ps": 1, "worker": 3},
-        supervision={"finish_timeout": 300, "restart": {"worker": "on-failure"}},
+    first, meta, evs, watch_log, old, said = coordinators_host_lost(
+        tmp_path, ssh_test_hosts, clean_region, monkeypatch, max_cluster_restarts=2
     )
-    runs = str(tmp_path / "runs")
-    started = tflaunch("up", str(cluster), "--detach", "--down", timeout=180)
-    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
     assert (
         "detached: the coordinator runs on worker-1 (the first host: every instance is spot; if "
         "its instance ends, the watcher replaces it and starts the run again there from its "
-        "checkpoints (a cluster restart))" in started.stderr
+        "checkpoints (a cluster restart))" in said
     )
-    run_id = started.stdout.strip().splitlines()[-1]
-    run_dir = tmp_path / "runs" / run_id
-    meta_path = run_dir / "run.json"
-    first = json.loads(meta_path.read_text())
-    try:
-        time.sleep(3)  # the tasks run
-        old = terminate_host(clean_region, "worker-1")
-        deadline = time.monotonic() + 300
-        while json.loads(meta_path.read_text()).get("ended") is None:
-            assert time.monotonic() < deadline, (run_dir / "watch.log").read_text()
-            tflaunch("status", run_id, "--run-dir", runs, timeout=120)  # mirrors the hosts
-            time.sleep(3)
-        meta = json.loads(meta_path.read_text())
-        evs = events_of(tmp_path)
-    finally:
-        down = tflaunch("down", run_id, "--run-dir", runs, timeout=120)
-    watch_log = (run_dir / "watch.log").read_text()
     assert meta["state"] == "succeeded", (meta.get("message"), watch_log[-3000:])
     assert meta["exit_code"] == 0
     assert meta["ssh_coordinator"] == "worker-1"
@@ -357,11 +373,30 @@ def test_a_detached_run_goes_on_when_its_coordinators_instance_ends(
         watch_log
     )
     assert "(cluster restart 1 of at most 2)" in watch_log
-    assert down.returncode == 0, down.stderr
-    assert instances(clean_region, ("pending", "running")) == []
-    time.sleep(1)
-    assert not running(first["ssh_watcher_pid"]), "the watcher is still running"
-    assert not run_processes(run_id, str(tmp_path)), "processes of the run still run"
+
+
+@pytest.mark.slow
+@pytest.mark.ssh
+def test_past_the_limit_a_detached_run_fails_when_its_coordinators_instance_ends(
+    ssh_test_hosts,
+    tmp_path,
+    clean_region,  # noqa: F811 (imported, a fixture)
+    monkeypatch,
+):
+    """``max_cluster_restarts: 0``: the coordinator's host lost ends the run at once, failed,
+    naming the instance and the limit; the other hosts' agents are stopped."""
+    _, meta, evs, watch_log, old, _ = coordinators_host_lost(
+        tmp_path, ssh_test_hosts, clean_region, monkeypatch, max_cluster_restarts=0
+    )
+    assert (meta["state"], meta["exit_code"]) == ("failed", 1), meta
+    assert meta["message"] == (
+        f"worker-1 was lost (its instance {old} is terminated, says ec2), and with it the run's "
+        "coordinator. Not restarted: the cluster was restarted 0 time(s), the limit of "
+        "supervision.restart.max_cluster_restarts (0)"
+    )
+    assert meta["message"] in watch_log
+    assert [e["event"] for e in evs][-2:] == ["host_lost", "failed"], evs
+    assert not [e for e in evs if e["event"] == "instance_replaced"]
 
 
 def run_processes(run_id: str, marker: str) -> list[str]:
