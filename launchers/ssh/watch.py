@@ -39,8 +39,11 @@ import os
 import posixpath
 import stat
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import paramiko
 
@@ -59,6 +62,8 @@ from tflaunch.runtime.runfiles import CONSOLE_FILE, EVENTS_FILE, SAMPLES_PREFIX,
 
 WATCH_SECONDS = 3.0  # between asking the provider whether the instances run
 END_SECONDS = 10.0  # between reading whether the run ended
+READ_SECONDS = 30.0  # for one read from the coordinator's host
+T = TypeVar("T")
 
 
 def say(message: str) -> None:
@@ -107,10 +112,10 @@ class Watch:
             if time.monotonic() - checked > END_SECONDS:
                 checked = time.monotonic()
                 try:
-                    if self.run_ended():
+                    if self.bounded(self.run_ended):
                         say("the run ended")
                         return 0
-                    self.mirror()
+                    self.bounded(self.mirror)
                 except (TflaunchError, OSError, paramiko.SSHException) as err:
                     say(f"cannot read the run's state from {self.coordinator_host}: {err}")
                     self.drop_connection()
@@ -119,19 +124,40 @@ class Watch:
             except TflaunchError as err:  # the provider did not answer: next round
                 say(f"cannot ask for the instances: {err}")
                 ended = {}
-            for host, why in ended.items():
-                if why in seen:
-                    continue
-                seen.add(why)
-                if host == self.coordinator_host:
-                    if not CoordinatorRestart(self, host, why).go():
-                        return 1
-                    continue
+            fresh = {host: why for host, why in ended.items() if why not in seen}
+            seen.update(fresh.values())
+            if self.coordinator_host in fresh:  # with any other host lost at the same time
+                if not CoordinatorRestart(self, fresh).go():
+                    return 1
+                fresh = {}
+            for host, why in fresh.items():
                 try:
                     self.replace(host, why)
                 except (TflaunchError, OSError) as err:
                     say(f"{host}: not replaced: {err}")
             time.sleep(WATCH_SECONDS)
+
+    def bounded(self, read: Callable[[], T]) -> T:
+        """``read`` from the coordinator's host, given up after ``READ_SECONDS``: an SSH read
+        from an instance that vanished would wait for TCP to give up (many minutes), while its
+        loss is to be seen within seconds. The connection is dropped then (its reads end)."""
+        done: dict[str, Any] = {}
+
+        def reading() -> None:
+            try:
+                done["value"] = read()
+            except BaseException as err:  # handed to the caller
+                done["error"] = err
+
+        thread = threading.Thread(target=reading, daemon=True)
+        thread.start()
+        thread.join(READ_SECONDS)
+        if thread.is_alive():
+            self.drop_connection()
+            raise TflaunchError(f"no answer within {READ_SECONDS:g} s")
+        if "error" in done:
+            raise done["error"]
+        return done["value"]
 
     def mirror(self) -> None:
         """Copy what is new of the coordinator's events and console into the run directory."""
@@ -190,16 +216,22 @@ class Watch:
 
 class CoordinatorRestart:
     """The coordinator's own instance ended: the run starts again on its replacement, as a
-    cluster restart, or fails past the limit (see the module)."""
+    cluster restart, or fails past the limit (see the module). ``lost``: host -> why, for every
+    host whose instance ended, the coordinator's among them; each is replaced."""
 
-    def __init__(self, watch: Watch, host: str, why: str):
-        self.watch, self.run, self.host, self.why = watch, watch.run, host, why
+    def __init__(self, watch: Watch, lost: dict[str, str]):
+        self.watch, self.run = watch, watch.run
+        self.host = watch.coordinator_host
+        self.why = lost[self.host]
+        self.lost = {self.host: self.why, **lost}  # the coordinator's host first
         plan = self.run.read_plan()
         self.limit = plan.supervision.restart.max_cluster_restarts
         self.grace = plan.supervision.grace_period
         self.old_pid = self.run.record().part(SshDetails).ssh_coordinator_pid
         self.new_pid: int | None = None
-        self.lost = protocol.HostLost(host=host, message=why).wire()
+        self.lost_events = [
+            protocol.HostLost(host=host, message=why).wire() for host, why in self.lost.items()
+        ]
 
     def go(self) -> bool:
         """Restart the run on a replacement; False when the run failed instead."""
@@ -213,10 +245,11 @@ class CoordinatorRestart:
                 f"the cluster was restarted {used} time(s), the limit of "
                 f"supervision.restart.max_cluster_restarts ({self.limit})"
             )
+        also = "".join(f"; {h} too ({why})" for h, why in self.lost.items() if h != self.host)
         say(
-            f"{self.host} was lost ({self.why}) and ran the coordinator: stopping the agents on "
-            "the other hosts, replacing its instance, then a new coordinator there and the whole "
-            f"cluster again from its checkpoints (cluster restart {used + 1} of at most "
+            f"{self.host} was lost ({self.why}) and ran the coordinator{also}: stopping the "
+            "agents on the other hosts, replacing the instance, then a new coordinator there and "
+            f"the whole cluster again from its checkpoints (cluster restart {used + 1} of at most "
             f"{self.limit})"
         )
         try:
@@ -228,45 +261,46 @@ class CoordinatorRestart:
     def restart(self, generation: int) -> None:
         fleet = self.watch.fleet
         deadline = time.monotonic() + 2 * fleet.config.ssh.provision.ready_timeout
-        made, old_id, new_id = fleet.replace(self.host, deadline)
+        made = {host: fleet.replace(host, deadline) for host in self.lost}  # (host, old, new)
         plan = self.run.read_plan()
         plan = dataclasses.replace(
-            plan, hosts=tuple(made if h.name == self.host else h for h in plan.hosts)
+            plan, hosts=tuple(made[h.name][0] if h.name in made else h for h in plan.hosts)
         )
-        self.run.write_plan(plan)  # status, logs and down reach the new instance
+        self.run.write_plan(plan)  # status, logs and down reach the new instances
         session = HostSession(sys.stdout)
         try:
-            session.reconnect(self.run)  # every host, the replacement at its new address
+            session.reconnect(self.run)  # every host, the replacements at their new addresses
             self.stop_old(session)
             token = Rendezvous.ahead()  # a new one: no agent of the old cluster may join
-            opened = HostSession(sys.stdout)
-            try:
-                extra = {RENDEZVOUS_FILE: token.to_json()}
-                opened.open(self.watch.on_hosts, plan, self.run, extra=extra, only=self.host)
-                session.connections.pop(self.host).close()
-                session.connections[self.host] = opened.connections.pop(self.host)
-                session.paths[self.host] = opened.paths[self.host]
-            finally:
-                opened.close()
+            for host in made:  # synced, set up and checked, as at the start
+                opened = HostSession(sys.stdout)
+                try:
+                    extra = {RENDEZVOUS_FILE: token.to_json()}
+                    opened.open(self.watch.on_hosts, plan, self.run, extra=extra, only=host)
+                    session.connections.pop(host).close()
+                    session.connections[host] = opened.connections.pop(host)
+                    session.paths[host] = opened.paths[host]
+                finally:
+                    opened.close()
             for name, conn in session.connections.items():
-                if name != self.host:
+                if name not in made:
                     path = posixpath.join(session.paths[name].run_dir, RENDEZVOUS_FILE)
                     with conn.sftp() as sftp, sftp.open(path, "w") as f:
                         f.write(token.to_json())
-            replaced = protocol.InstanceReplaced(old=old_id, new=new_id).wire()
-            self.carry_over(
-                session,
-                [
-                    self.lost,
-                    protocol.ClusterRestarting(
-                        cause=protocol.HostLost.NAME, host=self.host, generation=generation
-                    ).wire(),
-                    {"host": self.host, **replaced},
-                ],
+            restarting = protocol.ClusterRestarting(
+                cause=protocol.HostLost.NAME, host=self.host, generation=generation
             )
+            replaced = [
+                {"host": host, **protocol.InstanceReplaced(old=old, new=new).wire()}
+                for host, (_, old, new) in made.items()
+            ]
+            self.carry_over(session, [*self.lost_events, restarting.wire(), *replaced])
             wait = detached.replace_wait(fleet.config, plan)
             python = self.watch.python
-            record = detached.start_coordinator(session, made, self.run, python, wait, generation)
+            new_host, old_id, new_id = made[self.host]
+            record = detached.start_coordinator(
+                session, new_host, self.run, python, wait, generation
+            )
             self.new_pid = record.pid
             self.run.update_part(SshDetails, ssh_coordinator_pid=record.pid)
             results = parallel(
@@ -354,7 +388,8 @@ class CoordinatorRestart:
         with open_run_file(self.run.events_path, "a") as mirrored:
             fcntl.flock(mirrored.fileno(), fcntl.LOCK_EX)
             now = round(time.time(), 3)
-            mirrored.writelines(json.dumps({**e, "time": now}) + "\n" for e in (self.lost, failed))
+            ended = [*self.lost_events, failed]
+            mirrored.writelines(json.dumps({**e, "time": now}) + "\n" for e in ended)
         self.run.finish(Outcome(1, message))
         return False
 
