@@ -417,3 +417,27 @@ def run_processes(run_id: str, marker: str) -> list[str]:
         if run_id in line or task:
             found.append(line)
     return found
+
+
+def test_a_coordinator_lost_while_it_ended_the_run_does_not_start_it_again(tmp_path):
+    """The watcher reads the run's end every few seconds; a coordinator's host lost in between
+    has already stopped the cluster (the mirrored events say so): the run is not started again."""
+    from types import SimpleNamespace
+
+    from tflaunch.launchers.ssh.watch import CoordinatorRestart
+    from tflaunch.runtime import protocol
+    from tflaunch.runtime.run import Run
+
+    run = Run.create(tmp_path, "r")
+    restart = SimpleNamespace(run=run)
+
+    def add(*events: protocol.Event) -> None:
+        with run.events_path.open("a") as f:
+            f.writelines(json.dumps(e.wire()) + "\n" for e in events)
+
+    add(protocol.CoordinatorStarted(hosts=["worker-1"]))
+    assert not CoordinatorRestart.ending(restart)  # training
+    add(protocol.StoppingCluster())
+    assert CoordinatorRestart.ending(restart)  # tearing down: the run was over
+    add(protocol.CoordinatorStarted(hosts=["worker-1"]))
+    assert not CoordinatorRestart.ending(restart)  # a coordinator started again since

@@ -240,6 +240,11 @@ class CoordinatorRestart:
             isinstance(r.event, protocol.ClusterRestarting)
             for r in protocol.records(self.run.events())
         )
+        if self.ending():
+            return self.fail(
+                "its coordinator was ending the run (the events show the cluster stopping), and "
+                "the run's outcome was on that host"
+            )
         if used >= self.limit:
             return self.fail(
                 f"the cluster was restarted {used} time(s), the limit of "
@@ -257,6 +262,15 @@ class CoordinatorRestart:
         except (TflaunchError, OSError, paramiko.SSHException) as err:
             return self.fail(f"starting it again failed: {err}")
         return True
+
+    def ending(self) -> bool:
+        """Whether the mirrored events show the coordinator tearing the run down (a
+        ``stopping_cluster`` after its last start): the run was over, not to be started again."""
+        last = None
+        for record in protocol.records(self.run.events()):
+            if isinstance(record.event, protocol.CoordinatorStarted | protocol.StoppingCluster):
+                last = record.event
+        return isinstance(last, protocol.StoppingCluster)
 
     def restart(self, generation: int) -> None:
         fleet = self.watch.fleet
