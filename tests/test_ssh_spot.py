@@ -435,9 +435,20 @@ def test_a_coordinator_lost_while_it_ended_the_run_does_not_start_it_again(tmp_p
         with run.events_path.open("a") as f:
             f.writelines(json.dumps(e.wire()) + "\n" for e in events)
 
-    add(protocol.CoordinatorStarted(hosts=["worker-1"]))
+    add(protocol.CoordinatorStarted(hosts=["worker-1", "worker-2"]))
     assert not CoordinatorRestart.ending(restart)  # training
     add(protocol.StoppingCluster())
     assert CoordinatorRestart.ending(restart)  # tearing down: the run was over
-    add(protocol.CoordinatorStarted(hosts=["worker-1"]))
+    add(protocol.CoordinatorStarted(hosts=["worker-1", "worker-2"]))
     assert not CoordinatorRestart.ending(restart)  # a coordinator started again since
+
+    def agent(host: str, event: protocol.Event) -> None:
+        with run.events_path.open("a") as f:
+            f.write(json.dumps({"host": host, **event.wire()}) + "\n")
+
+    agent("worker-2", protocol.AgentExit())  # one host's agent (its instance was replaced)
+    agent("worker-2", protocol.AgentStarted(pid=7))
+    agent("worker-1", protocol.AgentExit())
+    assert not CoordinatorRestart.ending(restart)
+    agent("worker-2", protocol.AgentExit())  # every task exited: no stopping, the agents end
+    assert CoordinatorRestart.ending(restart)

@@ -243,7 +243,7 @@ class CoordinatorRestart:
         if self.ending():
             return self.fail(
                 "its coordinator was ending the run (the events show the cluster stopping), and "
-                "the run's outcome was on that host"
+                "the run's outcome was recorded on that host"
             )
         if used >= self.limit:
             return self.fail(
@@ -264,13 +264,21 @@ class CoordinatorRestart:
         return True
 
     def ending(self) -> bool:
-        """Whether the mirrored events show the coordinator tearing the run down (a
-        ``stopping_cluster`` after its last start): the run was over, not to be started again."""
-        last = None
+        """Whether the mirrored events show the run ending since the coordinator's last start
+        (it stopped the cluster, or every host's agent exited): the run was over, not to be
+        started again."""
+        stopping, hosts, exited = False, set(), set()
         for record in protocol.records(self.run.events()):
-            if isinstance(record.event, protocol.CoordinatorStarted | protocol.StoppingCluster):
-                last = record.event
-        return isinstance(last, protocol.StoppingCluster)
+            event = record.event
+            if isinstance(event, protocol.CoordinatorStarted):
+                stopping, hosts, exited = False, set(event.hosts), set()
+            elif isinstance(event, protocol.StoppingCluster):
+                stopping = True
+            elif isinstance(event, protocol.AgentStarted):
+                exited.discard(record.host)
+            elif isinstance(event, protocol.AgentExit):
+                exited.add(record.host)
+        return stopping or bool(hosts) and hosts <= exited
 
     def restart(self, generation: int) -> None:
         fleet = self.watch.fleet
