@@ -119,3 +119,67 @@ def test_the_writers_refuse_fields_no_record_declares(tmp_path):
     with pytest.raises(TypeError, match="ssh_hosts is not a field of SlurmDetails"):
         run.update_part(SlurmDetails, ssh_hosts={})
     assert run.record() == RunRecord()  # nothing was written
+
+
+# One writer process: rewrites its own field of run.json ``n`` times, checking each time that its
+# last value is still there (another writer's read-modify-write may have put back an older one);
+# prints how many of its updates it found lost. ``unlocked``: flock does nothing, as before.
+WRITER = """
+import fcntl, pathlib, sys, time
+from tflaunch.runtime.run import Run
+run_dir, field, n, unlocked = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+if unlocked:
+    fcntl.flock = lambda fd, operation: None
+run = Run(pathlib.Path(run_dir).name, pathlib.Path(run_dir))
+go = pathlib.Path(run_dir) / "go"
+while not go.exists():
+    time.sleep(0.01)
+lost = 0
+for i in range(1, n + 1):
+    run.update_meta(**{field: i})
+    if getattr(run.record(), field) != i:
+        lost += 1
+print(lost)
+"""
+WRITER_FIELDS = ("exit_code", "coordinator_pid", "started", "ended")
+
+
+def concurrent_writers(run_dir: Path, n: int, unlocked: bool) -> list[int]:
+    """Start one writer process per field of WRITER_FIELDS, let them go at once; their losses."""
+    import subprocess
+    import sys
+
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(run_dir), name, str(n), "1" if unlocked else "0"],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        for name in WRITER_FIELDS
+    ]
+    (run_dir / "go").touch()
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * len(procs), outputs
+    return [int(out) for out in outputs]
+
+
+def test_concurrent_writers_of_different_fields_lose_no_update(tmp_path):
+    """Real processes (a coordinator, a watcher, a ``status`` refresh) each rewrite the file: under
+    the run directory's lock, none puts back a field another one changed."""
+    run = Run.create(tmp_path, "r")
+    run.update_meta(state="running")
+    n = 150
+    assert concurrent_writers(run.dir, n, unlocked=False) == [0] * len(WRITER_FIELDS)
+    record = run.record()
+    assert [getattr(record, f) for f in WRITER_FIELDS] == [n] * len(WRITER_FIELDS)
+    assert record.state == "running"
+
+
+def test_without_the_lock_concurrent_writers_lose_updates(tmp_path):
+    """The check above can fail: the same writers with flock made a no-op lose updates."""
+    run = Run.create(tmp_path, "r")
+    losses = concurrent_writers(run.dir, 150, unlocked=True)
+    record = run.record()
+    final_lost = sum(getattr(record, f) != 150 for f in WRITER_FIELDS)
+    assert sum(losses) + final_lost > 0, losses

@@ -22,8 +22,6 @@ from tests.test_ssh_provision import aws_env  # noqa: F401 (a fixture)
 
 ssh_test_hosts = ssh_hosts.ssh_test_hosts  # the session fixture
 
-pytestmark = [pytest.mark.slow, pytest.mark.ssh]
-
 
 def terminate_host(endpoint: str, host: str) -> str:
     """Terminate the running instance that is ``host`` (as AWS reclaiming a spot instance)."""
@@ -85,6 +83,8 @@ def pss_spot_cluster(tmp_path, hosts, endpoint, monkeypatch, steps: int, worker:
     )
 
 
+@pytest.mark.slow
+@pytest.mark.ssh
 def test_a_reclaimed_spot_worker_is_replaced_and_training_resumes(
     ssh_test_hosts,
     tmp_path,
@@ -114,6 +114,8 @@ def test_a_reclaimed_spot_worker_is_replaced_and_training_resumes(
     assert instances(clean_region, ("pending", "running")) == []
 
 
+@pytest.mark.slow
+@pytest.mark.ssh
 def test_a_reclaimed_task_scoped_worker_restarts_alone_on_its_replacement(
     ssh_test_hosts,
     tmp_path,
@@ -151,6 +153,8 @@ def test_a_reclaimed_task_scoped_worker_restarts_alone_on_its_replacement(
     assert instances(clean_region, ("pending", "running")) == []
 
 
+@pytest.mark.slow
+@pytest.mark.ssh
 def test_past_the_restart_limit_a_reclaimed_worker_fails_the_run(
     ssh_test_hosts,
     tmp_path,
@@ -188,6 +192,8 @@ def test_past_the_restart_limit_a_reclaimed_worker_fails_the_run(
     assert not [e for e in events_of(tmp_path) if e["event"] == "instance_replaced"]
 
 
+@pytest.mark.slow
+@pytest.mark.ssh
 def test_a_detached_runs_lost_instance_is_replaced_by_the_laptops_watcher(
     ssh_test_hosts,
     tmp_path,
@@ -250,3 +256,199 @@ def running(pid: int) -> bool:
             return f.read().rpartition(")")[2].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_detached_runs_coordinator_runs_on_an_on_demand_instance_when_there_is_one(tmp_path):
+    """``spot_workers`` makes the worker hosts spot: a dedicated PS's on-demand instance takes
+    the coordinator, so that every spot instance can be replaced while the run goes on; with
+    every instance spot it is the first host, and ``up`` says what its loss does."""
+    from tests.test_ssh_provision import provision_config
+    from tflaunch.cluster.plan import make_plan
+    from tflaunch.launchers.ssh.provision import candidate_hosts, coordinator_host
+
+    def where(extra: str, spot: bool, watched: bool = True) -> tuple[str, str]:
+        more = "    spot_workers: true\n" if spot else ""
+        config = provision_config(tmp_path, extra, more=more)
+        return coordinator_host(config, make_plan(config, candidate_hosts(config)), watched)
+
+    dedicated = "roles: {ps: 1, worker: 2}\nplacement: {ps: dedicated}\n"
+    assert where(dedicated, spot=True) == (
+        "ps-1",
+        "an on-demand instance, so that each spot one (worker-1, worker-2) can be replaced "
+        "while the run goes on",
+    )
+    assert where(dedicated, spot=False) == ("worker-1", "the first host")
+    colocated = "roles: {ps: 1, worker: 2}\n"
+    assert where(colocated, spot=True) == (
+        "worker-1",
+        "the first host: every instance is spot; if its instance ends, the watcher replaces it "
+        "and starts the run again there from its checkpoints (a cluster restart)",
+    )
+    assert (
+        "the run fails (without a restart policy nothing replaces it)"
+        in (where(colocated, spot=True, watched=False)[1])
+    )
+
+
+def coordinators_host_lost(tmp_path, hosts, endpoint, monkeypatch, max_cluster_restarts: int):
+    """A detached run on three spot instances (so its coordinator is on worker-1) whose
+    worker-1 is terminated mid-run; waits for the run's end (mirrored by 'status'), then
+    'down'. run.json at the start and at the end, the events, watch.log, and what ``up`` said."""
+    import time
+
+    from tests.helpers import tflaunch
+
+    restart = {"worker": "on-failure", "max_cluster_restarts": max_cluster_restarts}
+    cluster = spot_cluster(
+        tmp_path,
+        hosts,
+        endpoint,
+        monkeypatch,
+        program={"env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "20"}},
+        roles={"ps": 1, "worker": 3},
+        supervision={"finish_timeout": 300, "restart": restart},
+    )
+    runs = str(tmp_path / "runs")
+    started = tflaunch("up", str(cluster), "--detach", "--down", timeout=180)
+    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
+    run_id = started.stdout.strip().splitlines()[-1]
+    run_dir = tmp_path / "runs" / run_id
+    meta_path = run_dir / "run.json"
+    first = json.loads(meta_path.read_text())
+    try:
+        time.sleep(3)  # the tasks run
+        old = terminate_host(endpoint, "worker-1")
+        deadline = time.monotonic() + 300
+        while json.loads(meta_path.read_text()).get("ended") is None:
+            assert time.monotonic() < deadline, (run_dir / "watch.log").read_text()
+            tflaunch("status", run_id, "--run-dir", runs, timeout=120)  # mirrors the hosts
+            time.sleep(3)
+        meta = json.loads(meta_path.read_text())
+        evs = events_of(tmp_path)
+    finally:
+        down = tflaunch("down", run_id, "--run-dir", runs, timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert instances(endpoint, ("pending", "running")) == []
+    time.sleep(1)
+    assert not running(first["ssh_watcher_pid"]), "the watcher is still running"
+    assert not run_processes(run_id, str(tmp_path)), "processes of the run still run"
+    watch_log = (run_dir / "watch.log").read_text()
+    return first, meta, evs, watch_log, old, started.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.ssh
+def test_a_detached_run_goes_on_when_its_coordinators_instance_ends(
+    ssh_test_hosts,
+    tmp_path,
+    clean_region,  # noqa: F811 (imported, a fixture)
+    monkeypatch,
+):
+    """Every instance is spot, so the coordinator runs on the first host, worker-1. Its instance
+    is terminated mid-run: the watcher stops the other hosts' agents, replaces the instance,
+    starts a new coordinator there (counting a cluster restart) and new agents everywhere; the
+    run completes with exit 0, and afterwards nothing of it runs."""
+    first, meta, evs, watch_log, old, said = coordinators_host_lost(
+        tmp_path, ssh_test_hosts, clean_region, monkeypatch, max_cluster_restarts=2
+    )
+    assert (
+        "detached: the coordinator runs on worker-1 (the first host: every instance is spot; if "
+        "its instance ends, the watcher replaces it and starts the run again there from its "
+        "checkpoints (a cluster restart))" in said
+    )
+    assert meta["state"] == "succeeded", (meta.get("message"), watch_log[-3000:])
+    assert meta["exit_code"] == 0
+    assert meta["ssh_coordinator"] == "worker-1"
+    assert meta["ssh_coordinator_pid"] != first["ssh_coordinator_pid"]
+    (replaced,) = [e for e in evs if e["event"] == "instance_replaced"]
+    assert (replaced["host"], replaced["old"]) == ("worker-1", old) and replaced["new"] != old
+    (restarting,) = [e for e in evs if e["event"] == "cluster_restarting"]
+    assert (restarting["host"], restarting["generation"]) == ("worker-1", 1)
+    # the old coordinator was ended before its agents: it saw no failure, stopped nothing
+    assert not [e for e in evs if e["event"] == "failed"], evs
+    assert [e["event"] for e in evs].count("stopping_cluster") == 1, evs
+    started_tasks = sorted(e["task"] for e in evs if e["event"] == "started")
+    assert started_tasks == sorted(2 * ["ps:0", "worker:0", "worker:1", "worker:2"]), evs
+    assert f"worker-1 was lost (its instance {old} is terminated, says ec2) and ran the " in (
+        watch_log
+    )
+    assert "(cluster restart 1 of at most 2)" in watch_log
+
+
+@pytest.mark.slow
+@pytest.mark.ssh
+def test_past_the_limit_a_detached_run_fails_when_its_coordinators_instance_ends(
+    ssh_test_hosts,
+    tmp_path,
+    clean_region,  # noqa: F811 (imported, a fixture)
+    monkeypatch,
+):
+    """``max_cluster_restarts: 0``: the coordinator's host lost ends the run at once, failed,
+    naming the instance and the limit; the other hosts' agents are stopped."""
+    _, meta, evs, watch_log, old, _ = coordinators_host_lost(
+        tmp_path, ssh_test_hosts, clean_region, monkeypatch, max_cluster_restarts=0
+    )
+    assert (meta["state"], meta["exit_code"]) == ("failed", 1), meta
+    assert meta["message"] == (
+        f"worker-1 was lost (its instance {old} is terminated, says ec2), and with it the run's "
+        "coordinator. Not restarted: the cluster was restarted 0 time(s), the limit of "
+        "supervision.restart.max_cluster_restarts (0)"
+    )
+    assert meta["message"] in watch_log
+    assert [e["event"] for e in evs][-2:] == ["host_lost", "failed"], evs
+    assert not [e for e in evs if e["event"] == "instance_replaced"]
+
+
+def run_processes(run_id: str, marker: str) -> list[str]:
+    """The run's processes still running on this machine (the namespace hosts share its
+    processes): command lines that name the run (coordinators, agents), or tasks, whose
+    environment holds the test's marker."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        line = " ".join(proc.info["cmdline"] or [])
+        try:
+            task = proc.environ().get("TEST_MARKER") == marker
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            task = False
+        if run_id in line or task:
+            found.append(line)
+    return found
+
+
+def test_a_coordinator_lost_while_it_ended_the_run_does_not_start_it_again(tmp_path):
+    """The watcher reads the run's end every few seconds; a coordinator's host lost in between
+    has already stopped the cluster (the mirrored events say so): the run is not started again."""
+    from types import SimpleNamespace
+
+    from tflaunch.launchers.ssh.watch import CoordinatorRestart
+    from tflaunch.runtime import protocol
+    from tflaunch.runtime.run import Run
+
+    run = Run.create(tmp_path, "r")
+    restart = SimpleNamespace(run=run)
+
+    def add(*events: protocol.Event) -> None:
+        with run.events_path.open("a") as f:
+            f.writelines(json.dumps(e.wire()) + "\n" for e in events)
+
+    add(protocol.CoordinatorStarted(hosts=["worker-1", "worker-2"]))
+    assert not CoordinatorRestart.ending(restart)  # training
+    add(protocol.StoppingCluster())
+    assert CoordinatorRestart.ending(restart)  # tearing down: the run was over
+    add(protocol.CoordinatorStarted(hosts=["worker-1", "worker-2"]))
+    assert not CoordinatorRestart.ending(restart)  # a coordinator started again since
+
+    def agent(host: str, event: protocol.Event) -> None:
+        with run.events_path.open("a") as f:
+            f.write(json.dumps({"host": host, **event.wire()}) + "\n")
+
+    agent("worker-2", protocol.AgentExit())  # one host's agent (its instance was replaced)
+    agent("worker-2", protocol.AgentStarted(pid=7))
+    agent("worker-1", protocol.AgentExit())
+    assert not CoordinatorRestart.ending(restart)
+    agent("worker-2", protocol.AgentExit())  # every task exited: no stopping, the agents end
+    assert CoordinatorRestart.ending(restart)

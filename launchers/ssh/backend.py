@@ -20,8 +20,9 @@ roles' restart scope allows, else with the whole cluster (see
 :mod:`tflaunch.runtime.coordinator`). A provisioned run also asks the provider every few seconds
 whether its instances still run, and replaces an ended one (same host name, role, type and
 cluster address) the same way; for a detached one, a watcher left on the laptop does
-(:mod:`tflaunch.launchers.ssh.watch`). ``ssh.host_wait`` is for attached runs only: a detached
-run's coordinator on the first host fails the run when a host stops answering.
+(:mod:`tflaunch.launchers.ssh.watch`; it also restarts the run when the instance of the
+coordinator's own host ends). ``ssh.host_wait`` is for attached runs only: a detached run's
+coordinator on its host fails the run when a host stops answering.
 
 Per-task logs stay in the host's run directory (``<remote run dir>/<run id>/<host>/``) and are
 copied into the local run directory when the run ends.
@@ -315,7 +316,7 @@ class SshBackend(Backend):
         self._links[host] = link
         return link
 
-    # ---- detached runs: the coordinator runs on the first host -----------------------------
+    # ---- detached runs: the coordinator runs on one of the hosts ----------------------------
 
     def detach(
         self,
@@ -327,36 +328,11 @@ class SshBackend(Backend):
         options: LaunchOptions | None = None,
     ) -> str:
         """``up --detach``: the run lives on the hosts; the laptop may disconnect."""
-        from tflaunch.launchers.ssh import provision
-
         if config.ssh.provision is not None:  # make the instances; they outlive this command
-            options = options or LaunchOptions()
-            keep = config.name if options.keep else None
-            on_hosts = provision.on_instances(config, run, keep)
-            # its instances are watched from here (the hosts have no cloud credentials)
-            wait = 0.0
-            if plan.supervision.restart.enabled:
-                wait = config.ssh.host_wait or 2 * config.ssh.provision.ready_timeout
-            start = lambda made: self._start_detached(on_hosts, made, run, wait)  # noqa: E731
-            return provision.provisioned_run(
-                config, run, start, self.session.say, detach=True, plan=plan, keep=keep,
-                recreate=options.recreate,
-            )  # fmt: skip
-        return self._start_detached(config, plan, run, 0.0)
-
-    def _start_detached(self, config: ClusterConfig, plan: Plan, run: Run, wait: float) -> str:
-        """The coordinator and agents on the hosts; with ``wait``, a watcher here that replaces
-        ended instances (the coordinator waits as long for a replacement's agent)."""
-        try:
-            detached.start(self.session, config, plan, run, wait)
-        except TflaunchError as err:
-            run.finish(Outcome(err.exit_code, str(err)))
-            raise
-        finally:
-            self.session.close()
-        if wait:
-            detached.start_watcher(run, self.session.say)
-        return run.id
+            return detached.launch_provisioned(
+                self.session, config, plan, run, options or LaunchOptions()
+            )
+        return detached.launch(self.session, config, plan, run)
 
     # ---- up --trace ------------------------------------------------------------------------
 
@@ -370,7 +346,7 @@ class SshBackend(Backend):
         return SshTraceSite(self.session, plan, run, config.ssh.python)
 
     def traces_any_program(self, config: ClusterConfig, detached: bool) -> bool:
-        """Attached runs only: a detached run's coordinator, on the first host, holds no
+        """Attached runs only: a detached run's coordinator, on one of the hosts, holds no
         connection to the other hosts, whose disks keep their tasks' notes."""
         return not detached
 

@@ -79,13 +79,15 @@ def remote_command(
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
     background_output: str | None = None,
+    append: bool = False,
 ) -> str:
     """The shell command line that runs ``argv`` on a host: the ONE place values are quoted.
 
     ``cwd`` is entered first (a leading ``~/`` is left to the remote shell to expand, the rest is
     quoted). ``env`` is passed through ``env NAME=VALUE``. With ``background_output`` the command
     runs detached in its own session, stdin from /dev/null, stdout and stderr to that file, and
-    the command line prints its process id; otherwise it ``exec``-s in place of the shell.
+    the command line prints its process id (``append``: added to the file, not replacing it);
+    otherwise it ``exec``-s in place of the shell.
     """
 
     def quote_path(path: str) -> str:
@@ -105,7 +107,8 @@ def remote_command(
     prefix = f"cd -- {quote_path(cwd)} || exit 97; " if cwd else ""
     if background_output is not None:
         out = quote_path(background_output)
-        return f"{prefix}setsid {' '.join(words)} </dev/null >{out} 2>&1 & echo $!"
+        into = ">>" if append else ">"
+        return f"{prefix}setsid {' '.join(words)} </dev/null {into}{out} 2>&1 & echo $!"
     return f"{prefix}exec {' '.join(words)}"
 
 

@@ -20,8 +20,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Plan
-from tflaunch.errors import LaunchError
+from tflaunch.cluster.plan import Host, Plan
+from tflaunch.errors import LaunchError, TflaunchError
+from tflaunch.launchers.base import LaunchOptions
 from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
 from tflaunch.launchers.ssh.details import SshDetails
 from tflaunch.launchers.ssh.session import HostSession, fetch_new_bytes
@@ -41,7 +42,8 @@ WATCH = "tflaunch.launchers.ssh.watch"
 AGENT_LOG = "agent.log"  # a detached agent's own output, in its host's run directory
 WATCH_LOG = "watch.log"  # the laptop's watcher's output, in the local run directory
 
-# Runs on a host: SIGTERM a process if (and only if) its command line names the run, then wait.
+# Runs on a host: SIGTERM a process if (and only if) its command line names the run, then wait;
+# SIGKILL it at once with a fourth argument "kill".
 STOP_PROCESS = r"""
 import os, signal, sys, time
 pid, marker, wait = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
@@ -54,7 +56,7 @@ def cmdline():
 if marker not in cmdline():
     print("gone")
     sys.exit(0)
-os.kill(pid, signal.SIGTERM)
+os.kill(pid, signal.SIGKILL if sys.argv[4:] == ["kill"] else signal.SIGTERM)
 deadline = time.time() + wait
 while time.time() < deadline:
     if marker not in cmdline():
@@ -99,41 +101,64 @@ def start_agent(
     conn.run(remote_command(argv, background_output=out), timeout=30)
 
 
+def replace_wait(config: ClusterConfig, plan: Plan) -> float:
+    """How long a provisioned detached run's coordinator waits for a replaced host's agent: 0
+    (none) without a restart policy, else ``ssh.host_wait`` or twice the instances' ready
+    timeout (the watcher creates, syncs and sets the instance up in that time)."""
+    if config.ssh.provision is None or not plan.supervision.restart.enabled:
+        return 0.0
+    return config.ssh.host_wait or 2 * config.ssh.provision.ready_timeout
+
+
+def start_coordinator(
+    session: HostSession,
+    host: Host,
+    run: Run,
+    python: str,
+    replace_wait: float,
+    cluster_restarts: int = 0,
+) -> Rendezvous:
+    """Start the coordinator on ``host`` (its run directory holds the plan and the rendezvous
+    record); its record once it listens. ``cluster_restarts``: a coordinator started again (see
+    :mod:`tflaunch.launchers.ssh.watch`), whose output goes on in the run's console file."""
+    run_dir = session.paths[host.name].run_dir
+    argv = [
+        python, "-m", ON_HOST, "coordinate", "--run-dir", run_dir, "--run-id", run.id,
+        "--listen", host.cluster_address, "--replace-wait", f"{replace_wait:g}",
+    ]  # fmt: skip
+    if cluster_restarts:
+        argv += ["--cluster-restarts", str(cluster_restarts)]
+    console = posixpath.join(run_dir, CONSOLE_FILE)
+    command = remote_command(argv, background_output=console, append=bool(cluster_restarts))
+    session.connections[host.name].run(command, timeout=30)
+    path = posixpath.join(run_dir, RENDEZVOUS_FILE)
+    coordinator = _wait_for_coordinator(session, host.name, path, 60)
+    if coordinator is None:
+        output = session.read_file(host.name, console) or "(no output)"
+        raise LaunchError(f"the coordinator did not start on {host.name}:\n{output[-2000:]}")
+    return coordinator
+
+
 def start(
-    session: HostSession, config: ClusterConfig, plan: Plan, run: Run, replace_wait: float = 0.0
+    session: HostSession,
+    config: ClusterConfig,
+    plan: Plan,
+    run: Run,
+    replace_wait: float = 0.0,
+    coordinator_host: tuple[str, str] | None = None,
 ) -> None:
-    """Pre-flight as for an attached run, then coordinator on the first host, agents everywhere.
+    """Pre-flight as for an attached run, then the coordinator on one host, agents everywhere.
     ``replace_wait``: how long the coordinator waits for a replaced host's agent (a provisioned
-    run, watched by :mod:`tflaunch.launchers.ssh.watch`); 0 for none."""
+    run, watched by :mod:`tflaunch.launchers.ssh.watch`); 0 for none. ``coordinator_host``: the
+    host for the coordinator and why, in words (default: the first host)."""
     session.open(config, plan, run, extra={RENDEZVOUS_FILE: Rendezvous.ahead().to_json()})
     python = config.ssh.python
-    first = plan.hosts_with_tasks()[0]
-    run_dir = session.paths[first.name].run_dir
-    argv = [
-        python,
-        "-m",
-        ON_HOST,
-        "coordinate",
-        "--run-dir",
-        run_dir,
-        "--run-id",
-        run.id,
-        "--listen",
-        first.cluster_address,
-        "--replace-wait",
-        f"{replace_wait:g}",
-    ]
-    console = posixpath.join(run_dir, CONSOLE_FILE)
-    session.connections[first.name].run(remote_command(argv, background_output=console), timeout=30)
-    path = posixpath.join(run_dir, RENDEZVOUS_FILE)
-    coordinator = _wait_for_coordinator(session, first.name, path, 60)
-    if coordinator is None:
-        output = session.read_file(first.name, console) or "(no output)"
-        raise LaunchError(f"the coordinator did not start on {first.name}:\n{output[-2000:]}")
+    name, why = coordinator_host or (plan.hosts_with_tasks()[0].name, "the first host")
+    coordinator = start_coordinator(session, plan.host(name), run, python, replace_wait)
     run.update_part(
         SshDetails,
         detached=True,
-        ssh_coordinator=first.name,
+        ssh_coordinator=name,
         ssh_coordinator_pid=coordinator.pid,
         state="starting",
     )
@@ -147,9 +172,55 @@ def start(
         raise LaunchError("cannot start the agents:\n  " + "\n  ".join(failures))
     _wait_until_ready(session, run, plan.supervision.ready_timeout + 60)
     session.say(
-        f"detached: the coordinator runs on {first.name}; follow with 'tflaunch logs "
+        f"detached: the coordinator runs on {name} ({why}); follow with 'tflaunch logs "
         f"-f {run.id}', stop with 'tflaunch down {run.id}'"
     )
+
+
+def launch(
+    session: HostSession,
+    config: ClusterConfig,
+    plan: Plan,
+    run: Run,
+    wait: float = 0.0,
+    where: tuple[str, str] | None = None,
+) -> str:
+    """``up --detach``: the coordinator (on ``where``: a host and why; else the first) and the
+    agents on the hosts (:func:`start`), a failure recorded in the run; with ``wait``, a watcher
+    here that replaces ended instances (the coordinator waits as long for a replacement's
+    agent). The run's id."""
+    try:
+        start(session, config, plan, run, wait, where)
+    except TflaunchError as err:
+        run.finish(Outcome(err.exit_code, str(err)))
+        raise
+    finally:
+        session.close()
+    if wait:
+        start_watcher(run, session.say)
+    return run.id
+
+
+def launch_provisioned(
+    session: HostSession, config: ClusterConfig, plan: Plan, run: Run, options: LaunchOptions
+) -> str:
+    """``up --detach`` of a provisioned cluster: make the instances (they outlive this command),
+    start the run on them, its coordinator on an on-demand instance when there is one, and
+    watch them from here (the hosts have no cloud credentials)."""
+    from tflaunch.launchers.ssh import provision
+
+    keep = config.name if options.keep else None
+    on_hosts = provision.on_instances(config, run, keep)
+    wait = replace_wait(config, plan)
+
+    def start_on(made: Plan) -> str:
+        where = provision.coordinator_host(config, made, watched=wait > 0)
+        return launch(session, on_hosts, made, run, wait, where)
+
+    return provision.provisioned_run(
+        config, run, start_on, session.say, detach=True, plan=plan, keep=keep,
+        recreate=options.recreate,
+    )  # fmt: skip
 
 
 def _wait_until_ready(session: HostSession, run: Run, timeout: float) -> None:
@@ -195,7 +266,9 @@ def refresh(session: HostSession, run: Run) -> None:
             for k in ("state", "exit_code", "message", "ended")
             if getattr(remote, k) is not None
         }
-        if copied:
+        # An end recorded here ('down', or the watcher failing a run whose coordinator's host
+        # was lost) stands against a coordinator that recorded none.
+        if copied and not (run.ended and remote.ended is None):
             run.update_meta(**copied)
         session.fetch_logs(run.read_plan(), run)
     finally:
@@ -238,6 +311,26 @@ def stop_watcher(run: Run) -> None:
             os.kill(pid, signal.SIGTERM)
 
 
+def agent_pids(run: Run) -> dict[str, int]:
+    """Each host's latest agent process, from the coordinator's events (mirrored here)."""
+    agents = {}
+    for record in protocol.records(run.events()):
+        if isinstance(record.event, protocol.AgentStarted) and record.event.pid and record.host:
+            agents[record.host] = record.event.pid
+    return agents
+
+
+def stop_process(
+    conn: Connection, python: str, pid: int, run_id: str, wait: float, kill: bool = False
+) -> str:
+    """End process ``pid`` on ``conn``'s host if its command line names the run: SIGTERM, and
+    SIGKILL after ``wait`` seconds (at once with ``kill``). What happened: gone, stopped,
+    killed."""
+    argv = [python, "-c", STOP_PROCESS, str(pid), run_id, f"{wait:g}"] + (["kill"] if kill else [])
+    result = conn.run(remote_command(argv), timeout=wait + 30)
+    return result.stdout.strip() or result.stderr.strip()
+
+
 def down(session: HostSession, run: Run, grace: float) -> str:
     """Stop the coordinator (it tears the cluster down), then any agent of the run still left."""
     stop_watcher(run)  # it would replace the instances 'down' ends
@@ -246,25 +339,19 @@ def down(session: HostSession, run: Run, grace: float) -> str:
         refresh(session, run)  # the agents' pids are in the coordinator's events
         details = run.record().part(SshDetails)
         conn = session.connections[details.ssh_coordinator]
-        stop = [details.ssh_python, "-c", STOP_PROCESS]
-        result = conn.run(
-            remote_command([*stop, str(details.ssh_coordinator_pid), run.id, f"{grace + 30:g}"]),
-            timeout=grace + 60,
-        )
-        what = [f"coordinator on {conn.name}: {result.stdout.strip() or result.stderr.strip()}"]
-        agents = {}
-        for record in protocol.records(run.events()):
-            if isinstance(record.event, protocol.AgentStarted) and record.event.pid:
-                agents[record.host] = record.event.pid
+        python = details.ssh_python
+        try:
+            reply = stop_process(conn, python, details.ssh_coordinator_pid, run.id, grace + 30)
+        except TflaunchError as err:
+            reply = str(err)
+        what = [f"coordinator on {conn.name}: {reply}"]
+        agents = agent_pids(run)
 
         def stop_agent(host_conn: Connection) -> str:
             pid = agents.get(host_conn.name)
             if pid is None:
                 return "no agent"
-            reply = host_conn.run(
-                remote_command([*stop, str(pid), run.id, f"{grace + 10:g}"]), timeout=grace + 40
-            )
-            return reply.stdout.strip()
+            return stop_process(host_conn, python, pid, run.id, grace + 10)
 
         for host_conn, reply, err in parallel(stop_agent, session.connections.values()):
             what.append(f"agent on {host_conn.name}: {reply if err is None else err}")

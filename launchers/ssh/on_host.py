@@ -1,12 +1,12 @@
-"""Detached SSH runs: the coordinator moves onto the first host, so the laptop may disconnect.
+"""Detached SSH runs: the coordinator moves onto one host, so the laptop may disconnect.
 
 ``tflaunch up --detach`` on an ssh cluster does everything an attached run does up to the
 pre-flight, then starts, each in its own session on the hosts (what ``screen`` gave the CSCS
 scripts):
 
-* ``python -m tflaunch.launchers.ssh.on_host coordinate`` on the first host: the same coordinator as an
-  attached run (same policy, same events and run.json), listening on that host's *cluster* address
-  for the agents;
+* ``python -m tflaunch.launchers.ssh.on_host coordinate`` on one host (the first, or an on-demand
+  instance of a provisioned run with spot workers): the same coordinator as an attached run (same
+  policy, same events and run.json), listening on that host's *cluster* address for the agents;
 * ``python -m tflaunch.launchers.ssh.on_host agent`` on every host: connects to that coordinator over
   the private network, proves it belongs to the run (a random token: the launcher put the run's
   rendezvous record, still without an address, in each host's run directory), then serves its
@@ -20,7 +20,9 @@ the launcher's watcher (:mod:`tflaunch.launchers.ssh.watch`, which holds the clo
 hosts lack) reports a host whose instance ended (a hello with ``lost``), and, once it replaced and
 prepared the instance, starts an agent there that joins again (a hello with ``replaced``: the old
 and new instance ids) within S seconds; the coordinator restarts its tasks alone or the cluster,
-as an attached run does. ``tflaunch status``, ``logs [-f]`` and
+as an attached run does. When the coordinator's own instance ends, the watcher starts a new
+coordinator on its replacement with ``--cluster-restarts N`` (the run's cluster restarts so far,
+this one included), and new agents everywhere. ``tflaunch status``, ``logs [-f]`` and
 ``down`` reconnect over SSH and work from the run directory (see ``SshBackend``).
 """
 
@@ -102,14 +104,20 @@ class Rejoins:
                 link.send(ping)
 
 
-def run_coordinator(run_dir: Path, run_id: str, listen: str, replace_wait: float = 0.0) -> int:
+def run_coordinator(
+    run_dir: Path, run_id: str, listen: str, replace_wait: float = 0.0, cluster_restarts: int = 0
+) -> int:
     """Listen on ``listen``, publish where, admit every host's agent, and coordinate the run;
-    with ``replace_wait``, take replaced hosts' new agents for as long (see the module)."""
+    with ``replace_wait``, take replaced hosts' new agents for as long (see the module).
+    ``cluster_restarts``: a coordinator started again on the replacement of its lost host (by
+    the watcher) goes on from the run's cluster restarts so far, this one included."""
     plan = Plan.from_dict(json.loads((run_dir / PLAN_FILE).read_text()))
     run = Run(run_id, run_dir)
     hosts = [h.name for h in plan.hosts_with_tasks()]
     record = handed_over(run_dir)
     listener = Listener(listen, record.token, set(hosts))
+    if cluster_restarts:  # the run goes on: whatever end a disk kept is not this run's
+        run.update_meta(ended=None, exit_code=None, message=None)
     publish(run_dir, record.listening(listener, host=socket.gethostname()))
     run.start("ssh", hosts, SshDetails, detached=True)
     revive, rejoins = None, None
@@ -137,7 +145,7 @@ def run_coordinator(run_dir: Path, run_id: str, listen: str, replace_wait: float
     links = [joined[h].link for h in sorted(joined)]
     if rejoins is not None:
         rejoins.links.update({link.host: link for link in links})
-    return coordinate(plan, run, links, revive=revive).code
+    return coordinate(plan, run, links, revive=revive, cluster_restarts=cluster_restarts).code
 
 
 def run_agent(
@@ -169,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     coord.add_argument(
         "--replace-wait", type=float, default=0.0, help="seconds for a replaced host's agent"
     )
+    coord.add_argument(
+        "--cluster-restarts", type=int, default=0, help="the run's cluster restarts so far"
+    )
     ag = sub.add_parser("agent", help="connect to the coordinator, then run the agent")
     ag.add_argument("--run-dir", required=True, help="this host's run directory (plan, token)")
     ag.add_argument("--host", required=True)
@@ -179,7 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "coordinate":
-            return run_coordinator(Path(args.run_dir), args.run_id, args.listen, args.replace_wait)
+            return run_coordinator(
+                Path(args.run_dir), args.run_id, args.listen, args.replace_wait,
+                args.cluster_restarts,
+            )  # fmt: skip
         return run_agent(
             Path(args.run_dir),
             args.host,

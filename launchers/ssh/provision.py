@@ -86,6 +86,33 @@ def planned_instances(config: ClusterConfig, plan: Plan | None = None) -> list[P
     return provider.instances_for(candidates, plan)
 
 
+def coordinator_host(config: ClusterConfig, plan: Plan, watched: bool) -> tuple[str, str]:
+    """Where a detached provisioned run's coordinator runs, and why, in words: an on-demand
+    instance when the run has one (``spot_workers`` makes only the worker hosts spot, so a
+    dedicated PS's instance is on-demand), as every spot instance can then be replaced while
+    the run goes on; else the first host. ``watched``: the laptop's watcher replaces ended
+    instances (a restart policy), so that losing the coordinator's own restarts the run."""
+    planned = {p.name: p for p in planned_instances(config, plan)}
+    hosts = [h.name for h in plan.hosts_with_tasks()]
+    spot = [name for name in hosts if name in planned and planned[name].spot]
+    steady = [name for name in hosts if name not in spot]
+    if not spot:
+        return hosts[0], "the first host"
+    if steady:
+        return steady[0], (
+            f"an on-demand instance, so that each spot one ({', '.join(spot)}) can be replaced "
+            "while the run goes on"
+        )
+    if watched:
+        then = (
+            "if its instance ends, the watcher replaces it and starts the run again there from "
+            "its checkpoints (a cluster restart)"
+        )
+    else:
+        then = "if its instance ends, the run fails (without a restart policy nothing replaces it)"
+    return hosts[0], f"the first host: every instance is spot; {then}"
+
+
 def candidate_hosts(config: ClusterConfig) -> list[Host]:
     """The hosts to plan a provisioned cluster on before its instances exist."""
     return pending_hosts(provider_for(config, lambda _: None).candidates(config))

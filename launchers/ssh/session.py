@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import posixpath
@@ -311,12 +312,17 @@ def fetch_new_bytes(conn: Connection, files: Sequence[tuple[str, Path]]) -> None
                 size = sftp.stat(remote).st_size or 0
             except FileNotFoundError:
                 continue
-            have = local.stat().st_size if local.exists() else 0
-            if size <= have:
+            if size <= (local.stat().st_size if local.exists() else 0):
                 continue
-            with sftp.open(remote, "rb") as source, open_run_file(local, "ab") as target:
-                source.seek(have)
-                target.write(source.read(size - have))
+            with open_run_file(local, "ab") as target:
+                # Two mirrors at once (a watcher, a 'status') must not both append the same bytes.
+                fcntl.flock(target.fileno(), fcntl.LOCK_EX)
+                have = os.fstat(target.fileno()).st_size
+                if size <= have:
+                    continue
+                with sftp.open(remote, "rb") as source:
+                    source.seek(have)
+                    target.write(source.read(size - have))
 
 
 def _same_file(remote: str, local: Path) -> bool:

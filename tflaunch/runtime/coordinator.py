@@ -290,9 +290,12 @@ def coordinate(
     requeue: Requeue | None = None,
     revive: Revive | None = None,
     trace_site: TraceSite | None = None,
+    cluster_restarts: int = 0,
 ) -> Outcome:
     """Coordinate ``links``' agents until the run ends, close the links, and record the end.
-    ``trace_site``: where ``up --trace``'s capture runs, when not here (``Backend.trace_site``)."""
+    ``trace_site``: where ``up --trace``'s capture runs, when not here (``Backend.trace_site``).
+    ``cluster_restarts``: those the run had before this coordinator (a detached run restarted
+    with a new coordinator after its host was lost): they count against the limit."""
     run.update_meta(state="running")
     try:
         coordinator = Coordinator(
@@ -305,6 +308,7 @@ def coordinate(
             revive=revive,
             trace_site=trace_site,
         )
+        coordinator.restarter.book.cluster_restarts = cluster_restarts
         outcome = coordinator.run_cluster()
     finally:
         for link in links:

@@ -5,7 +5,8 @@ entry per task), ``cluster_spec.json`` (the ClusterSpec alone, for programs that
 cluster from a file), ``run.json`` (backend, the
 coordinator's pid, state, exit code, and backend details such as a Slurm job id), ``events.jsonl``
 (task lifecycle events, one JSON object a line), one ``<job>-<index>.log`` per task, and whatever a
-backend adds (``job.sbatch``, ``samples.jsonl``).
+backend adds (``job.sbatch``, ``samples.jsonl``). ``.run.json.lock`` is the lock that writers of
+run.json (several processes: a coordinator, a watcher, ``status``) hold while they rewrite it.
 
 Plans hold ``program.env`` values and logs hold whatever the program prints, so a run directory is
 private by default: 0700, its files 0600 (the cluster file's ``run_dir_mode`` chooses otherwise,
@@ -15,10 +16,13 @@ takes the file mode from the directory's, so agents on other hosts need not be t
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import posixpath
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -34,7 +38,9 @@ from tflaunch.runtime.runfiles import (
     DEFAULT_DIR_MODE,
     EVENTS_FILE,
     META_FILE,
+    META_LOCK_FILE,
     PLAN_FILE,
+    file_mode,
     make_run_dir,
     write_run_file,
 )
@@ -240,9 +246,27 @@ class Run:
         strays = sorted(set(values) - known)
         if strays:
             raise TypeError(f"run.json: {', '.join(strays)} is not a field of {part}")
-        meta = self._read_meta()
-        meta.update(values)
-        _atomic_write(self.meta_path, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        with self._locked():
+            meta = self._read_meta()
+            meta.update(values)
+            _atomic_write(self.meta_path, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the run directory's run.json lock: writers are several processes (the
+        coordinator, an SSH run's laptop-side watcher, ``tflaunch status`` mirroring a detached
+        run, ``down``), and each rewrites the whole file, so without it one writer's read before
+        another's write drops the other's fields. Readers need no lock (writes are renames)."""
+        path = self.dir / META_LOCK_FILE
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, file_mode(self.dir))
+        except PermissionError:  # another user's lock file in a shared (group) run directory
+            fd = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def start(
         self, backend: str, hosts: list[str], part: type | None = None, **values: Any
@@ -312,6 +336,6 @@ def list_runs(root: str | os.PathLike) -> list[Path]:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     write_run_file(tmp, text)
     os.replace(tmp, path)

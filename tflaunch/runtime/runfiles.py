@@ -19,6 +19,7 @@ DEFAULT_DIR_MODE = 0o700
 
 PLAN_FILE = "plan.json"  # the resolved plan
 META_FILE = "run.json"  # the run's record: backend, state, exit code, backend details
+META_LOCK_FILE = ".run.json.lock"  # flock'd around every read-modify-write of META_FILE
 EVENTS_FILE = "events.jsonl"  # the coordinator's record of events
 CONSOLE_FILE = "console.log"  # a detached coordinator's output
 SAMPLES_PREFIX = "samples-"  # samples-<host>.jsonl: resource samples
