@@ -369,6 +369,9 @@ def test_a_detached_run_goes_on_when_its_coordinators_instance_ends(
     assert [e["event"] for e in evs].count("stopping_cluster") == 1, evs
     started_tasks = sorted(e["task"] for e in evs if e["event"] == "started")
     assert started_tasks == sorted(2 * ["ps:0", "worker:0", "worker:1", "worker:2"]), evs
+    # the new agents count the cluster restart ($TFLAUNCH_CLUSTER_RESTARTS)
+    generations = sorted(e.get("generation", 0) for e in evs if e["event"] == "started")
+    assert generations == 4 * [0] + 4 * [1], evs
     assert f"worker-1 was lost (its instance {old} is terminated, says ec2) and ran the " in (
         watch_log
     )

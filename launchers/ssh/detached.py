@@ -87,9 +87,12 @@ def start_agent(
     python: str,
     coordinator: Rendezvous,
     replaced: Sequence[str] = (),
+    cluster_restarts: int = 0,
 ) -> None:
     """Start ``conn``'s host's agent in the background; it connects to ``coordinator``.
-    ``replaced``: the old and new instance ids of a replacement joining a running cluster."""
+    ``replaced``: the old and new instance ids of a replacement joining a running cluster;
+    ``cluster_restarts``: the run's so far, for a run its watcher starts again (its tasks see
+    them in ``$TFLAUNCH_CLUSTER_RESTARTS``)."""
     host_dir = session.paths[conn.name].run_dir
     argv = [
         python, "-m", ON_HOST, "agent", "--run-dir", host_dir, "--host", conn.name,
@@ -97,6 +100,8 @@ def start_agent(
     ]  # fmt: skip
     if replaced:
         argv += ["--replaced", *replaced]
+    if cluster_restarts:
+        argv += ["--cluster-restarts", str(cluster_restarts)]
     out = posixpath.join(host_dir, AGENT_LOG)
     conn.run(remote_command(argv, background_output=out), timeout=30)
 

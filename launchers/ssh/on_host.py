@@ -149,10 +149,17 @@ def run_coordinator(
 
 
 def run_agent(
-    run_dir: Path, host: str, address: str, port: int, timeout: float, replaced: list[str]
+    run_dir: Path,
+    host: str,
+    address: str,
+    port: int,
+    timeout: float,
+    replaced: list[str],
+    cluster_restarts: int = 0,
 ) -> int:
     """Connect to the coordinator, then serve this host's agent over the connection.
-    ``replaced``: the old and new instance ids of a replacement joining a running cluster."""
+    ``replaced``: the old and new instance ids of a replacement joining a running cluster;
+    ``cluster_restarts``: the run's so far (a run its watcher started again)."""
     plan = Plan.from_dict(json.loads((run_dir / PLAN_FILE).read_text()))
     extra = {"replaced": replaced} if replaced else {}
     sock = connect(address, port, handed_over(run_dir).token, host, timeout, **extra)
@@ -160,7 +167,10 @@ def run_agent(
     try:
         # a replacement's agent starts its tasks when the coordinator says so, counting their
         # restarts so far
-        return serve(plan, host, run_dir, commands, events, await_start=bool(replaced))
+        return serve(
+            plan, host, run_dir, commands, events, await_start=bool(replaced),
+            generation=cluster_restarts,
+        )  # fmt: skip
     finally:
         sock.close()
 
@@ -187,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     ag.add_argument("--port", type=int, required=True)
     ag.add_argument("--connect-timeout", type=float, default=60.0)
     ag.add_argument("--replaced", nargs=2, default=[], metavar=("OLD", "NEW"))
+    ag.add_argument(
+        "--cluster-restarts", type=int, default=0, help="the run's cluster restarts so far"
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "coordinate":
@@ -201,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             args.port,
             args.connect_timeout,
             args.replaced,
+            args.cluster_restarts,
         )
     except TflaunchError as err:
         print(f"tflaunch: error: {err}", file=sys.stderr)

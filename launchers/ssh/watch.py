@@ -326,7 +326,9 @@ class CoordinatorRestart:
             self.new_pid = record.pid
             self.run.update_part(SshDetails, ssh_coordinator_pid=record.pid)
             results = parallel(
-                lambda conn: detached.start_agent(session, conn, python, record),
+                lambda conn: detached.start_agent(
+                    session, conn, python, record, cluster_restarts=generation
+                ),
                 session.connections.values(),
             )
             failures = [f"{c.name}: {e}" for c, _, e in results if e is not None]

@@ -132,6 +132,7 @@ class Agent:
         emit: Callable[[dict[str, Any]], None],
         reap_strays: bool = False,
         await_start: bool = False,
+        generation: int = 0,
     ):
         self.plan, self.host, self.run_dir = plan, host, Path(run_dir)
         # With the agent a subreaper, what escaped a task's group is below the agent: kill it.
@@ -146,7 +147,7 @@ class Agent:
         self.grace = sup.grace_period
         self.commands: queue.Queue[protocol.Command] = queue.Queue()
         self.restarts: dict[str, int] = {}
-        self.generation = 0  # whole-cluster restarts so far
+        self.generation = generation  # whole-cluster restarts so far in the run
         self.stays_up = sup.restart.enabled
         self.watched = ("chief",) if sup.success == "chief" else ("chief", "worker")
         self.stall = StallWatch(sup.stall_timeout, sup.step_pattern)
@@ -510,15 +511,21 @@ def serve(
     commands: IO[str],
     events: IO[str],
     await_start: bool = False,
+    generation: int = 0,
 ) -> int:
     """Run ``host``'s agent with its commands coming from and its events going to two streams
     (pipes, an SSH channel, a TCP connection): the one agent loop of every backend. Signals
     stop it as a ``stop`` command does. ``await_start``: a lost host's new agent, which starts
-    its tasks when its coordinator says ``start``. Returns the agent's exit code."""
+    its tasks when its coordinator says ``start``; ``generation``: the run's cluster restarts
+    before this agent (a detached run started again by its watcher). Returns the agent's exit
+    code."""
     make_run_dir(Path(run_dir))
     emitter = LineEmitter(events, host)
     reap = procs.become_subreaper()
-    agent = Agent(plan, host, run_dir, emitter, reap_strays=reap, await_start=await_start)
+    agent = Agent(
+        plan, host, run_dir, emitter, reap_strays=reap, await_start=await_start,
+        generation=generation,
+    )  # fmt: skip
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, _frame: agent.stop(f"signal {signum}"))
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
