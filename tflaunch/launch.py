@@ -159,11 +159,23 @@ def sweep_instances(
     return sweep_account(config, options, dry_run, say)
 
 
-def down_cluster(name: str, runs_dir: str, say: Callable[[str], None]) -> str:
-    """``tflaunch down --cluster NAME``: terminate a kept cluster."""
-    from tflaunch.launchers.clouds.kept import down_cluster as terminate_cluster
+def down_cluster(
+    name: str,
+    runs_dir: str,
+    say: Callable[[str], None],
+    config: ClusterConfig | None = None,
+    options: Mapping[str, str | None] | None = None,
+) -> str:
+    """``tflaunch down --cluster NAME``: terminate a kept cluster. Its account comes from
+    ``options`` (region, profile, endpoint) over the cluster file's ``ssh.provision``; with
+    neither, from this machine's record of the cluster (under ``runs_dir``, or the file's)."""
+    from tflaunch.launchers.clouds import kept
 
-    return terminate_cluster(Path(runs_dir), name, say)
+    runs_root = Path(runs_dir)
+    if config is not None and not kept.record_path(runs_root, name).exists():
+        runs_root = Path(config.runs_dir)  # where 'up' of the file recorded it on this machine
+    account = kept.named_account(config, options or {}, name)
+    return kept.down_cluster(runs_root, name, say, account)
 
 
 def cloud_status(

@@ -394,8 +394,9 @@ def _create(
     section = config.ssh.provision
     ports = [t.port for t in plan.tasks if t.port]
     made.group = provider.open_network(
-        run.id, config.name, ports, config.ssh.port, section.ssh_from or my_public_cidr()
-    )
+        run.id, config.name, ports, config.ssh.port, section.ssh_from or my_public_cidr(),
+        {TAG_KEEP: keep} if keep else None,  # found by 'down --cluster' from any machine
+    )  # fmt: skip
     _record_access(run, provider, made.group)
     extra = {
         TAG_LAUNCHER: launcher_tag(),
