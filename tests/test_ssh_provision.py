@@ -782,7 +782,7 @@ def test_spot_workers_with_checkpoints_on_the_instances_disks_are_told_where_the
 ):
     from tflaunch.launchers.ssh.provision import candidate_hosts, checkpoint_notice
 
-    run_dir = tmp_path / "runs" / "r-1"
+    run_dir = "~/runs/r-1"  # the run's directory on the hosts
 
     def notice(spot: bool, chosen: str | None) -> str | None:
         program = "{argv: [python, train.py]" + (f", checkpoint_dir: '{chosen}'" if chosen else "")
@@ -798,7 +798,8 @@ def test_spot_workers_with_checkpoints_on_the_instances_disks_are_told_where_the
     assert notice(False, None) is None
     said = notice(True, None)
     assert said.startswith(
-        f"checkpoints: {run_dir}/checkpoints (the default, the run directory's path) is on each "
+        f"checkpoints: {run_dir}/checkpoints (the default, in the run's directory on the hosts) "
+        "is on each "
         "instance's own disk, and with ssh.provision.spot_workers every worker host is a spot "
         "instance (worker-1, where worker:0 writes them)."
     )

@@ -94,7 +94,7 @@ def schema() -> None:
 )
 def plan(cluster_file: str, as_json: bool, expand: bool) -> None:
     """Show every task: role, host, address:port, GPUs, command."""
-    _, the_plan = _load_plan(cluster_file)
+    config, the_plan = _load_plan(cluster_file)
     if as_json:
         if expand:
             data = the_plan.to_dict()
@@ -116,6 +116,9 @@ def plan(cluster_file: str, as_json: bool, expand: bool) -> None:
         rows.append((task.name, task.host, task.address or "-", gpus, *cpus, command))
     for line in aligned(rows):
         click.echo(line)
+    checkpoints = launch.checkpoints_line(config, the_plan)
+    if checkpoints:
+        click.echo(checkpoints)
     for line in gpu_sources(the_plan):
         click.echo(line)
     for name, count in kept.items():

@@ -35,7 +35,6 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from tflaunch.cluster.config import ClusterConfig
@@ -63,6 +62,7 @@ from tflaunch.launchers.clouds.base import (
 from tflaunch.launchers.clouds.costs import Price, cost_table
 from tflaunch.launchers.clouds.sweep import mark_terminated
 from tflaunch.launchers.clouds.watchdog import user_data
+from tflaunch.launchers.ssh.section import host_run_dir
 from tflaunch.runtime.run import Run
 from tflaunch.text import aligned
 
@@ -232,7 +232,7 @@ def provisioned_run(
     if len(planned) < len(candidates):  # placement on fewer hosts may differ: plan on those
         plan = make_plan(config, pending_hosts(planned))
     end = _Ending(detach, down_at_end or config.ssh.provision.terminate_at_end, keep)
-    notice = checkpoint_notice(config, plan, run.dir)
+    notice = checkpoint_notice(config, plan, host_run_dir(config, run.id))
     if notice:
         say(notice)
     if not keep:
@@ -245,11 +245,12 @@ def provisioned_run(
         )
 
 
-def checkpoint_notice(config: ClusterConfig, plan: Plan, run_dir: Path) -> str | None:
+def checkpoint_notice(config: ClusterConfig, plan: Plan, run_dir: str) -> str | None:
     """What to say when the checkpoints would die with a spot instance: with ``spot_workers``
     the chief's host is a spot instance too, and a replacement starts with an empty disk, so the
     checkpoints must be on storage every instance shares. An absolute ``program.checkpoint_dir``
-    (a shared mount, one trusts) or a URL (``gs://``, ``s3://``) is left alone."""
+    (a shared mount, one trusts) or a URL (``gs://``, ``s3://``) is left alone. ``run_dir``:
+    the run's directory on the hosts."""
     chosen = config.program.checkpoint_dir
     if not config.ssh.provision.spot_workers or (
         chosen and ("://" in chosen or posixpath.isabs(chosen))
@@ -259,7 +260,9 @@ def checkpoint_notice(config: ClusterConfig, plan: Plan, run_dir: Path) -> str |
         (t for t in plan.tasks if t.job == "chief" or (t.job == "worker" and t.index == 0)), None
     )
     host = f" ({leader.host}, where {leader.job}:{leader.index} writes them)" if leader else ""
-    where = "program.checkpoint_dir" if chosen else "the default, the run directory's path"
+    where = (
+        "program.checkpoint_dir" if chosen else "the default, in the run's directory on the hosts"
+    )
     return (
         f"checkpoints: {checkpoint_dir(config, run_dir)} ({where}) is on each instance's own disk, "
         f"and with ssh.provision.spot_workers every worker host is a spot instance{host}. An "
@@ -359,7 +362,7 @@ def _provisioned(
                 hosts = provider.hosts(planned, made.ids, found, config.ssh.jump_host is not None)
             else:
                 hosts = _create(config, run, provider, plan, planned, keep, made, say, prices)
-            real = make_plan(config, hosts, run.dir)  # the run's own checkpoint directory
+            real = make_plan(config, hosts, host_run_dir(config, run.id))  # its checkpoints
             run.write_plan(real)
         if fleet_ready is not None:
             fleet = Fleet(config, run, provider, planned, made, prices, keep, say)

@@ -141,7 +141,7 @@ class HostSession:
             self.probes = {o.name: o.probe for o in opened if o.probe is not None}
             self._judge(opened, plan, uploads)
             reports = [o.report for o in opened if o.report is not None]
-            plan, gpu_notes = adopt_found_gpus(config, plan, reports, run.dir)
+            plan, gpu_notes = adopt_found_gpus(config, plan, reports)
             for note in gpu_notes:
                 self.say(note)
         except LaunchError:
