@@ -730,10 +730,13 @@ def test_down_cluster_from_another_machine_finds_the_cluster_by_its_tags(
         provisioned_run(config, run, lambda plan: 0, lambda m: None, keep=config.name)
         return run.id
 
-    def tflaunch_groups() -> list[str]:
+    def tflaunch_groups() -> list[str]:  # those of this test (the stand-in serves the module)
         groups = ec2(ec2_endpoint).describe_security_groups()["SecurityGroups"]
-        return sorted(g["GroupName"] for g in groups if g["GroupName"].startswith("tflaunch-"))
+        names = {g["GroupName"] for g in groups if g["GroupName"].startswith("tflaunch-")}
+        return sorted(names - before)
 
+    before: set[str] = set()
+    before = set(tflaunch_groups())
     first = up_on_a()
     assert kept.record_path(laptop_a, config.name).exists()
     assert len(run_instances_of(ec2_endpoint, first)) == 3
