@@ -176,10 +176,14 @@ def test_a_kept_cluster_that_does_not_fit_is_refused_unless_recreate(
     (new,) = instances(clean_region, ("running",))
     assert new["InstanceType"] == "c5.2xlarge" and new["InstanceId"] != old["InstanceId"]
 
-    # Laptop B has no record of the cluster (its runs directory and home are its own): the
-    # cluster file names the account, the cloud's tags find the instances and network rules.
-    assert not (tmp_path / "laptop-b" / ".clusters").exists()
-    down = tflaunch("down", "--cluster", "cloud-test", "-f", str(cluster), *laptop_b, env=b_env,
+    # B reused the cluster, so it knows it now; laptop C (a runs directory and home of its own)
+    # never used it: the cluster file names the account, the cloud's tags find the instances
+    # and network rules.
+    assert (tmp_path / "laptop-b" / ".clusters" / "cloud-test.json").exists()
+    laptop_c = ["--runs-dir", str(tmp_path / "laptop-c")]
+    (tmp_path / "home-c").mkdir()
+    c_env = {"HOME": str(tmp_path / "home-c")}
+    down = tflaunch("down", "--cluster", "cloud-test", "-f", str(cluster), *laptop_c, env=c_env,
                     timeout=120)  # fmt: skip
     assert down.returncode == 0, down.stderr
     assert "terminated 1 instance(s) of kept cluster cloud-test" in down.stdout

@@ -357,6 +357,12 @@ def _provisioned(
                 _say_unfinished(reuse, keep, say)
                 provider.tag(list(made.ids.values()), {TAG_BUSY: run.id})
                 _record_access(run, provider, made.group)
+                if not kept.record_path(run.dir.parent, keep).exists():  # made elsewhere
+                    kept.write_record(
+                        run.dir.parent, keep, cloud=provider.name, access=provider.access(),
+                        network=made.group, idle_timeout=section.idle_timeout,
+                        created_by=reuse[0].tags.get(TAG_RUN),
+                    )  # fmt: skip
                 _record(run, planned, made.ids, prices, keep)
                 found = provider.wait_running(list(made.ids.values()), section.ready_timeout)
                 hosts = provider.hosts(planned, made.ids, found, config.ssh.jump_host is not None)
