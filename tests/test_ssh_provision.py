@@ -759,6 +759,13 @@ def test_down_cluster_from_another_machine_finds_the_cluster_by_its_tags(
         wrong.stderr
     )
     assert len(run_instances_of(ec2_endpoint, first)) == 3
+    # Laptop A named another region by mistake: refused there, and A's record of the cluster
+    # (its account) stays.
+    west = ["--region", "us-west-2", "--endpoint-url", ec2_endpoint, "--runs-dir", str(laptop_a)]
+    elsewhere = tflaunch("down", "--cluster", config.name, *west)
+    assert elsewhere.returncode == 2, elsewhere.stderr
+    assert f"no kept cluster '{config.name}' in ec2 us-west-2" in elsewhere.stderr
+    assert kept.record_path(laptop_a, config.name).exists()
 
     down = tflaunch("down", "--cluster", config.name, "-f", str(cluster), *laptop_b, env=b_env)
     assert down.returncode == 0, down.stderr

@@ -11,8 +11,8 @@ account (its instances and network rules carry :data:`TAG_KEEP`); its instances'
 (``ssh.provision.idle_timeout``) ends them too, leaving the network rules to ``down --cluster``.
 
 The launcher side of a kept cluster lives in ``<runs_dir>/.clusters/``: ``NAME.json`` (the
-account, network rules and idle timeout, so that ``down --cluster NAME`` needs no more here) and ``NAME.known_hosts`` (its host keys, recorded on
-first contact and then required). Its lock is the cloud's (:func:`in_use`), held by the ``up``
+account, network rules and idle timeout: ``down --cluster NAME`` needs no more on this machine)
+and ``NAME.known_hosts`` (its host keys, recorded on first contact and then required). Its lock is the cloud's (:func:`in_use`), held by the ``up``
 (or ``down --cluster``) that uses the cluster, so that a second one of the same name is refused
 while the first runs, from this machine or any other.
 """
@@ -65,16 +65,6 @@ def write_record(runs_root: Path, name: str, **fields: Any) -> None:
     path = record_path(runs_root, name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"name": name, **fields}, indent=2, sort_keys=True) + "\n")
-
-
-def read_record(runs_root: Path, name: str) -> dict[str, Any]:
-    path = record_path(runs_root, name)
-    if not path.exists():
-        raise LaunchError(
-            f"no kept cluster '{name}' is known under {runs_root} ({path} is missing); "
-            "'tflaunch status --cloud' lists the clusters the account runs."
-        )
-    return json.loads(path.read_text())
 
 
 def records(runs_root: Path) -> list[dict[str, Any]]:
@@ -239,6 +229,9 @@ def down_cluster(
             f"or 'tflaunch down --cluster {name} --region REGION [--profile PROFILE]'."
         )
     cloud, access = account if account is not None else (record["cloud"], record["access"])
+    # This machine's record counts only for its own account: another named on the command line
+    # neither gets its network rules nor, finding nothing, drops it.
+    own = record is not None and _same_account((cloud, access), (record["cloud"], record["access"]))
     provider = provider_class(cloud).from_access(access, say)
     with in_use(provider, name, "tflaunch down --cluster", say):
         alive = find(provider, name)
@@ -248,9 +241,9 @@ def down_cluster(
             for network, label in i.networks.items()
             if label.startswith(NETWORK_PREFIX)
         }
-        if record and record.get("network"):
+        if own and record.get("network"):
             networks.add(record["network"])
-        if not alive and not networks and record is None:
+        if not alive and not networks and not own:
             raise LaunchError(
                 f"no kept cluster '{name}' in {provider.where()}: no instance and no network "
                 f"rules carry its tag ({TAG_KEEP}={name}). Check the name ('tflaunch status "
@@ -260,6 +253,12 @@ def down_cluster(
         provider.terminate([i.id for i in alive])
         for network in sorted(networks):
             provider.delete_network(network, wait=300)
-        path.unlink(missing_ok=True)
-        known_hosts_of(runs_root, name).unlink(missing_ok=True)
+        if own:
+            path.unlink()
+            known_hosts_of(runs_root, name).unlink(missing_ok=True)
     return f"terminated {len(alive)} instance(s) of kept cluster {name}"
+
+
+def _same_account(a: tuple[str, Mapping[str, Any]], b: tuple[str, Mapping[str, Any]]) -> bool:
+    keys = ("region", "profile", "endpoint_url")
+    return a[0] == b[0] and all(a[1].get(k) == b[1].get(k) for k in keys)
