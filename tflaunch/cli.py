@@ -515,7 +515,9 @@ def logs(run_id: str, tasks: tuple[str, ...], follow: bool, runs_dir: str) -> No
 @click.option("--region", default=None, help="With --cluster: the AWS region to look in.")
 @click.option("--profile", default=None, help="With --cluster: the AWS profile.")
 @click.option("--endpoint-url", default=None, hidden=True)
+@click.pass_context
 def down(
+    ctx: click.Context,
     run_id: str | None,
     runs_dir: str,
     cluster: str | None,
@@ -531,7 +533,9 @@ def down(
         if run_id:
             raise click.UsageError("give a run id or --cluster NAME, not both.")
         config = load_config(cluster_file) if cluster_file else None
-        click.echo(launch.down_cluster(cluster, runs_dir, click.echo, config, account_options))
+        given = ctx.get_parameter_source("runs_dir") != click.core.ParameterSource.DEFAULT
+        runs = runs_dir if given or config is None else None  # else the file's, as 'up' does
+        click.echo(launch.down_cluster(cluster, runs, click.echo, config, account_options))
         return
     if cluster_file or any(account_options.values()):
         raise click.UsageError("-f, --region and --profile go with --cluster NAME.")

@@ -188,19 +188,18 @@ def sweep_instances(
 
 def down_cluster(
     name: str,
-    runs_dir: str,
+    runs_dir: str | None,
     say: Callable[[str], None],
     config: ClusterConfig | None = None,
     options: Mapping[str, str | None] | None = None,
 ) -> str:
     """``tflaunch down --cluster NAME``: terminate a kept cluster. Its account comes from
     ``options`` (region, profile, endpoint) over the cluster file's ``ssh.provision``; with
-    neither, from this machine's record of the cluster (under ``runs_dir``, or the file's)."""
+    neither, from this machine's record of the cluster (under ``runs_dir``, else the file's
+    runs_dir, where its 'up' recorded it, else ``runs``)."""
     from tflaunch.launchers.clouds import kept
 
-    runs_root = Path(runs_dir)
-    if config is not None and not kept.record_path(runs_root, name).exists():
-        runs_root = Path(config.runs_dir)  # where 'up' of the file recorded it on this machine
+    runs_root = Path(runs_dir or (config.runs_dir if config is not None else "runs"))
     account = kept.named_account(config, options or {}, name)
     return kept.down_cluster(runs_root, name, say, account)
 
