@@ -134,7 +134,7 @@ def test_ssh_hosts_without_gpus_in_the_file_get_what_pre_flight_found():
 
     config = parse_config(SSH_HOSTS)
     plan = make_plan(config, resolve_hosts(config))
-    adopted, notes = adopt_found_gpus(config, plan, _reports(a=2, b=4), None)
+    adopted, notes = adopt_found_gpus(config, plan, _reports(a=2, b=4))
     assert {t.name: t.gpus for t in adopted.tasks} == {
         "ps:0": (),
         "worker:0": ("0", "1"),  # the only worker on a: all its GPUs
@@ -144,7 +144,7 @@ def test_ssh_hosts_without_gpus_in_the_file_get_what_pre_flight_found():
         "a: using the 2 GPU(s) nvidia-smi lists there (pre-flight); the cluster file gives "
         "the host none (gpus: 0 keeps it on CPU)"
     ]
-    assert adopt_found_gpus(config, plan, _reports(a=0, b=4), None) == (plan, [])
+    assert adopt_found_gpus(config, plan, _reports(a=0, b=4)) == (plan, [])
 
 
 def test_pre_flight_gpus_that_do_not_fit_are_a_launch_error():
@@ -156,7 +156,7 @@ def test_pre_flight_gpus_that_do_not_fit_are_a_launch_error():
     config = parse_config(SSH_HOSTS.replace("workers_per_host: 1", "gpus_per_worker: 3"))
     plan = make_plan(config, resolve_hosts(config))
     with pytest.raises(LaunchError, match="pre-flight found GPUs on hosts the cluster file"):
-        adopt_found_gpus(config, plan, _reports(a=2, b=0), None)
+        adopt_found_gpus(config, plan, _reports(a=2, b=0))
 
 
 def test_pre_flight_gpus_too_few_for_a_hosts_workers_leave_them_on_cpu():
@@ -166,7 +166,7 @@ def test_pre_flight_gpus_too_few_for_a_hosts_workers_leave_them_on_cpu():
 
     config = parse_config(SSH_HOSTS.replace("workers_per_host: 1", "workers_per_host: 2"))
     plan = make_plan(config, resolve_hosts(config))
-    adopted, notes = adopt_found_gpus(config, plan, _reports(a=1, b=0), None)
+    adopted, notes = adopt_found_gpus(config, plan, _reports(a=1, b=0))
     assert {t.name: t.gpus for t in adopted.tasks} == {"ps:0": (), "worker:0": (), "worker:1": ()}
     assert notes == [
         "a: pre-flight: nvidia-smi lists 1: 1 GPU(s) for 2 worker tasks, one each would not go "

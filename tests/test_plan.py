@@ -272,3 +272,56 @@ def test_cpus_per_task_gives_each_task_on_a_host_its_own_core_slots(tmp_path) ->
     unpinned = make_plan(load_config(path), hosts)
     assert all(t.cpus == () for t in unpinned.tasks)
     assert all("cpus" not in t for t in unpinned.to_dict()["tasks"])  # plan.json as before
+
+
+def test_checkpoint_dir_stays_a_path_of_the_hosts_over_ssh_and_the_agent_resolves_it(
+    tmp_path, monkeypatch
+):
+    """Over SSH the checkpoint directory is a path of the hosts: '~' and relative paths are not
+    resolved on the laptop but by each host's agent (home: where sshd starts it); the default
+    is checkpoints/ in the run's directory on the hosts. Locally nothing changes."""
+    from tflaunch import launch
+    from tflaunch.cluster.plan import on_this_host
+    from tflaunch.runtime.run import Run
+
+    hosts = [Host("a", "10.0.0.1", "10.0.0.1")]
+    ssh_hosts = "hosts: [{name: a, address: 10.0.0.1}]\nssh: {remote_runs_dir: remote-runs}\n"
+
+    def plan_of(text: str, run_dir: str | None = None) -> Plan:
+        config = parse_config(text, source=str(tmp_path / "c.yaml"), base_dir=str(tmp_path))
+        return make_plan(config, hosts, run_dir)
+
+    ssh = "backend: ssh\nroles: {ps: 0, worker: 1}\n" + ssh_hosts
+    program = "program: {argv: [p, '{checkpoint_dir}'], workdir: proj%s}\n"
+    chosen = plan_of(program % ", checkpoint_dir: ckpt" + ssh).program.checkpoint_dir
+    assert chosen == "proj/ckpt"  # relative to the workdir, itself relative to the remote home
+    assert plan_of(program % ", checkpoint_dir: '~/ckpt'" + ssh).program.checkpoint_dir == (
+        "~/ckpt"
+    )
+    config = parse_config(program % "" + ssh, source=str(tmp_path / "c.yaml"))
+    run = Run("r-1", tmp_path / "runs" / "r-1")
+    assert launch.tasks_run_dir(config, run) == "~/remote-runs/r-1"
+    default = make_plan(config, hosts, launch.tasks_run_dir(config, run))
+    assert default.program.checkpoint_dir == "~/remote-runs/r-1/checkpoints"
+    assert "checkpoints: ~/remote-runs/<run id>/checkpoints on each task's host" in (
+        launch.checkpoints_line(config, launch.plan_cluster(config))
+    )
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)  # an agent's working directory: the remote home
+    resolved = on_this_host(default)
+    assert resolved.program.checkpoint_dir == str(tmp_path / "home/remote-runs/r-1/checkpoints")
+    view = render_task(resolved, resolved.tasks[0], tmp_path / "runs" / "r-1")
+    assert view.argv[1] == view.env["TFLAUNCH_CHECKPOINT_DIR"] == resolved.program.checkpoint_dir
+    relative = on_this_host(plan_of(program % ", checkpoint_dir: ckpt" + ssh))
+    assert relative.program.checkpoint_dir == str(tmp_path / "proj" / "ckpt")
+    url = plan_of(program % ", checkpoint_dir: 's3://b/ckpt'" + ssh)
+    assert on_this_host(url) is url
+
+    local = "program: {argv: [p]}\nroles: {ps: 0, worker: 1}\n"
+    config = parse_config(local, source=str(tmp_path / "c.yaml"))
+    assert launch.tasks_run_dir(config, run) == str(run.dir)
+    assert launch.checkpoints_line(config, launch.plan_cluster(config)) is None
+    here = make_plan(config, hosts, run.dir)
+    assert here.program.checkpoint_dir == str(run.dir / "checkpoints")
+    assert on_this_host(here) is here

@@ -149,6 +149,53 @@ def test_cluster_runs_on_private_addresses_and_logs_come_back(ssh_test_hosts, tm
     assert wait_hosts_clean(ssh_test_hosts, 10) == []
 
 
+def test_default_checkpoint_dir_is_the_run_directory_on_the_hosts(ssh_test_hosts, tmp_path):
+    """Without program.checkpoint_dir the tasks get checkpoints/ in the run's directory on the
+    hosts (here under the remote home: '~' is expanded there, by each host's agent), not the
+    laptop's run directory; {checkpoint_dir} in argv is the same path.
+
+    Also: the file that ssh.upload names is in the workdir itself, which the hosts share with
+    this machine; the upload must not truncate it (a plain SFTP put onto itself leaves it
+    empty)."""
+    import pwd
+
+    remote = f".tflaunch-ckpt-test-{uuid.uuid4().hex[:8]}"
+    home = Path(pwd.getpwnam("root").pw_dir)  # the hosts' user (the hosts share this disk)
+    (tmp_path / "work").mkdir()
+    own = tmp_path / "work" / "fake_task.py"
+    own.write_bytes(FAKE_TASK.read_bytes())
+    cluster = ssh_cluster(
+        tmp_path,
+        ssh_test_hosts,
+        env={"WRITE_CHECKPOINT": "1"},
+        program={"argv": [sys.executable, "fake_task.py", "{checkpoint_dir}"]},
+        roles={"ps": 1, "worker": 2},
+    )
+    data = yaml.safe_load(cluster.read_text())
+    data["ssh"].update(remote_runs_dir=f"~/{remote}", upload=[str(own)])
+    cluster.write_text(yaml.safe_dump(data))
+    shown = tflaunch("plan", str(cluster))
+    assert f"checkpoints: ~/{remote}/<run id>/checkpoints on each task's host (the default;" in (
+        shown.stdout
+    )
+    try:
+        result = tflaunch("up", str(cluster), timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        run = only_run(tmp_path)
+        expected = home / remote / run.name / "checkpoints"
+        for index in (0, 1):
+            line = f"[worker:{index}] checkpoint dir {expected} argv ['{expected}']"
+            assert line in result.stdout, result.stdout
+            assert (expected / f"worker-{index}").read_text() == "saved\n"
+        assert not (run / "checkpoints").exists()  # nothing on the laptop's run directory path
+        assert own.read_bytes() == FAKE_TASK.read_bytes()  # uploaded onto itself, still whole
+        plan = json.loads((run / "plan.json").read_text())
+        assert plan["program"]["checkpoint_dir"] == f"~/{remote}/{run.name}/checkpoints"
+    finally:
+        shutil.rmtree(home / remote, ignore_errors=True)
+    assert wait_hosts_clean(ssh_test_hosts, 10) == []
+
+
 def test_cluster_through_a_jump_host(ssh_test_hosts, tmp_path):
     """Hosts known by their private addresses only, reached through host 1 (ProxyJump)."""
     jump = ssh_test_hosts.host(1)

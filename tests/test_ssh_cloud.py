@@ -80,9 +80,20 @@ def cloud_cluster(tmp_path: Path, hosts, endpoint: str, monkeypatch, **overrides
             data[key] = {**data[key], **value}
         else:
             data[key] = value
+    uploads_stay_in(tmp_path, data)
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def uploads_stay_in(tmp_path: Path, data: dict) -> None:
+    """The test hosts share this machine's disk: a file uploaded into a workdir outside the
+    test's folder (the checkout, say) is a stray copy there, left behind after the test."""
+    workdir = Path(data["program"].get("workdir", "."))
+    assert not data["ssh"].get("upload") or workdir.is_relative_to(tmp_path), (
+        f"ssh.upload would copy {data['ssh']['upload']} into {workdir}, outside the test's "
+        "folder; upload nothing there, or keep the workdir under tmp_path"
+    )
 
 
 def instances(endpoint: str, states=("pending", "running", "stopping", "stopped")) -> list[dict]:

@@ -2,7 +2,8 @@
 second ``up`` of a kept cluster creates nothing and waits for no SSH, syncs only what changed
 and skips setup; a plan that does not fit is refused naming the difference; a second ``up``
 while one holds the cluster (from another laptop) is refused naming it; ``status --cloud`` shows
-the cluster busy, then idle; ``down --cluster`` leaves nothing running."""
+the cluster busy, then idle; ``down --cluster`` leaves nothing running, also from a laptop that
+did not make the cluster."""
 
 from __future__ import annotations
 
@@ -175,9 +176,33 @@ def test_a_kept_cluster_that_does_not_fit_is_refused_unless_recreate(
     (new,) = instances(clean_region, ("running",))
     assert new["InstanceType"] == "c5.2xlarge" and new["InstanceId"] != old["InstanceId"]
 
-    down = tflaunch("down", "--cluster", "cloud-test", "--run-dir", str(runs), timeout=120)
+    # B reused the cluster, so it knows it now; laptop C (a runs directory and home of its own)
+    # never used it: the cluster file names the account, the cloud's tags find the instances
+    # and network rules.
+    assert (tmp_path / "laptop-b" / ".clusters" / "cloud-test.json").exists()
+    laptop_c = ["--runs-dir", str(tmp_path / "laptop-c")]
+    (tmp_path / "home-c").mkdir()
+    c_env = {"HOME": str(tmp_path / "home-c")}
+    down = tflaunch("down", "--cluster", "cloud-test", "-f", str(cluster), *laptop_c, env=c_env,
+                    timeout=120)  # fmt: skip
     assert down.returncode == 0, down.stderr
+    assert "terminated 1 instance(s) of kept cluster cloud-test" in down.stdout
     assert instances(clean_region) == []
+    assert tflaunch_groups(clean_region) == []
+    assert (runs / ".clusters" / "cloud-test.json").exists()  # laptop A's, now stale
+    again = tflaunch("down", "--cluster", "cloud-test", "--run-dir", str(runs), timeout=120)
+    assert again.returncode == 0, again.stderr  # A's own record: nothing left to end
+    assert "terminated 0 instance(s) of kept cluster cloud-test" in again.stdout
+    assert not (runs / ".clusters" / "cloud-test.json").exists()
+
+
+def tflaunch_groups(endpoint: str) -> list[str]:
+    """The names of tflaunch's security groups (a run's own, a kept cluster's lock)."""
+    import boto3
+
+    client = boto3.client("ec2", region_name="us-east-1", endpoint_url=endpoint)
+    groups = client.describe_security_groups()["SecurityGroups"]
+    return [g["GroupName"] for g in groups if g["GroupName"].startswith("tflaunch-")]
 
 
 def test_keep_needs_provisioning_and_excludes_down(tmp_path):

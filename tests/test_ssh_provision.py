@@ -39,6 +39,11 @@ HEAD = "program: [python, train.py]\nbackend: ssh\n"
 
 
 def provision_config(tmp_path: Path, extra: str = "", endpoint: str | None = None, **over):
+    text = provision_text(extra, endpoint, **over)
+    return parse_config(text, source=str(tmp_path / "c.yaml"), base_dir=str(tmp_path))
+
+
+def provision_text(extra: str = "", endpoint: str | None = None, **over) -> str:
     lines = [
         "ssh:",
         f"  port: {over.get('ssh_port', 22)}",
@@ -52,8 +57,7 @@ def provision_config(tmp_path: Path, extra: str = "", endpoint: str | None = Non
     ]
     if endpoint:
         lines.append(f"    endpoint_url: {endpoint}")
-    text = over.get("head", HEAD) + extra + "\n".join(lines) + "\n" + over.get("more", "")
-    return parse_config(text, source=str(tmp_path / "c.yaml"), base_dir=str(tmp_path))
+    return over.get("head", HEAD) + extra + "\n".join(lines) + "\n" + over.get("more", "")
 
 
 # ---- planning and prices (pure) ---------------------------------------------------------------
@@ -705,12 +709,90 @@ def test_a_kept_clusters_lock_holds_across_machines_and_a_stale_one_is_broken(
     )
 
 
+def test_down_cluster_from_another_machine_finds_the_cluster_by_its_tags(
+    tmp_path, ec2_endpoint, aws_env, banner_port, monkeypatch
+):
+    """'up --keep' on laptop A (its runs directory and home); 'down --cluster' on laptop B,
+    which has neither A's runs directory nor its .clusters record: the cluster file (or
+    --region) names the account, the tags find the instances and security groups."""
+    from tests.helpers import tflaunch
+    from tflaunch.launchers.clouds import kept
+
+    text = provision_text(DEDICATED, ec2_endpoint, ssh_port=banner_port)
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(text)
+    config = parse_config(text, source=str(cluster), base_dir=str(tmp_path))
+    address_map(tmp_path, ["worker-1", "worker-2", "ps-1"], monkeypatch)
+    laptop_a = tmp_path / "laptop-a"
+
+    def up_on_a() -> str:
+        run = Run.create(laptop_a, "t")
+        provisioned_run(config, run, lambda plan: 0, lambda m: None, keep=config.name)
+        return run.id
+
+    def tflaunch_groups() -> list[str]:  # those of this test (the stand-in serves the module)
+        groups = ec2(ec2_endpoint).describe_security_groups()["SecurityGroups"]
+        names = {g["GroupName"] for g in groups if g["GroupName"].startswith("tflaunch-")}
+        return sorted(names - before)
+
+    before: set[str] = set()
+    before = set(tflaunch_groups())
+    first = up_on_a()
+    assert kept.record_path(laptop_a, config.name).exists()
+    assert len(run_instances_of(ec2_endpoint, first)) == 3
+    assert tflaunch_groups() == [f"tflaunch-{first}"]
+
+    (tmp_path / "home-b").mkdir()
+    b_env = {"HOME": str(tmp_path / "home-b")}
+    laptop_b = ["--runs-dir", str(tmp_path / "laptop-b")]
+    # Nothing names the account: refused, saying how to name it; nothing is touched.
+    refused = tflaunch("down", "--cluster", config.name, *laptop_b, env=b_env)
+    assert refused.returncode == 2, refused.stderr
+    assert f"no kept cluster '{config.name}' is recorded on this machine" in refused.stderr
+    assert f"'tflaunch down --cluster {config.name} -f CLUSTER_FILE'" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    # A name the account has no cluster of: refused, naming where it looked.
+    region = ["--region", "us-east-1", "--endpoint-url", ec2_endpoint]
+    wrong = tflaunch("down", "--cluster", "nope", *region, *laptop_b, env=b_env)
+    assert wrong.returncode == 2, wrong.stderr
+    assert "no kept cluster 'nope' in ec2 us-east-1: no instance and no network rules" in (
+        wrong.stderr
+    )
+    assert len(run_instances_of(ec2_endpoint, first)) == 3
+    # Laptop A named another region by mistake: refused there, and A's record of the cluster
+    # (its account) stays.
+    west = ["--region", "us-west-2", "--endpoint-url", ec2_endpoint, "--runs-dir", str(laptop_a)]
+    elsewhere = tflaunch("down", "--cluster", config.name, *west)
+    assert elsewhere.returncode == 2, elsewhere.stderr
+    assert f"no kept cluster '{config.name}' in ec2 us-west-2" in elsewhere.stderr
+    assert kept.record_path(laptop_a, config.name).exists()
+
+    down = tflaunch("down", "--cluster", config.name, "-f", str(cluster), *laptop_b, env=b_env)
+    assert down.returncode == 0, down.stderr
+    assert f"terminated 3 instance(s) of kept cluster {config.name}" in down.stdout
+    assert run_instances_of(ec2_endpoint, first, ("pending", "running", "stopped")) == []
+    assert tflaunch_groups() == []
+    assert not (tmp_path / "laptop-b" / ".clusters").exists()
+
+    # The instances ended by themselves (the idle watchdog): their security group stays until
+    # 'down --cluster', which finds it by its tag, here with the region alone.
+    second = up_on_a()
+    ec2(ec2_endpoint).terminate_instances(
+        InstanceIds=[i["InstanceId"] for i in run_instances_of(ec2_endpoint, second)]
+    )
+    assert tflaunch_groups() == [f"tflaunch-{second}"]
+    down = tflaunch("down", "--cluster", config.name, *region, *laptop_b, env=b_env)
+    assert down.returncode == 0, down.stderr
+    assert f"terminated 0 instance(s) of kept cluster {config.name}" in down.stdout
+    assert tflaunch_groups() == []
+
+
 def test_spot_workers_with_checkpoints_on_the_instances_disks_are_told_where_they_must_live(
     tmp_path,
 ):
     from tflaunch.launchers.ssh.provision import candidate_hosts, checkpoint_notice
 
-    run_dir = tmp_path / "runs" / "r-1"
+    run_dir = "~/runs/r-1"  # the run's directory on the hosts
 
     def notice(spot: bool, chosen: str | None) -> str | None:
         program = "{argv: [python, train.py]" + (f", checkpoint_dir: '{chosen}'" if chosen else "")
@@ -726,7 +808,8 @@ def test_spot_workers_with_checkpoints_on_the_instances_disks_are_told_where_the
     assert notice(False, None) is None
     said = notice(True, None)
     assert said.startswith(
-        f"checkpoints: {run_dir}/checkpoints (the default, the run directory's path) is on each "
+        f"checkpoints: {run_dir}/checkpoints (the default, in the run's directory on the hosts) "
+        "is on each "
         "instance's own disk, and with ssh.provision.spot_workers every worker host is a spot "
         "instance (worker-1, where worker:0 writes them)."
     )

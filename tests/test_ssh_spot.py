@@ -17,7 +17,7 @@ import pytest
 
 from tests.helpers import read_until, start_tflaunch
 from tests.hosts import ssh_hosts
-from tests.test_ssh_cloud import ROOT, clean_region, cloud_cluster, instances  # noqa: F401
+from tests.test_ssh_cloud import clean_region, cloud_cluster, instances  # noqa: F401
 from tests.test_ssh_provision import aws_env  # noqa: F401 (a fixture)
 
 ssh_test_hosts = ssh_hosts.ssh_test_hosts  # the session fixture
@@ -64,7 +64,7 @@ def pss_spot_cluster(tmp_path, hosts, endpoint, monkeypatch, steps: int, worker:
         hosts,
         endpoint,
         monkeypatch,
-        program={"argv": argv, "workdir": str(ROOT), "env": {"TEST_MARKER": str(tmp_path)}},
+        program={"argv": argv, "env": {"TEST_MARKER": str(tmp_path)}},  # the workdir: tmp
         roles={"ps": 1, "worker": 2, "chief": 1},
         supervision={
             "success": "chief",

@@ -94,7 +94,7 @@ def schema() -> None:
 )
 def plan(cluster_file: str, as_json: bool, expand: bool) -> None:
     """Show every task: role, host, address:port, GPUs, command."""
-    _, the_plan = _load_plan(cluster_file)
+    config, the_plan = _load_plan(cluster_file)
     if as_json:
         if expand:
             data = the_plan.to_dict()
@@ -116,6 +116,9 @@ def plan(cluster_file: str, as_json: bool, expand: bool) -> None:
         rows.append((task.name, task.host, task.address or "-", gpus, *cpus, command))
     for line in aligned(rows):
         click.echo(line)
+    checkpoints = launch.checkpoints_line(config, the_plan)
+    if checkpoints:
+        click.echo(checkpoints)
     for line in gpu_sources(the_plan):
         click.echo(line)
     for name, count in kept.items():
@@ -500,13 +503,42 @@ def logs(run_id: str, tasks: tuple[str, ...], follow: bool, runs_dir: str) -> No
 @click.argument("run_id", required=False)
 @run_dir_option
 @click.option("--cluster", default=None, help="Terminate this kept cluster (up --keep) instead.")
-def down(run_id: str | None, runs_dir: str, cluster: str | None) -> None:
-    """Stop a run: every task on every host (or, with --cluster, end a kept cluster)."""
+@click.option(
+    "--file",
+    "-f",
+    "cluster_file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="With --cluster: the cluster file whose ssh.provision names the account (a kept "
+    "cluster made from another machine).",
+)
+@click.option("--region", default=None, help="With --cluster: the AWS region to look in.")
+@click.option("--profile", default=None, help="With --cluster: the AWS profile.")
+@click.option("--endpoint-url", default=None, hidden=True)
+@click.pass_context
+def down(
+    ctx: click.Context,
+    run_id: str | None,
+    runs_dir: str,
+    cluster: str | None,
+    cluster_file: str | None,
+    region: str | None,
+    profile: str | None,
+    endpoint_url: str | None,
+) -> None:
+    """Stop a run: every task on every host (or, with --cluster, end a kept cluster, from any
+    machine with the account: -f CLUSTER_FILE or --region say where it runs)."""
+    account_options = {"region": region, "profile": profile, "endpoint_url": endpoint_url}
     if cluster:
         if run_id:
             raise click.UsageError("give a run id or --cluster NAME, not both.")
-        click.echo(launch.down_cluster(cluster, runs_dir, click.echo))
+        config = load_config(cluster_file) if cluster_file else None
+        given = ctx.get_parameter_source("runs_dir") != click.core.ParameterSource.DEFAULT
+        runs = runs_dir if given or config is None else None  # else the file's, as 'up' does
+        click.echo(launch.down_cluster(cluster, runs, click.echo, config, account_options))
         return
+    if cluster_file or any(account_options.values()):
+        raise click.UsageError("-f, --region and --profile go with --cluster NAME.")
     if not run_id:
         raise click.UsageError("give the run id to stop, or --cluster NAME.")
     run = Run.open(runs_dir, run_id)

@@ -45,9 +45,36 @@ def run_state(run: Run) -> str:
     return "lost" if not run.ended else run.record().state or "unknown"
 
 
-def plan_cluster(config: ClusterConfig, run_dir: Path | None = None) -> Plan:
-    """Place the cluster on its backend's hosts (``run_dir`` holds the default checkpoints)."""
-    return make_plan(config, backend_for(config.backend).hosts(config), run_dir)
+def plan_cluster(config: ClusterConfig, run: Run | None = None) -> Plan:
+    """Place the cluster on its backend's hosts (``run``'s directory, as the tasks see it, holds
+    the default checkpoints)."""
+    return make_plan(config, backend_for(config.backend).hosts(config), tasks_run_dir(config, run))
+
+
+def tasks_run_dir(config: ClusterConfig, run: Run | None) -> str | None:
+    """The run's directory as its tasks see it: on the hosts where they have their own
+    (ssh: ``<remote_runs_dir>/<run id>``, ``~`` for the remote home), else the run directory
+    here (this machine, Slurm's shared file system); None without a run, outside ssh."""
+    run_id = run.id if run is not None else "<run id>"
+    on_hosts = backend_for(config.backend).host_run_dir(config, run_id)
+    if on_hosts is not None:
+        return on_hosts
+    return None if run is None else str(run.dir)
+
+
+def checkpoints_line(config: ClusterConfig, plan: Plan) -> str | None:
+    """``tflaunch plan``'s line saying where the tasks' checkpoint directory is when it is on
+    the hosts' own disks (ssh); None where it is on this machine's (or a shared) file system."""
+    if backend_for(config.backend).host_run_dir(config, "<run id>") is None:
+        return None
+    path = plan.program.checkpoint_dir
+    if "://" in path:
+        return f"checkpoints: {path} (program.checkpoint_dir)"
+    where = "program.checkpoint_dir" if config.program.checkpoint_dir else "the default"
+    return (
+        f"checkpoints: {path} on each task's host ({where}; ~ and relative paths are the "
+        "remote home's)"
+    )
 
 
 def prepare(
@@ -62,7 +89,7 @@ def prepare(
     hosts = backend.hosts(config)
     run = Run.create(runs_dir or config.runs_dir, config.name, run_id, int(config.run_dir_mode, 8))
     try:
-        plan = make_plan(config, hosts, run.dir)
+        plan = make_plan(config, hosts, tasks_run_dir(config, run))
     except PlanError:
         run.dir.rmdir()  # still empty: a plan that cannot be made leaves no run behind
         raise
@@ -103,7 +130,7 @@ def dry_run(config: ClusterConfig, runs_dir: str | None, run_id: str | None) -> 
     runs_dir = runs_dir or config.runs_dir
     run_id = run_id or new_run_id(config.name)
     run = Run(run_id, Path(runs_dir).resolve() / run_id)
-    return backend_for(config.backend).dry_run(config, plan_cluster(config, run.dir), run)
+    return backend_for(config.backend).dry_run(config, plan_cluster(config, run), run)
 
 
 def up(
@@ -159,11 +186,22 @@ def sweep_instances(
     return sweep_account(config, options, dry_run, say)
 
 
-def down_cluster(name: str, runs_dir: str, say: Callable[[str], None]) -> str:
-    """``tflaunch down --cluster NAME``: terminate a kept cluster."""
-    from tflaunch.launchers.clouds.kept import down_cluster as terminate_cluster
+def down_cluster(
+    name: str,
+    runs_dir: str | None,
+    say: Callable[[str], None],
+    config: ClusterConfig | None = None,
+    options: Mapping[str, str | None] | None = None,
+) -> str:
+    """``tflaunch down --cluster NAME``: terminate a kept cluster. Its account comes from
+    ``options`` (region, profile, endpoint) over the cluster file's ``ssh.provision``; with
+    neither, from this machine's record of the cluster (under ``runs_dir``, else the file's
+    runs_dir, where its 'up' recorded it, else ``runs``)."""
+    from tflaunch.launchers.clouds import kept
 
-    return terminate_cluster(Path(runs_dir), name, say)
+    runs_root = Path(runs_dir or (config.runs_dir if config is not None else "runs"))
+    account = kept.named_account(config, options or {}, name)
+    return kept.down_cluster(runs_root, name, say, account)
 
 
 def cloud_status(

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from tflaunch.runtime.run import RunRecord
 
 _PROVIDERS = {"ec2": "tflaunch.launchers.clouds.ec2.provider:Ec2Provider"}
+DEFAULT_CLOUD = "ec2"  # the account named by flags alone (--region, --profile) is one of its
 
 
 def providers() -> dict[str, str]:

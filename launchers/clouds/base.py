@@ -152,9 +152,12 @@ def pending_hosts(planned: Sequence[PlannedInstance]) -> list[Host]:
     ]
 
 
+NETWORK_PREFIX = "tflaunch-"  # of the network rules' names: a run's own, a kept cluster's lock
+
+
 def network_name(run_id: str) -> str:
     """The name of the network rules (security group) a run makes for itself."""
-    return f"tflaunch-{run_id}"
+    return f"{NETWORK_PREFIX}{run_id}"
 
 
 class Provider(ABC):
@@ -199,10 +202,17 @@ class Provider(ABC):
 
     @abstractmethod
     def open_network(
-        self, run_id: str, cluster: str, ports: Sequence[int], ssh_port: int, ssh_from: str
+        self,
+        run_id: str,
+        cluster: str,
+        ports: Sequence[int],
+        ssh_port: int,
+        ssh_from: str,
+        tags: Mapping[str, str] | None = None,
     ) -> str:
         """Network rules admitting the cluster's ports between its members and SSH from
-        ``ssh_from``; returns their id."""
+        ``ssh_from``, with ``tags`` beside tflaunch's (a kept cluster's :data:`TAG_KEEP`);
+        returns their id."""
 
     @abstractmethod
     def create(
@@ -239,6 +249,15 @@ class Provider(ABC):
     @abstractmethod
     def delete_network(self, network: str, wait: float) -> None:
         """Delete the run's network rules (once no instance uses them)."""
+
+    @abstractmethod
+    def kept_networks(self, name: str) -> list[str]:
+        """The network rules tagged as kept cluster ``name``'s (:data:`TAG_KEEP`), found from
+        any machine; not its lock."""
+
+    @abstractmethod
+    def where(self) -> str:
+        """The account and region this provider asks, for messages."""
 
     # ---- a kept cluster's lock, held in the cloud so that it holds across machines ----------
 

@@ -6,12 +6,13 @@ finds them through the provider and, when they fit its plan (the same hosts, rol
 types and spot choice), reuses them: nothing is created and nothing waits for SSH; the sync
 copies only what changed and ``setup_once`` skips setup. A plan that does not fit is refused,
 naming each difference, unless ``--recreate`` asks to terminate the kept instances and make new
-ones. ``tflaunch down --cluster NAME`` terminates a kept cluster; its instances' idle watchdog
-(``ssh.provision.idle_timeout``) ends it too.
+ones. ``tflaunch down --cluster NAME`` terminates a kept cluster, from any machine with the
+account (its instances and network rules carry :data:`TAG_KEEP`); its instances' idle watchdog
+(``ssh.provision.idle_timeout``) ends them too, leaving the network rules to ``down --cluster``.
 
 The launcher side of a kept cluster lives in ``<runs_dir>/.clusters/``: ``NAME.json`` (the
-account, network rules and idle timeout) and ``NAME.known_hosts`` (its host keys, recorded on
-first contact and then required). Its lock is the cloud's (:func:`in_use`), held by the ``up``
+account, network rules and idle timeout: ``down --cluster NAME`` needs no more on this machine)
+and ``NAME.known_hosts`` (its host keys, recorded on first contact and then required). Its lock is the cloud's (:func:`in_use`), held by the ``up``
 (or ``down --cluster``) that uses the cluster, so that a second one of the same name is refused
 while the first runs, from this machine or any other.
 """
@@ -26,10 +27,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tflaunch.errors import LaunchError, TflaunchError
-from tflaunch.launchers.clouds import provider_class
+from tflaunch.cluster.config import ClusterConfig
+from tflaunch.errors import ConfigError, LaunchError, TflaunchError
+from tflaunch.launchers.clouds import DEFAULT_CLOUD, provider_class
 from tflaunch.launchers.clouds.base import (
     GONE_STATES,
+    NETWORK_PREFIX,
     TAG_KEEP,
     TAG_ROLE,
     Instance,
@@ -62,16 +65,6 @@ def write_record(runs_root: Path, name: str, **fields: Any) -> None:
     path = record_path(runs_root, name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"name": name, **fields}, indent=2, sort_keys=True) + "\n")
-
-
-def read_record(runs_root: Path, name: str) -> dict[str, Any]:
-    path = record_path(runs_root, name)
-    if not path.exists():
-        raise LaunchError(
-            f"no kept cluster '{name}' is known under {runs_root} ({path} is missing); "
-            "'tflaunch status --cloud' lists the clusters the account runs."
-        )
-    return json.loads(path.read_text())
 
 
 def records(runs_root: Path) -> list[dict[str, Any]]:
@@ -190,17 +183,82 @@ def differences(planned: Sequence[PlannedInstance], kept: Sequence[Instance]) ->
     return problems
 
 
-def down_cluster(runs_root: Path, name: str, say: Say) -> str:
-    """``tflaunch down --cluster NAME``: terminate the kept cluster and its network rules."""
-    record = read_record(runs_root, name)
-    provider = provider_of_record(record, say)
+def named_account(
+    config: ClusterConfig | None, options: Mapping[str, str | None], name: str
+) -> tuple[str, dict[str, Any]] | None:
+    """(cloud, access) of the account the command line names for ``down --cluster``: the
+    options (region, profile, endpoint) over the cluster file's ``ssh.provision``; None when
+    it names none."""
+    section = None
+    if config is not None:
+        section = config.ssh.provision
+        if section is None:
+            raise ConfigError(
+                f"{config.source}: the cluster file has no ssh.provision section to name the "
+                f"account of kept cluster '{name}'."
+            )
+    if section is None and not any(options.values()):
+        return None
+    access: dict[str, Any] = {
+        key: options.get(key) or getattr(section, key, None)
+        for key in ("region", "profile", "endpoint_url")
+    }
+    access["subnet"] = getattr(section, "subnet", None)  # its VPC holds the cluster's lock
+    return (section.cloud if section is not None else DEFAULT_CLOUD), access
+
+
+def down_cluster(
+    runs_root: Path,
+    name: str,
+    say: Say,
+    account: tuple[str, Mapping[str, Any]] | None = None,
+) -> str:
+    """``tflaunch down --cluster NAME``: terminate the kept cluster, its network rules and lock.
+
+    The cluster is found by its tags in the cloud (:data:`TAG_KEEP` on its instances and network
+    rules), so any machine with the account's credentials can end it. ``account`` (cloud, access)
+    says where to look, from the command line (a cluster file's ``ssh.provision``, or flags);
+    without it, this machine's record of the cluster (``<runs_root>/.clusters/NAME.json``) does."""
+    path = record_path(runs_root, name)
+    record = json.loads(path.read_text()) if path.exists() else None
+    if account is None and record is None:
+        raise LaunchError(
+            f"no kept cluster '{name}' is recorded on this machine ({path} is missing: made "
+            "from another machine, or another --runs-dir?). Name its account: 'tflaunch down "
+            f"--cluster {name} -f CLUSTER_FILE' (the file's ssh.provision region and profile), "
+            f"or 'tflaunch down --cluster {name} --region REGION [--profile PROFILE]'."
+        )
+    cloud, access = account if account is not None else (record["cloud"], record["access"])
+    # This machine's record counts only for its own account: another named on the command line
+    # neither gets its network rules nor, finding nothing, drops it.
+    own = record is not None and _same_account((cloud, access), (record["cloud"], record["access"]))
+    provider = provider_class(cloud).from_access(access, say)
     with in_use(provider, name, "tflaunch down --cluster", say):
         alive = find(provider, name)
-        provider.terminate([i.id for i in alive], record.get("network"))
-        record_path(runs_root, name).unlink()
-        known_hosts_of(runs_root, name).unlink(missing_ok=True)
+        networks = set(provider.kept_networks(name)) | {
+            network
+            for i in alive
+            for network, label in i.networks.items()
+            if label.startswith(NETWORK_PREFIX)
+        }
+        if own and record.get("network"):
+            networks.add(record["network"])
+        if not alive and not networks and not own:
+            raise LaunchError(
+                f"no kept cluster '{name}' in {provider.where()}: no instance and no network "
+                f"rules carry its tag ({TAG_KEEP}={name}). Check the name ('tflaunch status "
+                "--cloud' lists the clusters) and the account (-f CLUSTER_FILE, --region, "
+                "--profile)."
+            )
+        provider.terminate([i.id for i in alive])
+        for network in sorted(networks):
+            provider.delete_network(network, wait=300)
+        if own:
+            path.unlink()
+            known_hosts_of(runs_root, name).unlink(missing_ok=True)
     return f"terminated {len(alive)} instance(s) of kept cluster {name}"
 
 
-def provider_of_record(record: Mapping[str, Any], say: Say) -> Provider:
-    return provider_class(record["cloud"]).from_access(record["access"], say)
+def _same_account(a: tuple[str, Mapping[str, Any]], b: tuple[str, Mapping[str, Any]]) -> bool:
+    keys = ("region", "profile", "endpoint_url")
+    return a[0] == b[0] and all(a[1].get(k) == b[1].get(k) for k in keys)

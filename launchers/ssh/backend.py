@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import posixpath
 import queue
 import threading
 import time
@@ -56,6 +55,7 @@ from tflaunch.launchers.ssh.connect import (
     remote_command,
 )
 from tflaunch.launchers.ssh.details import SshDetails
+from tflaunch.launchers.ssh.section import host_run_dir
 from tflaunch.launchers.ssh.session import HostSession
 from tflaunch.launchers.ssh.sources import resolve_hosts
 from tflaunch.runtime import protocol
@@ -356,12 +356,7 @@ class SshBackend(Backend):
         return config.ssh.python
 
     def host_run_dir(self, config: ClusterConfig, run_id: str) -> str:
-        """As the hosts lay runs out: ``ssh.remote_runs_dir`` (else the local runs_dir path),
-        relative to the remote home directory unless absolute."""
-        root = config.ssh.remote_runs_dir or config.runs_dir
-        if not posixpath.isabs(root) and not root.startswith("~"):
-            root = posixpath.join("~", root)  # the task expands it: relative to the home
-        return posixpath.join(root, run_id)
+        return host_run_dir(config, run_id)
 
     def tensorboard(
         self, run: Run, logdir: str | None, port: int, remote_port: int, show: Any

@@ -29,10 +29,11 @@ def file_gives_gpus(config: ClusterConfig, host: Host) -> bool:
 
 
 def adopt_found_gpus(
-    config: ClusterConfig, plan: Plan, reports: list[HostReport], run_dir: object
+    config: ClusterConfig, plan: Plan, reports: list[HostReport]
 ) -> tuple[Plan, list[str]]:
-    """The plan with pre-flight's GPU counts for hosts the file gives none, and one line per
-    host that got some; the same plan and no lines when there are none."""
+    """The plan with pre-flight's GPU counts for hosts the file gives none (the same program,
+    checkpoint directory included), and one line per host that got some; the same plan and no
+    lines when there are none."""
     found: dict[str, int] = {}
     for report in reports:
         host = plan.host(report.host)
@@ -53,7 +54,7 @@ def adopt_found_gpus(
         for h in plan.hosts
     ]
     try:
-        adopted = make_plan(config, hosts, run_dir)
+        adopted = dataclasses.replace(make_plan(config, hosts), program=plan.program)
     except PlanError as err:
         raise LaunchError(
             f"pre-flight found GPUs on hosts the cluster file gives none, and they do not fit "

@@ -35,7 +35,6 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from tflaunch.cluster.config import ClusterConfig
@@ -63,6 +62,7 @@ from tflaunch.launchers.clouds.base import (
 from tflaunch.launchers.clouds.costs import Price, cost_table
 from tflaunch.launchers.clouds.sweep import mark_terminated
 from tflaunch.launchers.clouds.watchdog import user_data
+from tflaunch.launchers.ssh.section import host_run_dir
 from tflaunch.runtime.run import Run
 from tflaunch.text import aligned
 
@@ -232,7 +232,7 @@ def provisioned_run(
     if len(planned) < len(candidates):  # placement on fewer hosts may differ: plan on those
         plan = make_plan(config, pending_hosts(planned))
     end = _Ending(detach, down_at_end or config.ssh.provision.terminate_at_end, keep)
-    notice = checkpoint_notice(config, plan, run.dir)
+    notice = checkpoint_notice(config, plan, host_run_dir(config, run.id))
     if notice:
         say(notice)
     if not keep:
@@ -245,11 +245,12 @@ def provisioned_run(
         )
 
 
-def checkpoint_notice(config: ClusterConfig, plan: Plan, run_dir: Path) -> str | None:
+def checkpoint_notice(config: ClusterConfig, plan: Plan, run_dir: str) -> str | None:
     """What to say when the checkpoints would die with a spot instance: with ``spot_workers``
     the chief's host is a spot instance too, and a replacement starts with an empty disk, so the
     checkpoints must be on storage every instance shares. An absolute ``program.checkpoint_dir``
-    (a shared mount, one trusts) or a URL (``gs://``, ``s3://``) is left alone."""
+    (a shared mount, one trusts) or a URL (``gs://``, ``s3://``) is left alone. ``run_dir``:
+    the run's directory on the hosts."""
     chosen = config.program.checkpoint_dir
     if not config.ssh.provision.spot_workers or (
         chosen and ("://" in chosen or posixpath.isabs(chosen))
@@ -259,7 +260,9 @@ def checkpoint_notice(config: ClusterConfig, plan: Plan, run_dir: Path) -> str |
         (t for t in plan.tasks if t.job == "chief" or (t.job == "worker" and t.index == 0)), None
     )
     host = f" ({leader.host}, where {leader.job}:{leader.index} writes them)" if leader else ""
-    where = "program.checkpoint_dir" if chosen else "the default, the run directory's path"
+    where = (
+        "program.checkpoint_dir" if chosen else "the default, in the run's directory on the hosts"
+    )
     return (
         f"checkpoints: {checkpoint_dir(config, run_dir)} ({where}) is on each instance's own disk, "
         f"and with ssh.provision.spot_workers every worker host is a spot instance{host}. An "
@@ -354,12 +357,18 @@ def _provisioned(
                 _say_unfinished(reuse, keep, say)
                 provider.tag(list(made.ids.values()), {TAG_BUSY: run.id})
                 _record_access(run, provider, made.group)
+                if not kept.record_path(run.dir.parent, keep).exists():  # made elsewhere
+                    kept.write_record(
+                        run.dir.parent, keep, cloud=provider.name, access=provider.access(),
+                        network=made.group, idle_timeout=section.idle_timeout,
+                        created_by=reuse[0].tags.get(TAG_RUN),
+                    )  # fmt: skip
                 _record(run, planned, made.ids, prices, keep)
                 found = provider.wait_running(list(made.ids.values()), section.ready_timeout)
                 hosts = provider.hosts(planned, made.ids, found, config.ssh.jump_host is not None)
             else:
                 hosts = _create(config, run, provider, plan, planned, keep, made, say, prices)
-            real = make_plan(config, hosts, run.dir)  # the run's own checkpoint directory
+            real = make_plan(config, hosts, host_run_dir(config, run.id))  # its checkpoints
             run.write_plan(real)
         if fleet_ready is not None:
             fleet = Fleet(config, run, provider, planned, made, prices, keep, say)
@@ -394,8 +403,9 @@ def _create(
     section = config.ssh.provision
     ports = [t.port for t in plan.tasks if t.port]
     made.group = provider.open_network(
-        run.id, config.name, ports, config.ssh.port, section.ssh_from or my_public_cidr()
-    )
+        run.id, config.name, ports, config.ssh.port, section.ssh_from or my_public_cidr(),
+        {TAG_KEEP: keep} if keep else None,  # found by 'down --cluster' from any machine
+    )  # fmt: skip
     _record_access(run, provider, made.group)
     extra = {
         TAG_LAUNCHER: launcher_tag(),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 from typing import Literal
 
@@ -115,3 +116,14 @@ def check(config: ClusterConfig, fail: Fail) -> None:
             "launcher's environment. Set the variables on the hosts (e.g. in a file the "
             "program reads) or use program.env",
         )
+
+
+def host_run_dir(config: ClusterConfig, run_id: str) -> str:
+    """The run's directory as the hosts lay runs out: ``ssh.remote_runs_dir`` (else the local
+    runs_dir path), relative to the remote home directory unless absolute. Each host keeps its
+    own files in a folder of it named after the host; the default checkpoint directory is
+    ``checkpoints/`` in it, one path for every host (shared where the hosts share the disk)."""
+    root = config.ssh.remote_runs_dir or config.runs_dir
+    if not posixpath.isabs(root) and not root.startswith("~"):
+        root = posixpath.join("~", root)  # expanded on the host: relative to the home
+    return posixpath.join(root, run_id)

@@ -141,7 +141,7 @@ class HostSession:
             self.probes = {o.name: o.probe for o in opened if o.probe is not None}
             self._judge(opened, plan, uploads)
             reports = [o.report for o in opened if o.report is not None]
-            plan, gpu_notes = adopt_found_gpus(config, plan, reports, run.dir)
+            plan, gpu_notes = adopt_found_gpus(config, plan, reports)
             for note in gpu_notes:
                 self.say(note)
         except LaunchError:
@@ -448,8 +448,24 @@ class _HostSteps:
             if self.uploads:
                 sftp_makedirs(sftp, workdir)
                 for path in self.uploads:
-                    sftp.put(str(path), posixpath.join(workdir, path.name))
+                    put_whole(sftp, path, posixpath.join(workdir, path.name))
         return workdir
+
+
+def put_whole(sftp: paramiko.SFTPClient, local: Path, target: str) -> None:
+    """Copy ``local`` to ``target`` under a temporary name, then rename it over ``target``.
+    Where the host shares this machine's disk and ``target`` is ``local`` itself (a workdir
+    that is the file's own folder), a plain put would truncate the file before reading it and
+    leave it empty; this way it is replaced by a whole copy."""
+    temporary = f"{target}.tflaunch-upload"
+    sftp.put(str(local), temporary)
+    sftp.chmod(temporary, local.stat().st_mode & 0o777)
+    try:
+        sftp.posix_rename(temporary, target)
+    except OSError:  # a server without OpenSSH's posix-rename: rename refuses an existing name
+        with contextlib.suppress(FileNotFoundError):
+            sftp.remove(target)
+        sftp.rename(temporary, target)
 
 
 def _done(opened: _Opened, step: str) -> None:

@@ -9,6 +9,8 @@ in every run of the task after its first in the run directory; with FINISH_AT_RE
 FINISH_WORK_SECONDS (default 0.2) in a run whose restart counters add up to N or more), and exits
 with FAIL_CODE if its index is FAIL_INDEX (only in its first FAIL_RUNS runs, counted by
 $TFLAUNCH_TASK_RESTARTS and $TFLAUNCH_CLUSTER_RESTARTS, which every task prints at its start).
+With WRITE_CHECKPOINT=1 a worker writes a file named after it into $TFLAUNCH_CHECKPOINT_DIR
+(made if missing) and prints that directory and its own arguments (``{checkpoint_dir}``).
 SIGUSR1 prints 'got SIGUSR1'. SPAWN_CHILD=1 makes every task start a long-sleeping child of its own;
 SPAWN_DAEMON=1 a child in a session of its own that ignores SIGTERM (what escapes a process-group
 teardown).
@@ -73,6 +75,12 @@ for address in config["cluster"].get("ps", []):
     except OSError:
         reachable.append(False)
 print(f"all ps reachable at start: {all(reachable)}", flush=True)
+if os.environ.get("WRITE_CHECKPOINT") == "1":
+    checkpoints = os.environ["TFLAUNCH_CHECKPOINT_DIR"]
+    os.makedirs(checkpoints, exist_ok=True)
+    with open(os.path.join(checkpoints, f"{job}-{index}"), "w") as f:
+        f.write("saved\n")
+    print(f"checkpoint dir {checkpoints} argv {sys.argv[1:]}", flush=True)
 work = os.environ.get("WORK_SECONDS", "1")
 if "RESTART_WORK_SECONDS" in os.environ:
     # A file, not the restart counters: every run after the task's first in the run directory.

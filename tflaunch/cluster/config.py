@@ -94,7 +94,8 @@ class Program:
     checkpoint_dir: str | None = field(
         None,
         doc="checkpoint directory: {checkpoint_dir} in argv and $TFLAUNCH_CHECKPOINT_DIR "
-        "(relative to the workdir; default: checkpoints/ in the run directory)",
+        "(relative to the workdir; default: checkpoints/ in the run directory, on the hosts "
+        "over ssh)",
     )
     tf_config: bool = field(
         True,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import posixpath
 import re
 import string
 from collections.abc import Iterable, Mapping
@@ -33,7 +34,7 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from tflaunch.cluster import schema
+from tflaunch.cluster import backends, schema
 from tflaunch.cluster.config import LEGACY_KERAS_ENV, ClusterConfig, Supervision
 from tflaunch.errors import PlanError
 
@@ -397,13 +398,32 @@ def unset_gpus(config: ClusterConfig, host: Host) -> bool:
 
 def checkpoint_dir(config: ClusterConfig, run_dir: str | os.PathLike | None) -> str:
     """``program.checkpoint_dir`` against the workdir (a URL such as ``gs://bucket/run`` as it
-    is), else ``checkpoints/`` in the run directory (shown as ``<run directory>/checkpoints`` when
-    planning without a run)."""
-    if config.program.checkpoint_dir:
-        if "://" in config.program.checkpoint_dir:  # the storage's own name, not a path here
-            return config.program.checkpoint_dir
-        return os.path.join(config.workdir, os.path.expanduser(config.program.checkpoint_dir))
+    is), else ``checkpoints/`` in the run directory as the tasks see it, ``run_dir`` (shown as
+    ``<run directory>/checkpoints`` when planning without a run).
+
+    Where the program runs on hosts of their own (ssh), ``run_dir`` is the run's directory on
+    the hosts and both stay paths of the hosts: ``~`` and relative paths are made absolute
+    there, by each host's agent (:func:`on_this_host`), not here."""
+    chosen = config.program.checkpoint_dir
+    if chosen:
+        if "://" in chosen:  # the storage's own name, not a path here
+            return chosen
+        if backends.spec_of(config.backend).workdir_on_hosts:
+            return chosen if chosen.startswith("~") else posixpath.join(config.workdir, chosen)
+        return os.path.join(config.workdir, os.path.expanduser(chosen))
     return os.path.join(str(run_dir) if run_dir else "<run directory>", "checkpoints")
+
+
+def on_this_host(plan: Plan) -> Plan:
+    """The plan with its checkpoint directory as an absolute path of the host this runs on (an
+    agent's): an SSH host's plan keeps ``~`` and relative paths as the cluster file wrote them,
+    relative meaning the remote home, where sshd starts the agent. A URL stays as it is; on
+    this machine and Slurm's nodes the path is absolute already."""
+    path = plan.program.checkpoint_dir
+    if not path or "://" in path or os.path.isabs(path):
+        return plan
+    resolved = os.path.abspath(os.path.expanduser(path))
+    return replace(plan, program=replace(plan.program, checkpoint_dir=resolved))
 
 
 def make_plan(

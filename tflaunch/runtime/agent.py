@@ -46,7 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from tflaunch.cluster.plan import Plan, Task, TaskView, render_task
+from tflaunch.cluster.plan import Plan, Task, TaskView, on_this_host, render_task
 from tflaunch.runtime import procs, protocol
 from tflaunch.runtime.link import read_lines
 from tflaunch.runtime.monitor import Sampler
@@ -134,6 +134,7 @@ class Agent:
         await_start: bool = False,
         generation: int = 0,
     ):
+        plan = on_this_host(plan)  # an SSH host's checkpoint directory: ~ and relative here
         self.plan, self.host, self.run_dir = plan, host, Path(run_dir)
         # With the agent a subreaper, what escaped a task's group is below the agent: kill it.
         self.reap_strays = reap_strays

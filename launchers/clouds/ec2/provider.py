@@ -153,18 +153,23 @@ class Ec2Provider(Provider):
         return [{"Key": k, "Value": v} for k, v in tags.items()]
 
     def open_network(
-        self, run_id: str, cluster: str, ports: Sequence[int], ssh_port: int, ssh_from: str
+        self,
+        run_id: str,
+        cluster: str,
+        ports: Sequence[int],
+        ssh_port: int,
+        ssh_from: str,
+        tags: Mapping[str, str] | None = None,
     ) -> str:
         """A security group admitting the cluster's ports from its members and SSH from
         ``ssh_from``."""
+        group_tags = self._tags(run_id, cluster, **(tags or {}))
         with aws_errors("creating the security group"):
             group = self.client.create_security_group(
                 GroupName=network_name(run_id),
                 Description=f"tflaunch run {run_id} of cluster {cluster}",
                 VpcId=self._vpc_of(self.section.subnet),
-                TagSpecifications=[
-                    {"ResourceType": "security-group", "Tags": self._tags(run_id, cluster)}
-                ],
+                TagSpecifications=[{"ResourceType": "security-group", "Tags": group_tags}],
             )["GroupId"]
             members = [{"GroupId": group}]
             rules = [
@@ -302,6 +307,18 @@ class Ec2Provider(Provider):
             with aws_errors("finding the VPC"):
                 self._vpc = self._vpc_of(self.section.subnet)
         return self._vpc
+
+    def kept_networks(self, name: str) -> list[str]:
+        with aws_errors("listing the kept cluster's security groups"):
+            groups = self.client.describe_security_groups(
+                Filters=[{"Name": f"tag:{base.TAG_KEEP}", "Values": [name]}]
+            )["SecurityGroups"]
+        return sorted(g["GroupId"] for g in groups if g["GroupName"] != lock.group_name(name))
+
+    def where(self) -> str:
+        section = self.section
+        region = section.region or self.client.meta.region_name or "the default region"
+        return f"ec2 {region}" + (f" (profile {section.profile})" if section.profile else "")
 
     def delete_network(self, network: str, wait: float) -> None:
         import botocore.exceptions
