@@ -2,8 +2,8 @@
 
 A detached run's coordinator and agents live on the hosts (:mod:`tflaunch.launchers.ssh.on_host`);
 the local run directory mirrors them. ``refresh`` appends what is new of the coordinator's events,
-resource samples and console and of every task's log, and copies the run's state, so ``tflaunch
-status`` and ``logs [-f]`` read local files as for any run. ``down`` signals the coordinator (which
+resource samples and console and of every task's log, what changed of its trace directory
+(``up --trace``), and copies the run's state, so ``tflaunch status``, ``trace`` and ``logs [-f]`` read local files as for any run. ``down`` signals the coordinator (which
 tears the cluster down as on Ctrl-C) and then makes sure no agent of the run is left on any host.
 """
 
@@ -26,6 +26,7 @@ from tflaunch.launchers.base import LaunchOptions
 from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
 from tflaunch.launchers.ssh.details import SshDetails
 from tflaunch.launchers.ssh.session import HostSession, fetch_new_bytes
+from tflaunch.launchers.ssh.trace import fetch_tree
 from tflaunch.runtime import protocol
 from tflaunch.runtime.rendezvous import RENDEZVOUS_FILE, Rendezvous
 from tflaunch.runtime.run import Outcome, Run, RunRecord, remote_record_path
@@ -41,6 +42,7 @@ ON_HOST = "tflaunch.launchers.ssh.on_host"
 WATCH = "tflaunch.launchers.ssh.watch"
 AGENT_LOG = "agent.log"  # a detached agent's own output, in its host's run directory
 WATCH_LOG = "watch.log"  # the laptop's watcher's output, in the local run directory
+TRACE_DIR = "trace"  # up --trace: the coordinator's trace directory, in its run directory
 
 # Runs on a host: SIGTERM a process if (and only if) its command line names the run, then wait;
 # SIGKILL it at once with a fourth argument "kill".
@@ -276,6 +278,8 @@ def refresh(session: HostSession, run: Run) -> None:
         if copied and not (run.ended and remote.ended is None):
             run.update_meta(**copied)
         session.fetch_logs(run.read_plan(), run)
+        with conn.sftp() as sftp:  # up --trace: the coordinator's trace directory
+            fetch_tree(sftp, posixpath.join(remote_dir, TRACE_DIR), run.dir / TRACE_DIR)
     finally:
         if opened_here:
             session.close()
