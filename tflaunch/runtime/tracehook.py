@@ -252,6 +252,7 @@ class TraceSite:
         with contextlib.suppress(OSError):
             if path.read_text(errors="replace") == note.text:
                 return  # a file system shared with the host: its own file
+        path.parent.mkdir(parents=True, exist_ok=True)
         write_run_file(path, note.text)
 
     def _file(self, host: str, piece: protocol.TraceFile) -> None:
@@ -259,11 +260,11 @@ class TraceSite:
         if not parts or piece.path.startswith("/") or ".." in parts:
             return
         path = self.dir.joinpath(*parts)
-        data = base64.b64decode(piece.data)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open_run_file(path, "r+b" if piece.offset and path.exists() else "wb") as f:
-            f.seek(piece.offset)
-            f.write(data)
+        if piece.offset and (not path.exists() or path.stat().st_size != piece.offset):
+            return  # a piece out of order (one link keeps them in order): the file stays cut
+        with open_run_file(path, "ab" if piece.offset else "wb") as f:
+            f.write(base64.b64decode(piece.data))
 
     def drain_s(self) -> float:
         """How much longer the teardown should wait for hosts still sending files."""
