@@ -278,7 +278,7 @@ def refresh(session: HostSession, run: Run) -> None:
         if copied and not (run.ended and remote.ended is None):
             run.update_meta(**copied)
         session.fetch_logs(run.read_plan(), run)
-        with conn.sftp() as sftp:  # up --trace: the coordinator's trace directory
+        with conn.sftp() as sftp:  # up --trace: after run.json, which ends after the trace
             fetch_tree(sftp, posixpath.join(remote_dir, TRACE_DIR), run.dir / TRACE_DIR)
     finally:
         if opened_here:
