@@ -13,11 +13,14 @@ Three parts, none of which imports TensorFlow:
   TensorFlow's profiler client) waits from the start; when the window opens it asks every task
   that imported TensorFlow for the same wall-clock window at once and merges what it gets into ``trace.json`` and the summary.
 
-Where the notes are read, the window published and the helper started is a :class:`TraceSite`:
-this machine by default (local, and Slurm, whose coordinator runs inside the allocation on the
-shared file system); a backend whose tasks' files and private addresses are out of the
-launcher's reach gives its own (``Backend.trace_site``: ssh runs the helper on the leader's host
-and fetches the result).
+Each task's hook writes into its own host's trace directory (:func:`host_trace_dir`: the agent's
+run directory's ``trace/``), and the agents carry its notes, the window and (asked) its files to
+the coordinator over their links (:mod:`tflaunch.runtime.tracehost`). Where the helper runs and
+how the hosts' profiles meet is a :class:`TraceSite`: by default beside the coordinator (local;
+Slurm, whose coordinator runs inside the allocation; a detached SSH run's coordinator on the first
+host), the other hosts' agents sending their profiles over their links; a backend whose
+coordinator reaches no task's profiler port gives its own (``Backend.trace_site``: attached ssh
+runs the helper on the leader's host and copies the profiles there).
 
 Whatever happens, the run's trace directory ends with ``verdict.json``: a trace, or one line
 saying why there is none (:func:`read_verdict`). Programs on ``tflaunch.models``' own trace hooks
