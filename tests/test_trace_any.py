@@ -260,9 +260,10 @@ def test_agents_carry_their_hosts_notes_window_and_profiles_to_the_coordinator(
     def emit(event: protocol.Event) -> None:
         wire.append(json.loads(json.dumps(event.wire())))  # as the link carries it
 
-    host = HostTrace(tmp_path / "host2", emit)
+    host = HostTrace(tmp_path / "host2", emit, ["worker:1"])
     assert host.dir == (tmp_path / "host2").resolve() / "trace"
     (host.dir / "tasks").mkdir(parents=True)
+    (host.dir / "tasks" / "ps-0.tf").write_text("{}")  # another host's, copied here
     (host.dir / "tasks" / "worker-1.python").write_text("41")
     (host.dir / "tasks" / "worker-1.tf").write_text(json.dumps({"pid": 41, "port": 12221}))
     host.poll()
@@ -297,7 +298,7 @@ def test_agents_carry_their_hosts_notes_window_and_profiles_to_the_coordinator(
     assert site.sent["host2"].files == ["raw/plugins/profile/s1/h2_22221.xplane.pb"]
     assert site.drain_s() == 0
     assert not (site.dir / "tasks" / "window.json").exists()  # notes and window stay home
-    same = HostTrace(tmp_path / "host1", emit)
+    same = HostTrace(tmp_path / "host1", emit, ["worker:0"])
     same.collect(protocol.TraceCollect(to=str(site.dir)))
     assert not same.ship()
 

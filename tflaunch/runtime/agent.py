@@ -161,7 +161,11 @@ class Agent:
         if not await_start:
             self.begun.set()
         # up --trace: the host's trace notes and files go to the coordinator over the link
-        self.trace = HostTrace(self.run_dir, self.emit) if traced(plan.program.env) else None
+        self.trace = (
+            HostTrace(self.run_dir, self.emit, [t.name for t in self.tasks])
+            if traced(plan.program.env)
+            else None
+        )
         self.shipped = False  # trace files were queued: the link needs time to drain
 
     def begin(self, restarts: dict[str, int] | None, generation: int | None) -> None:

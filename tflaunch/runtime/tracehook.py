@@ -445,11 +445,13 @@ class TraceTrigger:
         missing = sorted(set(self.addresses) - set(targets))
         if missing:
             self.say(f"trace: {', '.join(missing)} had not imported TensorFlow {when}; not traced")
-        self.say(f"trace: capturing {seconds:.1f} s of {len(targets)} task(s) {when}")
         self.site.publish_window(
             json.dumps({"start": time.time(), "end": time.time() + seconds}) + "\n"
         )
         order = self.site.order({"tasks": targets, "duration_ms": max(1, int(seconds * 1000))})
+        away = len(order.get("dirs") or {})
+        elsewhere = f"; {away} save(s) on their own host, gathered at the end" if away else ""
+        self.say(f"trace: capturing {seconds:.1f} s of {len(targets)} task(s) {when}{elsewhere}")
         helper = self.start_helper()
         if helper is None:
             self._end(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from tflaunch.models.trace_format import DIR_ENV
@@ -43,9 +43,17 @@ def traced(env: Mapping[str, str]) -> bool:
 class HostTrace:
     """One agent's trace directory and what it has told the coordinator of it."""
 
-    def __init__(self, run_dir: str | os.PathLike, emit: Callable[[protocol.Event], None]):
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        emit: Callable[[protocol.Event], None],
+        tasks: Iterable[str],
+    ):
         self.dir = host_trace_dir(run_dir)
         self.emit = emit
+        # Only the notes of this host's tasks: where the coordinator shares the directory (its
+        # own host), the other hosts' notes it copied in are there too.
+        self.stems = {task.replace(":", "-") for task in tasks}
         self._seen: dict[str, tuple[int, int]] = {}  # note file -> (mtime_ns, size) reported
         self.collect_to: str | None = None  # set by TraceCollect
 
@@ -57,7 +65,7 @@ class HostTrace:
         except OSError:
             return
         for entry in entries:
-            if entry.name.startswith(".") or not entry.is_file():
+            if entry.name.partition(".")[0] not in self.stems or not entry.is_file():
                 continue
             try:
                 info = entry.stat()
