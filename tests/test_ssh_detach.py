@@ -153,4 +153,5 @@ def test_detached_run_traces_any_program_with_profiles_sent_between_hosts(ssh_te
     assert len(sent) == 1 and any(f.endswith(name) for f in sent[0]["files"]), sent
     assert list((run / "trace" / "raw").glob(f"plugins/profile/*/{name}"))
     assert json.loads((run / "trace" / "verdict.json").read_text())["ok"]
+    assert "worker:1" in (run / "progress.jsonl").read_text()  # steps/s for status, report
     assert wait_hosts_clean(ssh_test_hosts, 15) == []
