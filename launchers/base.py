@@ -97,11 +97,6 @@ class Backend(ABC):
         shares the run's trace directory with the tasks (local, Slurm)."""
         return None
 
-    def traces_any_program(self, config: ClusterConfig, detached: bool) -> bool:
-        """Whether ``up --trace`` can trace any program (the hook, the launcher's capture) in
-        such a run; else only programs on ``tflaunch.models``' own trace hooks. Default: yes."""
-        return True
-
     def detach(
         self,
         config: ClusterConfig,

@@ -3,18 +3,20 @@
 profiler client (a fraction of a second, where all of TensorFlow takes seconds on a busy
 machine), prints ``ready`` and waits for one line on its input::
 
-    {"tasks": {"worker:0": "127.0.0.1:12220", ...}, "duration_ms": 5000}
+    {"tasks": {"worker:0": "127.0.0.1:12220", ...}, "duration_ms": 5000,
+     "dirs": {"worker:1": "/runs/R/host2/trace"}, "merge": false}
 
 Then it asks every listed task's profiler server for the same wall-clock window at once (TF's
 ``client.trace``), and, TensorFlow imported in full now, decodes and merges what came back into
 ``trace.json`` and the summary (``tflaunch.models.trace.merge_dir``). At the end of its input
 without an order it exits 3: the window never opened.
 
-Each profiler server saves its own XPlane under ``TRACE_DIR/raw`` *on its own host* (TF's
-remote profiling writes to the repository the client names). Where the tasks share this file
-system (one machine, Slurm) they are all here; across SSH hosts the launcher gives the order
-``"merge": false`` (capture only), gathers the other hosts' files into this host's ``raw/`` and
-then runs ``--merge`` here.
+Each profiler server saves its own XPlane under the repository the client names, *on its own
+host* (TF's remote profiling): ``TRACE_DIR/raw``, or for a task in ``dirs`` (its own host's
+trace directory, where it differs from this one) that directory's ``raw/``: one client call per
+directory, all at once. Where the tasks share this directory (one machine, Slurm) they are all
+here; across SSH hosts the launcher gives the order ``"merge": false`` (capture only), gathers
+the other hosts' files into this directory's ``raw/`` and then runs ``--merge`` here.
 
     python -m tflaunch.models.trace_capture TRACE_DIR [--tasks JSON --duration_ms N] [--merge]
 """
@@ -27,6 +29,7 @@ import importlib.util
 import json
 import os
 import sys
+import threading
 import time
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
@@ -54,9 +57,15 @@ def profiler_client():
 
 
 def capture(
-    trace_dir: Path, targets: dict[str, str], duration_ms: int, client=None, merge: bool = True
+    trace_dir: Path,
+    targets: dict[str, str],
+    duration_ms: int,
+    client=None,
+    merge: bool = True,
+    dirs: dict[str, str] | None = None,
 ) -> list[Path]:
-    """Every task's profiler (task -> host:port) for the same ``duration_ms``; then merge."""
+    """Every task's profiler (task -> host:port) for the same ``duration_ms``, each saving under
+    its directory's raw/ (``dirs``; default ``trace_dir``); then merge."""
     client = client or profiler_client()
     started = time.time()
     # The window as it really is (the launcher's order may have waited for this process): a
@@ -65,17 +74,34 @@ def capture(
     window.write_text(json.dumps({"start": started, "end": started + duration_ms / 1000.0}))
     print(f"capturing {duration_ms} ms from {len(targets)} task(s) at {started:.3f}", flush=True)
     raw = trace_dir / "raw"
-    try:
+    groups: dict[str, list[str]] = {}
+    for task, address in targets.items():
+        groups.setdefault(str((dirs or {}).get(task) or trace_dir), []).append(address)
+    errors: list[Exception] = []
+
+    def trace(folder: str, addresses: list[str]) -> None:
         # One attempt: a retry opens a second window after the one the tasks wait for (some
         # may be gone by then) and its profiles replace the first ones.
-        client.trace(",".join(targets.values()), str(raw), "", True, duration_ms, 1, {})
-    except Exception as exc:
+        try:
+            repository = str(Path(folder) / "raw")
+            client.trace(",".join(addresses), repository, "", True, duration_ms, 1, {})
+        except Exception as exc:
+            errors.append(exc)
+
+    # The client call waits outside the interpreter's lock: one thread per directory, at once.
+    threads = [threading.Thread(target=trace, args=item) for item in groups.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
         # The servers save their XPlanes themselves; the client may still find no response in
         # time (a loaded host): go on with what was saved (here, or on the other hosts).
         saved = list(raw.glob("plugins/profile/*/*.xplane.pb"))
         if not saved and merge:
-            raise
-        print(f"capture: the profiler client said {exc}; {len(saved)} profile(s) here", flush=True)
+            raise errors[0]
+        said = errors[0]
+        print(f"capture: the profiler client said {said}; {len(saved)} profile(s) here", flush=True)
     if not merge:
         print(f"captured into {raw}", flush=True)
         return []
@@ -103,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     client = profiler_client()
     targets, duration_ms = (json.loads(args.tasks) if args.tasks else None), args.duration_ms
-    merge = True
+    merge, dirs = True, None
     if targets is None:
         print(f"ready at {time.time():.3f}", flush=True)
         line = sys.stdin.readline()
@@ -111,9 +137,9 @@ def main(argv: list[str] | None = None) -> int:
             return 3
         order = json.loads(line)
         targets, duration_ms = order["tasks"], int(order["duration_ms"])
-        merge = bool(order.get("merge", True))
+        merge, dirs = bool(order.get("merge", True)), order.get("dirs")
     try:
-        paths = capture(Path(args.trace_dir), targets, duration_ms, client, merge)
+        paths = capture(Path(args.trace_dir), targets, duration_ms, client, merge, dirs)
     except Exception as exc:  # one line for the launcher's verdict
         print(f"error: {type(exc).__name__}: {exc}", flush=True)
         return 1

@@ -102,6 +102,15 @@ def wait_tasks_gone(host, timeout: float) -> list[str]:
         time.sleep(0.2)
 
 
+def tf1_argv(steps: int) -> list[str]:
+    """The plain TF1 between-graph program (no tflaunch import), with its cluster flags."""
+    program = Path(__file__).resolve().parent / "programs" / "tf1_between_graph.py"
+    argv = [sys.executable, str(program), "--train_steps", str(steps)]
+    for flag in ("job_name", "task_index", "ps_hosts", "worker_hosts"):
+        argv += [f"--{flag}", "{" + flag + "}"]
+    return argv
+
+
 def only_run(tmp_path: Path) -> Path:
     (run,) = (tmp_path / "runs").iterdir()
     return run
@@ -556,22 +565,16 @@ def test_any_program_traced_from_the_leaders_host(ssh_test_hosts, tmp_path):
         "no trace because no task ran Python (program 'sleep'): the trace hook works only in "
         "Python programs that import TensorFlow"
     ]
-    program = Path(__file__).resolve().parent / "programs" / "tf1_between_graph.py"
-    # long enough that the window opens well before the end: step lines reach the launcher
-    # through the agents and SSH, in bursts on a loaded machine
-    argv = [sys.executable, str(program), "--train_steps", "4000"]
-    for flag in ("job_name", "task_index", "ps_hosts", "worker_hosts"):
-        argv += [f"--{flag}", "{" + flag + "}"]
     cluster = ssh_cluster(
         tmp_path / "tf1",
         ssh_test_hosts,
         name="ssh-traced",
-        program={"argv": argv, "workdir": str(tmp_path)},
+        program={"argv": tf1_argv(600), "workdir": str(tmp_path)},
         roles={"ps": 1, "worker": 2},
         ssh={"upload": []},
         supervision={"heartbeat_timeout": 20},
     )
-    result = tflaunch("up", str(cluster), "--trace", "1000:10", timeout=400)
+    result = tflaunch("up", str(cluster), "--trace", "100:10", timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "no trace" not in result.stdout + result.stderr, result.stdout[-3000:]
     run = only_run(tmp_path / "tf1")
@@ -586,9 +589,21 @@ def test_any_program_traced_from_the_leaders_host(ssh_test_hosts, tmp_path):
         assert (run / "trace" / "tasks" / f"{task}.tf").exists()
     assert json.loads((run / "trace" / "verdict.json").read_text())["ok"]
     assert (run / "trace" / "trace_summary.json").exists()
-    assert "capturing" in (run / "trace" / "capture.log").read_text()
-    remote = tmp_path / "tf1" / "remote" / run.name / "trace"
-    assert (remote / "trace.json").exists()  # written on the leader's host, then fetched
+    log = (run / "trace" / "capture.log").read_text()
+    assert "capturing" in log
+    # Each host has its own run directory: worker:0's host holds the merged trace, and the
+    # profiles the other hosts' servers saved there were copied to it before the merge.
+    hosts = {f"{t['job']}:{t['index']}": t["host"] for t in plan["tasks"]}
+    leader, other = hosts["worker:0"], hosts["worker:1"]
+    assert leader != other
+    remote = tmp_path / "tf1" / "remote" / run.name
+    assert (remote / leader / "trace" / "trace.json").exists()  # merged there, then fetched
+    host, port = plan["cluster"]["worker"][1].rsplit(":", 1)
+    name = f"{host}_{int(port) + 10000}.xplane.pb"
+    saved = list((remote / other / "trace" / "raw").glob(f"plugins/profile/*/{name}"))
+    moved = list((remote / leader / "trace" / "raw").glob(f"plugins/profile/*/{name}"))
+    assert len(saved) == 1 and len(moved) == 1, (saved, moved)
+    assert f"copied {saved[0]} -> {moved[0]}" in log
     assert "TASK" in result.stdout and "ui.perfetto.dev" in result.stdout
     assert wait_hosts_clean(ssh_test_hosts, 10) == []
 

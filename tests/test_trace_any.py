@@ -16,9 +16,10 @@ import pytest
 import yaml
 
 from tests.helpers import tflaunch, wait_until_gone, write_cluster
-from tflaunch.runtime import tracehook
+from tflaunch.runtime import protocol, tracehook
 from tflaunch.runtime.progress import ProgressLog, StepParser, read_progress, straggler_figures
 from tflaunch.runtime.run import Run
+from tflaunch.runtime.tracehost import HostTrace
 from tflaunch.tools import progress as progress_tools
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -245,6 +246,61 @@ def test_window_on_another_site_reads_its_notes_and_says_when_its_helper_failed(
     )
     assert tracehook.read_verdict(tmp_path / "trace") == (False, line)
     assert not (tmp_path / "unused").exists()
+
+
+def test_agents_carry_their_hosts_notes_window_and_profiles_to_the_coordinator(
+    tmp_path,
+) -> None:
+    """Over the link, as a detached SSH run's coordinator gets them: a host's notes (new or
+    changed ones only), the window written where its hooks read it, and, asked for, its
+    profiles at its end in pieces, byte for byte; a host whose directory is the coordinator's
+    sends nothing."""
+    wire: list[dict] = []
+
+    def emit(event: protocol.Event) -> None:
+        wire.append(json.loads(json.dumps(event.wire())))  # as the link carries it
+
+    host = HostTrace(tmp_path / "host2", emit, ["worker:1"])
+    assert host.dir == (tmp_path / "host2").resolve() / "trace"
+    (host.dir / "tasks").mkdir(parents=True)
+    (host.dir / "tasks" / "ps-0.tf").write_text("{}")  # another host's, copied here
+    (host.dir / "tasks" / "worker-1.python").write_text("41")
+    (host.dir / "tasks" / "worker-1.tf").write_text(json.dumps({"pid": 41, "port": 12221}))
+    host.poll()
+    host.poll()  # nothing new
+    assert sorted(e["name"] for e in wire) == ["worker-1.python", "worker-1.tf"]
+    site = tracehook.TraceSite(tmp_path / "host1" / "trace")
+    commands: list[tuple[protocol.Command, str | None]] = []
+    site.connect(lambda command, to: commands.append((command, to)))
+    for data in wire:
+        site.received("host2", protocol.event_of(data))
+    assert site.notes().tf_ports == {"worker:1": 12221}
+    order = site.order({"tasks": {"worker:0": "h1:1", "worker:1": "h2:2"}, "duration_ms": 9})
+    assert order["dirs"] == {"worker:1": str(host.dir)} and order["merge"] is False
+    assert commands == [(protocol.TraceCollect(to=str(site.dir)), None)]
+    site.publish_window(json.dumps({"start": 5.0, "end": 7.5}))
+    window = commands[-1][0]
+    assert isinstance(window, protocol.TraceWindow)
+    host.window(window)
+    assert json.loads((host.dir / "window.json").read_text()) == {"start": 5.0, "end": 7.5}
+    host.collect(commands[0][0])
+    profile = host.dir / "raw" / "plugins" / "profile" / "s1" / "h2_22221.xplane.pb"
+    profile.parent.mkdir(parents=True)
+    profile.write_bytes(os.urandom(600 * 1024))  # three pieces
+    assert site.drain_s() > 0  # asked, not sent yet: the teardown waits longer
+    wire.clear()
+    assert host.ship()
+    assert [e["event"] for e in wire] == ["trace_file"] * 3 + ["trace_sent"]
+    for data in wire:
+        site.received("host2", protocol.event_of(data))
+    got = site.dir / "raw" / "plugins" / "profile" / "s1" / "h2_22221.xplane.pb"
+    assert got.read_bytes() == profile.read_bytes()
+    assert site.sent["host2"].files == ["raw/plugins/profile/s1/h2_22221.xplane.pb"]
+    assert site.drain_s() == 0
+    assert not (site.dir / "tasks" / "window.json").exists()  # notes and window stay home
+    same = HostTrace(tmp_path / "host1", emit, ["worker:0"])
+    same.collect(protocol.TraceCollect(to=str(site.dir)))
+    assert not same.ship()
 
 
 def test_up_trace_of_a_program_that_is_not_python_ends_with_one_line(tmp_path) -> None:

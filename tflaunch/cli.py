@@ -297,7 +297,6 @@ def up(
             trace_at,
             trace_for,
             trace_port_offset,
-            detached=detach,
         )
     if dry_run:
         click.echo(launch.dry_run(config, runs_dir, run_id))
@@ -611,8 +610,17 @@ def report(run_id: str, runs_dir: str, out_dir: str | None, as_html: bool) -> No
 @click.argument("run_id")
 @run_dir_option
 def trace(run_id: str, runs_dir: str) -> None:
-    """Summarise a traced run (up --trace) per task and draw its timeline into trace.png."""
-    trace_tools.show_trace(Run.open(runs_dir, run_id).dir / "trace", click.echo)
+    """Summarise a traced run (up --trace) per task and draw its timeline into trace.png, or
+    say why it has no trace."""
+    from tflaunch.runtime.tracehook import read_verdict
+
+    run = Run.open(runs_dir, run_id)
+    launch.backend_of(run).refresh(run)  # a run that lives elsewhere (detached ssh)
+    trace_dir = run.dir / "trace"
+    verdict = read_verdict(trace_dir)
+    if verdict is not None and not verdict[0] and not (trace_dir / trace_tools.TRACE_FILE).exists():
+        raise trace_tools.TraceError(verdict[1])  # the one line saying why there is none
+    trace_tools.show_trace(trace_dir, click.echo)
 
 
 @cli.command()

@@ -337,18 +337,15 @@ class SshBackend(Backend):
     # ---- up --trace ------------------------------------------------------------------------
 
     def trace_site(self, config: ClusterConfig, plan: Plan, run: Run) -> TraceSite | None:
-        """The capture on the leader's host, notes and result through the run's connections
-        (:mod:`tflaunch.launchers.ssh.trace`): the launcher reaches no task's profiler port."""
+        """The capture on the leader's host, its result through the run's connections
+        (:mod:`tflaunch.launchers.ssh.trace`): the launcher reaches no task's profiler port.
+        (A detached run's coordinator, on the first host, uses the plain site:
+        :mod:`tflaunch.launchers.ssh.on_host`.)"""
         from tflaunch.launchers.ssh.trace import SshTraceSite
 
         if TraceRequest.from_env(plan.program.env) is None:
             return None
         return SshTraceSite(self.session, plan, run, config.ssh.python)
-
-    def traces_any_program(self, config: ClusterConfig, detached: bool) -> bool:
-        """Attached runs only: a detached run's coordinator, on one of the hosts, holds no
-        connection to the other hosts, whose disks keep their tasks' notes."""
-        return not detached
 
     # ---- what other commands ask of an SSH run --------------------------------------------
 

@@ -2,9 +2,11 @@
 
 A detached run's coordinator and agents live on the hosts (:mod:`tflaunch.launchers.ssh.on_host`);
 the local run directory mirrors them. ``refresh`` appends what is new of the coordinator's events,
-resource samples and console and of every task's log, and copies the run's state, so ``tflaunch
-status`` and ``logs [-f]`` read local files as for any run. ``down`` signals the coordinator (which
-tears the cluster down as on Ctrl-C) and then makes sure no agent of the run is left on any host.
+resource samples, step samples (``progress.jsonl``) and console and of every task's log, copies
+what changed of its trace directory (``up --trace``) and the run's state, so ``tflaunch status``,
+``logs [-f]`` and ``trace`` read local files as for any run. ``down`` signals the coordinator
+(which tears the cluster down as on Ctrl-C) and then makes sure no agent of the run is left on
+any host.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from tflaunch.launchers.base import LaunchOptions
 from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
 from tflaunch.launchers.ssh.details import SshDetails
 from tflaunch.launchers.ssh.session import HostSession, fetch_new_bytes
+from tflaunch.launchers.ssh.trace import fetch_tree
 from tflaunch.runtime import protocol
+from tflaunch.runtime.progress import PROGRESS_FILE
 from tflaunch.runtime.rendezvous import RENDEZVOUS_FILE, Rendezvous
 from tflaunch.runtime.run import Outcome, Run, RunRecord, remote_record_path
 from tflaunch.runtime.runctl import cluster_ready
@@ -41,6 +45,7 @@ ON_HOST = "tflaunch.launchers.ssh.on_host"
 WATCH = "tflaunch.launchers.ssh.watch"
 AGENT_LOG = "agent.log"  # a detached agent's own output, in its host's run directory
 WATCH_LOG = "watch.log"  # the laptop's watcher's output, in the local run directory
+TRACE_DIR = "trace"  # up --trace: the coordinator's trace directory, in its run directory
 
 # Runs on a host: SIGTERM a process if (and only if) its command line names the run, then wait;
 # SIGKILL it at once with a fourth argument "kill".
@@ -259,7 +264,7 @@ def refresh(session: HostSession, run: Run) -> None:
         conn = session.connections[coordinator]
         remote_dir = session.paths[coordinator].run_dir
         with conn.sftp() as sftp:
-            mirrored = [EVENTS_FILE, CONSOLE_FILE] + [
+            mirrored = [EVENTS_FILE, CONSOLE_FILE, PROGRESS_FILE] + [
                 n for n in sftp.listdir(remote_dir) if n.startswith(SAMPLES_PREFIX)
             ]
         fetch_new_bytes(conn, [(posixpath.join(remote_dir, n), run.dir / n) for n in mirrored])
@@ -276,6 +281,8 @@ def refresh(session: HostSession, run: Run) -> None:
         if copied and not (run.ended and remote.ended is None):
             run.update_meta(**copied)
         session.fetch_logs(run.read_plan(), run)
+        with conn.sftp() as sftp:  # up --trace: after run.json, which ends after the trace
+            fetch_tree(sftp, posixpath.join(remote_dir, TRACE_DIR), run.dir / TRACE_DIR)
     finally:
         if opened_here:
             session.close()

@@ -24,6 +24,13 @@ as an attached run does. When the coordinator's own instance ends, the watcher s
 coordinator on its replacement with ``--cluster-restarts N`` (the run's cluster restarts so far,
 this one included), and new agents everywhere. ``tflaunch status``, ``logs [-f]`` and
 ``down`` reconnect over SSH and work from the run directory (see ``SshBackend``).
+
+``up --detach --trace``: the coordinator's host reaches every task's profiler port, so the
+capture helper runs there, beside it, in the coordinator's trace directory (the first host's run
+directory's ``trace/``); the agents report their hosts' trace notes over their connections and,
+at their end, send the profiles their tasks saved on their own hosts
+(:mod:`tflaunch.runtime.tracehost`); the merge runs there too. The launcher copies that
+directory back with the run's logs (:func:`tflaunch.launchers.ssh.detached.refresh`).
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from tflaunch.runtime.link import SocketLink, socket_streams
 from tflaunch.runtime.rendezvous import Listener, Rendezvous, connect, publish, read_published
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.runfiles import PLAN_FILE
+from tflaunch.runtime.tracehook import TraceRequest, TraceSite, read_verdict
 
 
 def handed_over(run_dir: Path) -> Rendezvous:
@@ -145,7 +153,14 @@ def run_coordinator(
     links = [joined[h].link for h in sorted(joined)]
     if rejoins is not None:
         rejoins.links.update({link.host: link for link in links})
-    return coordinate(plan, run, links, revive=revive, cluster_restarts=cluster_restarts).code
+    site = TraceSite(run.dir / "trace") if TraceRequest.from_env(plan.program.env) else None
+    outcome = coordinate(
+        plan, run, links, revive=revive, cluster_restarts=cluster_restarts, trace_site=site
+    )
+    verdict = read_verdict(run.dir / "trace") if site is not None else None
+    if verdict is not None and verdict[1]:
+        print(f"[tflaunch] {verdict[1]}", flush=True)  # the console, as up shows it attached
+    return outcome.code
 
 
 def run_agent(

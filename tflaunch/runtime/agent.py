@@ -55,11 +55,13 @@ from tflaunch.runtime.run import write_cluster_file
 from tflaunch.runtime.runfiles import make_run_dir, open_run_file
 from tflaunch.runtime.stall import StallWatch
 from tflaunch.runtime.tracehook import with_hook
+from tflaunch.runtime.tracehost import HostTrace, traced
 
 Emit = Callable[[protocol.Event], None]
 START_ORDER = (("ps",), ("chief", "worker", "evaluator"))
 TASK_VARIABLE = "TFLAUNCH_TASK"  # the task's name, in its environment (render_task)
 MAX_COMMAND = 64 * 1024  # characters of one command line
+SHIP_DRAIN_S = 120.0  # seconds the link gets to carry the trace files sent at the end
 
 
 class TaskProcess:
@@ -158,6 +160,13 @@ class Agent:
         self.begun = threading.Event()
         if not await_start:
             self.begun.set()
+        # up --trace: the host's trace notes and files go to the coordinator over the link
+        self.trace = (
+            HostTrace(self.run_dir, self.emit, [t.name for t in self.tasks])
+            if traced(plan.program.env)
+            else None
+        )
+        self.shipped = False  # trace files were queued: the link needs time to drain
 
     def begin(self, restarts: dict[str, int] | None, generation: int | None) -> None:
         """Start the tasks (an agent started with ``await_start``), counting ``restarts`` of
@@ -205,12 +214,17 @@ class Agent:
                 if not self._obey():
                     return 1
                 self._check_stalls()
+                if self.trace is not None:
+                    self.trace.poll()
                 if not self.stays_up and all(t.done.is_set() for t in self.running.values()):
                     break
                 self.stopping.wait(0.1)
             return 0
         finally:
             self._teardown()
+            if self.trace is not None:  # the tasks' last notes, and the files asked for
+                self.trace.poll()
+                self.shipped = self.trace.ship()
             if sampler:
                 sampler.stop()  # after the teardown: the last sample holds all the traffic
             self.emit(protocol.AgentExit(reason=self.stop_reason))
@@ -303,7 +317,7 @@ class Agent:
         view: TaskView = self.views[task.name]
         env = dict(os.environ)
         env.update(view.env)
-        env = with_hook(env)  # up --trace: the trace hook in the task's Python
+        env = with_hook(env, self.run_dir)  # up --trace: the trace hook in the task's Python
         env[procs.RUN_MARKER] = str(self.run_dir.resolve())
         restarts = self.restarts.get(task.name, 0)
         env["TFLAUNCH_TASK_RESTARTS"] = str(restarts)
@@ -500,6 +514,10 @@ def listen(agent: Agent, stream: IO[str], heartbeat_timeout: float) -> None:
                 agent.begin(command.restarts, command.generation)
             elif isinstance(command, protocol.PassOn) and command.signal in ("SIGUSR1", "SIGUSR2"):
                 agent.pass_on(signal.Signals[command.signal])
+            elif isinstance(command, protocol.TraceWindow) and agent.trace is not None:
+                agent.trace.window(command)
+            elif isinstance(command, protocol.TraceCollect) and agent.trace is not None:
+                agent.trace.collect(command)
     except (OSError, ValueError):
         pass  # the stream broke: as closed
     agent.stop("the launcher's stream closed")
@@ -536,7 +554,7 @@ def serve(
     try:
         return agent.run()
     finally:
-        emitter.close()
+        emitter.close(SHIP_DRAIN_S if agent.shipped else 5.0)
 
 
 def preflight(host: str, tasks: list[Task], views: dict[str, TaskView]) -> str | None:

@@ -77,7 +77,7 @@ class Coordinator:
         self.on_ready = on_ready
         self.events: queue.Queue = queue.Queue()
         self.board = TaskBoard(plan, run)
-        self.report = Reporter(plan, run, self.board, out, trace_site)
+        self.report = Reporter(plan, run, self.board, out, trace_site, self._send)
         self.signals = SignalWatch()
         self.requeue = RequeueTimer(requeue, self.report)
         sup = plan.supervision
@@ -162,7 +162,7 @@ class Coordinator:
     def _handle(self, host: str, data: dict[str, Any]) -> None:
         event = protocol.event_of(data)
         if isinstance(event, protocol.Output):
-            self.report.output(event.task or "?", event.line)
+            self.report.output(event.task or "?", event.line, data.get("time"))
             return
         if isinstance(event, protocol.Sample):
             self.report.sample(host, data)
@@ -204,6 +204,8 @@ class Coordinator:
             )
         elif isinstance(event, protocol.LinkClosed):
             self._link_closed(host)
+        elif isinstance(event, protocol.TraceNote | protocol.TraceFile | protocol.TraceSent):
+            self.report.trace_event(host, event)
 
     def _link_closed(self, host: str) -> None:
         current = next((link for link in self.links if link.host == host), None)
@@ -274,7 +276,8 @@ class Coordinator:
         if any(s.state != "exited" for s in self.board):
             self.report.record(protocol.StoppingCluster())
         self._send(protocol.Stop(reason="the run is ending"))
-        deadline = time.monotonic() + self.grace + 15
+        # (agents asked for their trace files send them once their tasks ended)
+        deadline = time.monotonic() + self.grace + 15 + self.report.trace_drain_s()
         while self.open_links and time.monotonic() < deadline:
             self._next_event(0.2)
         for link in live:

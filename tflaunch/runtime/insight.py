@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tflaunch.cluster.plan import Plan
+from tflaunch.runtime import protocol
 from tflaunch.runtime.monitor import SampleLog
 from tflaunch.runtime.progress import ProgressLog, StepParser
 from tflaunch.runtime.run import Run
@@ -29,6 +30,7 @@ class Insight:
         leader: str,
         say: Callable[[str], None],
         trace_site: TraceSite | None = None,
+        send: Callable[[protocol.Command, str | None], None] | None = None,
     ):
         sup = plan.supervision
         self.samples = SampleLog(run.dir)  # samples-<host>.jsonl
@@ -48,6 +50,8 @@ class Insight:
         self.trigger = TraceTrigger(
             request, leader, addresses, program, say, time.monotonic(), trace_site
         )
+        if send is not None:
+            self.trigger.site.connect(send)
         self.trigger.start_helper()
         if request.at_s is not None:
             threading.Thread(target=self._tick, name="trace-window", daemon=True).start()
@@ -56,11 +60,22 @@ class Insight:
         """A resource sample from ``host``'s agent."""
         self.samples.write(host, event)
 
-    def output(self, task: str, line: str) -> None:
-        step = self.progress.output(task, line, time.time())
+    def output(self, task: str, line: str, at: float | None = None) -> None:
+        """A line ``task`` printed, ``at`` the time its agent read it (unix; else now): the step
+        rate is measured on the agent's clock, whatever delays the link adds."""
+        at = time.time() if at is None else float(at)
+        step = self.progress.output(task, line, at)
         if step is not None and self.trigger is not None:
             with self._lock:
-                self.trigger.step(task, step, time.monotonic())
+                self.trigger.step(task, step, at)
+
+    def trace_event(self, host: str, event: protocol.Event) -> None:
+        if self.trigger is not None:
+            with self._lock:
+                self.trigger.site.received(host, event)
+
+    def trace_drain_s(self) -> float:
+        return self.trigger.site.drain_s() if self.trigger is not None else 0.0
 
     def _tick(self) -> None:
         assert self.trigger is not None

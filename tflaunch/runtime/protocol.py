@@ -221,6 +221,41 @@ class SampleError(Event):
     message: str = ""
 
 
+@_event("trace_note")
+@dataclass(frozen=True)
+class TraceNote(Event):
+    """``up --trace``: a note the trace hook left in the host's trace directory ``dir`` (its
+    file ``name``, e.g. ``worker-1.tf``, and text), so the coordinator sees every host's notes
+    without reaching their disks (:mod:`tflaunch.runtime.tracehost`)."""
+
+    name: str = ""
+    text: str = ""
+    dir: str = ""
+
+
+@_event("trace_file")
+@dataclass(frozen=True)
+class TraceFile(Event):
+    """``up --trace``: a piece of a file of the host's trace directory (a task's raw profile),
+    ``path`` relative to it, ``data`` base64 from byte ``offset`` of ``size``."""
+
+    path: str = ""
+    offset: int = 0
+    size: int = 0
+    data: str = ""
+
+
+@_event("trace_sent", recorded=True)
+@dataclass(frozen=True)
+class TraceSent(Event):
+    """``up --trace``: the host sent its trace directory's files (``files``: relative paths)
+    to the coordinator, ``bytes`` in all, or says why not (``error``)."""
+
+    files: list[str] = field(default_factory=list)
+    bytes: int = 0
+    error: str | None = None
+
+
 # ---- from the links themselves --------------------------------------------------------------
 
 
@@ -399,6 +434,26 @@ class Start(Command):
 
     restarts: dict[str, int] | None = None
     generation: int | None = None
+
+
+@_command("trace_window")
+@dataclass(frozen=True)
+class TraceWindow(Command):
+    """``up --trace``: the capture window (unix times): write it where the host's trace hooks
+    read it, so a task that ends inside it waits for its end."""
+
+    start: float = 0.0
+    end: float = 0.0
+
+
+@_command("trace_collect")
+@dataclass(frozen=True)
+class TraceCollect(Command):
+    """``up --trace``: at its end, send the files of the host's trace directory to the
+    coordinator (:class:`TraceFile`, then :class:`TraceSent`), unless that directory is ``to``
+    (the coordinator's own: the same file system)."""
+
+    to: str = ""
 
 
 # ---- reading ---------------------------------------------------------------------------------

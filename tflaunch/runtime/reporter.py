@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 from tflaunch.cluster.plan import Plan
@@ -28,13 +29,14 @@ class Reporter:
         board: TaskBoard,
         out: IO[str] | None = None,
         trace_site: TraceSite | None = None,
+        send: Callable[[protocol.Command, str | None], None] | None = None,
     ):
         self.run, self.board = run, board
         self.out = out or sys.stdout
         self.width = max(len(s.name) for s in board) + 2
         self._events_file = open_run_file(run.events_path, "a")
         # Resource samples (samples-<host>.jsonl, not events), steps, and --trace's window.
-        self._samples = Insight(plan, run, board.leader, self.say, trace_site)
+        self._samples = Insight(plan, run, board.leader, self.say, trace_site, send)
 
     def close(self) -> None:
         self._events_file.close()
@@ -53,6 +55,14 @@ class Reporter:
     def sample(self, host: str, data: dict[str, Any]) -> None:
         self._samples.write(host, data)
 
+    def trace_event(self, host: str, event: protocol.Event) -> None:
+        """An agent's trace note or file (``up --trace``)."""
+        self._samples.trace_event(host, event)
+
+    def trace_drain_s(self) -> float:
+        """Extra seconds the teardown gives agents that still send trace files."""
+        return self._samples.trace_drain_s()
+
     def _write(self, data: dict[str, Any]) -> None:
         data.setdefault("time", round(time.time(), 3))
         self._events_file.write(json.dumps(data) + "\n")
@@ -60,8 +70,9 @@ class Reporter:
 
     # ---- the console -------------------------------------------------------------------------
 
-    def output(self, task: str, line: str) -> None:
-        self._samples.output(task, line)  # steps, and --trace's window
+    def output(self, task: str, line: str, at: float | None = None) -> None:
+        """A line ``task`` printed (``at``: when its agent read it, unix time)."""
+        self._samples.output(task, line, at)  # steps, and --trace's window
         state = self.board.get(task)
         if state:
             state.tail.append(line)

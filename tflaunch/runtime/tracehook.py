@@ -13,11 +13,14 @@ Three parts, none of which imports TensorFlow:
   TensorFlow's profiler client) waits from the start; when the window opens it asks every task
   that imported TensorFlow for the same wall-clock window at once and merges what it gets into ``trace.json`` and the summary.
 
-Where the notes are read, the window published and the helper started is a :class:`TraceSite`:
-this machine by default (local, and Slurm, whose coordinator runs inside the allocation on the
-shared file system); a backend whose tasks' files and private addresses are out of the
-launcher's reach gives its own (``Backend.trace_site``: ssh runs the helper on the leader's host
-and fetches the result).
+Each task's hook writes into its own host's trace directory (:func:`host_trace_dir`: the agent's
+run directory's ``trace/``), and the agents carry its notes, the window and (asked) its files to
+the coordinator over their links (:mod:`tflaunch.runtime.tracehost`). Where the helper runs and
+how the hosts' profiles meet is a :class:`TraceSite`: by default beside the coordinator (local;
+Slurm, whose coordinator runs inside the allocation; a detached SSH run's coordinator on the first
+host), the other hosts' agents sending their profiles over their links; a backend whose
+coordinator reaches no task's profiler port gives its own (``Backend.trace_site``: attached ssh
+runs the helper on the leader's host and copies the profiles there).
 
 Whatever happens, the run's trace directory ends with ``verdict.json``: a trace, or one line
 saying why there is none (:func:`read_verdict`). Programs on ``tflaunch.models``' own trace hooks
@@ -27,6 +30,7 @@ stands aside.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -35,9 +39,11 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 from tflaunch.models.trace_format import DIR_ENV, PORT_OFFSET_ENV, STEPS_ENV, parse_window
+from tflaunch.runtime import protocol
 from tflaunch.runtime.runfiles import open_run_file, write_run_file
 
 HOOK_ENV = "TFLAUNCH_TRACE_HOOK"  # "1": the agent installs the hook in the task's Python
@@ -56,12 +62,22 @@ CAPTURE_SLACK_S = 1.0
 HELPER_MARGIN_S = 120.0  # after the capture's end, for decoding and merging
 
 
-def with_hook(env: Mapping[str, str]) -> dict[str, str]:
-    """A traced task's environment: the hook's folder first on ``PYTHONPATH``."""
+def host_trace_dir(run_dir: str | os.PathLike) -> Path:
+    """The trace directory of the tasks whose agent's run directory is ``run_dir``: the run's
+    own where the hosts share it (local, Slurm), each host's own over SSH."""
+    return Path(os.path.expanduser(run_dir)).resolve() / "trace"
+
+
+def with_hook(env: Mapping[str, str], run_dir: str | os.PathLike | None = None) -> dict[str, str]:
+    """A traced task's environment: the hook's folder first on ``PYTHONPATH``, and (given the
+    agent's ``run_dir``) the trace directory of its host (:func:`host_trace_dir`), where its
+    notes and profile go."""
     out = dict(env)
     if out.get(HOOK_ENV) == "1":
         rest = out.get("PYTHONPATH", "")
         out["PYTHONPATH"] = str(HOOK_DIR) + (os.pathsep + rest if rest else "")
+        if run_dir is not None:
+            out[DIR_ENV] = str(host_trace_dir(run_dir))
     return out
 
 
@@ -193,21 +209,109 @@ class Helper:
 class TraceSite:
     """Where a traced run's files are and where its capture runs, as the trigger sees them.
 
-    This one is this machine: the tasks' hooks write their notes into ``dir`` (the run's trace
-    directory, here or on a file system shared with the nodes), and the helper runs here, where
-    every task's profiler port is reachable. A backend whose hosts keep their own files on a
-    private network subclasses it (``Backend.trace_site``). ``dir`` is always the local trace
-    directory: the verdict, the capture's log and, once :meth:`collect` ran, the trace."""
+    This one runs the capture helper on the coordinator's machine, which must reach every
+    task's profiler port (local, Slurm's first node, a detached SSH run's first host). ``dir``
+    is the coordinator's trace directory: the verdict, the capture's log and, at the end, the
+    trace. Each host's tasks keep their notes and profiles in their host's own trace directory
+    (:func:`host_trace_dir`); the agents report the notes over the link as they appear
+    (:meth:`received`), write the window where their hooks read it (:meth:`publish_window`) and,
+    when their directory is not this one, send their files at their end (``TraceCollect``), which
+    are then merged here (:meth:`collect`). A backend whose coordinator reaches no profiler port
+    subclasses it (``Backend.trace_site``)."""
+
+    gathers = True  # the hosts' files come over the agents' links (a subclass may fetch them)
 
     def __init__(self, trace_dir: Path):
         self.dir = trace_dir
+        self.send: Callable[[protocol.Command, str | None], None] | None = None
+        self.host_dirs: dict[str, str] = {}  # host -> its trace directory (as the agent said)
+        self.task_hosts: dict[str, str] = {}  # task -> host, from the notes' senders
+        self.asked: set[str] = set()  # hosts told to send their files
+        self.sent: dict[str, protocol.TraceSent] = {}
+        self.merge_pending: dict[str, str] | None = None  # the order's tasks, to merge here
+
+    def connect(self, send: Callable[[protocol.Command, str | None], None]) -> None:
+        """The coordinator's way to its agents (commands to one host, or every host)."""
+        self.send = send
+
+    # -- what the agents report --------------------------------------------------------------
+
+    def received(self, host: str, event: protocol.Event) -> None:
+        if isinstance(event, protocol.TraceNote):
+            self._note(host, event)
+        elif isinstance(event, protocol.TraceFile):
+            self._file(host, event)
+        elif isinstance(event, protocol.TraceSent):
+            self.sent[host] = event
+
+    def _note(self, host: str, note: protocol.TraceNote) -> None:
+        if note.dir:
+            self.host_dirs[host] = note.dir
+        name = note.name
+        if not name or "/" in name or name.startswith("."):
+            return
+        self.task_hosts[name.rpartition(".")[0].replace("-", ":", 1)] = host
+        path = self.dir / NOTES_DIR / name
+        with contextlib.suppress(OSError):
+            if path.read_text(errors="replace") == note.text:
+                return  # a file system shared with the host: its own file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_run_file(path, note.text)
+
+    def _file(self, host: str, piece: protocol.TraceFile) -> None:
+        parts = PurePosixPath(piece.path).parts
+        if not parts or piece.path.startswith("/") or ".." in parts:
+            return
+        path = self.dir.joinpath(*parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if piece.offset and (not path.exists() or path.stat().st_size != piece.offset):
+            return  # a piece out of order (one link keeps them in order): the file stays cut
+        with open_run_file(path, "ab" if piece.offset else "wb") as f:
+            f.write(base64.b64decode(piece.data))
+
+    def drain_s(self) -> float:
+        """How much longer the teardown should wait for hosts still sending files."""
+        return HELPER_MARGIN_S / 2 if self.asked - set(self.sent) else 0.0
+
+    # -- what the trigger asks ---------------------------------------------------------------
 
     def notes(self) -> Notes:
         return read_notes(self.dir)
 
     def publish_window(self, text: str) -> None:
-        """``window.json`` where every task's hook reads it."""
+        """``window.json`` here and, through the agents, where every task's hook reads it."""
         write_run_file(self.dir / WINDOW_FILE, text)
+        if self.send is not None:
+            window = json.loads(text)
+            self.send(protocol.TraceWindow(start=window["start"], end=window["end"]), None)
+
+    def ask_files(self) -> None:
+        """Have every agent whose trace directory is not this one send its files at its end."""
+        if self.send is None or not self.gathers:
+            return
+        self.asked = {h for h, d in self.host_dirs.items() if not _same_path(d, self.dir)}
+        if self.asked:
+            self.send(protocol.TraceCollect(to=str(self.dir)), None)
+
+    def task_dirs(self, tasks: Mapping[str, str]) -> dict[str, str]:
+        """Each task's trace directory on its host, where that is not this site's."""
+        out = {}
+        for task in tasks:
+            folder = self.host_dirs.get(self.task_hosts.get(task, ""))
+            if folder and not _same_path(folder, self.dir):
+                out[task] = folder
+        return out
+
+    def order(self, order: dict[str, Any]) -> dict[str, Any]:
+        """The helper's order: every task's profile saved under its own host's directory;
+        where some are elsewhere, capture only — the merge waits for their files
+        (:meth:`collect`)."""
+        dirs = self.task_dirs(order["tasks"])
+        if not dirs:
+            return order
+        self.ask_files()
+        self.merge_pending = dict(order["tasks"])
+        return {**order, "dirs": dirs, "merge": False}
 
     def start_helper(self) -> Helper:
         """The capture helper, here. It stays in the launcher's process group: Ctrl-C ends it."""
@@ -222,8 +326,41 @@ class TraceSite:
         return Helper(proc)
 
     def collect(self) -> None:
-        """Bring what the capture (or a program's own hooks) wrote into ``dir``: already there."""
-        return None
+        """Bring what the capture (or a program's own hooks) wrote into ``dir``: the other
+        hosts' files came over the links (by now: their agents ended); merge them here."""
+        missing = sorted(self.asked - set(self.sent))
+        errors = [f"{h}: {e.error}" for h, e in sorted(self.sent.items()) if e.error]
+        with open_run_file(self.dir / CAPTURE_LOG, "a") as log:
+            for host, sent in sorted(self.sent.items()):
+                log.write(f"{host} sent {len(sent.files)} file(s), {sent.bytes} bytes\n")
+            if missing or errors:
+                log.write(f"no files from {', '.join(missing + errors)}\n")
+        if self.merge_pending is None:
+            return
+        argv = [sys.executable, "-m", CAPTURE_MODULE, str(self.dir), "--merge"]
+        argv += ["--tasks", json.dumps(self.merge_pending)]
+        env = {k: v for k, v in os.environ.items() if k != HOOK_ENV}
+        with open_run_file(self.dir / CAPTURE_LOG, "a") as log:
+            subprocess.run(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                timeout=HELPER_MARGIN_S,
+                check=False,
+            )
+
+
+def _same_path(path: str, folder: Path) -> bool:
+    """Whether ``path`` (a host's directory) is ``folder``: the same string, or (a file system
+    shared with the host) the same directory."""
+    if os.path.normpath(path) == os.path.normpath(str(folder)):
+        return True
+    try:
+        return os.path.samefile(path, folder)
+    except OSError:
+        return False
 
 
 class TraceTrigger:
@@ -257,7 +394,8 @@ class TraceTrigger:
     # -- the window ---------------------------------------------------------------------------
 
     def step(self, task: str, step: int, now: float) -> None:
-        """``task`` printed step ``step`` (added up as :mod:`tflaunch.runtime.progress` does)."""
+        """``task`` printed step ``step`` (added up as :mod:`tflaunch.runtime.progress` does) at
+        ``now`` on any one clock (the agent's): only the rate between step lines is read."""
         if task != self.leader or self.request.first_step is None or self._done():
             return
         self.seen.append((now, step))
@@ -293,6 +431,7 @@ class TraceTrigger:
     def _fire(self, seconds: float, when: str) -> None:
         notes = self.site.notes()
         if notes.in_program:
+            self.site.ask_files()  # the program's own trace, from whichever host wrote it
             self._end(True, "", quiet=True)  # the program's own hooks take the trace
             return
         targets = {
@@ -306,11 +445,13 @@ class TraceTrigger:
         missing = sorted(set(self.addresses) - set(targets))
         if missing:
             self.say(f"trace: {', '.join(missing)} had not imported TensorFlow {when}; not traced")
-        self.say(f"trace: capturing {seconds:.1f} s of {len(targets)} task(s) {when}")
         self.site.publish_window(
             json.dumps({"start": time.time(), "end": time.time() + seconds}) + "\n"
         )
-        order = {"tasks": targets, "duration_ms": max(1, int(seconds * 1000))}
+        order = self.site.order({"tasks": targets, "duration_ms": max(1, int(seconds * 1000))})
+        away = len(order.get("dirs") or {})
+        elsewhere = f"; {away} save(s) on their own host, gathered at the end" if away else ""
+        self.say(f"trace: capturing {seconds:.1f} s of {len(targets)} task(s) {when}{elsewhere}")
         helper = self.start_helper()
         if helper is None:
             self._end(

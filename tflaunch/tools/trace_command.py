@@ -101,14 +101,6 @@ def render_png(trace: Mapping, path: Path, max_rows_per_task: int = 4) -> Path:
 # -- launcher side ---------------------------------------------------------------------------
 
 
-def traced_config(config, window: TraceWindow, trace_dir: str, port_offset: int):
-    """``config`` with the trace variables in every task's environment."""
-    from dataclasses import replace
-
-    env = {**config.program.env, **trace_env(window, trace_dir, port_offset)}
-    return replace(config, program=replace(config.program, env=env))
-
-
 def parse_seconds(text: str, option: str) -> float:
     """``30``, ``30s``, ``2m`` or ``1h`` as seconds (a positive number)."""
     units = {"s": 1.0, "m": 60.0, "h": 3600.0}
@@ -130,12 +122,10 @@ def any_program_config(
     at: str | None,
     length: str | None,
     port_offset: int,
-    detached: bool = False,
 ):
     """``config`` traced by the launcher (any Python TensorFlow program): every task gets the
     trace hook, and the window is ``steps`` (FIRST:COUNT of the leader's step lines) or
-    ``at``/``length``. Runs whose backend cannot reach the tasks' notes and profiler ports
-    (a detached ssh run: ``Backend.traces_any_program``) keep the programs' own hooks only."""
+    ``at``/``length``."""
     from dataclasses import replace
 
     from tflaunch.runtime.tracehook import request_env
@@ -148,16 +138,6 @@ def any_program_config(
     at_s = parse_seconds(at, "--trace-at") if at else None
     for_s = parse_seconds(length, "--trace-for") if length else None
     trace_dir = trace_dir_for(config, runs_dir, run_id)
-    from tflaunch import launch
-
-    if not launch.backend_for(config.backend).traces_any_program(config, detached):
-        if window_steps is None:
-            raise TraceError(
-                f"--trace-at needs a launcher that reaches every task's profiler port; a "
-                f"detached run of backend {config.backend} takes --trace STEPS with a program "
-                "on tflaunch.models' trace hooks (or run it attached)."
-            )
-        return traced_config(config, parse_window(window_steps), trace_dir, port_offset)
     env = {
         **config.program.env,
         **request_env(trace_dir, port_offset, window_steps, at_s, for_s),
