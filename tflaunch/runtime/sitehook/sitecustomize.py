@@ -151,7 +151,7 @@ def _cache_dir() -> str:
             return folder
     except OSError:
         pass
-    folder = os.path.join(os.path.expanduser(os.environ["TFLAUNCH_TRACE_DIR"]), "tasks")
+    folder = os.path.join(os.path.expanduser(os.environ["TFLAUNCH_TRACE_DIR"]), "profiler_fix")
     os.makedirs(folder, exist_ok=True)
     return folder
 
@@ -208,15 +208,19 @@ def _load_profiler_fix(origin: str | None) -> str:
     path = os.path.join(_cache_dir(), f"profiler_fix-{key}.so")
     failed = path + ".failed"
     try:
+        if not os.path.exists(path) and not os.path.exists(failed):
+            import fcntl
+
+            with open(path + ".lock", "w") as lock:  # one build per host: the others wait
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not os.path.exists(path) and not os.path.exists(failed):
+                    why = _build_fix(cxx, include, path)
+                    if why:
+                        with open(failed, "w") as f:
+                            f.write(why)
         if os.path.exists(failed):
             with open(failed) as f:
                 return f.read()
-        if not os.path.exists(path):
-            why = _build_fix(cxx, include, path)
-            if why:
-                with open(failed, "w") as f:
-                    f.write(why)
-                return why
         ctypes.CDLL(path, mode=os.RTLD_GLOBAL | os.RTLD_NOW)
     except OSError as exc:
         return f"not loaded: {exc}"
