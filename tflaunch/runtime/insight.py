@@ -83,6 +83,13 @@ class Insight:
             with self._lock:
                 self.trigger.tick(time.monotonic())
 
+    def crash_note(self, task: str, code: int) -> str:
+        """Why ``task``'s death by ``code`` may be the trace capture's doing ('' if not)."""
+        if self.trigger is None:
+            return ""
+        with self._lock:
+            return self.trigger.crash_note(task, code, time.monotonic())
+
     def close(self) -> None:
         """Write the last samples; wait (bounded) for a capture and write the trace verdict."""
         self._closed.set()

@@ -97,6 +97,9 @@ class Reporter:
     ) -> Outcome:
         """The report of a run failed by one task, its root cause first."""
         lines = [f"{state.name} on {state.host} {what}."]
+        traced = self._samples.crash_note(state.name, code)
+        if traced:
+            lines.append(traced)
         if note:
             lines.append(note)
         if restarts:

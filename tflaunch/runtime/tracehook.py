@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -60,6 +62,11 @@ CAPTURE_MODULE = "tflaunch.models.trace_capture"
 PROFILED_SLOWDOWN = 3.0
 CAPTURE_SLACK_S = 1.0
 HELPER_MARGIN_S = 120.0  # after the capture's end, for decoding and merging
+FIX_LOADED = "loaded"  # the hook's note when tflaunch's fix for TensorFlow's profiler is in
+# A traced task that dies by one of these from the window's start until this long after its end
+# (the profiler collects and hands its events over then) is reported as a likely profiler crash.
+CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS)
+COLLECT_MARGIN_S = 60.0
 
 
 def host_trace_dir(run_dir: str | os.PathLike) -> Path:
@@ -128,17 +135,19 @@ def request_env(
 @dataclass(frozen=True)
 class Notes:
     """What the tasks' hooks noted: which ran Python, which imported TensorFlow (and on which
-    profiler port), which failed to start a server, and which take their own trace."""
+    profiler port), which failed to start a server, which take their own trace, and what came
+    of the fix for TensorFlow's profiler in each (``"loaded"`` or why not)."""
 
     python: frozenset[str]
     tf_ports: Mapping[str, int]
     errors: Mapping[str, str]
     in_program: frozenset[str]
+    fixes: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def read_notes(trace_dir: Path) -> Notes:
     folder = trace_dir / NOTES_DIR
-    python, in_program, ports, errors = set(), set(), {}, {}
+    python, in_program, ports, errors, fixes = set(), set(), {}, {}, {}
     for path in sorted(folder.glob("*.*")) if folder.is_dir() else []:
         task, kind = path.stem.replace("-", ":", 1), path.suffix[1:]
         if kind == "python":
@@ -154,7 +163,8 @@ def read_notes(trace_dir: Path) -> Notes:
                 errors[task] = str(note["error"])
             else:
                 ports[task] = int(note["port"])
-    return Notes(frozenset(python), ports, errors, frozenset(in_program))
+                fixes[task] = str(note.get("profiler_fix", "not known (an older hook)"))
+    return Notes(frozenset(python), ports, errors, frozenset(in_program), fixes)
 
 
 def write_verdict(trace_dir: Path, ok: bool, line: str) -> None:
@@ -388,6 +398,8 @@ class TraceTrigger:
         self.helper: Helper | None = None
         self.helper_error = ""
         self.fired = False
+        self.window: tuple[float, float] | None = None  # monotonic start and end of the capture
+        self.fixes: dict[str, str] = {}  # traced task -> what became of the profiler fix
         self.helper_deadline = 0.0
         self.verdict: tuple[bool, str] | None = None
 
@@ -445,6 +457,15 @@ class TraceTrigger:
         missing = sorted(set(self.addresses) - set(targets))
         if missing:
             self.say(f"trace: {', '.join(missing)} had not imported TensorFlow {when}; not traced")
+        self.fixes = {task: notes.fixes.get(task, "not known") for task in targets}
+        unfixed = sorted(t for t, fix in self.fixes.items() if fix != FIX_LOADED)
+        if unfixed:
+            self.say(
+                f"trace: {', '.join(unfixed)} {'runs' if len(unfixed) == 1 else 'run'} "
+                "without tflaunch's fix for a crash in "
+                f"TensorFlow's profiler ({self.fixes[unfixed[0]]}); the capture may kill such a "
+                "task (docs/insight.md, profiler crashes)"
+            )
         self.site.publish_window(
             json.dumps({"start": time.time(), "end": time.time() + seconds}) + "\n"
         )
@@ -460,6 +481,7 @@ class TraceTrigger:
             return
         helper.order(json.dumps(order) + "\n")  # a dead one: finish() says why from its log
         self.fired = True
+        self.window = (time.monotonic(), time.monotonic() + seconds)
         self.helper_deadline = time.monotonic() + seconds + HELPER_MARGIN_S
 
     def start_helper(self) -> Helper | None:
@@ -485,6 +507,30 @@ class TraceTrigger:
         return (
             f"no trace because no task had imported TensorFlow {when} "
             f"({len(notes.python)} task(s) ran Python)"
+        )
+
+    def crash_note(self, task: str, code: int, now: float) -> str:
+        """A line for the failure report of ``task``, dead with exit ``code`` at ``now``, when
+        that death looks like a crash of TensorFlow's profiler under this capture; else ''."""
+        if self.window is None or task not in self.fixes or code <= 128:
+            return ""
+        if code - 128 not in CRASH_SIGNALS:
+            return ""
+        start, end = self.window
+        if not start <= now <= end + COLLECT_MARGIN_S:
+            return ""
+        name = signal.Signals(code - 128).name
+        fix = self.fixes[task]
+        fix_line = (
+            "tflaunch's fix for the known crash was loaded, so this may be another one"
+            if fix == FIX_LOADED
+            else f"tflaunch's fix for the known crash was not in it: {fix}"
+        )
+        return (
+            f"It died by {name} {now - start:.1f} s after tflaunch's trace capture began "
+            f"profiling it (a {end - start:.1f} s window): TensorFlow's profiler is the likely "
+            f"cause, not the program ({fix_line}). See docs/insight.md (profiler crashes); "
+            "the same run without --trace tells."
         )
 
     # -- the end ------------------------------------------------------------------------------

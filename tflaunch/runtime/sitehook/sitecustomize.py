@@ -14,6 +14,14 @@ and ``<task>.tf`` (JSON: pid, port, time, or the error that kept the server from
 A process that exits while a capture is on waits for the window's end (``window.json``) first.
 One process per task starts the server: its children inherit ``TFLAUNCH_PROFILER_PID`` and leave
 the port to it.
+
+That process also gets tflaunch's fix for a crash in TensorFlow's profiler (``profiler_fix.cc``:
+the profiler's collection writes through dangling pointers, SIGSEGV or SIGABRT, in about one
+capture of three of a Keras ``fit`` under MultiWorkerMirroredStrategy). Just before TensorFlow
+loads, the hook builds the fix with the machine's C++ compiler, once per machine and TensorFlow
+(checked against the installed TensorFlow's own header, cached in ``~/.cache/tflaunch``), and
+loads it ahead of TensorFlow. The ``.tf`` note says what came of it (``profiler_fix``);
+``TFLAUNCH_PROFILER_FIX=0`` leaves it out.
 """
 
 from __future__ import annotations
@@ -29,6 +37,13 @@ PID_ENV = "TFLAUNCH_PROFILER_PID"
 WINDOW_FILE = "window.json"  # written by the launcher when its capture starts: {"end": unix time}
 WINDOW_MARGIN_S = 3.0  # for the server to hand its events over
 MAX_WAIT_S = 120.0
+FIX_ENV = "TFLAUNCH_PROFILER_FIX"  # "0": do not load the profiler fix
+FIX_SOURCE = os.path.join(_HERE, "profiler_fix.cc")
+FIX_LOADED = "loaded"
+# TensorFlow's header the fix's layouts are checked against, under the package's include/.
+FIX_HEADER = "xla/tsl/profiler/backends/cpu/traceme_recorder.h"
+BUILD_TIMEOUT_S = 300.0
+_fix_status = "not loaded: TensorFlow was imported before the trace hook"
 
 
 def _chain() -> None:
@@ -97,7 +112,8 @@ def _start_profiler(tf) -> None:
     except Exception as exc:
         _note("tf", json.dumps({"pid": os.getpid(), "port": port, "error": repr(exc)}))
         return
-    _note("tf", json.dumps({"pid": os.getpid(), "port": port, "time": time.time()}))
+    note = {"pid": os.getpid(), "port": port, "time": time.time(), "profiler_fix": _fix_status}
+    _note("tf", json.dumps(note))
     import threading
 
     try:  # called at shutdown before any atexit handler (TensorFlow's tear its runtime down)
@@ -126,6 +142,91 @@ def _outlast_window() -> None:
         time.sleep(min(wait, MAX_WAIT_S))
 
 
+def _cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = os.path.join(base, "tflaunch")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        if os.access(folder, os.W_OK):
+            return folder
+    except OSError:
+        pass
+    folder = os.path.join(os.path.expanduser(os.environ["TFLAUNCH_TRACE_DIR"]), "profiler_fix")
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def _build_fix(cxx: str, include: str, path: str) -> str:
+    """Check the fix's layouts against TensorFlow's header, then build it; '' or why not."""
+    import subprocess
+
+    tmp = f"{path}.{os.getpid()}.tmp"
+    common = [cxx, "-std=c++17", "-w", "-O2"]
+    steps = (
+        ("its layouts differ from TensorFlow's", ["-fsyntax-only", "-DTFLAUNCH_CHECK_LAYOUT"]),
+        ("it did not build", ["-shared", "-fPIC", "-fvisibility=hidden", "-o", tmp]),
+    )
+    for why, args in steps:
+        argv = [*common, *args, f"-I{include}", FIX_SOURCE]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"not built: {cxx}: {exc}"
+        if done.returncode != 0:
+            lines = [x for x in done.stderr.splitlines() if "error" in x] or [""]
+            return f"not built: {why} ({lines[0].strip()[:200]})"
+    os.replace(tmp, path)
+    return ""
+
+
+def _load_profiler_fix(origin: str | None) -> str:
+    """Build (once, cached) and load the fix for TensorFlow's profiler, ahead of TensorFlow's own
+    libraries, so that its one function takes the place of theirs; says what came of it."""
+    if os.environ.get(FIX_ENV) == "0":
+        return f"off ({FIX_ENV}=0)"
+    if not sys.platform.startswith("linux"):
+        return "not needed (the crash is libstdc++'s, on Linux)"
+    if not origin:
+        return "not loaded: TensorFlow's package has no location"
+    import shutil
+
+    include = os.path.join(os.path.dirname(origin), "include")
+    try:
+        with open(FIX_SOURCE, "rb") as f:
+            source = f.read()
+        with open(os.path.join(include, FIX_HEADER), "rb") as f:
+            header = f.read()
+    except OSError:
+        return "not built: the installed TensorFlow has no C++ headers to check it against"
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not cxx:
+        return "not built: no C++ compiler (g++) on this host"
+    import ctypes
+    import hashlib
+
+    key = hashlib.sha256(source + header + cxx.encode()).hexdigest()[:16]
+    path = os.path.join(_cache_dir(), f"profiler_fix-{key}.so")
+    failed = path + ".failed"
+    try:
+        if not os.path.exists(path) and not os.path.exists(failed):
+            import fcntl
+
+            with open(path + ".lock", "w") as lock:  # one build per host: the others wait
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not os.path.exists(path) and not os.path.exists(failed):
+                    why = _build_fix(cxx, include, path)
+                    if why:
+                        with open(failed, "w") as f:
+                            f.write(why)
+        if os.path.exists(failed):
+            with open(failed) as f:
+                return f.read()
+        ctypes.CDLL(path, mode=os.RTLD_GLOBAL | os.RTLD_NOW)
+    except OSError as exc:
+        return f"not loaded: {exc}"
+    return FIX_LOADED
+
+
 class _Loader:
     """The real loader of ``tensorflow``; starts the profiler once the module is complete."""
 
@@ -139,7 +240,13 @@ class _Loader:
         return self._loader.create_module(spec)
 
     def exec_module(self, module) -> None:
+        global _fix_status
         spec = module.__spec__
+        if not os.environ.get(PID_ENV):  # the process that will start the task's profiler
+            try:
+                _fix_status = _load_profiler_fix(getattr(spec, "origin", None))
+            except Exception as exc:  # tracing must never break the program
+                _fix_status = f"not loaded: {exc!r}"
         try:
             self._loader.exec_module(module)
         finally:
