@@ -219,10 +219,8 @@ def test_mnist_from_provisioning_to_termination(
         monkeypatch,
         program={"argv": [*argv, "--log_every", "10"], "workdir": str(ROOT)},
         supervision={"heartbeat_timeout": 20},
+        ssh={"upload": []},  # the workdir is the checkout: nothing may be copied into it
     )
-    data = yaml.safe_load(cluster.read_text())
-    data["ssh"]["upload"] = []
-    cluster.write_text(yaml.safe_dump(data))
     result = tflaunch("up", str(cluster), "--down", timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "test accuracy:" in result.stdout
