@@ -486,6 +486,46 @@ def test_a_programs_own_trace_written_on_another_host_is_sent_and_named_in_the_v
     assert tracehook.read_verdict(empty.dir) == (False, line)
 
 
+class _CopyingSite(tracehook.TraceSite):
+    """A site that fetches the hosts' files itself (as attached SSH copies over SFTP)."""
+
+    gathers = False
+
+    def __init__(self, local: Path, host_dir: Path):
+        super().__init__(local)
+        self.host_dir = host_dir
+        self.collected = 0
+
+    def collect(self) -> None:
+        self.collected += 1
+        shutil.copytree(self.host_dir, self.dir, dirs_exist_ok=True)
+
+
+def test_a_programs_own_trace_is_fetched_by_a_copying_site_also_after_the_window(
+    tmp_path,
+) -> None:
+    """Attached SSH: the window that would have opened for a program on its own hooks still
+    ends with the site's copy of the trace from the first worker's host, and a verdict."""
+    host = tmp_path / "host2" / "trace"
+    (host / "tasks").mkdir(parents=True)
+    (host / "tasks" / "worker-0.inprogram").write_text("")
+    site = _CopyingSite(tmp_path / "local" / "trace", host)
+    sent: list[tuple[protocol.Command, str | None]] = []
+    site.connect(lambda command, to: sent.append((command, to)))
+    site.received("host2", protocol.TraceNote(name="worker-0.inprogram", text="", dir=str(host)))
+    assert sent == []  # this site copies the files itself: no agent is asked
+    request = tracehook.TraceRequest(site.dir, 10000, first_step=2, steps=3)
+    trigger = tracehook.TraceTrigger(
+        request, "worker:0", {"worker:0": "10.0.0.2:2220"}, "python", [].append, 0.0, site
+    )
+    trigger.step("worker:0", 1, 1.0)
+    trigger.step("worker:0", 3, 2.0)
+    assert trigger.in_program and site.collected == 0
+    (host / "trace.json").write_text('{"traceEvents": []}')
+    assert trigger.finish() == (True, f"trace: {site.dir / 'trace.json'}")
+    assert site.collected == 1 and (site.dir / "trace.json").exists()
+
+
 class _WaitingSite(tracehook.TraceSite):
     """This machine's site, with a helper that only takes its order (no TensorFlow)."""
 
