@@ -455,3 +455,86 @@ def test_a_coordinator_lost_while_it_ended_the_run_does_not_start_it_again(tmp_p
     assert not CoordinatorRestart.ending(restart)
     agent("worker-2", protocol.AgentExit())  # every task exited: no stopping, the agents end
     assert CoordinatorRestart.ending(restart)
+
+
+@pytest.mark.slow
+@pytest.mark.ssh
+def test_a_detached_benchmarks_own_trace_reaches_the_laptop_from_a_worker_away_from_the_coordinator(
+    ssh_test_hosts,
+    tmp_path,
+    clean_region,  # noqa: F811 (imported, a fixture)
+    monkeypatch,
+):
+    """up --detach --trace of tflaunch.models.benchmark (its own trace hooks: worker:0 captures
+    and merges) on a dedicated PS and a spot worker: the coordinator runs on the PS's on-demand
+    instance (ps-1, namespace host1), worker:0 on worker-1 (host2), each with its own run
+    directory. No window opens (the step pattern matches none of its lines), yet worker-1's agent
+    is asked for its files on worker:0's in-program note, sends the trace over its connection at
+    its end, the verdict names it, and 'tflaunch trace RUN' on the laptop shows it."""
+    pytest.importorskip("tensorflow")
+    from tests.helpers import tflaunch
+    from tests.test_ssh_detach import cli, wait_ended
+    from tflaunch.launchers.clouds.ec2.provider import ADDRESS_MAP_ENV
+
+    argv = [sys.executable, "-m", "tflaunch.models.benchmark", "--model", "inception3"]
+    argv += ["--image_size", "75", "--batch_size", "2", "--num_batches", "8"]
+    argv += ["--num_warmup_batches", "2", "--display_every", "4"]
+    cluster = spot_cluster(
+        tmp_path,
+        ssh_test_hosts,
+        clean_region,
+        monkeypatch,
+        program={"argv": argv, "env": {"TEST_MARKER": str(tmp_path)}},
+        roles={"ps": 1, "worker": 1},
+        placement={"ps": "dedicated"},
+        # a step pattern the benchmark's lines never match: the launcher's window never opens
+        supervision={
+            "ready_timeout": 240,
+            "heartbeat": 1,
+            "heartbeat_timeout": 20,
+            "step_pattern": r"\btrained step (\d+)",
+        },
+    )
+    host1, host2, _ = ssh_test_hosts.hosts
+    mapping = {
+        name: {"connect": h.public_address, "address": h.private_address}
+        for name, h in (("ps-1", host1), ("worker-1", host2))
+    }
+    (tmp_path / "addresses.json").write_text(json.dumps(mapping))
+    monkeypatch.setenv(ADDRESS_MAP_ENV, str(tmp_path / "addresses.json"))
+    started = tflaunch("up", str(cluster), "--detach", "--down", "--trace", "2:3", timeout=300)
+    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
+    assert "detached: the coordinator runs on ps-1 (an on-demand instance" in started.stderr
+    run_id = started.stdout.strip().splitlines()[-1]
+    run = tmp_path / "runs" / run_id
+    try:
+        status = wait_ended(tmp_path, run_id, 400)
+        assert f"run {run_id}: succeeded" in status, status + (run / "console.log").read_text()
+        shown = cli(tmp_path, "trace", run_id)
+    finally:
+        down = cli(tmp_path, "down", run_id)
+    assert down.returncode == 0, down.stderr
+    assert shown.returncode == 0, shown.stdout + shown.stderr + (run / "console.log").read_text()
+    plan = json.loads((run / "plan.json").read_text())
+    hosts = {f"{t['job']}:{t['index']}": t["host"] for t in plan["tasks"]}
+    assert hosts == {"ps:0": "ps-1", "worker:0": "worker-1"}
+    trace = json.loads((run / "trace" / "trace.json").read_text())
+    names = {
+        e["args"]["name"].split()[0] for e in trace["traceEvents"] if e["name"] == "process_name"
+    }
+    assert names == {"ps:0", "worker:0"}
+    # written by worker:0 on worker-1, sent over its agent's link to the coordinator on ps-1
+    remote = tmp_path / "remote" / run_id
+    written = remote / "worker-1" / "trace" / "trace.json"
+    assert (remote / "ps-1" / "trace" / "trace.json").read_bytes() == written.read_bytes()
+    sent = [
+        e
+        for e in map(json.loads, (run / "events.jsonl").read_text().splitlines())
+        if e.get("event") == "trace_sent" and e.get("host") == "worker-1"
+    ]
+    assert len(sent) == 1 and "trace.json" in sent[0]["files"], sent
+    ok, line = json.loads((run / "trace" / "verdict.json").read_text()).values()
+    assert ok and line == f"trace: {remote / 'ps-1' / 'trace' / 'trace.json'}"
+    assert f"[tflaunch] {line}" in (run / "console.log").read_text()
+    assert "worker:0" in shown.stdout and "ps:0" in shown.stdout
+    assert instances(clean_region, ("pending", "running")) == []

@@ -412,6 +412,120 @@ def test_agents_carry_their_hosts_notes_window_and_profiles_to_the_coordinator(
     assert not same.ship()
 
 
+def test_a_programs_own_trace_written_on_another_host_is_sent_and_named_in_the_verdict(
+    tmp_path,
+) -> None:
+    """tflaunch.models' own trace hooks (the benchmark) write the trace from the first worker,
+    here on host2, while the coordinator's site is host1's: host2's agent is asked for its files
+    as soon as its in-program note comes (the window need not open), sends trace.json and the
+    profiles at its end, and the verdict names the trace; the window that opens later takes no
+    capture. Had nothing come, the verdict says so and names who sent nothing."""
+    wire: list[dict] = []
+
+    def emit(event: protocol.Event) -> None:
+        wire.append(json.loads(json.dumps(event.wire())))
+
+    site = tracehook.TraceSite(tmp_path / "host1" / "trace")
+    commands: list[tuple[protocol.Command, str | None]] = []
+    site.connect(lambda command, to: commands.append((command, to)))
+    coordinators = HostTrace(tmp_path / "host1", emit, ["ps:0"])
+    worker = HostTrace(tmp_path / "host2", emit, ["worker:0"])
+    for host in (coordinators, worker):
+        (host.dir / "tasks").mkdir(parents=True)
+    (coordinators.dir / "tasks" / "ps-0.inprogram").write_text("")
+    (worker.dir / "tasks" / "worker-0.inprogram").write_text("")
+    for name, host in (("host1", coordinators), ("host2", worker)):
+        wire.clear()
+        host.poll()
+        for data in wire:
+            site.received(name, protocol.event_of(data))
+    # host1's directory is the site's: only host2 is asked, once, and at once
+    assert commands == [(protocol.TraceCollect(to=str(site.dir)), "host2")]
+    worker.collect(commands[0][0])
+    said: list[str] = []
+    request = tracehook.TraceRequest(site.dir, 10000, first_step=2, steps=3)
+    addresses = {"ps:0": "10.0.0.1:2230", "worker:0": "10.0.0.2:2220"}
+    trigger = tracehook.TraceTrigger(
+        request, "worker:0", addresses, "python", said.append, 0.0, site
+    )
+    trigger.step("worker:0", 1, 1.0)
+    trigger.step("worker:0", 2, 1.5)  # the window: the program takes its own trace
+    assert trigger.in_program and not trigger.fired and trigger.helper is None and not said
+    assert site.drain_s() > 0  # host2 has not sent yet: the teardown waits for it
+    trace = {"traceEvents": []}
+    (worker.dir / "trace.json").write_text(json.dumps(trace))
+    profile = worker.dir / "raw" / "plugins" / "profile" / "s1" / "h2_12220.xplane.pb"
+    profile.parent.mkdir(parents=True)
+    profile.write_bytes(os.urandom(300 * 1024))
+    wire.clear()
+    assert worker.ship() and not coordinators.ship()
+    for data in wire:
+        site.received("host2", protocol.event_of(data))
+    assert site.drain_s() == 0
+    ok, line = trigger.finish()
+    assert (ok, line) == (True, f"trace: {site.dir / 'trace.json'}")
+    assert tracehook.read_verdict(site.dir) == (True, line)
+    assert json.loads((site.dir / "trace.json").read_text()) == trace
+    got = site.dir / "raw" / "plugins" / "profile" / "s1" / "h2_12220.xplane.pb"
+    assert got.read_bytes() == profile.read_bytes()
+
+    # the same, but host2 never sent: no window opened, and the verdict says why
+    empty = tracehook.TraceSite(tmp_path / "other" / "trace")
+    empty.connect(lambda command, to: None)
+    note = protocol.TraceNote(name="worker-0.inprogram", text="", dir=str(worker.dir))
+    empty.received("host2", note)
+    request = tracehook.TraceRequest(empty.dir, 10000, first_step=2, steps=3)
+    quiet = tracehook.TraceTrigger(
+        request, "worker:0", addresses, "python", said.append, 0.0, empty
+    )
+    ok, line = quiet.finish()
+    assert not ok and line == (
+        "no trace because the program's own capture (tflaunch.models' trace hooks, from "
+        "worker:0) left no trace.json; host2 sent nothing: see worker:0's log"
+    )
+    assert tracehook.read_verdict(empty.dir) == (False, line)
+
+
+class _CopyingSite(tracehook.TraceSite):
+    """A site that fetches the hosts' files itself (as attached SSH copies over SFTP)."""
+
+    gathers = False
+
+    def __init__(self, local: Path, host_dir: Path):
+        super().__init__(local)
+        self.host_dir = host_dir
+        self.collected = 0
+
+    def collect(self) -> None:
+        self.collected += 1
+        shutil.copytree(self.host_dir, self.dir, dirs_exist_ok=True)
+
+
+def test_a_programs_own_trace_is_fetched_by_a_copying_site_also_after_the_window(
+    tmp_path,
+) -> None:
+    """Attached SSH: the window that would have opened for a program on its own hooks still
+    ends with the site's copy of the trace from the first worker's host, and a verdict."""
+    host = tmp_path / "host2" / "trace"
+    (host / "tasks").mkdir(parents=True)
+    (host / "tasks" / "worker-0.inprogram").write_text("")
+    site = _CopyingSite(tmp_path / "local" / "trace", host)
+    sent: list[tuple[protocol.Command, str | None]] = []
+    site.connect(lambda command, to: sent.append((command, to)))
+    site.received("host2", protocol.TraceNote(name="worker-0.inprogram", text="", dir=str(host)))
+    assert sent == []  # this site copies the files itself: no agent is asked
+    request = tracehook.TraceRequest(site.dir, 10000, first_step=2, steps=3)
+    trigger = tracehook.TraceTrigger(
+        request, "worker:0", {"worker:0": "10.0.0.2:2220"}, "python", [].append, 0.0, site
+    )
+    trigger.step("worker:0", 1, 1.0)
+    trigger.step("worker:0", 3, 2.0)
+    assert trigger.in_program and site.collected == 0
+    (host / "trace.json").write_text('{"traceEvents": []}')
+    assert trigger.finish() == (True, f"trace: {site.dir / 'trace.json'}")
+    assert site.collected == 1 and (site.dir / "trace.json").exists()
+
+
 class _WaitingSite(tracehook.TraceSite):
     """This machine's site, with a helper that only takes its order (no TensorFlow)."""
 

@@ -24,8 +24,10 @@ runs the helper on the leader's host and copies the profiles there).
 
 Whatever happens, the run's trace directory ends with ``verdict.json``: a trace, or one line
 saying why there is none (:func:`read_verdict`). Programs on ``tflaunch.models``' own trace hooks
-(the benchmark) take their trace themselves; they leave an ``inprogram`` note and the launcher
-stands aside.
+(the benchmark) take their trace themselves, from their first worker: they leave an ``inprogram``
+note, the launcher opens no window, and the site fetches what that worker wrote from its host (on
+the note, every host whose directory is not the coordinator's is asked to send its files at its
+end), so the verdict names the trace wherever it was written.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ HOOK_DIR = Path(__file__).resolve().parent / "sitehook"
 VERDICT_FILE = "verdict.json"
 WINDOW_FILE = "window.json"  # read by the hook: tasks that end inside the window wait for it
 NOTES_DIR = "tasks"
+IN_PROGRAM_SUFFIX = ".inprogram"  # the note of a task on tflaunch.models' own trace hooks
 CAPTURE_LOG = "capture.log"
 CAPTURE_MODULE = "tflaunch.models.trace_capture"
 # Tracing slows steps (2-3x measured on 2 cores); the capture covers the window at that pace,
@@ -261,6 +264,8 @@ class TraceSite:
         if not name or "/" in name or name.startswith("."):
             return
         self.task_hosts[name.rpartition(".")[0].replace("-", ":", 1)] = host
+        if name.endswith(IN_PROGRAM_SUFFIX):
+            self._ask_host(host)  # a program's own trace: the window may never open here
         path = self.dir / NOTES_DIR / name
         with contextlib.suppress(OSError):
             if path.read_text(errors="replace") == note.text:
@@ -278,6 +283,19 @@ class TraceSite:
             return  # a piece out of order (one link keeps them in order): the file stays cut
         with open_run_file(path, "ab" if piece.offset else "wb") as f:
             f.write(base64.b64decode(piece.data))
+
+    def _ask_host(self, host: str) -> None:
+        """Have ``host``'s agent send its files at its end, if they are not here already.
+        Programs on ``tflaunch.models``' own trace hooks write their trace from their first
+        worker, on whichever host that is, whether or not the launcher's window opens: every
+        host that notes such a task is asked as soon as the note comes."""
+        folder = self.host_dirs.get(host)
+        if self.send is None or not self.gathers or host in self.asked or folder is None:
+            return
+        if _same_path(folder, self.dir):
+            return
+        self.asked.add(host)
+        self.send(protocol.TraceCollect(to=str(self.dir)), host)
 
     def drain_s(self) -> float:
         """How much longer the teardown should wait for hosts still sending files."""
@@ -299,7 +317,7 @@ class TraceSite:
         """Have every agent whose trace directory is not this one send its files at its end."""
         if self.send is None or not self.gathers:
             return
-        self.asked = {h for h, d in self.host_dirs.items() if not _same_path(d, self.dir)}
+        self.asked |= {h for h, d in self.host_dirs.items() if not _same_path(d, self.dir)}
         if self.asked:
             self.send(protocol.TraceCollect(to=str(self.dir)), None)
 
@@ -401,6 +419,7 @@ class TraceTrigger:
         self.window: tuple[float, float] | None = None  # monotonic start and end of the capture
         self.fixes: dict[str, str] = {}  # traced task -> what became of the profiler fix
         self.helper_deadline = 0.0
+        self.in_program = False  # the program takes its own trace (tflaunch.models' hooks)
         self.verdict: tuple[bool, str] | None = None
 
     # -- the window ---------------------------------------------------------------------------
@@ -424,7 +443,7 @@ class TraceTrigger:
             self._fire(self.request.for_s or 5.0, f"{now - self.started:.0f} s after the start")
 
     def _done(self) -> bool:
-        return self.fired or self.verdict is not None
+        return self.fired or self.in_program or self.verdict is not None
 
     def _window_seconds(self) -> float | None:
         """COUNT steps at the leader's recent step rate (None until two step lines apart)."""
@@ -442,9 +461,9 @@ class TraceTrigger:
 
     def _fire(self, seconds: float, when: str) -> None:
         notes = self.site.notes()
-        if notes.in_program:
-            self.site.ask_files()  # the program's own trace, from whichever host wrote it
-            self._end(True, "", quiet=True)  # the program's own hooks take the trace
+        if notes.in_program:  # the program's own hooks take the trace; finish() fetches it
+            self.site.ask_files()  # from whichever host writes it
+            self.in_program = True
             return
         targets = {
             task: f"{self.addresses[task].rpartition(':')[0]}:{port}"
@@ -543,9 +562,8 @@ class TraceTrigger:
         if not self.fired:
             self._stop_helper()
             notes = self.site.notes()
-            if notes.in_program:
-                self._collect()  # the program's own trace, where its hosts keep it
-                return self._end(True, "", quiet=True)
+            if self.in_program or notes.in_program:
+                return self._program_trace()
             if not notes.tf_ports:
                 return self._end(False, self._why_none(notes, "before the run ended"))
             if self.request.first_step is not None:
@@ -570,6 +588,24 @@ class TraceTrigger:
         tail = _last_line(self.site.dir / CAPTURE_LOG)
         return self._end(False, f"no trace because the capture failed: {tail}")
 
+    def _program_trace(self) -> tuple[bool, str]:
+        """The verdict on a program that took its own trace (``tflaunch.models``' hooks, from
+        its first worker, on whichever host): fetched here (sent over the links, or copied by
+        the site), then found or not."""
+        self._collect()
+        trace = self.site.dir / "trace.json"
+        if trace.exists():
+            return self._end(True, f"trace: {trace}")
+        unsent = sorted(self.site.asked - set(self.site.sent))
+        errors = [f"{h}: {e.error}" for h, e in sorted(self.site.sent.items()) if e.error]
+        why = f"; {', '.join(unsent)} sent nothing" if unsent else ""
+        why += f"; {'; '.join(errors)}" if errors else ""
+        return self._end(
+            False,
+            "no trace because the program's own capture (tflaunch.models' trace hooks, from "
+            f"{self.leader}) left no trace.json{why}: see {self.leader}'s log",
+        )
+
     def _collect(self) -> None:
         try:
             self.site.collect()
@@ -584,10 +620,9 @@ class TraceTrigger:
         if self.helper.wait(10) is None:
             self.helper.kill()
 
-    def _end(self, ok: bool, line: str, quiet: bool = False) -> tuple[bool, str]:
+    def _end(self, ok: bool, line: str) -> tuple[bool, str]:
         self.verdict = (ok, line)
-        if not quiet:
-            write_verdict(self.site.dir, ok, line)
+        write_verdict(self.site.dir, ok, line)
         return self.verdict
 
 
