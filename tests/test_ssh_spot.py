@@ -212,7 +212,10 @@ def test_a_detached_runs_lost_instance_is_replaced_by_the_laptops_watcher(
         ssh_test_hosts,
         clean_region,
         monkeypatch,
-        program={"env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "30"}},
+        # the first run outlasts the replacement; the restarted worker:2 only has to finish
+        program={
+            "env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "30", "RESTART_WORK_SECONDS": "1"}
+        },
         roles={"ps": 1, "worker": 3},  # worker:2 alone on worker-3
         supervision={"finish_timeout": 300, "restart": {"worker": "on-failure"}},
     )
@@ -304,7 +307,10 @@ def coordinators_host_lost(tmp_path, hosts, endpoint, monkeypatch, max_cluster_r
         hosts,
         endpoint,
         monkeypatch,
-        program={"env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "20"}},
+        # the first run outlasts the loss; the restarted tasks only have to finish
+        program={
+            "env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "20", "RESTART_WORK_SECONDS": "1"}
+        },
         roles={"ps": 1, "worker": 3},
         supervision={"finish_timeout": 300, "restart": restart},
     )
