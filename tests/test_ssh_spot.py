@@ -54,11 +54,16 @@ def spot_cluster(tmp_path, hosts, endpoint, monkeypatch, **overrides) -> Path:
 
 def pss_spot_cluster(tmp_path, hosts, endpoint, monkeypatch, steps: int, worker: dict) -> Path:
     """ParameterServerStrategy on the three instances: chief and PS on worker-1, worker:0 on
-    worker-2, worker:1 on worker-3; ``worker``: the workers' restart policy."""
-    argv = [
-        sys.executable, "-m", "tflaunch.models.pss", "--train_steps", str(steps),
-        "--step_delay", "0.05", "--checkpoint_steps", "50", "--checkpoint_dir", "{checkpoint_dir}",
-    ]  # fmt: skip
+    worker-2, worker:1 on worker-3; ``worker``: the workers' restart policy. Steps are slowed
+    (0.05 s each, set by the chief) so that an instance can be lost mid-training; once the whole
+    cluster was restarted ($TFLAUNCH_CLUSTER_RESTARTS > 0) the resumed training runs at full
+    speed: it only has to finish."""
+    pss = (
+        'delay=0.05; [ "$TFLAUNCH_CLUSTER_RESTARTS" -gt 0 ] 2>/dev/null && delay=0; '
+        'exec "$0" -m tflaunch.models.pss --train_steps "$1" --step_delay "$delay" '
+        '--checkpoint_steps 50 --checkpoint_dir "$2"'
+    )
+    argv = ["sh", "-c", pss, sys.executable, str(steps), "{checkpoint_dir}"]
     return spot_cluster(
         tmp_path,
         hosts,
@@ -126,7 +131,7 @@ def test_a_reclaimed_task_scoped_worker_restarts_alone_on_its_replacement(
     the PS keep training while worker-3's instance is replaced; its worker starts there again."""
     pytest.importorskip("tensorflow")
     worker = {"policy": "exit-code"}  # a lost host counts as a preemption
-    cluster = pss_spot_cluster(tmp_path, ssh_test_hosts, clean_region, monkeypatch, 1500, worker)
+    cluster = pss_spot_cluster(tmp_path, ssh_test_hosts, clean_region, monkeypatch, 800, worker)
     proc = start_tflaunch("up", str(cluster), "--down")
     try:
         read_until(proc.stdout, "[chief:0]  saved checkpoint", timeout=300)
@@ -212,7 +217,10 @@ def test_a_detached_runs_lost_instance_is_replaced_by_the_laptops_watcher(
         ssh_test_hosts,
         clean_region,
         monkeypatch,
-        program={"env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "30"}},
+        # the first run outlasts the replacement; the restarted worker:2 only has to finish
+        program={
+            "env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "20", "RESTART_WORK_SECONDS": "1"}
+        },
         roles={"ps": 1, "worker": 3},  # worker:2 alone on worker-3
         supervision={"finish_timeout": 300, "restart": {"worker": "on-failure"}},
     )
@@ -304,7 +312,10 @@ def coordinators_host_lost(tmp_path, hosts, endpoint, monkeypatch, max_cluster_r
         hosts,
         endpoint,
         monkeypatch,
-        program={"env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "20"}},
+        # the first run outlasts the loss; the restarted tasks only have to finish
+        program={
+            "env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "20", "RESTART_WORK_SECONDS": "1"}
+        },
         roles={"ps": 1, "worker": 3},
         supervision={"finish_timeout": 300, "restart": restart},
     )
