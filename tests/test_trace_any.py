@@ -277,6 +277,22 @@ def test_stragglers_status_and_plot(tmp_path) -> None:
     assert png.name == "steps_per_task.png" and png.stat().st_size > 10_000
 
 
+def test_a_stray_step_before_training_adds_no_time_to_the_mean_rate(tmp_path) -> None:
+    """MNIST prints "training to global step 200" before it trains: that sample, then a count
+    from 0, must not stretch the time. The task that trained faster is not the straggler."""
+    from tflaunch.runtime.progress import TaskSeries
+
+    fast = TaskSeries("worker:1", [0.0, 2.0, 3.5, 5.0], [200, 20, 40, 60], [None] * 4)
+    slow = TaskSeries("worker:0", [0.0, 0.5, 2.5, 4.5], [200, 0, 20, 40], [None] * 4)
+    assert fast.mean_step_rate() == pytest.approx(40 / 3.0)
+    assert slow.mean_step_rate() == pytest.approx(40 / 4.0)
+    figures = straggler_figures([fast, slow])
+    assert figures is not None and figures["slowest"] == "worker:0"
+    restarted = TaskSeries("worker:2", [0.0, 1.0, 9.0, 10.0], [0, 10, 0, 10], [None] * 4)
+    assert restarted.mean_step_rate() == pytest.approx(10.0)  # the restart's gap is left out
+    assert TaskSeries("worker:3", [0.0, 1.0], [5, 0], [None] * 2).mean_step_rate() is None
+
+
 # -- the window and the verdict -----------------------------------------------------------------
 
 

@@ -172,12 +172,15 @@ class TaskSeries:
 
     @staticmethod
     def _rate(points: list[tuple[float, int]]) -> float | None:
-        """Steps gained over the time spanned: only rises count, so that a count that starts
-        again or a stray mention of a step (``training to global step 200``) adds nothing."""
-        if len(points) < 2 or points[-1][0] <= points[0][0]:
+        """Steps gained over the time they took, between consecutive samples whose count did not
+        fall: a count that starts again, or a stray mention of a step before training (MNIST's
+        ``training to global step 200``), adds neither steps nor time (its time would make a
+        task that trained faster look like the straggler)."""
+        pairs = [(a, b) for a, b in zip(points, points[1:], strict=False) if b[1] >= a[1]]
+        took = sum(b[0] - a[0] for a, b in pairs)
+        if took <= 0:
             return None
-        gained = sum(max(0, b[1] - a[1]) for a, b in zip(points, points[1:], strict=False))
-        return gained / (points[-1][0] - points[0][0])
+        return sum(b[1] - a[1] for a, b in pairs) / took
 
     def latest_step_rate(self, window_s: float = 10.0) -> float | None:
         """Steps/s over the last ``window_s`` seconds of samples (the last two at least)."""
