@@ -31,7 +31,6 @@ copied into the local run directory when the run ends.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import queue
 import threading
 import time
@@ -297,9 +296,8 @@ class SshBackend(Backend):
         """A new instance for ``host``, prepared as at the start (sync, setup, pre-flight, its
         plan), with a new agent; its link first reports :class:`protocol.InstanceReplaced`."""
         made, old_id, new_id = self.fleet.replace(host, deadline)
-        hosts = tuple(made if h.name == host else h for h in plan.hosts)
         fresh = HostSession(self.session.out)
-        fresh.open(config, dataclasses.replace(plan, hosts=hosts), run, only=host)
+        fresh.open(config, plan.with_hosts(made), run, only=host)
         old = self.session.connections.get(host)
         if old is not None:
             with contextlib.suppress(Exception):

@@ -306,7 +306,7 @@ def fetch_new_bytes(conn: Connection, files: Sequence[tuple[str, Path]]) -> None
     """Append what each remote file has beyond its local copy (logs only ever grow)."""
     with conn.sftp() as sftp:
         for remote, local in files:
-            if _same_file(remote, local):
+            if same_file(remote, local):
                 continue  # a shared file system: the host's file is the local one
             try:
                 size = sftp.stat(remote).st_size or 0
@@ -325,7 +325,9 @@ def fetch_new_bytes(conn: Connection, files: Sequence[tuple[str, Path]]) -> None
                     target.write(source.read(size - have))
 
 
-def _same_file(remote: str, local: Path) -> bool:
+def same_file(remote: str, local: Path) -> bool:
+    """Whether a host's ``remote`` path is ``local`` itself (a host sharing this machine's disk,
+    as the namespace test hosts and an NFS home do)."""
     try:
         return os.path.samefile(remote, local)
     except OSError:

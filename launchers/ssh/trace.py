@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import posixpath
 import stat
 import threading
@@ -38,7 +37,7 @@ import paramiko
 
 from tflaunch.cluster.plan import Plan
 from tflaunch.launchers.ssh.connect import Connection, remote_command
-from tflaunch.launchers.ssh.session import HostSession, sftp_makedirs
+from tflaunch.launchers.ssh.session import HostSession, same_file, sftp_makedirs
 from tflaunch.models.trace_format import TRACE_FILE
 from tflaunch.runtime.run import Run
 from tflaunch.runtime.runfiles import open_run_file
@@ -187,7 +186,7 @@ def fetch_tree(
         source, target = posixpath.join(remote, entry.filename), local / entry.filename
         if stat.S_ISDIR(entry.st_mode or 0):
             fetch_tree(sftp, source, target)
-        elif not _same_file(source, target) and not _have(target, entry):
+        elif not same_file(source, target) and not _have(target, entry):
             with open_run_file(target, "wb") as f:
                 sftp.getfo(source, f)
 
@@ -225,10 +224,3 @@ def _copy_tree(
             f.write(data)
         copied.append(f"{name} -> {there}")
     return copied
-
-
-def _same_file(remote: str, local: Path) -> bool:
-    try:
-        return os.path.samefile(remote, local)
-    except OSError:
-        return False

@@ -32,12 +32,9 @@ It ends when the run ends (it reads the coordinator's run.json), or when ``tflau
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import fcntl
 import json
-import os
 import posixpath
-import stat
 import sys
 import threading
 import time
@@ -54,7 +51,7 @@ from tflaunch.launchers.clouds.base import CloudDetails
 from tflaunch.launchers.ssh import detached, provision
 from tflaunch.launchers.ssh.connect import Connection, SshOptions, connect_all, parallel
 from tflaunch.launchers.ssh.details import SshDetails
-from tflaunch.launchers.ssh.session import HostSession, fetch_new_bytes
+from tflaunch.launchers.ssh.session import HostSession, fetch_new_bytes, put_whole, same_file
 from tflaunch.runtime import protocol
 from tflaunch.runtime.rendezvous import RENDEZVOUS_FILE, Rendezvous
 from tflaunch.runtime.run import Outcome, Run, RunRecord, remote_record_path
@@ -82,7 +79,6 @@ class Watch:
         self.python = details.ssh_python
         self.coordinator_host = str(details.ssh_coordinator)
         self.remote_dir = details.ssh_hosts[self.coordinator_host]["run_dir"]
-        self.grace = run.read_plan().supervision.grace_period
         self.conn: Connection | None = None
 
     def _coordinator(self) -> Connection:
@@ -183,13 +179,10 @@ class Watch:
             raise TflaunchError(f"no coordinator record on {self.coordinator_host}")
         say(f"{host} was lost ({why}); telling the coordinator, creating a replacement")
         self._tell(record, {"hello": host, "token": record.token, "lost": why})
-        time.sleep(self.grace + 2)  # the old agent, where it still runs, stops its tasks
+        # no wait for the old agent: the new one stops what it left running of its tasks
         deadline = time.monotonic() + 2 * self.fleet.config.ssh.provision.ready_timeout
         made, old_id, new_id = self.fleet.replace(host, deadline)
-        plan = self.run.read_plan()
-        plan = dataclasses.replace(
-            plan, hosts=tuple(made if h.name == host else h for h in plan.hosts)
-        )
+        plan = self.run.read_plan().with_hosts(made)
         self.run.write_plan(plan)  # status, logs and down reach the new instance
         session = HostSession(sys.stdout)
         try:
@@ -285,9 +278,7 @@ class CoordinatorRestart:
         deadline = time.monotonic() + 2 * fleet.config.ssh.provision.ready_timeout
         made = {host: fleet.replace(host, deadline) for host in self.lost}  # (host, old, new)
         plan = self.run.read_plan()
-        plan = dataclasses.replace(
-            plan, hosts=tuple(made[h.name][0] if h.name in made else h for h in plan.hosts)
-        )
+        plan = plan.with_hosts(*(host for host, _, _ in made.values()))
         self.run.write_plan(plan)  # status, logs and down reach the new instances
         session = HostSession(sys.stdout)
         try:
@@ -380,9 +371,8 @@ class CoordinatorRestart:
             with conn.sftp() as sftp:
                 for name in names:
                     local, remote = self.run.dir / name, posixpath.join(remote_dir, name)
-                    if local.exists() and not _same_file(remote, local):
-                        sftp.put(str(local), remote)
-                        sftp.chmod(remote, stat.S_IMODE(local.stat().st_mode))
+                    if local.exists() and not same_file(remote, local):
+                        put_whole(sftp, local, remote)
 
     def fail(self, why_not: str) -> bool:
         """The run ends here: every process of it that still runs is stopped, and its end is
@@ -415,13 +405,6 @@ class CoordinatorRestart:
             ended = [*self.lost_events, failed]
             mirrored.writelines(json.dumps({**e, "time": now}) + "\n" for e in ended)
         self.run.finish(Outcome(1, message))
-        return False
-
-
-def _same_file(remote: str, local: Path) -> bool:
-    try:
-        return os.path.samefile(remote, local)
-    except OSError:
         return False
 
 

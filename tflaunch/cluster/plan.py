@@ -156,6 +156,12 @@ class Plan:
                 return host
         raise PlanError(f"no host '{name}' in the plan")
 
+    def with_hosts(self, *replacements: Host) -> Plan:
+        """This plan with ``replacements`` in place of its hosts of the same names (a replaced
+        instance: the same name and cluster address, a new address to connect to)."""
+        new = {h.name: h for h in replacements}
+        return replace(self, hosts=tuple(new.get(h.name, h) for h in self.hosts))
+
     def ps_addresses(self) -> tuple[str, ...]:
         return tuple(self.cluster.get("ps", ()))
 
