@@ -102,4 +102,41 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    pass
+    from tflaunch.cluster.backends import BackendSpec, Fail
+    from tflaunch.cluster.config import (
+        MAX_GPUS,
+        MAX_HOSTS,
+        MAX_ITEMS,
+        ClusterConfig,
+        parse_config,
+    )
+    from tflaunch.cluster.hostlist import compress as compress_hostlist
+    from tflaunch.cluster.hostlist import expand as expand_hostlist
+    from tflaunch.cluster.plan import Host, Plan, hosts_from_config, make_plan, unset_gpus
+    from tflaunch.cluster.schema import field
+    from tflaunch.errors import ConfigError, LaunchError, PlanError, TflaunchError
+    from tflaunch.launchers.base import Backend, LaunchOptions, spawn_agent
+    from tflaunch.launchers.batch.backend import BatchBackend, placeholder_hosts
+    from tflaunch.launchers.batch.job import JobNode, read_job
+    from tflaunch.launchers.batch.job import coordinate as coordinate_job
+    from tflaunch.launchers.batch.job import main as job_main
+    from tflaunch.launchers.batch.state import BatchDetails, JobState
+    from tflaunch.launchers.clouds.base import (
+        ALIVE_STATES,
+        GONE_STATES,
+        TAG_CLUSTER,
+        TAG_RUN,
+        Instance,
+        LockHolder,
+        PlannedInstance,
+        Provider,
+        Say,
+        network_name,
+    )
+    from tflaunch.launchers.clouds.costs import Price
+    from tflaunch.runtime.link import ProcessLink, agent_argv
+    from tflaunch.runtime.procs import spawn, terminate_group
+    from tflaunch.runtime.revival import Revive
+    from tflaunch.runtime.run import INTERRUPT_CODES, Outcome, Run, RunRecord
+    from tflaunch.runtime.runfiles import write_run_file
+    from tflaunch.runtime.signals import Requeue
