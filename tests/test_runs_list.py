@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -146,3 +147,94 @@ def test_a_run_whose_backend_cannot_be_asked_is_listed_unknown_and_kept(
     assert (
         "kept elsewhere-" in pruned.output and "cannot tell whether it still runs" in pruned.output
     )
+
+
+def _broken(runs, name: str) -> Run:
+    """A run directory whose run.json is about to be replaced by something that is not one."""
+    run = Run.create(runs, name, run_id=f"{name}-20000101-000000-0000")
+    return run
+
+
+@pytest.fixture
+def broken_runs(runs):
+    """Beside the three good runs: run.json a FIFO, a link to /dev/zero, garbage, a sparse
+    2 GiB file, a record of the wrong types, a dangling link; a good run.json with a FIFO for
+    its plan, and one with a link to /dev/zero for its events."""
+    os.mkfifo(_broken(runs, "fifo").meta_path)
+    _broken(runs, "zero").meta_path.symlink_to("/dev/zero")
+    _broken(runs, "garbage").meta_path.write_bytes(b"\x00\xff{garbage")
+    with _broken(runs, "huge").meta_path.open("wb") as f:
+        f.truncate(2 << 30)
+    _broken(runs, "typed").meta_path.write_text('{"started": "yesterday", "hosts": 3}')
+    _broken(runs, "dangling").meta_path.symlink_to(runs / "nowhere")
+    plan = _left_behind(runs, "fifoplan", "local", started=time.time() - 50, state="failed")
+    plan.plan_path.unlink()
+    os.mkfifo(plan.plan_path)
+    events = _left_behind(runs, "zeroevents", "local", started=time.time() - 40, state="failed")
+    events.events_path.symlink_to("/dev/zero")
+    return runs
+
+
+UNREADABLE_WHY = {
+    "fifo": "run.json is a FIFO, not a regular file",
+    "zero": "run.json is a symlink",
+    "garbage": "run.json is not JSON",
+    "huge": "run.json is 2048.0 MiB, more than the 16.0 MiB",
+    "typed": "run.json is not a run record: started is 'yesterday'; hosts is 3",
+    "dangling": "run.json is a symlink",
+    "fifoplan": "plan.json is a FIFO, not a regular file",
+    "zeroevents": "events.jsonl is a symlink",
+}
+
+
+def test_status_lists_the_good_runs_and_one_unreadable_row_per_broken_one_in_2s(broken_runs):
+    begun = time.monotonic()
+    result = CliRunner().invoke(cli, ["status", "--runs-dir", str(broken_runs), "--json"])
+    took = time.monotonic() - begun
+    assert result.exit_code == 0, result.output
+    assert took < 2.0, f"listing took {took:.1f} s"
+    rows = {r["id"].split("-")[0]: r for r in json.loads(result.output)}
+    assert {rows[n]["state"] for n in ("done", "queued", "dead")} == {"succeeded", "lost"}
+    for name, why in UNREADABLE_WHY.items():
+        assert rows[name]["state"] == "unreadable", rows[name]
+        assert why in rows[name]["problem"], (name, rows[name]["problem"])
+    table = CliRunner().invoke(cli, ["status", "--runs-dir", str(broken_runs)]).output
+    assert "fifo-20000101-000000-0000: unreadable: " in table and " succeeded " in table
+
+
+def test_status_as_a_process_lists_broken_runs_dir_within_2s(broken_runs):
+    begun = time.monotonic()
+    listed = tflaunch("status", "--runs-dir", str(broken_runs), timeout=30)
+    took = time.monotonic() - begun
+    assert listed.returncode == 0, listed.stderr
+    assert took < 2.0 + 1.5, f"status took {took:.1f} s"  # 1.5 s: the interpreter's start
+    assert listed.stdout.count(": unreadable: ") == len(UNREADABLE_WHY)
+
+
+def test_rm_refuses_empty_and_glob_ids_and_symlinked_run_dirs(runs, tmp_path):
+    before = sorted(p.name for p in runs.iterdir())
+    for bad in ("", "*", "d*", "?ead", "[dq]"):
+        result = CliRunner().invoke(cli, ["rm", bad, "--runs-dir", str(runs)])
+        assert result.exit_code == 2 and f"{bad!r} is not a run id" in result.output, bad
+    elsewhere = tmp_path / "elsewhere"
+    target = _left_behind(elsewhere, "precious", "local", state="succeeded", exit_code=0)
+    (runs / "link").symlink_to(target.dir)
+    result = CliRunner().invoke(cli, ["rm", "link", "--runs-dir", str(runs)])
+    assert result.exit_code == 2 and "is a symlink" in result.output, result.output
+    as_path = CliRunner().invoke(cli, ["rm", str(runs / "link"), "--runs-dir", str(runs)])
+    assert as_path.exit_code == 2 and "is a symlink" in as_path.output
+    assert target.meta_path.exists() and (runs / "link").is_symlink()
+    assert sorted(p.name for p in runs.iterdir()) == sorted([*before, "link"])
+
+
+def test_prune_keeps_symlinked_and_unreadable_run_dirs(runs, tmp_path):
+    target = _left_behind(tmp_path / "elsewhere", "precious", "local", state="succeeded")
+    target.update_meta(ended=1.0, exit_code=0)
+    (runs / "link").symlink_to(target.dir)
+    os.mkfifo(_broken(runs, "fifo").meta_path)
+    pruned = CliRunner().invoke(cli, ["prune", "--older-than", "0s", "--runs-dir", str(runs)])
+    assert pruned.exit_code == 0, pruned.output
+    assert "kept link: " in pruned.output and "is a symlink" in pruned.output
+    assert "kept fifo-20000101-000000-0000: " in pruned.output and "FIFO" in pruned.output
+    assert target.meta_path.exists() and (runs / "fifo-20000101-000000-0000").is_dir()
+    assert "3 run(s) removed" in pruned.output  # the three ordinary ones
