@@ -10,38 +10,11 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from tests.helpers import fake_cluster, tflaunch
+from tests.helpers import fake_cluster, left_behind_run, tflaunch
 from tflaunch.cli import cli
 from tflaunch.launchers.slurm.script import SlurmDetails
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.tools.runs import parse_age
-
-
-def _left_behind(runs, name: str, backend: str, **meta) -> Run:
-    """A run directory as a backend leaves it: run.json, a one-task plan, events."""
-    run = Run.create(runs, name)
-    run.update_meta(run_id=run.id, name=name, backend=backend, **meta)
-    plan = {
-        "name": name,
-        "supervision": {},
-        "program": {"argv": ["true"], "env": {}, "tf_config": True, "checkpoint_dir": "c"},
-        "cluster": {"worker": ["h:1"]},
-        "hosts": [{"name": "h", "cluster_address": "h", "connect_address": "h", "gpu_ids": []}],
-        "tasks": [
-            {
-                "job": "worker",
-                "index": 0,
-                "host": "h",
-                "cluster_address": "h",
-                "port": 1,
-                "gpus": [],
-                "workdir": ".",
-                "log_name": "worker-0.log",
-            }
-        ],
-    }
-    run.plan_path.write_text(json.dumps(plan))
-    return run
 
 
 @pytest.fixture
@@ -50,13 +23,13 @@ def runs(tmp_path):
     whose job was never submitted (lost), and an SSH run whose coordinator died (lost)."""
     runs = tmp_path / "runs"
     now = time.time()
-    done = _left_behind(runs, "done", "local", started=now - 300, state="running")
+    done = left_behind_run(runs, "done", "local", started=now - 300, state="running")
     with done.events_path.open("w") as f:
         f.write(json.dumps({"event": "restarting", "task": "worker:0", "code": 1}) + "\n")
     done.finish(Outcome(0, "ok"))
     done.update_meta(ended=now - 240)
-    _left_behind(runs, "queued", "slurm", started=now - 200, state="submitted")
-    _left_behind(runs, "dead", "ssh", started=now - 100, state="running", coordinator_pid=1)
+    left_behind_run(runs, "queued", "slurm", started=now - 200, state="submitted")
+    left_behind_run(runs, "dead", "ssh", started=now - 100, state="running", coordinator_pid=1)
     return runs
 
 
@@ -78,7 +51,7 @@ def test_status_lists_runs_of_every_backend_newest_first_as_json(runs):
 def test_status_table_shows_the_last_20_unless_all(tmp_path):
     runs = tmp_path / "runs"
     for i in range(22):
-        _left_behind(runs, f"r{i}", "local", started=1000.0 + i, state="failed", exit_code=1)
+        left_behind_run(runs, f"r{i}", "local", started=1000.0 + i, state="failed", exit_code=1)
     table = CliRunner().invoke(cli, ["status", "--runs-dir", str(runs)]).output.splitlines()
     assert table[0].split()[:4] == ["RUN", "NAME", "BACKEND", "STATE"]
     assert table[1].split()[1:4] == ["r21", "local", "failed"] and len(table) == 22
@@ -137,7 +110,7 @@ def test_live_detached_run_is_listed_running_and_refused_by_rm_and_prune(tmp_pat
 def test_a_run_whose_backend_cannot_be_asked_is_listed_unknown_and_kept(
     runs, monkeypatch, tmp_path
 ):
-    run = _left_behind(runs, "elsewhere", "slurm", started=time.time(), state="running")
+    run = left_behind_run(runs, "elsewhere", "slurm", started=time.time(), state="running")
     run.update_part(SlurmDetails, job_id=42)
     monkeypatch.setenv("PATH", str(tmp_path))  # no squeue here
     table = CliRunner().invoke(cli, ["status", "--runs-dir", str(runs)]).output.splitlines()
@@ -167,10 +140,10 @@ def broken_runs(runs):
         f.truncate(2 << 30)
     _broken(runs, "typed").meta_path.write_text('{"started": "yesterday", "hosts": 3}')
     _broken(runs, "dangling").meta_path.symlink_to(runs / "nowhere")
-    plan = _left_behind(runs, "fifoplan", "local", started=time.time() - 50, state="failed")
+    plan = left_behind_run(runs, "fifoplan", "local", started=time.time() - 50, state="failed")
     plan.plan_path.unlink()
     os.mkfifo(plan.plan_path)
-    events = _left_behind(runs, "zeroevents", "local", started=time.time() - 40, state="failed")
+    events = left_behind_run(runs, "zeroevents", "local", started=time.time() - 40, state="failed")
     events.events_path.symlink_to("/dev/zero")
     return runs
 
@@ -217,7 +190,7 @@ def test_rm_refuses_empty_and_glob_ids_and_symlinked_run_dirs(runs, tmp_path):
         result = CliRunner().invoke(cli, ["rm", bad, "--runs-dir", str(runs)])
         assert result.exit_code == 2 and f"{bad!r} is not a run id" in result.output, bad
     elsewhere = tmp_path / "elsewhere"
-    target = _left_behind(elsewhere, "precious", "local", state="succeeded", exit_code=0)
+    target = left_behind_run(elsewhere, "precious", "local", state="succeeded", exit_code=0)
     (runs / "link").symlink_to(target.dir)
     result = CliRunner().invoke(cli, ["rm", "link", "--runs-dir", str(runs)])
     assert result.exit_code == 2 and "is a symlink" in result.output, result.output
@@ -228,7 +201,7 @@ def test_rm_refuses_empty_and_glob_ids_and_symlinked_run_dirs(runs, tmp_path):
 
 
 def test_prune_keeps_symlinked_and_unreadable_run_dirs(runs, tmp_path):
-    target = _left_behind(tmp_path / "elsewhere", "precious", "local", state="succeeded")
+    target = left_behind_run(tmp_path / "elsewhere", "precious", "local", state="succeeded")
     target.update_meta(ended=1.0, exit_code=0)
     (runs / "link").symlink_to(target.dir)
     os.mkfifo(_broken(runs, "fifo").meta_path)

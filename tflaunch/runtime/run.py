@@ -22,7 +22,6 @@ import json
 import os
 import posixpath
 import secrets
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -49,7 +48,7 @@ from tflaunch.runtime.runfiles import (
     make_run_dir,
     read_run_json,
     read_run_text,
-    write_run_file,
+    replace_run_file,
 )
 
 # A run's states, in run.json: created → (submitted →) starting → running → one of ENDED; a
@@ -423,6 +422,4 @@ def _modified(path: Path) -> float:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    write_run_file(tmp, text)
-    os.replace(tmp, path)
+    replace_run_file(path, text)

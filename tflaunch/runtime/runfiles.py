@@ -16,10 +16,12 @@ caps their size, and says what is wrong in a :class:`RunFileError` (an ``OSError
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -68,18 +70,31 @@ def open_run_file(
     path: str | os.PathLike, mode: str = "a", perms: int | None = None, **kwargs: Any
 ):
     """Open a file of a run directory for writing ("w", "a", "wb", "ab"), creating it with
-    :func:`file_mode` of its directory (or ``perms``: a run's report written elsewhere keeps the
-    run's mode). A symlink in its place is refused (``OSError``, ``ELOOP``), never followed: a
+    :func:`file_mode` of its directory (or ``perms``, which an existing file is given too: a
+    run's report written elsewhere keeps the run's mode). A symlink in its place is refused (``OSError``, ``ELOOP``), never followed: a
     run directory's files are written there and nowhere else."""
     path = Path(path)
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if "a" in mode else os.O_TRUNC)
     fd = os.open(path, flags, file_mode(path.parent) if perms is None else perms)
+    if perms is not None:
+        with contextlib.suppress(PermissionError):  # another user's file in a shared folder
+            os.fchmod(fd, perms)
     return os.fdopen(fd, mode, **kwargs)
 
 
-def write_run_file(path: str | os.PathLike, text: str) -> None:
-    with open_run_file(path, "w") as f:
+def write_run_file(path: str | os.PathLike, text: str, perms: int | None = None) -> None:
+    with open_run_file(path, "w", perms) as f:
         f.write(text)
+
+
+def replace_run_file(path: str | os.PathLike, data: str | bytes, perms: int | None = None) -> None:
+    """Write a whole file at once: readers see the old file or the new one, never a part, and
+    whatever stood at ``path`` (a planted symlink too) is replaced, never written through."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open_run_file(tmp, "wb" if isinstance(data, bytes) else "w", perms) as f:
+        f.write(data)
+    os.replace(tmp, path)
 
 
 class RunFileError(TflaunchError, OSError):
