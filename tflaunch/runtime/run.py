@@ -193,9 +193,11 @@ def remote_record_path(run_dir: str) -> str:
 
 
 def new_run_id(name: str) -> str:
-    """``<name>-<YYYYmmdd-HHMMSS>-<4 hex>``: sortable by time, unique across concurrent starts."""
+    """``<name>-<YYYYmmdd-HHMMSS>-<4 hex>``: sortable by time, unique across concurrent starts.
+    The name keeps letters, digits, ``-``, ``_`` and ``.``, and starts with neither of the last
+    three, so that an id never reads as an option nor names a hidden folder."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name) or "run"
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name).lstrip("-_.") or "run"
     return f"{safe}-{stamp}-{secrets.token_hex(2)}"
 
 
