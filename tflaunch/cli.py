@@ -542,8 +542,10 @@ def down(
         raise click.UsageError("give the run id to stop, or --cluster NAME.")
     run = Run.open(runs_dir, run_id)
     backend = launch.backend_of(run)
-    # A run still making its machines has no plan and no tasks yet to give a grace period.
-    grace = run.read_plan().supervision.grace_period if run.plan_path.exists() else 0.0
+    try:
+        grace = run.read_plan().supervision.grace_period
+    except OSError:  # no plan yet (its machines are being made), or not one: stop it anyway
+        grace = 0.0
     click.echo(backend.down(run, grace))
 
 

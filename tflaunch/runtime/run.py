@@ -17,6 +17,7 @@ takes the file mode from the directory's, so agents on other hosts need not be t
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -345,10 +346,16 @@ class Run:
         run, ``down``), and each rewrites the whole file, so without it one writer's read before
         another's write drops the other's fields. Readers need no lock (writes are renames)."""
         path = self.dir / META_LOCK_FILE
+        flags = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, file_mode(self.dir))
-        except PermissionError:  # another user's lock file in a shared (group) run directory
-            fd = os.open(path, os.O_RDONLY)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, file_mode(self.dir))
+            except PermissionError:  # another user's lock file in a shared (group) run directory
+                fd = os.open(path, os.O_RDONLY | flags)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise RunFileError(f"{path} is a symlink; run.json is not written through it") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
