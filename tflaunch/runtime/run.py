@@ -45,6 +45,7 @@ from tflaunch.runtime.runfiles import (
     PLAN_LIMIT,
     RunFileError,
     file_mode,
+    is_component,
     json_lines,
     make_run_dir,
     read_run_json,
@@ -272,7 +273,7 @@ class Run:
     def log_path(self, log_name: str) -> Path:
         """A task's log, by its plan's name for it: one file of the run directory (a plan that
         names another path is refused)."""
-        if not log_name or log_name in (".", "..") or "/" in log_name or "\0" in log_name:
+        if not is_component(log_name):
             raise RunFileError(
                 f"{self.plan_path} names a log {log_name!r} outside the run directory"
             )

@@ -66,13 +66,21 @@ def file_mode(directory: str | os.PathLike) -> int:
         return 0o600
 
 
+def is_component(name: str) -> bool:
+    """Whether ``name`` (from a remote listing, an agent's message, a run file) is one path
+    component: not empty, not ``.`` or ``..``, no ``/`` and no NUL. Only such names are joined
+    to a run directory's paths."""
+    return bool(name) and name not in (".", "..") and "/" not in name and "\0" not in name
+
+
 def open_run_file(
     path: str | os.PathLike, mode: str = "a", perms: int | None = None, **kwargs: Any
 ):
     """Open a file of a run directory for writing ("w", "a", "wb", "ab"), creating it with
     :func:`file_mode` of its directory (or ``perms``, which an existing file is given too: a
-    run's report written elsewhere keeps the run's mode). A symlink in its place is refused (``OSError``, ``ELOOP``), never followed: a
-    run directory's files are written there and nowhere else."""
+    run's report written elsewhere keeps the run's mode). A symlink in its place is refused
+    (``OSError``, ``ELOOP``), never followed: a run directory's files are written there and
+    nowhere else."""
     path = Path(path)
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if "a" in mode else os.O_TRUNC)
     fd = os.open(path, flags, file_mode(path.parent) if perms is None else perms)
