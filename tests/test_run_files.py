@@ -131,3 +131,29 @@ def test_the_reader_scan_finds_a_raw_read(tmp_path, code):
     module = tmp_path / "m.py"
     module.write_text((ROOT / "tflaunch/tools/runs.py").read_text() + "\n\n" + code + "\n")
     assert raw_file_reads(module)
+
+
+def test_logs_of_a_fifo_or_a_dev_zero_link_say_so_and_do_not_hang(tmp_path):
+    from click.testing import CliRunner
+
+    from tests.helpers import left_behind_run
+    from tflaunch.cli import cli
+
+    run = left_behind_run(tmp_path / "runs", "logs", "local", state="failed", exit_code=1)
+    (run.dir / "worker-0.log").symlink_to("/dev/zero")
+    result = CliRunner().invoke(cli, ["logs", run.id, "--runs-dir", str(tmp_path / "runs")])
+    assert result.exit_code == 0 and "[tflaunch] unreadable: " in result.output
+    assert "worker-0.log is a symlink" in result.output
+    (run.dir / "worker-0.log").unlink()
+    os.mkfifo(run.dir / "worker-0.log")
+    result = CliRunner().invoke(cli, ["logs", run.id, "--runs-dir", str(tmp_path / "runs")])
+    assert "worker-0.log is a FIFO, not a regular file" in result.output
+
+
+def test_a_log_line_without_newlines_comes_in_pieces_not_whole(tmp_path):
+    from tflaunch.runtime.runfiles import LINE_LIMIT, run_file_lines, tail_lines
+
+    path = tmp_path / "x.log"
+    path.write_bytes(b"y" * (3 * LINE_LIMIT + 5) + b"\nlast\n")
+    assert [len(line) for line in run_file_lines(path)] == [LINE_LIMIT] * 3 + [5, 4]
+    assert tail_lines(path, 2) == ["last"]  # the piece cut at the window's start is left out

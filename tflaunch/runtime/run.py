@@ -234,8 +234,9 @@ class Run:
     def find(cls, root: str | os.PathLike, run_id: str) -> Path:
         """The run directory named by ``run_id`` (see :meth:`open`) as found, not resolved: a
         symlink stays one (``rm`` refuses to delete through it). An empty id and one with
-        glob characters name no run: ids are matched by prefix, never as patterns."""
-        if not run_id.strip() or any(c in run_id for c in "*?["):
+        glob characters name no run: ids are matched by prefix, never as patterns (a path, with
+        a ``/``, is taken as it is written)."""
+        if not run_id.strip() or ("/" not in run_id and any(c in run_id for c in "*?[")):
             raise RunNotFoundError(
                 f"{run_id!r} is not a run id: give one as 'tflaunch status' lists it "
                 "(or a unique start of one, or its directory's path)."
@@ -244,11 +245,12 @@ class Run:
         if os.path.lexists(as_path / META_FILE):
             return as_path
         root = Path(root)
-        if "/" not in run_id and os.path.lexists(root / run_id / META_FILE):
+        if not is_component(run_id):
+            matches = []  # a path, and not one to a run directory
+        elif os.path.lexists(root / run_id / META_FILE):
             return root / run_id
-        matches = sorted(
-            p for p in list_runs(root) if "/" not in run_id and p.name.startswith(run_id)
-        )
+        else:
+            matches = sorted(p for p in list_runs(root) if p.name.startswith(run_id))
         if len(matches) == 1:
             return matches[0]
         known = ", ".join(p.name for p in list_runs(root)[-5:]) or "none"
