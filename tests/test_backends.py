@@ -8,6 +8,7 @@ import dataclasses
 import importlib.util
 import json
 from importlib.metadata import EntryPoint
+from pathlib import Path
 
 import pytest
 import tomllib
@@ -22,6 +23,7 @@ from tflaunch.cluster.schema import field
 from tflaunch.errors import ConfigError
 from tflaunch.launchers import get_backend
 from tflaunch.launchers.base import LaunchOptions
+from tflaunch.trace.request import TraceRequest, TraceWindow
 
 
 def _script(name: str):
@@ -131,7 +133,8 @@ def test_a_config_section_is_replaced_through_with_section():
 def test_launch_options_reach_a_detached_daemon_as_arguments():
     assert LaunchOptions().argv() == []
     assert LaunchOptions("tmux", True).argv() == ["--terminals", "tmux", "--down"]
-    assert LaunchOptions(trace=("--trace", "5")).argv() == ["--trace", "5"]
+    traced = LaunchOptions(trace=TraceRequest(Path("t"), window=TraceWindow(2, 5)))
+    assert traced.argv() == ["--trace", "2:5", "--trace-port-offset", "10000"]
 
 
 def test_backend_names_are_compared_only_in_their_own_folder(tmp_path):
