@@ -158,6 +158,25 @@ def test_backend_names_are_compared_only_in_their_own_folder(tmp_path):
     assert checker.main([]) == 0  # the tree as it is
 
 
+def test_the_trace_hook_imports_the_standard_library_only(tmp_path):
+    """tflaunch/tracehook runs inside users' programs: nothing of tflaunch, nothing installed."""
+    checker = _script("hook_imports")
+    source = (
+        "import os, json\nfrom importlib.util import find_spec\n"
+        "import tflaunch.errors\nfrom . import other\nimport numpy\n"
+        "import importlib\nimportlib.import_module('tflaunch.trace')\n"
+    )
+    (tmp_path / "sitecustomize.py").write_text(source)
+    found = checker.violations(tmp_path)
+    assert [line.split(": ", 1)[1] for line in found] == [
+        "imports tflaunch.errors (only the standard library)",
+        "imports tflaunch.tracehook (only the standard library)",
+        "imports numpy (only the standard library)",
+        "imports tflaunch.trace (only the standard library)",
+    ]
+    assert checker.main([]) == 0  # the hook as it is
+
+
 def test_no_class_grows_past_300_lines_unnoticed(tmp_path, monkeypatch):
     checker = _script("class_sizes")
     body = "\n".join(f"    x{i} = {i}" for i in range(300))
