@@ -166,7 +166,7 @@ def test_hook_builds_the_profiler_fix_only_against_a_matching_tensorflow_header(
                 == (note["profiler_fix"])
             )
     built = sorted(p.name.partition(".")[2] for p in (tmp_path / "cache" / "tflaunch").iterdir())
-    assert built == ["so", "so.failed", "so.lock", "so.lock"]
+    assert built == ["failed", "so", "so.lock", "so.lock"]
     off = {**_hook_env(tmp_path / "same", tmp_path / "same"), "TFLAUNCH_PROFILER_FIX": "0"}
     subprocess.run([sys.executable, "-c", "import tensorflow"], env=off, check=True, timeout=60)
     note = json.loads((tmp_path / "same" / "trace" / "tasks" / "worker-0.tf").read_text())
