@@ -682,6 +682,28 @@ def test_plain_tf1_between_graph_program_traced(tmp_path) -> None:
 
 
 @pytest.mark.slow
+def test_a_program_that_probes_find_spec_before_importing_tensorflow_is_traced(tmp_path) -> None:
+    """The same trainer run by a wrapper that first asks ``importlib.util.find_spec`` for
+    tensorflow (a common library pattern; it used to disarm the hook: no trace, and a verdict
+    that no task had imported TensorFlow). One PS and one worker."""
+    pytest.importorskip("tensorflow")
+    probe = (
+        "import importlib.util, runpy, sys\n"
+        "assert importlib.util.find_spec('tensorflow') is not None\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    argv = [sys.executable, "-c", probe, str(PROGRAMS / "tf1_between_graph.py")]
+    for flag in ("job_name", "task_index", "ps_hosts", "worker_hosts"):
+        argv += [f"--{flag}", "{" + flag + "}"]
+    program = {"argv": argv, "env": {"TEST_MARKER": str(tmp_path)}}
+    cluster = write_cluster(tmp_path / "c.yaml", program, roles={"ps": 1, "worker": 1})
+    _, _, trace = _traced(tmp_path, cluster, "--trace", "100:10")
+    _assert_tracks(trace, {"ps:0", "worker:0"}, {"worker:0"})
+    assert wait_until_gone(str(tmp_path)) == []
+
+
+@pytest.mark.slow
 def test_keras_fit_under_multi_worker_mirrored_strategy_traced(tmp_path) -> None:
     """A Keras ``fit`` under MultiWorkerMirroredStrategy, traced: both workers on one time axis.
     Without tflaunch's fix for TensorFlow's profiler (the hook's ``profiler_fix``) a worker died
