@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import tflaunch.launchers.clouds as clouds
 from tflaunch.cluster.backends import Fail
 from tflaunch.cluster.config import MAX_GPUS, MAX_ITEMS, MAX_PORT, MAX_SECONDS, ClusterConfig
 from tflaunch.cluster.schema import field
-from tflaunch.launchers import clouds
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import tflaunch.launchers.clouds as clouds
 from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Host, gpu_ids, hosts_from_config
 from tflaunch.errors import ConfigError
-from tflaunch.launchers import clouds
 
 
 def resolve_hosts(config: ClusterConfig) -> list[Host]:
