@@ -206,6 +206,10 @@ class State:
         network_number(network_id)  # a checked id: one path component
         (self.root / "networks" / f"{network_id}.json").unlink(missing_ok=True)
 
+    def forget_host(self, instance_id: str) -> None:
+        """Remove an ended host's folder (its host key, sshd configuration and log)."""
+        _remove_folder(self.host_folder(instance_id))
+
     def prune(self, now: float) -> None:
         """Forget terminated instances older than :data:`TOMBSTONE_SECONDS` and their folders."""
         for record in self.instances():
