@@ -1,0 +1,228 @@
+"""The ``lab`` cloud: namespace hosts on this machine as a second provider.
+
+The state directory is untrusted input (unit tests, no root); the provider makes and ends real
+namespace hosts with their sshd (root), and ``tflaunch up`` of examples/lab.yaml trains MNIST on
+four of them at 1 Gb/s, lists them in ``status --cloud`` and leaves no namespace, link or sshd
+behind (one TensorFlow run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tflaunch.errors import ConfigError, LaunchError
+from tflaunch.launchers.clouds.lab import hosts
+from tflaunch.launchers.clouds.lab.provider import authorized_keys
+from tflaunch.launchers.clouds.lab.state import State
+
+GOOD = {
+    "id": "lab-3-0123abcd",
+    "index": 3,
+    "network": "labnet-1-89abcdef",
+    "type": "netns",
+    "state": "running",
+    "tags": {"tflaunch:run": "r1"},
+    "launched": 1.0e9,
+    "terminated": None,
+    "rate": "1gbit",
+}
+
+
+def state_with(tmp_path: Path, files: dict[str, object]) -> tuple[State, list[str]]:
+    said: list[str] = []
+    state = State(tmp_path / "state", said.append)
+    with state.locked():
+        pass
+    for name, content in files.items():
+        path = state.root / "instances" / name
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(json.dumps(content))
+    return state, said
+
+
+# ---- the state directory is untrusted input ---------------------------------------------------
+
+
+def test_a_good_record_is_read(tmp_path):
+    state, said = state_with(tmp_path, {"lab-3-0123abcd.json": GOOD})
+    (record,) = state.instances()
+    assert (record.id, record.index, record.state, record.rate) == (
+        "lab-3-0123abcd",
+        3,
+        "running",
+        "1gbit",
+    )
+    assert said == []
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "why"),
+    [
+        ("lab-3-0123abcd.json", b"{not json", "not JSON"),
+        ("lab-3-0123abcd.json", [1, 2], "not a JSON object"),
+        ("lab-3-0123abcd.json", b" " * (64 * 1024 + 1), "larger than"),
+        ("lab-4-0123abcd.json", GOOD, "not the file's name"),
+        ("lab-3-0123abcd.json", {**GOOD, "index": 7}, "does not match the id"),
+        ("lab-3-0123abcd.json", {**GOOD, "id": "../../etc", "index": 3}, "not a lab instance id"),
+        ("lab-3-0123abcd.json", {**GOOD, "network": "x; rm -rf /"}, "not a lab network id"),
+        ("lab-3-0123abcd.json", {**GOOD, "state": "exploded"}, "not one of"),
+        ("lab-3-0123abcd.json", {**GOOD, "tags": {"k": 1}}, "is not a string"),
+        ("lab-3-0123abcd.json", {**GOOD, "tags": {f"k{i}": "v" for i in range(51)}}, "at most 50"),
+        ("lab-3-0123abcd.json", {**GOOD, "launched": "yesterday"}, "not a time"),
+        ("lab-3-0123abcd.json", {**GOOD, "rate": "1gbit; reboot"}, "not a link rate"),
+    ],
+)
+def test_a_bad_record_is_skipped_with_a_warning(tmp_path, name, content, why):
+    state, said = state_with(tmp_path, {name: content})
+    assert state.instances() == []
+    assert len(said) == 1 and why in said[0], said
+
+
+def test_a_record_through_a_link_is_not_followed(tmp_path):
+    target = tmp_path / "elsewhere.json"
+    target.write_text(json.dumps(GOOD))
+    state, said = state_with(tmp_path, {})
+    (state.root / "instances" / "lab-3-0123abcd.json").symlink_to(target)
+    assert state.instances() == []
+    assert "skipping" in said[0]
+
+
+def test_a_state_directory_others_may_write_is_refused(tmp_path):
+    state, _ = state_with(tmp_path, {})
+    state.root.chmod(0o777)
+    with pytest.raises(LaunchError, match="may be written by others"):
+        state.instances()
+
+
+def test_host_numbers_are_taken_once(tmp_path):
+    state, _ = state_with(tmp_path, {"lab-3-0123abcd.json": GOOD})
+    with state.locked():
+        new_id, index = state.new_instance_id()
+        assert index == 1 and new_id.startswith("lab-1-")
+        with pytest.raises(LaunchError, match="in use"):
+            state.new_instance_id(wanted=3)
+
+
+def test_authorized_key_must_be_a_public_key(tmp_path):
+    private = tmp_path / "id"
+    private.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn...\n")
+    with pytest.raises(ConfigError, match="not an OpenSSH public key"):
+        authorized_keys(str(private))
+    with pytest.raises(ConfigError, match="no public key found"):
+        authorized_keys(str(tmp_path / "missing.pub"))
+    public = tmp_path / "id.pub"
+    public.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA me@laptop\n")
+    assert authorized_keys(str(public)) == "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA me@laptop\n"
+
+
+def test_rates_read_as_tc_writes_them():
+    assert hosts.parse_rate("1gbit") == 10**9
+    assert hosts.parse_rate("500mbit") == 5 * 10**8
+    with pytest.raises(ValueError, match="a number and a unit"):
+        hosts.parse_rate("fast")
+
+
+# ---- real namespace hosts (root) --------------------------------------------------------------
+
+
+def lab_leftovers(names: set[str]) -> list[str]:
+    """Namespaces, links and sshd processes of the lab hosts called ``names`` (namespaces) that
+    still exist, from ``ip netns``, ``ip link`` and the process table."""
+    numbers = {n.removeprefix("tfl-lab") for n in names}
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    left = [
+        f"namespace {line.split()[0]}" for line in netns.splitlines() if line.split()[0] in names
+    ]
+    for line in links.splitlines():
+        link = line.split(":")[1].strip().split("@")[0]
+        if any(link in (f"tfl-lp{n}", f"tfl-lv{n}") for n in numbers):
+            left.append(f"link {link}")
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if "sshd" in cmdline and "/hosts/lab-" in cmdline:
+                left.append(f"process {pid} {cmdline.strip()}")
+    return left
+
+
+@pytest.fixture()
+def lab_root():
+    """Root with ip, tc and sshd, or a skip (a failure under CI)."""
+    from tests.conftest import skip_or_fail
+
+    problem = hosts.missing_requirements()
+    if problem:
+        skip_or_fail(problem)
+
+
+def client_key(tmp_path: Path) -> Path:
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    return key
+
+
+def ssh(key: Path, address: str, command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["ssh", "-i", str(key), "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes",
+         "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5", f"root@{address}",
+         command],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
+@pytest.mark.ssh
+def test_provider_makes_shaped_hosts_and_ends_them(lab_root, tmp_path):
+    import types
+
+    from tflaunch.launchers.clouds.base import TAG_RUN, PlannedInstance
+    from tflaunch.launchers.clouds.lab.provider import LabProvider
+
+    key = client_key(tmp_path)
+    section = types.SimpleNamespace(
+        state_dir=str(tmp_path / "state"), authorized_key=f"{key}.pub", rate="100mbit", tags={}
+    )
+    said: list[str] = []
+    provider = LabProvider(section, said.append)
+    network = provider.open_network("lab-t1", "c", [2220], 22, "0.0.0.0/0")
+    planned = [PlannedInstance(f"worker-{i}", "worker", "netns", 0, False) for i in (1, 2)]
+    ids = provider.create(planned, "lab-t1", "c", network, {}, "")
+    namespaces = set()
+    try:
+        # A later command finds them from their tags alone, through the state directory.
+        again = LabProvider.from_access(provider.access(), said.append)
+        found = sorted(again.describe(tags={TAG_RUN: "lab-t1"}), key=lambda i: i.host)
+        assert [(i.host, i.state) for i in found] == [
+            ("worker-1", "running"),
+            ("worker-2", "running"),
+        ]
+        assert {i.id for i in found} == set(ids.values())
+        one, two = found
+        namespaces = {f"tfl-lab{i.id.split('-')[1]}" for i in found}
+        # Public address from here; the private one only between the hosts.
+        reach = f"python3 -c \"import socket; socket.create_connection(('{two.cluster_address}', 22), 3)\""
+        done = ssh(key, one.connect_address, reach)
+        assert done.returncode == 0, done.stderr
+        with pytest.raises(OSError):
+            import socket
+
+            socket.create_connection((two.cluster_address, 22), timeout=2)
+        host = hosts.NamespaceHost(int(one.id.split("-")[1]), int(network.split("-")[1]), Path("."))
+        assert set(hosts.shaped_rates(host).values()) == {100 * 10**6}
+        assert lab_leftovers(namespaces) != []
+    finally:
+        provider.terminate(list(ids.values()), network)
+    assert lab_leftovers(namespaces) == []
+    gone = provider.describe(ids=list(ids.values()), states=("terminated",))
+    assert {i.state for i in gone} == {"terminated"}
+    assert provider.describe(tags={TAG_RUN: "lab-t1"}) == []
