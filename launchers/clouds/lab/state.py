@@ -33,7 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from tflaunch.errors import LaunchError
-from tflaunch.launchers.clouds.lab.hosts import MAX_HOSTS, MAX_NETWORKS, NamespaceHost
+from tflaunch.launchers.clouds.lab.hosts import (
+    MAX_HOSTS,
+    MAX_NETWORKS,
+    NamespaceHost,
+    namespace_exists,
+)
 
 DEFAULT_STATE_DIR = "/run/tflaunch-lab"
 MAX_FILE_BYTES = 64 * 1024
@@ -211,8 +216,16 @@ class State:
         _remove_folder(self.host_folder(instance_id))
 
     def prune(self, now: float) -> None:
-        """Forget terminated instances older than :data:`TOMBSTONE_SECONDS` and their folders."""
+        """Under the lock: mark terminated the instances whose namespace is gone (ended outside
+        tflaunch, or a creation that was killed), so that their numbers are free again; forget
+        terminated ones older than :data:`TOMBSTONE_SECONDS` and their folders."""
         for record in self.instances():
+            if record.state != "terminated" and not namespace_exists(
+                self.host_of(record, 1).namespace
+            ):
+                record = dataclasses.replace(record, state="terminated", terminated=now)
+                self.save_instance(record)
+                self.forget_host(record.id)
             if record.state == "terminated" and now - (record.terminated or 0) > TOMBSTONE_SECONDS:
                 (self.root / "instances" / f"{record.id}.json").unlink(missing_ok=True)
                 _remove_folder(self.host_folder(record.id))
