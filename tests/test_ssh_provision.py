@@ -403,11 +403,9 @@ def test_a_provisioned_up_plans_twice_and_writes_the_plan_once(
 
 def test_an_unknown_cloud_is_refused_naming_the_known_ones(tmp_path):
     from tflaunch.errors import ConfigError
-    from tflaunch.launchers.clouds import provider_for
 
-    config = provision_config(tmp_path, more="    cloud: nimbus\n")
     with pytest.raises(ConfigError, match="unknown cloud 'nimbus'; choose one of ec2"):
-        provider_for(config, print)
+        provision_config(tmp_path, more="    cloud: nimbus\n")
 
 
 def test_status_lists_a_runs_instances_and_the_accounts_instances_with_cost(

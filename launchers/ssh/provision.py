@@ -32,7 +32,6 @@ import signal
 import socket
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -79,7 +78,7 @@ class Interrupted(TflaunchError):
 def planned_instances(config: ClusterConfig, plan: Plan | None = None) -> list[PlannedInstance]:
     """The instances the plan places tasks on (``plan``: made on :func:`candidate_hosts`; when
     not given, it is made here)."""
-    provider = provider_for(config, lambda _: None)
+    provider = provider_for(config.ssh.provision, lambda _: None)
     candidates = provider.candidates(config)
     if plan is None:
         plan = make_plan(config, pending_hosts(candidates))
@@ -115,21 +114,7 @@ def coordinator_host(config: ClusterConfig, plan: Plan, watched: bool) -> tuple[
 
 def candidate_hosts(config: ClusterConfig) -> list[Host]:
     """The hosts to plan a provisioned cluster on before its instances exist."""
-    return pending_hosts(provider_for(config, lambda _: None).candidates(config))
-
-
-def my_public_cidr() -> str:
-    """This machine's public address as a /32 (asked of checkip.amazonaws.com)."""
-    try:
-        with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=5) as reply:
-            address = reply.read().decode().strip()
-        socket.inet_aton(address)
-    except (OSError, ValueError) as err:
-        raise LaunchError(
-            f"cannot learn this machine's public address for the SSH rule ({err}); set "
-            "ssh.provision.ssh_from to the CIDR you connect from, e.g. 203.0.113.7/32."
-        ) from err
-    return f"{address}/32"
+    return pending_hosts(provider_for(config.ssh.provision, lambda _: None).candidates(config))
 
 
 def wait_for_ssh(hosts: Sequence[Host], port: int, timeout: float, say: Say) -> None:
@@ -224,7 +209,7 @@ def provisioned_run(
     idle after the run ended. ``keep`` names the kept cluster to reuse or make (``up --keep``;
     ``recreate``: replace it when it does not fit), which stays. ``fleet_ready`` is handed the
     run's :class:`Fleet` before the start, to replace instances that end during the run."""
-    provider = provider_for(config, say)
+    provider = provider_for(config.ssh.provision, say)
     candidates = provider.candidates(config)
     if plan is None:
         plan = make_plan(config, pending_hosts(candidates))
@@ -252,9 +237,9 @@ def checkpoint_notice(config: ClusterConfig, plan: Plan, run_dir: str) -> str | 
     (a shared mount, one trusts) or a URL (``gs://``, ``s3://``) is left alone. ``run_dir``:
     the run's directory on the hosts."""
     chosen = config.program.checkpoint_dir
-    if not config.ssh.provision.spot_workers or (
-        chosen and ("://" in chosen or posixpath.isabs(chosen))
-    ):
+    provider = provider_for(config.ssh.provision, lambda _: None)
+    spot = any(p.spot for p in provider.instances_for(provider.candidates(config), plan))
+    if not spot or (chosen and ("://" in chosen or posixpath.isabs(chosen))):
         return None
     leader = next(
         (t for t in plan.tasks if t.job == "chief" or (t.job == "worker" and t.index == 0)), None
@@ -265,10 +250,10 @@ def checkpoint_notice(config: ClusterConfig, plan: Plan, run_dir: str) -> str | 
     )
     return (
         f"checkpoints: {checkpoint_dir(config, run_dir)} ({where}) is on each instance's own disk, "
-        f"and with ssh.provision.spot_workers every worker host is a spot instance{host}. An "
+        f"and with {provider.spot_setting} every worker host is a spot instance{host}. An "
         "instance that replaces a reclaimed one starts without them: the cluster restarts from "
         "step 0 if it was the chief's. Set program.checkpoint_dir to storage every instance "
-        "shares: an absolute path on a shared mount (EFS), or a URL your program writes to "
+        "shares: an absolute path on a shared mount, or a URL your program writes to "
         "(gs://..., s3://...)."
     )
 
@@ -403,7 +388,7 @@ def _create(
     section = config.ssh.provision
     ports = [t.port for t in plan.tasks if t.port]
     made.group = provider.open_network(
-        run.id, config.name, ports, config.ssh.port, section.ssh_from or my_public_cidr(),
+        run.id, config.name, ports, config.ssh.port, None,
         {TAG_KEEP: keep} if keep else None,  # found by 'down --cluster' from any machine
     )  # fmt: skip
     _record_access(run, provider, made.group)
@@ -585,7 +570,9 @@ def fleet_of_run(config: ClusterConfig, run: Run, say: Say) -> Fleet:
     """The :class:`Fleet` of a run started earlier (a detached run, watched from the laptop):
     its instances and prices from run.json and the provider, ``config`` its cluster file."""
     record = run.record()
-    provider = provider_for(config, say)  # the file's settings: types, image, spot, ...
+    provider = provider_for(
+        config.ssh.provision, say
+    )  # the file's settings: types, image, spot, ...
     access = getattr(record.part(access_part(provider.name)), provider.name)
     if not access:
         raise LaunchError(f"run {run.id} made no instances: there is nothing to watch")

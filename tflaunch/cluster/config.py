@@ -336,66 +336,6 @@ class Supervision:
 
 
 @dataclass(frozen=True)
-class Ec2Section:
-    """Discover hosts from EC2 (needs the aws extra: boto3)."""
-
-    region: str | None = field(None, doc="AWS region (default: the usual AWS environment)")
-    profile: str | None = field(None, doc="AWS profile")
-    filters: Mapping[str, str] = field(factory=dict, doc="EC2 filters, e.g. {'tag:cluster': 'tf'}")
-    instance_ids: tuple[str, ...] = field((), doc="instance ids", maximum=MAX_ITEMS)
-    endpoint_url: str | None = field(
-        None, doc="EC2 API endpoint (for tests against a local stand-in)"
-    )
-    gpus: int = field(0, minimum=0, maximum=MAX_GPUS, doc="GPUs per discovered instance")
-
-
-@dataclass(frozen=True)
-class Ec2ProvisionSection:
-    """Create EC2 instances for the run (needs the aws extra: boto3). tflaunch owns them: they are
-    tagged with the run and terminated by 'tflaunch down', 'up --down', the runtime limits, or
-    'tflaunch gc'."""
-
-    image: str = field(doc="AMI id; it needs Python 3 and sshd (the setup lines install the rest)")
-    cloud: str = field("ec2", doc="the cloud provider that makes the instances")
-    key_name: str | None = field(None, doc="EC2 key pair; its private key is ssh.identity_file")
-    subnet: str | None = field(None, doc="subnet id (default: the default VPC's default subnet)")
-    region: str | None = field(None, doc="AWS region (default: the usual AWS environment)")
-    profile: str | None = field(None, doc="AWS profile")
-    endpoint_url: str | None = field(
-        None, doc="EC2 API endpoint (for tests against a local stand-in)"
-    )
-    ps_instance_type: str = field("c5.xlarge", doc="instance type of dedicated PS hosts")
-    worker_instance_type: str = field(
-        "p3.2xlarge", doc="instance type of worker hosts (chief, workers, evaluator, co-located PS)"
-    )
-    spot_workers: bool = field(False, doc="request worker hosts as spot instances")
-    ssh_from: str | None = field(
-        None, doc="CIDR allowed to reach port 22 (default: this machine's public address /32)"
-    )
-    prices: Mapping[str, str] = field(
-        factory=dict, doc="USD per hour by instance type, overriding the price list"
-    )
-    pricing_api: bool = field(True, doc="ask AWS's pricing API first (falls back to the list)")
-    idle_timeout: float = field(
-        1800.0,
-        minimum=60,
-        maximum=MAX_SECONDS,
-        doc="an instance that runs no tflaunch process and no SSH session this long terminates "
-        "itself",
-    )
-    terminate_at_end: bool = field(
-        False, doc="terminate the instances when the run ends (as 'up --down')"
-    )
-    ready_timeout: float = field(
-        600.0,
-        minimum=1,
-        maximum=MAX_SECONDS,
-        doc="seconds to wait for the instances to run and accept SSH",
-    )
-    tags: Mapping[str, str] = field(factory=dict, doc="extra tags on every instance")
-
-
-@dataclass(frozen=True)
 class KubernetesSection:
     """For 'tflaunch export --format tfjob', which writes the cluster as a Kubeflow TFJob. Not a
     backend: tflaunch starts nothing on Kubernetes."""
