@@ -11,13 +11,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
+from tests.helpers import FAKE_TASK, checkout_python, tflaunch
 from tflaunch.errors import ConfigError, LaunchError
+from tflaunch.launchers.clouds.base import TAG_RUN, PlannedInstance
 from tflaunch.launchers.clouds.lab import hosts
-from tflaunch.launchers.clouds.lab.provider import authorized_keys
+from tflaunch.launchers.clouds.lab.provider import LabProvider, authorized_keys
+from tflaunch.launchers.clouds.lab.section import LabProvisionSection
 from tflaunch.launchers.clouds.lab.state import State
 
 GOOD = {
@@ -132,10 +137,11 @@ def test_rates_read_as_tc_writes_them():
 # ---- real namespace hosts (root) --------------------------------------------------------------
 
 
-def lab_leftovers(names: set[str]) -> list[str]:
-    """Namespaces, links and sshd processes of the lab hosts called ``names`` (namespaces) that
-    still exist, from ``ip netns``, ``ip link`` and the process table."""
-    numbers = {n.removeprefix("tfl-lab") for n in names}
+def lab_leftovers(ids: set[str]) -> list[str]:
+    """Namespaces, links and sshd processes of the lab instances ``ids`` that still exist, from
+    ``ip netns``, ``ip link`` and the process table."""
+    numbers = {i.split("-")[1] for i in ids}
+    names = {f"tfl-lab{n}" for n in numbers}
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     left = [
@@ -151,7 +157,7 @@ def lab_leftovers(names: set[str]) -> list[str]:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            if "sshd" in cmdline and "/hosts/lab-" in cmdline:
+            if "sshd" in cmdline and any(f"/hosts/{i}/" in cmdline for i in ids):
                 left.append(f"process {pid} {cmdline.strip()}")
     return left
 
@@ -183,21 +189,15 @@ def ssh(key: Path, address: str, command: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.ssh
 def test_provider_makes_shaped_hosts_and_ends_them(lab_root, tmp_path):
-    import types
-
-    from tflaunch.launchers.clouds.base import TAG_RUN, PlannedInstance
-    from tflaunch.launchers.clouds.lab.provider import LabProvider
-
     key = client_key(tmp_path)
-    section = types.SimpleNamespace(
-        state_dir=str(tmp_path / "state"), authorized_key=f"{key}.pub", rate="100mbit", tags={}
+    section = LabProvisionSection(
+        state_dir=str(tmp_path / "state"), authorized_key=f"{key}.pub", rate="100mbit"
     )
     said: list[str] = []
     provider = LabProvider(section, said.append)
     network = provider.open_network("lab-t1", "c", [2220], 22, "0.0.0.0/0")
     planned = [PlannedInstance(f"worker-{i}", "worker", "netns", 0, False) for i in (1, 2)]
     ids = provider.create(planned, "lab-t1", "c", network, {}, "")
-    namespaces = set()
     try:
         # A later command finds them from their tags alone, through the state directory.
         again = LabProvider.from_access(provider.access(), said.append)
@@ -208,7 +208,6 @@ def test_provider_makes_shaped_hosts_and_ends_them(lab_root, tmp_path):
         ]
         assert {i.id for i in found} == set(ids.values())
         one, two = found
-        namespaces = {f"tfl-lab{i.id.split('-')[1]}" for i in found}
         # Public address from here; the private one only between the hosts.
         reach = f"python3 -c \"import socket; socket.create_connection(('{two.cluster_address}', 22), 3)\""
         done = ssh(key, one.connect_address, reach)
@@ -219,10 +218,83 @@ def test_provider_makes_shaped_hosts_and_ends_them(lab_root, tmp_path):
             socket.create_connection((two.cluster_address, 22), timeout=2)
         host = hosts.NamespaceHost(int(one.id.split("-")[1]), int(network.split("-")[1]), Path("."))
         assert set(hosts.shaped_rates(host).values()) == {100 * 10**6}
-        assert lab_leftovers(namespaces) != []
+        assert lab_leftovers(set(ids.values())) != []
     finally:
         provider.terminate(list(ids.values()), network)
-    assert lab_leftovers(namespaces) == []
+    assert lab_leftovers(set(ids.values())) == []
     gone = provider.describe(ids=list(ids.values()), states=("terminated",))
     assert {i.state for i in gone} == {"terminated"}
     assert provider.describe(tags={TAG_RUN: "lab-t1"}) == []
+
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "lab.yaml"
+
+
+def lab_file(tmp_path: Path, key: Path, **program) -> Path:
+    """examples/lab.yaml with this test's key, folders and interpreter (the hosts share the
+    disk; sshd's PATH has no TensorFlow)."""
+    data = yaml.safe_load(EXAMPLE.read_text())
+    python = checkout_python(tmp_path)
+    data["program"]["argv"] = [python, *data["program"]["argv"][1:], "--train_steps", "20"]
+    data["program"].update(program)
+    data["runs_dir"] = str(tmp_path / "runs")
+    data["ssh"].update(
+        identity_file=str(key), python=python, remote_runs_dir=str(tmp_path / "remote")
+    )
+    data["ssh"]["provision"].update(authorized_key=f"{key}.pub", state_dir=str(tmp_path / "state"))
+    path = tmp_path / "lab.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_ids(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in (tmp_path / "runs").iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.ssh
+def test_up_trains_mnist_on_four_lab_hosts_at_1gbit(lab_root, tmp_path):
+    key = client_key(tmp_path)
+    cluster = lab_file(tmp_path, key)
+    state = tmp_path / "state"
+    up = tflaunch("up", str(cluster), timeout=400)
+    assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+    assert "test accuracy:" in up.stdout
+    assert "estimated cost: USD 0.0000 per hour for 4 instance(s)" in up.stderr
+    (run_id,) = run_ids(tmp_path)
+    provider = LabProvider(LabProvisionSection(state_dir=str(state)), print)
+    found = provider.describe(tags={TAG_RUN: run_id})
+    ids = {i.id for i in found}
+    try:
+        # Not asked to end them: the four hosts stay, each link shaped to 1 Gb/s both ways.
+        assert sorted(i.host for i in found) == ["ps-1", "worker-1", "worker-2", "worker-3"]
+        for instance in found:
+            host = hosts.NamespaceHost(int(instance.id.split("-")[1]), 1, Path("."))
+            assert set(hosts.shaped_rates(host).values()) == {10**9}, instance
+        status = tflaunch("status", "--cloud", "--runs-dir", str(tmp_path / "runs"))
+        assert status.returncode == 0, status.stderr
+        rows = [line.split() for line in status.stdout.splitlines() if run_id in line]
+        assert sorted((r[1], r[4]) for r in rows) == [
+            ("ps-1", "running"), ("worker-1", "running"), ("worker-2", "running"),
+            ("worker-3", "running"),
+        ]  # fmt: skip
+        assert lab_leftovers(ids) != []
+        down = tflaunch("down", run_id, "--runs-dir", str(tmp_path / "runs"))
+        assert down.returncode == 0, down.stderr
+        assert f"terminated 4 instance(s) of run {run_id}" in down.stdout + down.stderr
+    finally:
+        provider.terminate(list(ids))  # a failed assertion leaves nothing either
+    assert lab_leftovers(ids) == []
+
+    # A run that asks for it (up --down) ends its hosts itself; no TensorFlow this time.
+    quick = lab_file(
+        tmp_path, key, argv=[sys.executable, str(FAKE_TASK)], env={"WORK_SECONDS": "0.2"}
+    )
+    up = tflaunch("up", str(quick), "--down", timeout=120)
+    assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+    assert "terminating 4 instance(s)" in up.stderr
+    (second,) = set(run_ids(tmp_path)) - {run_id}
+    ended = provider.describe(tags={TAG_RUN: second}, states=("terminated",))
+    assert len(ended) == 4
+    assert lab_leftovers({i.id for i in ended}) == []
+    assert provider.describe() == []  # and nothing else of this state directory lives

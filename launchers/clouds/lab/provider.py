@@ -23,6 +23,7 @@ from tflaunch.cluster.config import ClusterConfig
 from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.launchers.clouds.base import (
     ALIVE_STATES,
+    TAG_AUTOSTOP,
     TAG_CLUSTER,
     TAG_HOST,
     TAG_ROLE,
@@ -35,8 +36,8 @@ from tflaunch.launchers.clouds.base import (
 )
 from tflaunch.launchers.clouds.costs import Price
 from tflaunch.launchers.clouds.lab import hosts
+from tflaunch.launchers.clouds.lab.section import DEFAULT_STATE_DIR
 from tflaunch.launchers.clouds.lab.state import (
-    DEFAULT_STATE_DIR,
     INSTANCE_ID,
     InstanceRecord,
     NetworkRecord,
@@ -141,7 +142,7 @@ class LabProvider(Provider):
         cluster: str,
         ports: Sequence[int],
         ssh_port: int,
-        ssh_from: str,
+        ssh_from: str | None,
         tags: Mapping[str, str] | None = None,
     ) -> str:
         """A private bridge of the run's own; returns its network id."""
@@ -181,6 +182,7 @@ class LabProvider(Provider):
             record_tags = check_tags(
                 self._tags(run_id, cluster, **tags, **{TAG_HOST: p.name, TAG_ROLE: p.role})
             )
+            record_tags.pop(TAG_AUTOSTOP, None)  # no watchdog runs: promise no self-termination
             old = (same_address or {}).get(p.name)
             wanted = _index_of(old.id) if old is not None else None
             with self.state.locked():
@@ -307,20 +309,6 @@ class LabProvider(Provider):
             if not live and not self.state.networks():
                 hosts.remove_public_bridge()
 
-    # ---- what lab does not do -------------------------------------------------------------
-
-    def kept_networks(self, name: str) -> list[str]:
-        return []
-
-    def take_lock(self, name: str, holder: Any) -> Any:
-        raise _unsupported("kept clusters (up --keep)")
-
-    def renew_lock(self, name: str, holder: Any, heartbeat: float) -> Any:
-        raise _unsupported("kept clusters (up --keep)")
-
-    def drop_lock(self, name: str, holder: Any) -> None:
-        raise _unsupported("kept clusters (up --keep)")
-
 
 class _Access:
     """The settings ``down`` and ``gc`` need, from run.json."""
@@ -328,10 +316,6 @@ class _Access:
     def __init__(self, state_dir: str):
         self.state_dir = state_dir
         self.tags: dict[str, str] = {}
-
-
-def _unsupported(what: str) -> LaunchError:
-    return LaunchError(f"{what} is not supported by lab: it makes namespace hosts for one run.")
 
 
 def _index_of(instance_id: str) -> int:

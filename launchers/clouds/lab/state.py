@@ -40,7 +40,6 @@ from tflaunch.launchers.clouds.lab.hosts import (
     namespace_exists,
 )
 
-DEFAULT_STATE_DIR = "/run/tflaunch-lab"
 MAX_FILE_BYTES = 64 * 1024
 MAX_TAGS, MAX_TAG_KEY, MAX_TAG_VALUE = 50, 128, 256  # as EC2 bounds them
 TOMBSTONE_SECONDS = 3600.0  # a terminated instance stays listed this long, as on EC2
