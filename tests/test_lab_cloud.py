@@ -298,3 +298,26 @@ def test_up_trains_mnist_on_four_lab_hosts_at_1gbit(lab_root, tmp_path):
     assert len(ended) == 4
     assert lab_leftovers({i.id for i in ended}) == []
     assert provider.describe() == []  # and nothing else of this state directory lives
+
+
+@pytest.mark.ssh
+def test_gc_ends_hosts_whose_launcher_is_gone(lab_root, tmp_path):
+    import socket
+
+    from tflaunch.launchers.clouds.base import TAG_LAUNCHER
+
+    key = client_key(tmp_path)
+    state = str(tmp_path / "state")
+    provider = LabProvider(LabProvisionSection(state_dir=state, authorized_key=f"{key}.pub"), print)
+    network = provider.open_network("lab-gc1", "c", [2220], 22, None)
+    gone = f"{socket.gethostname()}:{2**22 + 1}:0"  # no such process: a launcher that was killed
+    planned = [PlannedInstance("worker-1", "worker", "netns", 0, False)]
+    ids = provider.create(planned, "lab-gc1", "c", network, {TAG_LAUNCHER: gone}, "")
+    try:
+        swept = tflaunch("gc", "--cloud", "lab", "--state-dir", state)
+        assert swept.returncode == 0, swept.stderr
+        assert "lab-gc1: 1 instance(s) terminated (its launcher is gone)" in swept.stdout
+        assert lab_leftovers(set(ids.values())) == []
+        assert provider.state.networks() == []  # the run's network went with its last instance
+    finally:
+        provider.terminate(list(ids.values()), network)
