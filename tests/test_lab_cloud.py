@@ -219,9 +219,27 @@ def test_provider_makes_shaped_hosts_and_ends_them(lab_root, tmp_path):
         host = hosts.NamespaceHost(int(one.id.split("-")[1]), int(network.split("-")[1]), Path("."))
         assert set(hosts.shaped_rates(host).values()) == {100 * 10**6}
         assert lab_leftovers(set(ids.values())) != []
+        # Another state directory (another user's lab, say) shares the machine's numbers and
+        # bridges: its host takes a number of its own and outlives this run's hosts.
+        other = LabProvider(
+            LabProvisionSection(state_dir=str(tmp_path / "other"), authorized_key=f"{key}.pub"),
+            said.append,
+        )
+        other_network = other.open_network("lab-t2", "c", [2220], 22, None)
+        other_ids = other.create(planned[:1], "lab-t2", "c", other_network, {}, "")
     finally:
         provider.terminate(list(ids.values()), network)
-    assert lab_leftovers(set(ids.values())) == []
+    try:
+        assert lab_leftovers(set(ids.values())) == []
+        (survivor,) = other.describe()
+        assert survivor.state == "running" and survivor.connect_address not in {
+            i.connect_address for i in found
+        }
+        assert ssh(key, survivor.connect_address, "true").returncode == 0
+    finally:
+        other.terminate(list(other_ids.values()), other_network)
+    assert lab_leftovers(set(other_ids.values())) == []
+    assert hosts.PUBLIC_BRIDGE not in hosts.links() or hosts.numbers_in_use() != (set(), set())
     gone = provider.describe(ids=list(ids.values()), states=("terminated",))
     assert {i.state for i in gone} == {"terminated"}
     assert provider.describe(tags={TAG_RUN: "lab-t1"}) == []

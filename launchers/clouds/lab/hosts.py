@@ -65,6 +65,7 @@ class NamespaceHost:
     index: int
     network: int
     folder: Path
+    owner: str = ""  # the instance id, written as its public link's alias: who the number is
 
     def __post_init__(self) -> None:
         if not 1 <= self.index <= MAX_HOSTS or not 1 <= self.network <= MAX_NETWORKS:
@@ -153,13 +154,41 @@ def _in(namespace: str, *argv: str, check: bool = True) -> subprocess.CompletedP
     return _run(["ip", "netns", "exec", namespace, *argv], check=check)
 
 
-def links() -> set[str]:
-    """The names of the root namespace's network links."""
+def link_aliases() -> dict[str, str]:
+    """The root namespace's network links: name -> alias ('' when it has none)."""
     out = _ip("-j", "link", "show", check=False).stdout
     try:
-        return {str(link.get("ifname")) for link in json.loads(out or "[]")}
-    except (ValueError, AttributeError):
-        return set(re.findall(r"^\d+: ([\w.-]+)[@:]", _ip("-o", "link", "show").stdout, re.M))
+        return {str(link["ifname"]): str(link.get("ifalias", "")) for link in json.loads(out)}
+    except (ValueError, KeyError, TypeError) as err:
+        raise LaunchError(
+            f"lab: cannot read the network links ('ip -j link show': {err})."
+        ) from err
+
+
+def links() -> set[str]:
+    """The names of the root namespace's network links."""
+    return set(link_aliases())
+
+
+def numbers_in_use() -> tuple[set[int], set[int]]:
+    """The host and network numbers that namespaces, links and bridges on this machine hold,
+    whichever state directory made them: a number is taken again only when nothing has it."""
+    names = set(link_aliases())
+    with contextlib.suppress(OSError):
+        names |= {entry.name for entry in NETNS_DIR.iterdir()}
+    hosts_, networks = set(), set()
+    for name in names:
+        if match := re.fullmatch(r"tfl-(?:lab|l[pv])(\d+)x?", name):
+            hosts_.add(int(match.group(1)))
+        elif match := re.fullmatch(r"tfl-lab-n(\d+)", name):
+            networks.add(int(match.group(1)))
+    return hosts_, networks
+
+
+def owner(host: NamespaceHost, aliases: dict[str, str]) -> str | None:
+    """The instance id a host's number belongs to now (the alias of its public link), or None
+    when no host of that number is fully made."""
+    return aliases.get(host.public_veth) or None
 
 
 def namespace_exists(namespace: str) -> bool:
@@ -214,7 +243,10 @@ def ensure_public_bridge() -> None:
 
 
 def remove_public_bridge() -> None:
-    """Remove the public bridge and the private range's route (once no lab host is left)."""
+    """Remove the public bridge and the private range's route, once no lab host or network is
+    left on this machine (of any state directory)."""
+    if any(numbers_in_use()):
+        return
     _ip("route", "delete", "unreachable", PRIVATE_NETWORK, check=False)
     _ip("link", "delete", PUBLIC_BRIDGE, check=False)
 
@@ -240,7 +272,7 @@ def make_host(host: NamespaceHost, authorized_keys: str, rate: str | None = None
     """Build the host from scratch (removing what an earlier try left under its number), start
     its sshd and wait until it greets on the public address; returns sshd's pid. The public
     bridge and the host's network bridge must exist."""
-    remove_host(host)
+    remove_host(dataclasses.replace(host, owner=""))
     host.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     _keygen(host.host_key)
     host.authorized_keys.write_text(authorized_keys)
@@ -259,6 +291,8 @@ def make_host(host: NamespaceHost, authorized_keys: str, rate: str | None = None
         _in(ns, "ip", "link", "set", inner, "up")
         _ip("link", "set", root_side, "master", bridge)
         _ip("link", "set", root_side, "up")
+    if host.owner:
+        _ip("link", "set", host.public_veth, "alias", host.owner)
     # The root namespace may still know an earlier host's link address for this address (its
     # entry stays reachable for a while): without the flush the first packets go nowhere.
     _ip("neigh", "flush", "to", host.public_address, check=False)
@@ -269,7 +303,11 @@ def make_host(host: NamespaceHost, authorized_keys: str, rate: str | None = None
 
 def remove_host(host: NamespaceHost, wait: float = 10.0) -> None:
     """End every process in the host's namespace, delete the namespace and its links; no
-    error for what is already gone."""
+    error for what is already gone. A host whose number another instance holds now (its
+    public link's alias says so) is left alone."""
+    holder = owner(host, link_aliases())
+    if host.owner and holder and holder != host.owner:
+        return
     kill_all(namespace_pids(host.namespace))
     if namespace_exists(host.namespace):
         _ip("netns", "delete", host.namespace, check=False)

@@ -215,6 +215,7 @@ class LabProvider(Provider):
         if ids is not None and not ids:
             return []
         networks = {n.id: n for n in self.state.networks()}
+        aliases = hosts.link_aliases() if self.state.exists() else {}
         found = []
         for record in self.state.instances():
             if ids is not None and record.id not in ids:
@@ -224,24 +225,23 @@ class LabProvider(Provider):
                 for key, value in (tags or {}).items()
             ):
                 continue
-            instance = self._instance(record, networks.get(record.network))
+            instance = self._instance(record, networks.get(record.network), aliases)
             if instance.state in states:
                 found.append(instance)
         return found
 
-    def _instance(self, record: InstanceRecord, network: NetworkRecord | None) -> Instance:
-        """The instance as it is now: a running record whose namespace is gone was ended
-        outside tflaunch (terminated), one whose sshd is gone is stopped."""
+    def _instance(
+        self, record: InstanceRecord, network: NetworkRecord | None, aliases: dict[str, str]
+    ) -> Instance:
+        """The instance as it is now: a running record whose host is gone (ended outside
+        tflaunch; its number's links are absent or another instance's) is terminated, one
+        whose sshd is gone is stopped."""
+        host = self.state.host_of(record, network.index if network else 1)
         state = record.state
-        if state == "running" and network is not None:
-            host = self.state.host_of(record, network.index)
-            if not hosts.namespace_exists(host.namespace):
-                state = "terminated"
-            elif not hosts.sshd_running(host):
-                state = "stopped"
-        elif state == "running":
-            state = "terminated"  # its network is gone, so are its links
-        host = hosts.NamespaceHost(record.index, network.index if network else 1, Path("."))
+        if state == "running" and hosts.owner(host, aliases) != record.id:
+            state = "terminated"
+        elif state == "running" and not hosts.sshd_running(host):
+            state = "stopped"
         return Instance(
             id=record.id,
             state=state,
@@ -268,17 +268,20 @@ class LabProvider(Provider):
             self._require()
             networks = {n.id: n.index for n in self.state.networks()}
             with self.state.locked():
+                aliases = hosts.link_aliases()
                 ending = [
                     (r, self.state.host_of(r, networks.get(r.network, 1)))
                     for r in self.state.instances()
                     if r.id in ids and r.state != "terminated"
                 ]
+                # A number another instance holds now is not this one's to end (its own host
+                # went earlier); a half-made host (no owner yet) is removed.
+                mine = [(r, h) for r, h in ending if hosts.owner(h, aliases) in (None, r.id)]
                 # Every process of every namespace at once: one grace period, not one each.
-                hosts.kill_all(
-                    [pid for _, h in ending for pid in hosts.namespace_pids(h.namespace)]
-                )
+                hosts.kill_all([pid for _, h in mine for pid in hosts.namespace_pids(h.namespace)])
                 for record, host in ending:
-                    hosts.remove_host(host, wait=min(wait, 10.0))
+                    if (record, host) in mine:
+                        hosts.remove_host(host, wait=min(wait, 10.0))
                     self.state.forget_host(record.id)  # its keys and logs: the record stays
                     self.state.save_instance(_ended(record))
         if network:
@@ -301,12 +304,9 @@ class LabProvider(Provider):
         self._tidy()
 
     def _tidy(self) -> None:
-        """With no live instance and no network left, the public bridge goes too."""
-        if not self.state.exists():
-            return
-        with self.state.locked():
-            live = [r for r in self.state.instances() if r.state != "terminated"]
-            if not live and not self.state.networks():
+        """With no lab host or network left on the machine, the public bridge goes too."""
+        if self.state.exists():
+            with self.state.locked():
                 hosts.remove_public_bridge()
 
 

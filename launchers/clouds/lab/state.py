@@ -37,9 +37,12 @@ from tflaunch.launchers.clouds.lab.hosts import (
     MAX_HOSTS,
     MAX_NETWORKS,
     NamespaceHost,
-    namespace_exists,
+    link_aliases,
+    numbers_in_use,
+    owner,
 )
 
+MACHINE_LOCK = Path("/run/tflaunch-lab.lock")
 MAX_FILE_BYTES = 64 * 1024
 MAX_TAGS, MAX_TAG_KEY, MAX_TAG_VALUE = 50, 128, 256  # as EC2 bounds them
 TOMBSTONE_SECONDS = 3600.0  # a terminated instance stays listed this long, as on EC2
@@ -113,11 +116,14 @@ class State:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold the state directory's lock (numbers are taken and records change under it)."""
+        """Hold the lab's lock: numbers are taken and records change under it. Numbers are the
+        machine's (namespace and link names), so as root the lock is the machine's too
+        (:data:`MACHINE_LOCK`), whichever state directory is used; else the directory's."""
         self._check_dir(self.root, create=True)
         for sub in ("instances", "networks", "hosts"):
             self._check_dir(self.root / sub, create=True)
-        fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        path = MACHINE_LOCK if os.geteuid() == 0 else self.root / "lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -130,7 +136,7 @@ class State:
         return self.root / "hosts" / instance_id
 
     def host_of(self, record: InstanceRecord, network_index: int) -> NamespaceHost:
-        return NamespaceHost(record.index, network_index, self.host_folder(record.id))
+        return NamespaceHost(record.index, network_index, self.host_folder(record.id), record.id)
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -215,13 +221,13 @@ class State:
         _remove_folder(self.host_folder(instance_id))
 
     def prune(self, now: float) -> None:
-        """Under the lock: mark terminated the instances whose namespace is gone (ended outside
-        tflaunch, or a creation that was killed), so that their numbers are free again; forget
+        """Under the lock: mark terminated the running instances whose host is gone (ended
+        outside tflaunch, or its number taken by another), so that nothing acts on them; forget
         terminated ones older than :data:`TOMBSTONE_SECONDS` and their folders."""
+        aliases = link_aliases()
         for record in self.instances():
-            if record.state != "terminated" and not namespace_exists(
-                self.host_of(record, 1).namespace
-            ):
+            mine = owner(self.host_of(record, 1), aliases) == record.id
+            if record.state == "running" and not mine:
                 record = dataclasses.replace(record, state="terminated", terminated=now)
                 self.save_instance(record)
                 self.forget_host(record.id)
@@ -233,6 +239,7 @@ class State:
         """A fresh instance id and the free host number it uses (``wanted`` if given and
         free)."""
         taken = {r.index for r in self.instances() if r.state != "terminated"}
+        taken |= numbers_in_use()[0]
         if wanted is not None and wanted in taken:
             raise LaunchError(f"lab: host number {wanted} is in use; it cannot be taken again.")
         free = [wanted] if wanted is not None else [
@@ -245,7 +252,7 @@ class State:
         return f"lab-{free[0]}-{secrets.token_hex(4)}", free[0]
 
     def new_network_id(self) -> tuple[str, int]:
-        taken = {r.index for r in self.networks()}
+        taken = {r.index for r in self.networks()} | numbers_in_use()[1]
         free = [i for i in range(1, MAX_NETWORKS + 1) if i not in taken]
         if not free:
             raise LaunchError(
