@@ -36,7 +36,7 @@ from tflaunch.launchers.clouds.base import (
 )
 from tflaunch.launchers.clouds.costs import Price
 from tflaunch.launchers.clouds.lab import hosts
-from tflaunch.launchers.clouds.lab.section import DEFAULT_STATE_DIR
+from tflaunch.launchers.clouds.lab.section import DEFAULT_STATE_DIR, state_dir_problem
 from tflaunch.launchers.clouds.lab.state import (
     INSTANCE_ID,
     InstanceRecord,
@@ -97,10 +97,11 @@ class LabProvider(Provider):
 
     @classmethod
     def from_access(cls, access: Mapping[str, Any], say: Say) -> LabProvider:
-        state_dir = access.get("state_dir")
-        if state_dir is not None and not isinstance(state_dir, str):
-            raise LaunchError("lab: the run's state_dir is not a path.")
-        return cls(_Access(state_dir or DEFAULT_STATE_DIR), say)
+        state_dir = access.get("state_dir") or DEFAULT_STATE_DIR
+        problem = state_dir_problem(state_dir)
+        if problem:
+            raise LaunchError(f"lab: the state directory recorded for the run: {problem}.")
+        return cls(_Access(state_dir), say)
 
     def access(self) -> dict[str, Any]:
         return {"state_dir": str(self.state.root)}

@@ -3,6 +3,7 @@ the cloud registry, so that reading a cluster file builds nothing."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -11,6 +12,17 @@ from tflaunch.launchers.clouds.base import ProvisionSection
 from tflaunch.launchers.clouds.lab.hosts import parse_rate
 
 DEFAULT_STATE_DIR = "/run/tflaunch-lab"
+
+
+def state_dir_problem(value: object) -> str | None:
+    """Why ``value`` cannot be lab's state directory, or None: an absolute path of plain
+    characters (it is written into each host's sshd configuration)."""
+    if not isinstance(value, str) or not re.fullmatch(r"/[A-Za-z0-9._/+-]{0,200}", value):
+        return (
+            f"{str(value)[:60]!r} is not an absolute path of letters, digits and ._/+- "
+            "(at most 200 characters)"
+        )
+    return None
 
 
 def _rate_problem(value: object) -> str | None:
@@ -43,5 +55,6 @@ class LabProvisionSection(ProvisionSection):
     state_dir: str = field(
         DEFAULT_STATE_DIR,
         doc="where lab keeps its hosts' records, keys and sshd files (root's, mode 0700)",
+        check=state_dir_problem,
     )
     tags: Mapping[str, str] = field(factory=dict, doc="extra tags on every instance")
