@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from tflaunch.cluster.plan import Plan
-from tflaunch.runtime import protocol
+from tflaunch.runtime import diagnose, protocol
 from tflaunch.runtime.insight import Insight
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.runfiles import open_run_file
@@ -34,6 +34,7 @@ class Reporter:
         self.run, self.board = run, board
         self.out = out or sys.stdout
         self.width = max(len(s.name) for s in board) + 2
+        self.argv = plan.program.argv  # (placeholders unfilled: argv[0] and -m are enough)
         self._events_file = open_run_file(run.events_path, "a")
         # Resource samples (samples-<host>.jsonl, not events), steps, and --trace's window.
         self._samples = Insight(plan, run, board.leader, self.say, trace_site, send)
@@ -97,6 +98,10 @@ class Reporter:
     ) -> Outcome:
         """The report of a run failed by one task, its root cause first."""
         lines = [f"{state.name} on {state.host} {what}."]
+        found = diagnose.notes(
+            state.name, state.tail, self.argv, state.executable, state.host, code
+        )
+        lines += found
         traced = self._samples.crash_note(state.name, code)
         if traced:
             lines.append(traced)
@@ -104,7 +109,9 @@ class Reporter:
             lines.append(note)
         if restarts:
             lines.append("restarts: " + "; ".join(restarts))
-        if state.tail:
+        if found and diagnose.is_traceback(state.tail):
+            lines.append("its output ends in that error's traceback, kept in its log")
+        elif state.tail:
             lines.append(f"last {len(state.tail)} lines of its output:")
             lines += [f"    {line}" for line in state.tail]
         lines.append(f"log: {state.log}")

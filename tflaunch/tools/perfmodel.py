@@ -454,7 +454,8 @@ def _model_variables(model: str, num_classes: int) -> tuple[tuple[str, tuple[int
         spec = get_model_spec(model)
     except UnknownModelError as exc:
         raise ModelError(str(exc)) from None
-    return tuple((v.name, tuple(v.shape), v.dtype_size) for v in model_variables(spec, num_classes))
+    variables = model_variables(spec, num_classes, command="model")
+    return tuple((v.name, tuple(v.shape), v.dtype_size) for v in variables)
 
 
 def _workers_rate(text: str) -> tuple[int, float]:
@@ -560,6 +561,9 @@ def model_command(
                 "worker's images/sec at --batch-size) or --from-run (a traced one-worker run); "
                 "or --inputs FILE."
             )
+        from tflaunch.tools.placement_command import require_tensorflow
+
+        require_tensorflow("model", "builds the model's variables (without --inputs)")
         if from_run:
             from tflaunch.runtime.run import Run
 
