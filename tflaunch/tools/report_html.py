@@ -208,7 +208,8 @@ def _timeline_svg(events: list[dict[str, Any]], tasks: list[str], start: float, 
         parts.append(f'<text x="4" y="{y + 4}">{_esc(task)}</text>')
         parts.append(f'<line x1="{label}" x2="{label + width}" y1="{y}" y2="{y}" class="lane"/>')
     for e in events:
-        mark = MARKS.get(type(protocol.event_of(e)))  # type: ignore[arg-type]
+        record = protocol.record_of(e)  # None for a malformed line
+        mark = MARKS.get(type(record.event)) if record else None  # type: ignore[arg-type]
         if not mark or e.get("task") not in tasks:
             continue
         x = label + width * (e.get("time", start) - start) / span
