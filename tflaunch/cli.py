@@ -68,9 +68,17 @@ def _load_plan(path: str) -> tuple[ClusterConfig, Plan]:
 
 @cli.command()
 @click.argument("cluster_file", type=click.Path(dir_okay=False))
-def validate(cluster_file: str) -> None:
-    """Check a cluster file and the plan it makes."""
+@click.option(
+    "--offline",
+    is_flag=True,
+    help="Check the file and its plan only, not this machine (program on PATH, free ports, "
+    "hosts that resolve, program.env_from set).",
+)
+def validate(cluster_file: str, offline: bool) -> None:
+    """Check a cluster file, the plan it makes, and what can be checked here before starting."""
     config, plan = _load_plan(cluster_file)
+    if not offline:
+        launch.check_here(config, plan)
     click.echo(
         f"{cluster_file}: ok ({len(plan.tasks)} tasks on "
         f"{len(plan.hosts_with_tasks())} host(s), backend {config.backend})"
