@@ -4,10 +4,14 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
+import yaml
+from click.testing import CliRunner
 
-from tests.helpers import tflaunch, write_cluster
+from tests.helpers import ROOT, tflaunch, write_cluster
+from tflaunch.cli import cli
 from tflaunch.runtime import diagnose
 
 TRACEBACK = [
@@ -95,3 +99,39 @@ def test_up_of_a_program_missing_a_module_reports_it_once_without_the_traceback(
     assert "install no_such_module_for_tflaunch_tests into that Python" in result.stderr
     assert "Traceback" not in result.stderr and "kept in its log" in result.stderr
     assert "No module named" in result.stdout  # the task's own output still streams
+
+
+def without_ps_role(path: Path) -> Path:
+    """The cluster file with its roles left out but for the workers: the PS by default."""
+    data = yaml.safe_load(path.read_text())
+    data["roles"] = {"worker": 2}
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_plan_marks_a_ps_the_file_got_by_default(tmp_path):
+    path = without_ps_role(write_cluster(tmp_path / "c.yaml", {"argv": ["python3", "k.py"]}))
+    shown = CliRunner().invoke(cli, ["plan", str(path)])
+    assert shown.exit_code == 0, shown.output
+    assert shown.output.splitlines()[1].startswith("ps:0* ")
+    assert "* a PS by default" in shown.output and "write roles.ps: 0" in shown.output
+    named = write_cluster(tmp_path / "named.yaml", {"argv": ["python3", "k.py"]})
+    assert "*" not in CliRunner().invoke(cli, ["plan", str(named)]).output
+
+
+@pytest.mark.slow
+def test_a_keras_mwms_program_with_the_default_ps_is_told_to_write_ps_0(tmp_path):
+    """TensorFlow's multi-worker Keras tutorial program, written as a TFJob user would (workers
+    only): its default PS dies of "There is no id for task_type 'ps'"."""
+    pytest.importorskip("tensorflow")
+    pytest.importorskip("tf_keras")
+    program = {
+        "argv": [sys.executable, str(ROOT / "tests" / "programs" / "keras_mwms.py"), "1", "5"],
+        "keras": "legacy",
+    }
+    path = without_ps_role(write_cluster(tmp_path / "c.yaml", program))
+    result = tflaunch("up", str(path), timeout=300)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "ps:0 on localhost exited by itself" in result.stderr
+    assert "There is no id for task_type 'ps'" in result.stderr
+    assert "roles: {ps: 0, worker: N}" in result.stderr

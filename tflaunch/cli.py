@@ -117,13 +117,21 @@ def plan(cluster_file: str, as_json: bool, expand: bool) -> None:
     # Lists of the whole cluster would make the table grow with its square: shown once below.
     kept = long_placeholders(the_plan)
     rows = [("TASK", "HOST", "ADDRESS", "GPUS", *(("CPUS",) if pinned else ()), "COMMAND")]
+    by_default = "*" if config.ps_by_default else ""
     for task in the_plan.tasks:
         gpus = ",".join(task.gpus) if task.gpus else "-"
         cpus = (cpu_list(task.cpus),) if pinned else ()
         command = shlex.join(render_task(the_plan, task, keep=kept).argv)
-        rows.append((task.name, task.host, task.address or "-", gpus, *cpus, command))
+        name = task.name + (by_default if task.job == "ps" else "")
+        rows.append((name, task.host, task.address or "-", gpus, *cpus, command))
     for line in aligned(rows):
         click.echo(line)
+    if by_default:
+        click.echo(
+            f"* a PS by default: {cluster_file} names no roles.ps, and a cluster gets "
+            f"{config.roles.ps} unless told; an all-reduce program (Keras "
+            "MultiWorkerMirroredStrategy, Horovod) has no PS role: write roles.ps: 0"
+        )
     checkpoints = launch.checkpoints_line(config, the_plan)
     if checkpoints:
         click.echo(checkpoints)

@@ -457,6 +457,10 @@ class ClusterConfig:
     # Set by the loader, never read from the file.
     source: str = dataclasses.field(default="<string>", compare=False, metadata={"internal": True})
     base_dir: str = dataclasses.field(default=".", compare=False, metadata={"internal": True})
+    # The file names no roles.ps: its PS come from the default (tflaunch plan marks them).
+    ps_by_default: bool = dataclasses.field(
+        default=False, compare=False, metadata={"internal": True}
+    )
 
     def __getattr__(self, name: str) -> Any:
         """A backend's section by its name: ``config.ssh``."""
@@ -518,7 +522,11 @@ def parse_config(text: str, source: str = "<string>", base_dir: str = ".") -> Cl
         config = schema.read(ClusterConfig, data, sections=backends.sections())
     except schema.SchemaError as err:
         raise ConfigError(_located(source, positions, err.path, err.message)) from None
-    config = dataclasses.replace(config, source=source, base_dir=base_dir)
+    roles = data.get("roles") if isinstance(data, dict) else None
+    ps_by_default = config.roles.ps > 0 and not (isinstance(roles, dict) and "ps" in roles)
+    config = dataclasses.replace(
+        config, source=source, base_dir=base_dir, ps_by_default=ps_by_default
+    )
     _check(config, positions)
     return config
 
