@@ -17,6 +17,7 @@ from tflaunch.runtime import diagnose, protocol
 from tflaunch.runtime.insight import Insight
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.runfiles import open_run_file
+from tflaunch.runtime.statusline import ClusterProgress, StatusLine
 from tflaunch.runtime.tasks import TaskBoard, TaskState
 from tflaunch.runtime.tracehook import TraceSite
 
@@ -38,8 +39,12 @@ class Reporter:
         self._events_file = open_run_file(run.events_path, "a")
         # Resource samples (samples-<host>.jsonl, not events), steps, and --trace's window.
         self._samples = Insight(plan, run, board.leader, self.say, trace_site, send)
+        # On a terminal: the cluster's progress on one line under the output.
+        self.progress = ClusterProgress(len(board.trainers))
+        self.console = StatusLine(self.out, self.progress.render)
 
     def close(self) -> None:
+        self.console.stop()
         self._events_file.close()
         self._samples.close()
 
@@ -73,16 +78,18 @@ class Reporter:
 
     def output(self, task: str, line: str, at: float | None = None) -> None:
         """A line ``task`` printed (``at``: when its agent read it, unix time)."""
-        self._samples.output(task, line, at)  # steps, and --trace's window
+        step = self._samples.output(task, line, at)  # steps, and --trace's window
         state = self.board.get(task)
         if state:
             state.tail.append(line)
-        self.out.write(f"{'[' + task + ']':<{self.width}} {line}\n")
-        self.out.flush()
+        if self.console.active and task in self.board.trainers:
+            self.progress.line(task, line)
+            if step is not None:
+                self.progress.step(task, step, time.time() if at is None else float(at))
+        self.console.write(f"{'[' + task + ']':<{self.width}} {line}")
 
     def say(self, message: str) -> None:
-        self.out.write(f"[tflaunch] {message}\n")
-        self.out.flush()
+        self.console.write(f"[tflaunch] {message}")
 
     def end(self, outcome: Outcome) -> None:
         if outcome.code == 0:
