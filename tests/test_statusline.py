@@ -97,6 +97,10 @@ def test_up_on_a_terminal_keeps_a_status_line_and_without_one_does_not(tmp_path)
     assert plain.returncode == 0, plain.stderr
     assert "[worker:1] worker:1 done" in plain.stdout
     assert "steps/s" not in plain.stdout + plain.stderr and "\x1b[" not in plain.stdout
+    run_id = plain.stdout.split("[tflaunch] run ", 1)[1].split()[0]
+    status = tflaunch("status", run_id, "--runs-dir", str(tmp_path / "runs"))
+    ps_row = next(line for line in status.stdout.splitlines() if line.startswith("ps:0 "))
+    assert "143 (stopped at the end, as PS are)" in ps_row  # SIGTERM at the end is normal
 
 
 SWEEP = """

@@ -67,7 +67,7 @@ def _load_plan(path: str) -> tuple[ClusterConfig, Plan]:
 
 
 @cli.command()
-@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.argument("cluster_file", type=click.Path())
 @click.option(
     "--offline",
     is_flag=True,
@@ -92,7 +92,7 @@ def schema() -> None:
 
 
 @cli.command()
-@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.argument("cluster_file", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the whole plan as JSON.")
 @click.option(
     "--expand",
@@ -116,7 +116,8 @@ def plan(cluster_file: str, as_json: bool, expand: bool) -> None:
     pinned = any(task.cpus for task in the_plan.tasks)
     # Lists of the whole cluster would make the table grow with its square: shown once below.
     kept = long_placeholders(the_plan)
-    rows = [("TASK", "HOST", "ADDRESS", "GPUS", *(("CPUS",) if pinned else ()), "COMMAND")]
+    # GPU ids (CUDA_VISIBLE_DEVICES), not counts; CPU cores as a list, likewise.
+    rows = [("TASK", "HOST", "ADDRESS", "GPU_IDS", *(("CPUS",) if pinned else ()), "COMMAND")]
     by_default = "*" if config.ps_by_default else ""
     for task in the_plan.tasks:
         gpus = ",".join(task.gpus) if task.gpus else "-"
@@ -145,7 +146,7 @@ def plan(cluster_file: str, as_json: bool, expand: bool) -> None:
 
 
 @cli.command()
-@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.argument("cluster_file", type=click.Path())
 @click.option("--task", "task_name", required=True, help="The task, e.g. worker:1.")
 @click.option(
     "--format",
@@ -177,7 +178,7 @@ def render(cluster_file: str, task_name: str, fmt: str) -> None:
 
 
 @cli.command()
-@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.argument("cluster_file", type=click.Path())
 @click.option(
     "--format",
     "fmt",
@@ -211,7 +212,7 @@ def export(
 
 
 @cli.command()
-@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.argument("cluster_file", type=click.Path())
 @click.option("--detach", is_flag=True, help="Return once the cluster is ready; print the run id.")
 @click.option(
     "--runs-dir",
@@ -315,7 +316,14 @@ def up(
             trace_port_offset,
         )
     if dry_run:
+        run_id = run_id or new_run_id(config.name)
         click.echo(launch.dry_run(config, runs_dir, run_id))
+        run_dir = Path(runs_dir or config.runs_dir).resolve() / run_id
+        click.echo(
+            f"tflaunch: dry run: nothing was started, and the run directory {run_dir} it names "
+            f"was not made; 'tflaunch up {cluster_file}' makes it and starts the run.",
+            err=True,
+        )
         return
     from tflaunch.launchers.base import LaunchOptions
 
@@ -523,7 +531,7 @@ def logs(run_id: str, tasks: tuple[str, ...], follow: bool, runs_dir: str) -> No
     "-f",
     "cluster_file",
     default=None,
-    type=click.Path(dir_okay=False),
+    type=click.Path(),
     help="With --cluster: the cluster file whose ssh.provision names the account (a kept "
     "cluster made from another machine).",
 )
@@ -575,7 +583,7 @@ def exec_(run_id: str, command: tuple[str, ...], runs_dir: str) -> None:
 
 
 @cli.command()
-@click.argument("cluster_file", required=False, type=click.Path(dir_okay=False))
+@click.argument("cluster_file", required=False, type=click.Path())
 @click.option("--region", default=None, help="AWS region (default: the cluster file's).")
 @click.option("--profile", default=None, help="AWS profile (default: the cluster file's).")
 @click.option("--endpoint-url", default=None, hidden=True)

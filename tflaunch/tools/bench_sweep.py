@@ -609,7 +609,7 @@ def echo_predictions(sweep: Sweep, rows: Sequence[Row], inputs, echo) -> None:
 
 
 @click.command("bench")
-@click.argument("sweep_file", type=click.Path(dir_okay=False))
+@click.argument("sweep_file", type=click.Path())
 @click.option(
     "--repeats", type=click.IntRange(min=1), default=None, help="Override the sweep file's repeats."
 )

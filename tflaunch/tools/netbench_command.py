@@ -209,7 +209,7 @@ def plot(result: Mapping, path: Path) -> Path:
 
 
 @click.command("netbench")
-@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.argument("cluster_file", type=click.Path())
 @click.option(
     "--sizes",
     default=DEFAULT_SIZES,

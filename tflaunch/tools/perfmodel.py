@@ -53,6 +53,7 @@ import click
 from tflaunch.errors import TflaunchError
 from tflaunch.models.placement_math import STRATEGIES
 from tflaunch.models.registry import VARIABLE_UPDATES as UPDATES
+from tflaunch.models.registry import model_names
 
 ASSUMPTIONS = __doc__.split("Assumptions (printed by ``tflaunch model``):", 1)[1].strip()
 
@@ -486,7 +487,14 @@ def _int_list(text: str) -> list[int]:
     help="Instead of --compute-img-s: a traced one-worker run (up --trace) of any program; its "
     "step time less communication is the compute per step of --batch-size images.",
 )
-@click.option("--runs-dir", default="runs", show_default=True, help="Where --from-run's run is.")
+@click.option(
+    "--runs-dir",
+    "--run-dir",
+    "runs_dir",
+    default="runs",
+    show_default=True,
+    help="Where --from-run's run is.",
+)
 @click.option(
     "--link",
     "link_text",
@@ -495,7 +503,14 @@ def _int_list(text: str) -> list[int]:
     help="Instead of --netbench: one link's latency (µs) and bandwidth (MB/s).",
 )
 @click.option("--batch-size", type=int, default=32, show_default=True)
-@click.option("--model", "model_name", default="inception_v3", show_default=True)
+@click.option(
+    "--model",
+    "model_name",
+    type=click.Choice(model_names(aliases=True)),
+    default="inception3",
+    show_default=True,
+    help="A network of tflaunch.models.registry (as 'tflaunch placement --model').",
+)
 @click.option("--num-classes", type=int, default=1001, show_default=True)
 @click.option("--per-variable-us", type=float, default=0.0, show_default=True)
 @click.option(
