@@ -21,12 +21,20 @@ import re
 import subprocess
 from collections.abc import Mapping
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Host, Plan, hosts_from_config, render_task, unset_gpus
-from tflaunch.launchers.base import Backend, LaunchOptions, spawn_agent
-from tflaunch.runtime import procs
-from tflaunch.runtime.link import ProcessLink
-from tflaunch.runtime.run import Outcome, Run
+from tflaunch.plugin import (
+    Backend,
+    ClusterConfig,
+    Host,
+    LaunchOptions,
+    Outcome,
+    Plan,
+    ProcessLink,
+    Run,
+    hosts_from_config,
+    preflight_here,
+    spawn_agent,
+    unset_gpus,
+)
 
 
 class LocalBackend(Backend):
@@ -76,20 +84,8 @@ class LocalBackend(Backend):
 
     def check_here(self, config: ClusterConfig, plan: Plan) -> list[str]:
         """What each host's agent checks first (workdir, program on PATH, free ports, cores),
-        and that every host's address resolves, all on this machine."""
-        from tflaunch.runtime.agent import preflight
-
-        problems = [
-            f"host {name!r} does not resolve on this machine; fix hosts: or /etc/hosts"
-            for name in procs.unresolved(h.cluster_address for h in plan.hosts_with_tasks())
-        ]
-        for host in plan.hosts_with_tasks():
-            tasks = list(plan.tasks_on(host.name))
-            views = {t.name: render_task(plan, t) for t in tasks}
-            problem = preflight(host.name, tasks, views)
-            if problem:
-                problems.append(problem)
-        return problems
+        and that every host's address resolves: all of it is this machine."""
+        return preflight_here(plan, [h.name for h in plan.hosts_with_tasks()])
 
     def start_agents(self, config: ClusterConfig, plan: Plan, run: Run) -> list[ProcessLink]:
         return [spawn_agent(run, h.name, die_with_parent=False) for h in plan.hosts_with_tasks()]

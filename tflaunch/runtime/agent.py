@@ -593,6 +593,22 @@ def preflight(host: str, tasks: list[Task], views: dict[str, TaskView]) -> str |
     return None
 
 
+def preflight_here(plan: Plan, hosts: list[str]) -> list[str]:
+    """:func:`preflight` of ``hosts``' tasks, run on this machine before anything starts (for
+    hosts that are this machine: the local backend's, ``tflaunch validate``), and that every
+    host's cluster address resolves here. One sentence per problem."""
+    problems = [
+        f"host {name!r} does not resolve on this machine; fix hosts: or /etc/hosts"
+        for name in procs.unresolved(plan.host(h).cluster_address for h in hosts)
+    ]
+    for host in hosts:
+        tasks = list(plan.tasks_on(host))
+        problem = preflight(host, tasks, {t.name: render_task(plan, t) for t in tasks})
+        if problem:
+            problems.append(problem)
+    return problems
+
+
 def _task_path(view: TaskView) -> str:
     """The PATH a task's program is looked up in (its own environment's, else the agent's)."""
     return view.env.get("PATH", os.environ.get("PATH", ""))
