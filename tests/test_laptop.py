@@ -118,3 +118,26 @@ def test_commands_that_need_tensorflow_here_say_so_first(laptop):
         assert result.returncode == 2, result.stderr
         assert f"tflaunch {args[0]} builds" in result.stderr
         assert "pip install 'tflaunch[tf]'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_aws_files_check_without_boto3_and_commands_name_the_extra(laptop):
+    python = str(laptop["bin"] / "python")
+    assert subprocess.run([python, "-c", "import boto3"], capture_output=True).returncode != 0
+    for example in ("aws.yaml", "aws-provision.yaml"):
+        result = run(laptop, "validate", str(laptop["examples"] / example))
+        assert result.returncode == 0, result.stderr
+        assert "file ok; planning and running it need boto3 (pip install 'tflaunch[aws]')" in (
+            result.stdout
+        )
+    for args, command in (
+        (("gc", "--region", "us-east-1"), "gc"),
+        (("down", "--cluster", "c", "--region", "us-east-1"), "down --cluster"),
+    ):
+        result = run(laptop, *args)
+        assert result.returncode == 2
+        assert f"tflaunch {command} talks to the cloud through boto3" in result.stderr
+        assert "pip install 'tflaunch[aws]'" in result.stderr and "ssh." not in result.stderr
+    broken = laptop["top"] / "broken-aws.yaml"
+    broken.write_text((laptop["examples"] / "aws.yaml").read_text() + "\nnot_a_key: 1\n")
+    result = run(laptop, "validate", str(broken))
+    assert result.returncode == 2 and "unknown key 'not_a_key'" in result.stderr

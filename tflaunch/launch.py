@@ -7,17 +7,18 @@ The CLI, ``tflaunch bench`` and other callers go through here; only this module 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Plan, gpu_notices, make_plan
-from tflaunch.errors import ConfigError, LaunchError, PlanError, TflaunchError
+from tflaunch.errors import ConfigError, LaunchError, MissingExtra, PlanError, TflaunchError
 from tflaunch.runtime.run import ENDED, Outcome, Run, new_run_id
 
 # A run's states before its coordinator runs it, when the launcher is the one to end it.
@@ -214,7 +215,25 @@ def sweep_instances(
     from tflaunch.launchers.clouds.sweep import sweep_account
 
     options = {"region": region, "profile": profile, "endpoint_url": endpoint_url}
-    return sweep_account(config, options, dry_run, say)
+    with _extra_named("gc", config):
+        return sweep_account(config, options, dry_run, say)
+
+
+@contextlib.contextmanager
+def _extra_named(command: str, config: ClusterConfig | None) -> Iterator[None]:
+    """A cloud SDK missing where no cluster file is involved: say which command needs it and
+    the extra to install, not a file's section the user never wrote."""
+    try:
+        yield
+    except MissingExtra as err:
+        if config is not None:
+            raise
+        raise MissingExtra(
+            f"tflaunch {command} talks to the cloud through {err.package}, which is not "
+            f"installed here: pip install 'tflaunch[{err.extra}]'.",
+            err.package,
+            err.extra,
+        ) from None
 
 
 def down_cluster(
@@ -231,8 +250,9 @@ def down_cluster(
     from tflaunch.launchers.clouds import kept
 
     runs_root = Path(runs_dir or (config.runs_dir if config is not None else "runs"))
-    account = kept.named_account(config, options or {}, name)
-    return kept.down_cluster(runs_root, name, say, account)
+    with _extra_named("down --cluster", config):
+        account = kept.named_account(config, options or {}, name)
+        return kept.down_cluster(runs_root, name, say, account)
 
 
 def cloud_status(
@@ -247,6 +267,7 @@ def cloud_status(
     from tflaunch.launchers.clouds.listing import cloud_json, cloud_table
 
     extra = ("ec2", options) if any(options.values()) else None
-    if as_json:
-        return [json.dumps(cloud_json(Path(runs_dir), extra, say), indent=2)]
-    return cloud_table(Path(runs_dir), extra, say)
+    with _extra_named("status --cloud", None):
+        if as_json:
+            return [json.dumps(cloud_json(Path(runs_dir), extra, say), indent=2)]
+        return cloud_table(Path(runs_dir), extra, say)

@@ -40,6 +40,7 @@ _SOURCES: dict[str, str] = {
     "ConfigError": "tflaunch.errors",
     "PlanError": "tflaunch.errors",
     "LaunchError": "tflaunch.errors",
+    "MissingExtra": "tflaunch.errors",  # an optional dependency not installed: names the extra
     # The backend interface
     "Backend": "tflaunch.launchers.base",
     "LaunchOptions": "tflaunch.launchers.base",
@@ -115,7 +116,7 @@ if TYPE_CHECKING:
     from tflaunch.cluster.hostlist import expand as expand_hostlist
     from tflaunch.cluster.plan import Host, Plan, hosts_from_config, make_plan, unset_gpus
     from tflaunch.cluster.schema import field
-    from tflaunch.errors import ConfigError, LaunchError, PlanError, TflaunchError
+    from tflaunch.errors import ConfigError, LaunchError, MissingExtra, PlanError, TflaunchError
     from tflaunch.launchers.base import Backend, LaunchOptions, spawn_agent
     from tflaunch.launchers.batch.backend import BatchBackend, placeholder_hosts
     from tflaunch.launchers.batch.job import JobNode, read_job
