@@ -361,7 +361,7 @@ def test_cancelled_while_following_stops_the_job(cluster, tmp_path) -> None:
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode in (130, 143), out + err
+    assert proc.returncode == 130, out + err  # Ctrl-C's code, as on every backend
     assert "cancelling Slurm job" in err
     assert wait_gone(str(tmp_path)) == []
 
