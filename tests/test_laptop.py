@@ -113,10 +113,11 @@ def test_commands_that_need_tensorflow_here_say_so_first(laptop):
     for args in (
         ("model", "--link", "50,1000", "--compute-img-s", "10"),
         ("placement", "--num-ps", "2"),
+        ("netbench", str(on_free_ports(laptop, "smoke.yaml")), "--sizes", "1K"),
     ):
         result = run(laptop, *args)
         assert result.returncode == 2, result.stderr
-        assert f"tflaunch {args[0]} builds" in result.stderr
+        assert f"tflaunch {args[0]} " in result.stderr and "with TensorFlow" in result.stderr
         assert "pip install 'tflaunch[tf]'" in result.stderr and "Traceback" not in result.stderr
 
 

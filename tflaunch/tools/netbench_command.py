@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -264,7 +265,12 @@ def netbench_command(
         "ps_placement": ps_placement or placement_of(config.program.argv),
         "ps_steps": ps_steps,
     }
-    argv = program_argv(cluster_python(config), parse_sizes(sizes), options)
+    python = cluster_python(config)
+    if python == sys.executable:  # the tasks run under this very Python (the local backend)
+        from tflaunch.tools.placement_command import require_tensorflow
+
+        require_tensorflow("netbench", "runs its tasks under this Python and measures")
+    argv = program_argv(python, parse_sizes(sizes), options)
     config = replace(
         config, name=f"{config.name}-netbench", program=replace(config.program, argv=tuple(argv))
     )
