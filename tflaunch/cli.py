@@ -26,7 +26,7 @@ from tflaunch.cluster.plan import (
     render_task,
     tf_config,
 )
-from tflaunch.errors import ConfigError, TflaunchError
+from tflaunch.errors import ConfigError, MissingExtra, TflaunchError
 from tflaunch.runtime.run import Run, new_run_id
 from tflaunch.text import aligned
 from tflaunch.tools.bench_sweep import bench_command
@@ -110,10 +110,26 @@ def _load_plan(path: str) -> tuple[ClusterConfig, Plan]:
 
 
 @cli.command()
-@click.argument("cluster_file", type=click.Path(dir_okay=False))
-def validate(cluster_file: str) -> None:
-    """Check a cluster file and the plan it makes."""
-    config, plan = _load_plan(cluster_file)
+@click.argument("cluster_file", type=click.Path())
+@click.option(
+    "--offline",
+    is_flag=True,
+    help="Check the file and its plan only, not this machine (program on PATH, free ports, "
+    "hosts that resolve, program.env_from set).",
+)
+def validate(cluster_file: str, offline: bool) -> None:
+    """Check a cluster file, the plan it makes, and what can be checked here before starting."""
+    config = load_config(cluster_file)
+    try:
+        plan = launch.plan_cluster(config)
+    except MissingExtra as err:  # its hosts come from a cloud whose SDK is not installed here
+        click.echo(
+            f"{cluster_file}: file ok; planning and running it need {err.package} (pip install "
+            f"'tflaunch[{err.extra}]'): its hosts come from the cloud"
+        )
+        return
+    if not offline:
+        launch.check_here(config, plan)
     click.echo(
         f"{cluster_file}: ok ({len(plan.tasks)} tasks on "
         f"{len(plan.hosts_with_tasks())} host(s), backend {config.backend})"
@@ -127,7 +143,7 @@ def schema() -> None:
 
 
 @cli.command()
-@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.argument("cluster_file", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the whole plan as JSON.")
 @click.option(
     "--expand",
@@ -151,14 +167,23 @@ def plan(cluster_file: str, as_json: bool, expand: bool) -> None:
     pinned = any(task.cpus for task in the_plan.tasks)
     # Lists of the whole cluster would make the table grow with its square: shown once below.
     kept = long_placeholders(the_plan)
-    rows = [("TASK", "HOST", "ADDRESS", "GPUS", *(("CPUS",) if pinned else ()), "COMMAND")]
+    # GPU ids (CUDA_VISIBLE_DEVICES), not counts; CPU cores as a list, likewise.
+    rows = [("TASK", "HOST", "ADDRESS", "GPU_IDS", *(("CPUS",) if pinned else ()), "COMMAND")]
+    by_default = "*" if config.ps_by_default else ""
     for task in the_plan.tasks:
         gpus = ",".join(task.gpus) if task.gpus else "-"
         cpus = (cpu_list(task.cpus),) if pinned else ()
         command = shlex.join(render_task(the_plan, task, keep=kept).argv)
-        rows.append((task.name, task.host, task.address or "-", gpus, *cpus, command))
+        name = task.name + (by_default if task.job == "ps" else "")
+        rows.append((name, task.host, task.address or "-", gpus, *cpus, command))
     for line in aligned(rows):
         click.echo(line)
+    if by_default:
+        click.echo(
+            f"* a PS by default: {cluster_file} names no roles.ps, and a cluster gets "
+            f"{config.roles.ps} unless told; an all-reduce program (Keras "
+            "MultiWorkerMirroredStrategy, Horovod) has no PS role: write roles.ps: 0"
+        )
     checkpoints = launch.checkpoints_line(config, the_plan)
     if checkpoints:
         click.echo(checkpoints)
@@ -172,7 +197,7 @@ def plan(cluster_file: str, as_json: bool, expand: bool) -> None:
 
 
 @cli.command()
-@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.argument("cluster_file", type=click.Path())
 @click.option("--task", "task_name", required=True, help="The task, e.g. worker:1.")
 @click.option(
     "--format",
@@ -204,7 +229,7 @@ def render(cluster_file: str, task_name: str, fmt: str) -> None:
 
 
 @cli.command()
-@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.argument("cluster_file", type=click.Path())
 @click.option(
     "--format",
     "fmt",
@@ -238,7 +263,7 @@ def export(
 
 
 @cli.command()
-@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.argument("cluster_file", type=click.Path())
 @click.option("--detach", is_flag=True, help="Return once the cluster is ready; print the run id.")
 @click.option(
     "--runs-dir",
@@ -339,7 +364,14 @@ def up(
         )
         config = request.applied(config)
     if dry_run:
+        run_id = run_id or new_run_id(config.name)
         click.echo(launch.dry_run(config, runs_dir, run_id))
+        run_dir = Path(runs_dir or config.runs_dir).resolve() / run_id
+        click.echo(
+            f"tflaunch: dry run: nothing was started, and the run directory {run_dir} it names "
+            f"was not made; 'tflaunch up {cluster_file}' makes it and starts the run.",
+            err=True,
+        )
         return
     from tflaunch.launchers.base import LaunchOptions
 
@@ -526,7 +558,7 @@ def logs(run_id: str, tasks: tuple[str, ...], follow: bool, runs_dir: str) -> No
     "-f",
     "cluster_file",
     default=None,
-    type=click.Path(dir_okay=False),
+    type=click.Path(),
     help="With --cluster: the cluster file whose ssh.provision names the account (a kept "
     "cluster made from another machine).",
 )
@@ -580,7 +612,7 @@ def exec_(run_id: str, command: tuple[str, ...], runs_dir: str) -> None:
 
 
 @cli.command()
-@click.argument("cluster_file", required=False, type=click.Path(dir_okay=False))
+@click.argument("cluster_file", required=False, type=click.Path())
 @cloud_account_options("The account")
 @click.option("--dry-run", is_flag=True, help="List what would be terminated; terminate nothing.")
 def gc(

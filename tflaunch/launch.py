@@ -16,8 +16,11 @@ from typing import TYPE_CHECKING
 
 from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Plan, gpu_notices, make_plan
-from tflaunch.errors import ConfigError, LaunchError, PlanError
+from tflaunch.errors import ConfigError, LaunchError, PlanError, TflaunchError
 from tflaunch.runtime.run import ENDED, Outcome, Run, new_run_id
+
+# A run's states before its coordinator runs it, when the launcher is the one to end it.
+UNSTARTED = ("created", "starting")
 
 if TYPE_CHECKING:
     from tflaunch.launchers.base import Backend, LaunchOptions
@@ -118,6 +121,20 @@ def check_env_from(config: ClusterConfig, environ: Mapping[str, str] = os.enviro
     backend_for(config.backend).check_environment(config, environ)
 
 
+def check_here(config: ClusterConfig, plan: Plan) -> None:
+    """``validate``'s checks of this machine beyond the file: ``program.env_from`` is set, and
+    what the backend can see from here (local: the program on PATH, free ports, hosts that
+    resolve; ssh: hosts that resolve). LaunchError (exit 2) listing every problem."""
+    check_env_from(config)
+    problems = backend_for(config.backend).check_here(config, plan)
+    if problems:
+        raise LaunchError(
+            f"{config.source}: the file is valid, but the cluster cannot start from here: "
+            + "; ".join(p.rstrip(".") for p in problems)
+            + ". ('tflaunch validate --offline' checks the file alone.)"
+        )
+
+
 def run_cluster(config: ClusterConfig, runs_dir: str | None = None) -> tuple[Run, Outcome]:
     """Run the cluster to its end in the foreground (output streams to stdout)."""
     plan, run = prepare(config, runs_dir)
@@ -159,9 +176,23 @@ def up(
         plan, run = prepare(config, runs_dir, run_id, cluster_file)
         for notice in gpu_notices(plan):
             print(f"[tflaunch] {notice}", file=sys.stderr, flush=True)
-    if detach:
-        return backend.detach(config, plan, run, cluster_file, runs_dir, options)
-    return backend.launch(config, plan, run, options)
+    try:
+        if detach:
+            return backend.detach(config, plan, run, cluster_file, runs_dir, options)
+        return backend.launch(config, plan, run, options)
+    except (TflaunchError, OSError) as err:
+        # Detached, a run past 'created' has a coordinator of its own, which finishes it.
+        finish_unstarted(run, err, ("created",) if detach else UNSTARTED)
+        raise
+
+
+def finish_unstarted(run: Run, err: Exception, states: tuple[str, ...] = UNSTARTED) -> None:
+    """A run that failed before its coordinator took it over (a failed submit, an agent that
+    could not start) ends as ``failed`` with the reason, never left ``created`` or ``starting``
+    for 'status' to call lost. A run that got further is its coordinator's to finish."""
+    if run.record().state in states:
+        code = err.exit_code if isinstance(err, TflaunchError) else 1
+        run.finish(Outcome(code, f"failed before any task started: {err}"))
 
 
 def attach(run: Run) -> None:

@@ -10,13 +10,14 @@ Each names an account the same way: a cluster file's ``ssh.provision`` (``-f``),
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from tflaunch.cluster.config import ClusterConfig
-from tflaunch.errors import ConfigError
+from tflaunch.errors import ConfigError, MissingExtra
 from tflaunch.launchers import clouds
 from tflaunch.launchers.clouds import kept
 from tflaunch.launchers.clouds.base import AdminOption, Feature, ProviderSpec, Say
@@ -87,9 +88,10 @@ def gc(
 ) -> list[str]:
     """``tflaunch gc``: terminate leaked tflaunch instances of the account; one line per run
     found."""
-    spec, access = account(config, cloud, options, "the instances to sweep")
-    provider = spec.load().from_access(access, say)
-    return format_verdicts(sweep(provider, say, dry_run), dry_run)
+    with _extra_named("gc", config):
+        spec, access = account(config, cloud, options, "the instances to sweep")
+        provider = spec.load().from_access(access, say)
+        return format_verdicts(sweep(provider, say, dry_run), dry_run)
 
 
 def down_cluster(
@@ -107,11 +109,12 @@ def down_cluster(
     runs_root = Path(runs_dir or (config.runs_dir if config is not None else "runs"))
     options = options or {}
     named = None
-    if config is not None or cloud or any(options.values()):
-        spec, access = account(config, cloud, options, f"kept cluster '{name}'")
-        spec.require(Feature.KEEP, "down --cluster")
-        named = (spec.name, access)
-    return kept.down_cluster(runs_root, name, say, named)
+    with _extra_named("down --cluster", config):
+        if config is not None or cloud or any(options.values()):
+            spec, access = account(config, cloud, options, f"kept cluster '{name}'")
+            spec.require(Feature.KEEP, "down --cluster")
+            named = (spec.name, access)
+        return kept.down_cluster(runs_root, name, say, named)
 
 
 def cloud_status(
@@ -125,9 +128,27 @@ def cloud_status(
     directory knows (and the one the command line names), one row each, with their idle time
     and cost (with ``as_json``: one JSON document)."""
     extra = None
-    if cloud or any(options.values()):
-        spec, access = account(None, cloud, options, "the instances to list")
-        extra = (spec.name, access)
-    if as_json:
-        return [json.dumps(cloud_json(Path(runs_dir), extra, say), indent=2)]
-    return cloud_table(Path(runs_dir), extra, say)
+    with _extra_named("status --cloud", None):
+        if cloud or any(options.values()):
+            spec, access = account(None, cloud, options, "the instances to list")
+            extra = (spec.name, access)
+        if as_json:
+            return [json.dumps(cloud_json(Path(runs_dir), extra, say), indent=2)]
+        return cloud_table(Path(runs_dir), extra, say)
+
+
+@contextlib.contextmanager
+def _extra_named(command: str, config: ClusterConfig | None) -> Iterator[None]:
+    """A cloud SDK missing where no cluster file is involved: say which command needs it and
+    the extra to install, not a file's section the user never wrote."""
+    try:
+        yield
+    except MissingExtra as err:
+        if config is not None:
+            raise
+        raise MissingExtra(
+            f"tflaunch {command} talks to the cloud through {err.package}, which is not "
+            f"installed here: pip install 'tflaunch[{err.extra}]'.",
+            err.package,
+            err.extra,
+        ) from None

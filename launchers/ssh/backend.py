@@ -58,7 +58,7 @@ from tflaunch.launchers.ssh.details import SshDetails
 from tflaunch.launchers.ssh.section import host_run_dir
 from tflaunch.launchers.ssh.session import HostSession
 from tflaunch.launchers.ssh.sources import resolve_hosts
-from tflaunch.runtime import protocol
+from tflaunch.runtime import procs, protocol
 from tflaunch.runtime.coordinator import Revive
 from tflaunch.runtime.link import StreamLink, agent_output
 from tflaunch.runtime.run import Outcome, Run
@@ -169,6 +169,18 @@ class SshBackend(Backend):
 
     def hosts_pending(self, config: ClusterConfig) -> bool:
         return config.ssh.provision is not None
+
+    def check_here(self, config: ClusterConfig, plan: Plan) -> list[str]:
+        """Every host's connect address resolves here (the rest, pre-flight checks on the
+        hosts at 'up'); nothing for instances not made yet."""
+        if self.hosts_pending(config):
+            return []
+        names = (h.connect_address for h in plan.hosts_with_tasks())
+        return [
+            f"host {name!r} does not resolve on this machine; fix hosts: (or the host file), "
+            "or /etc/hosts"
+            for name in procs.unresolved(names)
+        ]
 
     # ---- attached runs: the launcher is the coordinator ------------------------------------
 

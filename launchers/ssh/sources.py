@@ -44,7 +44,8 @@ def resolve_hosts(config: ClusterConfig) -> list[Host]:
         )
     if not sources:
         raise ConfigError(
-            f"{config.source}: backend 'ssh' needs hosts: list them under 'hosts:' (with "
+            f"{config.where('ssh') if ('ssh',) in config.positions else config.where('backend')}"
+            ": backend 'ssh' needs hosts: list them under 'hosts:' (with "
             "'connect' and 'address'), name 'ssh.public_ips_file' and 'ssh.private_ips_file', "
             f"or discover them with {discovery}."
         )

@@ -413,6 +413,21 @@ class ClusterConfig:
     # Set by the loader, never read from the file.
     source: str = dataclasses.field(default="<string>", compare=False, metadata={"internal": True})
     base_dir: str = dataclasses.field(default=".", compare=False, metadata={"internal": True})
+    # The file names no roles.ps: its PS come from the default (tflaunch plan marks them).
+    ps_by_default: bool = dataclasses.field(
+        default=False, compare=False, metadata={"internal": True}
+    )
+    # The line of every key path of the file, for errors found after loading (the plan's).
+    positions: Mapping[tuple, int] = dataclasses.field(
+        default_factory=dict, compare=False, repr=False, metadata={"internal": True}
+    )
+
+    def where(self, *path: str | int) -> str:
+        """``file:line`` of the key at ``path`` (or the nearest key above it that has one)."""
+        key = tuple(path)
+        while key and key not in self.positions:
+            key = key[:-1]
+        return f"{self.source}:{self.positions[key]}" if key else self.source
 
     def __getattr__(self, name: str) -> Any:
         """A backend's section by its name: ``config.ssh``."""
@@ -444,6 +459,11 @@ class ClusterConfig:
 def load_config(path: str | os.PathLike) -> ClusterConfig:
     """Read and validate a cluster file."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(
+            f"{path}: is a directory, not a cluster file; give the YAML file (e.g. "
+            f"{path / 'cluster.yaml'})."
+        )
     try:
         with path.open("rb") as f:
             raw = f.read(yamlfile.MAX_FILE_BYTES + 1)
@@ -470,11 +490,30 @@ def parse_config(text: str, source: str = "<string>", base_dir: str = ".") -> Cl
             f"{source}: the cluster file is empty. It needs at least a 'program:' "
             "(see examples/local.yaml)."
         )
+    if isinstance(data, dict) and "cluster" in data and "program" not in data:
+        raise ConfigError(
+            _located(
+                source,
+                positions,
+                ("cluster",),
+                "this is a sweep file for 'tflaunch bench' (it names its cluster file under "
+                f"'cluster:'), not a cluster file: run 'tflaunch bench {source}' "
+                "(--dry-run lists its grid), or validate the cluster file it names",
+            )
+        )
     try:
         config = schema.read(ClusterConfig, data, sections=backends.sections())
     except schema.SchemaError as err:
         raise ConfigError(_located(source, positions, err.path, err.message)) from None
-    config = dataclasses.replace(config, source=source, base_dir=base_dir)
+    roles = data.get("roles") if isinstance(data, dict) else None
+    ps_by_default = config.roles.ps > 0 and not (isinstance(roles, dict) and "ps" in roles)
+    config = dataclasses.replace(
+        config,
+        source=source,
+        base_dir=base_dir,
+        ps_by_default=ps_by_default,
+        positions=types.MappingProxyType(positions),
+    )
     _check(config, positions)
     return config
 

@@ -53,6 +53,7 @@ import click
 from tflaunch.errors import TflaunchError
 from tflaunch.models.placement_math import STRATEGIES
 from tflaunch.models.registry import VARIABLE_UPDATES as UPDATES
+from tflaunch.models.registry import model_names
 
 ASSUMPTIONS = __doc__.split("Assumptions (printed by ``tflaunch model``):", 1)[1].strip()
 
@@ -454,7 +455,8 @@ def _model_variables(model: str, num_classes: int) -> tuple[tuple[str, tuple[int
         spec = get_model_spec(model)
     except UnknownModelError as exc:
         raise ModelError(str(exc)) from None
-    return tuple((v.name, tuple(v.shape), v.dtype_size) for v in model_variables(spec, num_classes))
+    variables = model_variables(spec, num_classes, command="model")
+    return tuple((v.name, tuple(v.shape), v.dtype_size) for v in variables)
 
 
 def _workers_rate(text: str) -> tuple[int, float]:
@@ -485,7 +487,14 @@ def _int_list(text: str) -> list[int]:
     help="Instead of --compute-img-s: a traced one-worker run (up --trace) of any program; its "
     "step time less communication is the compute per step of --batch-size images.",
 )
-@click.option("--runs-dir", default="runs", show_default=True, help="Where --from-run's run is.")
+@click.option(
+    "--runs-dir",
+    "--run-dir",
+    "runs_dir",
+    default="runs",
+    show_default=True,
+    help="Where --from-run's run is.",
+)
 @click.option(
     "--link",
     "link_text",
@@ -494,7 +503,14 @@ def _int_list(text: str) -> list[int]:
     help="Instead of --netbench: one link's latency (µs) and bandwidth (MB/s).",
 )
 @click.option("--batch-size", type=int, default=32, show_default=True)
-@click.option("--model", "model_name", default="inception_v3", show_default=True)
+@click.option(
+    "--model",
+    "model_name",
+    type=click.Choice(model_names(aliases=True)),
+    default="inception3",
+    show_default=True,
+    help="A network of tflaunch.models.registry (as 'tflaunch placement --model').",
+)
 @click.option("--num-classes", type=int, default=1001, show_default=True)
 @click.option("--per-variable-us", type=float, default=0.0, show_default=True)
 @click.option(
@@ -560,6 +576,9 @@ def model_command(
                 "worker's images/sec at --batch-size) or --from-run (a traced one-worker run); "
                 "or --inputs FILE."
             )
+        from tflaunch.tools.placement_command import require_tensorflow
+
+        require_tensorflow("model", "builds the model's variables (without --inputs)")
         if from_run:
             from tflaunch.runtime.run import Run
 
