@@ -131,7 +131,6 @@ def setns_net(fd: int) -> None:
         raise OSError(ctypes.get_errno(), "setns")
 
 
-
 class Lab:
     """Namespace hosts on one bridge, each with its own cores."""
 
@@ -202,9 +201,7 @@ class Lab:
             self.run(h, "ip", "link", "set", inner, "name", "eth0")
             self.run(h, "ip", "addr", "add", f"{self.address(h)}/16", "dev", "eth0")
             self.run(h, "ip", "link", "set", "eth0", "up")
-        print(
-            f"lab: {self.count} hosts, {len(self.cores[0])} cores each, on {BRIDGE}", flush=True
-        )
+        print(f"lab: {self.count} hosts, {len(self.cores[0])} cores each, on {BRIDGE}", flush=True)
 
     def shape(self, rate: str | None) -> None:
         """tbf at both ends of every host's link (None: unshaped)."""
@@ -468,14 +465,95 @@ def sweep(a, lab: Lab, store: dict, logs: Path, started: float) -> None:
 # --- report ----------------------------------------------------------------------------------
 
 
+def model_inputs(store: dict, model: str, rate: str):
+    """``tflaunch model``'s inputs from the calibration (assumptions 9-11): compute from the lone
+    worker, the link from netbench at the rate, gRPC's CPU per byte from the unshaped stream,
+    the loaded PS from netbench's PS test, and the ring's CPU per byte fitted to our default
+    ring rows (one value over both rates)."""
+    sys.path.insert(0, str(ROOT))
+    from tflaunch.tools import perfmodel as pm
+
+    cal = store["calibration"]
+    batch = store["settings"]["batch"]
+    variables = pm._model_variables(model, 1001)
+    unshaped = pm.link_from_netbench(cal["netbench_unshaped"])
+    ps = cal["netbench_unshaped"]["ps"]
+    ps_rate = sum(ps["steps_per_s"]) * ps["total_bytes"] * 2 / ps["num_ps"]
+    base = pm.Inputs(
+        pm.compute_from_single(cal[f"lone_{model}"], batch),
+        batch,
+        variables,
+        pm.link_from_netbench(cal[f"netbench_{rate}"]),
+        cpu_s_per_byte=1 / unshaped.bandwidth,
+        cores_per_host=cal["cores_per_host"],
+        ps_bytes_per_s=ps_rate,
+    )
+    fits = []
+    for r in store.get("runs", []):
+        if (r["side"], r["model"], r["update"], r["options"]) != ("ours", model, CAR, []):
+            continue
+        if "img_s" not in r:
+            continue
+        inputs = dataclasses.replace(base, link=pm.link_from_netbench(cal[f"netbench_{r['rate']}"]))
+        w = r["workers"]
+        moved = 2 * (w - 1) / w * inputs.model_bytes
+        link_s = moved / inputs.link.bandwidth + 2 * (w - 1) * inputs.link.latency_s
+        step = w * batch / r["img_s"]
+        fits.append((step - inputs.compute_s - link_s) / moved)
+    ring_cpu = statistics.median(fits) if fits else 0.0
+    return dataclasses.replace(base, ring_cpu_s_per_byte=max(0.0, ring_cpu))
+
+
+def predicted(inputs, r: dict) -> float:
+    from tflaunch.tools import perfmodel as pm
+
+    opts = r["options"]
+    # The peer's round robin follows its own variables' order, which spreads InceptionV3's
+    # kernels over the PS (ours puts 95.2 of 95.3 MB on PS 0): modelled as balanced (LPT).
+    default = "lpt" if r["side"] == "peer" else "round_robin"
+    placement = next(
+        (o.split("=")[1] for o in opts if o.startswith("--variable_placement")), default
+    )
+    packs = next((int(o.split("=")[1]) for o in opts if o.startswith("--gradient_repacking")), 1)
+    update = PS if r["update"] == DR else r["update"]
+    return pm.predict(
+        inputs,
+        r["workers"],
+        r["ps"],
+        update,
+        placement,
+        overlap="--staged_vars" in opts,
+        sync=r["sync"],
+        packs=packs,
+        compact="--compact_gradient_transfer" in opts,
+    ).images_per_sec
+
+
 def report(a, store: dict) -> None:
     runs = store.get("runs", [])
     keys: dict[str, list[dict]] = {}
     for r in runs:
         keys.setdefault(r["key"], []).append(r)
-    print("| side | model | rate | W | P | variable update | mode | options | n | img/s | ± sd |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for key, rs in keys.items():
+    inputs = {}
+    if "calibration" in store:
+        for model in {r["model"] for r in runs}:
+            for rate in {r["rate"] for r in runs}:
+                inputs[model, rate] = model_inputs(store, model, rate)
+        for (model, rate), i in sorted(inputs.items()):
+            print(
+                f"model inputs {model} {rate}: compute {i.compute_s * 1e3:.0f} ms, link "
+                f"{i.link.bandwidth / 1e6:.0f} MB/s {i.link.latency_s * 1e3:.2f} ms, gRPC CPU "
+                f"{i.cpu_s_per_byte * 1e9:.2f} ns/B on {i.cores_per_host} core(s), loaded PS "
+                f"{i.ps_bytes_per_s / 1e6:.0f} MB/s in+out, ring CPU "
+                f"{i.ring_cpu_s_per_byte * 1e9:.2f} ns/B (fitted)"
+            )
+    print(
+        "| side | model | rate | W | P | variable update | mode | options | n | img/s | ± sd "
+        "| model | error |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    errors: dict[str, list[float]] = {}
+    for rs in keys.values():
         r0 = rs[0]
         vals = [r["img_s"] for r in rs if "img_s" in r]
         mode = "sync" if r0["sync"] else "async"
@@ -484,10 +562,23 @@ def report(a, store: dict) -> None:
             f"{r0['ps'] or '-'} | {r0['update']} | {mode} | {' '.join(r0['options']) or '-'} |"
         )
         if not vals:
-            print(f"{head} 0 | fails: {rs[-1]['error'][:160]} | |")
+            error = rs[-1]["error"].replace("\n", " ").replace("|", "/")[:120]
+            print(f"{head} 0 | fails: {error} | | | |")
             continue
+        mean = statistics.fmean(vals)
         sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
-        print(f"{head} {len(vals)} | {statistics.fmean(vals):.2f} | {sd:.2f} |")
+        model = err = ""
+        if (r0["model"], r0["rate"]) in inputs and r0["update"] != DAR:
+            pred = predicted(inputs[r0["model"], r0["rate"]], r0)
+            e = 100 * (pred - mean) / mean
+            errors.setdefault(r0["rate"], []).append(abs(e))
+            model, err = f"{pred:.2f}", f"{e:+.1f} %"
+        print(f"{head} {len(vals)} | {mean:.2f} | {sd:.2f} | {model} | {err} |")
+    for rate, es in sorted(errors.items()):
+        print(
+            f"model at {rate}: median absolute error {statistics.median(es):.1f} %, largest "
+            f"{max(es):.1f} % over {len(es)} rows"
+        )
 
 
 def main() -> int:
