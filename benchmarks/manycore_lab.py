@@ -475,7 +475,12 @@ def model_inputs(store: dict, model: str, rate: str):
 
     cal = store["calibration"]
     batch = store["settings"]["batch"]
-    variables = pm._model_variables(model, 1001)
+    from tflaunch.models.registry import get_model_spec
+    from tflaunch.tools.placement_command import model_variables
+
+    variables = tuple(
+        (v.name, tuple(v.shape), v.dtype_size) for v in model_variables(get_model_spec(model), 1001)
+    )
     unshaped = pm.link_from_netbench(cal["netbench_unshaped"])
     ps = cal["netbench_unshaped"]["ps"]
     ps_rate = sum(ps["steps_per_s"]) * ps["total_bytes"] * 2 / ps["num_ps"]
