@@ -435,6 +435,10 @@ def test_a_cluster_restart_for_a_lost_host_counts_on_and_frees_the_old_ps_port(t
     thread, result, out = run_in_thread(plan, run, [a, b], revive=Revive(30, revive))
     try:
         task_pid(b, "worker:0")
+        # worker:1, on a, starts only once a's agent sees ps:0's port (on b) accept: under load
+        # that can come after b's PS is ready; losing b before it printed its first line would
+        # leave worker:1 with only its cluster-restart run (the flake of a loaded full suite)
+        task_pid(a, "worker:1")
         wait_for(lambda: any(e.get("event") == "ready" for e in b.events), 30)
         b.lose()
         thread.join(60)

@@ -1,10 +1,11 @@
 """The command line. Commands parse their arguments, call one function, and map domain errors to
 exit codes (2 for bad input, the cluster's own code for a failed run). One command does more:
-``up --trace`` has the trace tool (:mod:`tflaunch.tools.trace_command`) change the config before the launch
-and show the merged trace after it."""
+``up --trace`` makes one :class:`~tflaunch.trace.request.TraceRequest` that goes into the config
+(every task's environment) and the launch options, and shows the merged trace after the run."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import sys
@@ -28,14 +29,56 @@ from tflaunch.cluster.plan import (
 from tflaunch.errors import ConfigError, TflaunchError
 from tflaunch.runtime.run import Run, new_run_id
 from tflaunch.text import aligned
-from tflaunch.tools import trace_command as trace_tools
 from tflaunch.tools.bench_sweep import bench_command
 from tflaunch.tools.netbench_command import netbench_command
 from tflaunch.tools.perfmodel import model_command
 from tflaunch.tools.placement_command import placement
 from tflaunch.tools.tensorboard import tensorboard_command
+from tflaunch.trace.request import DEFAULT_PORT_OFFSET, TraceRequest, trace_dir
 
 RENDER_FORMATS = ("tf_config", "cluster_spec", "env", "command")
+
+
+def cloud_account_options(what: str, cloud_flag: bool = False):  # noqa: ANN201 (a decorator)
+    """``--cloud NAME`` and every registered cloud's admin options (EC2: ``--region``,
+    ``--profile``), which name an account without a cluster file; the command gets ``cloud``
+    and ``account``, a dict of the options by name. ``cloud_flag``: ``--cloud`` alone is
+    allowed too (``status --cloud``)."""
+    from tflaunch.launchers.clouds.admin import admin_options
+
+    try:
+        extra = admin_options()
+    except ConfigError:  # a broken cloud plugin: the command that uses it says so
+        extra = []
+
+    def decorate(command):  # noqa: ANN001, ANN202
+        names = [option.name for option in extra]
+
+        def gather(**kwargs):  # noqa: ANN003, ANN202
+            kwargs["account"] = {name: kwargs.pop(name) for name in names}
+            return command(**kwargs)
+
+        wrapped = functools.update_wrapper(gather, command)  # its options too (__click_params__)
+        wrapped.__click_params__ = list(getattr(command, "__click_params__", []))
+        for option in reversed(extra):
+            wrapped = click.option(
+                option.flag, option.name, default=None, hidden=option.hidden,
+                help=f"{what}: {option.help}",
+            )(wrapped)  # fmt: skip
+        if cloud_flag:
+            return click.option(
+                "--cloud", "cloud", is_flag=False, flag_value="", default=None,
+                help="List the tflaunch instances of the accounts the runs directory knows "
+                "(runs and kept clusters): cluster, role, type, state, age, idle time, "
+                "autostop, cost; with a NAME, also that cloud's account the options below name.",
+            )(wrapped)  # fmt: skip
+        return click.option(
+            "--cloud",
+            default=None,
+            help=f"{what}: the cloud (default: the file's, else the default one).",
+        )(wrapped)
+
+    return decorate
 
 
 class CliGroup(click.Group):
@@ -260,7 +303,7 @@ def export(
 @click.option(
     "--trace-port-offset",
     type=int,
-    default=trace_tools.DEFAULT_PORT_OFFSET,
+    default=DEFAULT_PORT_OFFSET,
     show_default=True,
     help="Each task's profiler server listens on its cluster port plus this.",
 )
@@ -286,62 +329,45 @@ def up(
     if recreate and not keep:
         raise click.UsageError("--recreate replaces a kept cluster; it needs --keep.")
     config = load_config(cluster_file)
-    traced = bool(trace_steps or trace_at or trace_for)
-    if traced:
+    request = None
+    if trace_steps or trace_at or trace_for:
         run_id = run_id or new_run_id(config.name)
-        config = trace_tools.any_program_config(
-            config,
-            runs_dir or config.runs_dir,
-            run_id,
-            trace_steps,
-            trace_at,
-            trace_for,
-            trace_port_offset,
+        runs = runs_dir or config.runs_dir
+        on_hosts = launch.backend_for(config.backend).host_run_dir(config, run_id)
+        request = TraceRequest.from_options(
+            trace_dir(runs, run_id, on_hosts), trace_steps, trace_at, trace_for, trace_port_offset
         )
+        config = request.applied(config)
     if dry_run:
         click.echo(launch.dry_run(config, runs_dir, run_id))
         return
     from tflaunch.launchers.base import LaunchOptions
 
-    trace_argv = [
-        word
-        for flag, value in (
-            ("--trace", trace_steps),
-            ("--trace-at", trace_at),
-            ("--trace-for", trace_for),
-        )
-        if value
-        for word in (flag, value)
-    ]
-    if traced:
-        trace_argv += ["--trace-port-offset", str(trace_port_offset)]
     options = LaunchOptions(
         terminals=terminals,
         down_at_end=down_at_end,
         keep=keep,
         recreate=recreate,
-        trace=tuple(trace_argv),
+        trace=request,
     )
     result = launch.up(config, cluster_file, runs_dir, run_id, detach, attached_daemon, options)
     if isinstance(result, str):
         click.echo(result)
         return
-    if traced:
-        _show_trace(config, Run.open(runs_dir or config.runs_dir, run_id))
+    if request is not None:
+        _show_trace(config, request, Run.open(runs_dir or config.runs_dir, run_id))
     sys.exit(result.code)
 
 
-def _show_trace(config: ClusterConfig, run: Run) -> None:
+def _show_trace(config: ClusterConfig, request: TraceRequest, run: Run) -> None:
+    from tflaunch.trace import show
+
     trace_dir = run.dir / "trace"
     on_hosts = launch.backend_for(config.backend).host_run_dir(config, run.id) is not None
-    from tflaunch.runtime.tracehook import VERDICT_FILE
-
-    here = any((trace_dir / name).exists() for name in (trace_tools.TRACE_FILE, VERDICT_FILE))
-    if on_hosts and not here:
-        where = config.program.env[trace_tools.DIR_ENV]
-        click.echo(f"trace: on the first worker's host under {where}")
+    if on_hosts and not show.has_result(trace_dir):
+        click.echo(f"trace: on the first worker's host under {request.trace_dir}")
     else:
-        trace_tools.show_verdict(trace_dir, click.echo)
+        show.show_verdict(trace_dir, click.echo)
 
 
 run_dir_option = click.option(
@@ -365,15 +391,7 @@ run_dir_option = click.option(
     show_default=True,
     help="Seconds between redraws with --watch.",
 )
-@click.option(
-    "--cloud",
-    is_flag=True,
-    help="List the tflaunch instances of the accounts the runs directory knows (runs and kept "
-    "clusters): cluster, role, type, state, age, idle time, autostop, cost.",
-)
-@click.option("--region", default=None, help="With --cloud: also this AWS region.")
-@click.option("--profile", default=None, help="With --cloud: the AWS profile for --region.")
-@click.option("--endpoint-url", default=None, hidden=True)
+@cloud_account_options("With --cloud", cloud_flag=True)
 @click.option("--all", "show_all", is_flag=True, help="Without RUN_ID: list every run, not 20.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.pass_context
@@ -383,22 +401,23 @@ def status(
     runs_dir: str,
     watch: bool,
     interval: float,
-    cloud: bool,
-    region: str | None,
-    profile: str | None,
-    endpoint_url: str | None,
+    cloud: str | None,
+    account: dict[str, str | None],
     show_all: bool,
     as_json: bool,
 ) -> None:
     """Show a run's state and every task's state, pid, CPU %, memory (RSS) and uptime; without
     RUN_ID, list the runs under --runs-dir, newest first (with --cloud, what runs on the cloud
     accounts and what it costs)."""
-    if cloud:
-        options = {"region": region, "profile": profile, "endpoint_url": endpoint_url}
+    if cloud is not None:
+        from tflaunch.launchers.clouds.admin import cloud_status
+
         say = (lambda m: click.echo(m, err=True)) if as_json else click.echo  # JSON alone on stdout
-        for line in launch.cloud_status(runs_dir, options, say, as_json):
+        for line in cloud_status(runs_dir, cloud or None, account, say, as_json):
             click.echo(line)
         return
+    if any(account.values()):
+        raise click.UsageError("the cloud's options go with --cloud.")
     if run_id is None:
         if watch:
             raise click.UsageError("--watch follows one run: give its RUN_ID.")
@@ -458,11 +477,11 @@ def _list_runs(runs_dir: str, show_all: bool, as_json: bool) -> None:
 @run_dir_option
 def rm(run_ids: tuple[str, ...], runs_dir: str) -> None:
     """Remove the directories of ended (or lost) runs; a live run is refused."""
-    from tflaunch.tools.runs import remove_run
+    from tflaunch.tools.runs import find_removable, remove_run
 
-    runs = [Run.open(runs_dir, run_id) for run_id in run_ids]
-    for run in runs:
-        click.echo(remove_run(run))
+    found = [find_removable(runs_dir, run_id) for run_id in run_ids]  # all of them, first
+    for path in found:
+        click.echo(remove_run(path))
 
 
 @cli.command()
@@ -511,9 +530,7 @@ def logs(run_id: str, tasks: tuple[str, ...], follow: bool, runs_dir: str) -> No
     help="With --cluster: the cluster file whose ssh.provision names the account (a kept "
     "cluster made from another machine).",
 )
-@click.option("--region", default=None, help="With --cluster: the AWS region to look in.")
-@click.option("--profile", default=None, help="With --cluster: the AWS profile.")
-@click.option("--endpoint-url", default=None, hidden=True)
+@cloud_account_options("With --cluster")
 @click.pass_context
 def down(
     ctx: click.Context,
@@ -521,29 +538,33 @@ def down(
     runs_dir: str,
     cluster: str | None,
     cluster_file: str | None,
-    region: str | None,
-    profile: str | None,
-    endpoint_url: str | None,
+    cloud: str | None,
+    account: dict[str, str | None],
 ) -> None:
     """Stop a run: every task on every host (or, with --cluster, end a kept cluster, from any
-    machine with the account: -f CLUSTER_FILE or --region say where it runs)."""
-    account_options = {"region": region, "profile": profile, "endpoint_url": endpoint_url}
+    machine with the account: -f CLUSTER_FILE, or --cloud and its options such as --region,
+    say where it runs)."""
     if cluster:
+        from tflaunch.launchers.clouds.admin import down_cluster
+
         if run_id:
             raise click.UsageError("give a run id or --cluster NAME, not both.")
         config = load_config(cluster_file) if cluster_file else None
         given = ctx.get_parameter_source("runs_dir") != click.core.ParameterSource.DEFAULT
         runs = runs_dir if given or config is None else None  # else the file's, as 'up' does
-        click.echo(launch.down_cluster(cluster, runs, click.echo, config, account_options))
+        click.echo(down_cluster(cluster, runs, click.echo, config, cloud, account))
         return
-    if cluster_file or any(account_options.values()):
-        raise click.UsageError("-f, --region and --profile go with --cluster NAME.")
+    if cluster_file or cloud or any(account.values()):
+        flags = ", ".join(f"--{n.replace('_', '-')}" for n in account)
+        raise click.UsageError(f"-f, --cloud and {flags} go with --cluster NAME.")
     if not run_id:
         raise click.UsageError("give the run id to stop, or --cluster NAME.")
     run = Run.open(runs_dir, run_id)
     backend = launch.backend_of(run)
-    # A run still making its machines has no plan and no tasks yet to give a grace period.
-    grace = run.read_plan().supervision.grace_period if run.plan_path.exists() else 0.0
+    try:
+        grace = run.read_plan().supervision.grace_period
+    except OSError:  # no plan yet (its machines are being made), or not one: stop it anyway
+        grace = 0.0
     click.echo(backend.down(run, grace))
 
 
@@ -560,21 +581,20 @@ def exec_(run_id: str, command: tuple[str, ...], runs_dir: str) -> None:
 
 @cli.command()
 @click.argument("cluster_file", required=False, type=click.Path(dir_okay=False))
-@click.option("--region", default=None, help="AWS region (default: the cluster file's).")
-@click.option("--profile", default=None, help="AWS profile (default: the cluster file's).")
-@click.option("--endpoint-url", default=None, hidden=True)
+@cloud_account_options("The account")
 @click.option("--dry-run", is_flag=True, help="List what would be terminated; terminate nothing.")
 def gc(
     cluster_file: str | None,
-    region: str | None,
-    profile: str | None,
-    endpoint_url: str | None,
+    cloud: str | None,
+    account: dict[str, str | None],
     dry_run: bool,
 ) -> None:
-    """Terminate leaked instances: tflaunch-tagged EC2 instances whose run ended or whose
-    launcher is gone."""
+    """Terminate leaked instances: tflaunch-tagged instances of a cloud account (the cluster
+    file's, or --cloud and its options) whose run ended or whose launcher is gone."""
+    from tflaunch.launchers.clouds.admin import gc as sweep
+
     config = load_config(cluster_file) if cluster_file else None
-    for line in launch.sweep_instances(config, region, profile, endpoint_url, dry_run, click.echo):
+    for line in sweep(config, cloud, account, dry_run, click.echo):
         click.echo(line)
 
 
@@ -612,15 +632,11 @@ def report(run_id: str, runs_dir: str, out_dir: str | None, as_html: bool) -> No
 def trace(run_id: str, runs_dir: str) -> None:
     """Summarise a traced run (up --trace) per task and draw its timeline into trace.png, or
     say why it has no trace."""
-    from tflaunch.runtime.tracehook import read_verdict
+    from tflaunch.trace import show
 
     run = Run.open(runs_dir, run_id)
     launch.backend_of(run).refresh(run)  # a run that lives elsewhere (detached ssh)
-    trace_dir = run.dir / "trace"
-    verdict = read_verdict(trace_dir)
-    if verdict is not None and not verdict[0] and not (trace_dir / trace_tools.TRACE_FILE).exists():
-        raise trace_tools.TraceError(verdict[1])  # the one line saying why there is none
-    trace_tools.show_trace(trace_dir, click.echo)
+    show.show_trace(run.dir / "trace", click.echo, refuse_without=True)
 
 
 @cli.command()

@@ -7,11 +7,10 @@ The CLI, ``tflaunch bench`` and other callers go through here; only this module 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -168,54 +167,3 @@ def up(
 def attach(run: Run) -> None:
     """Open the terminal session of a run started with ``up --terminals tmux``."""
     backend_of(run).attach(run)
-
-
-def sweep_instances(
-    config: ClusterConfig | None,
-    region: str | None,
-    profile: str | None,
-    endpoint_url: str | None,
-    dry_run: bool,
-    say: Callable[[str], None],
-) -> list[str]:
-    """``tflaunch gc``: terminate leaked tflaunch instances (the account from the options, else
-    the cluster file's ``ssh.provision``); one line per run found."""
-    from tflaunch.launchers.clouds.sweep import sweep_account
-
-    options = {"region": region, "profile": profile, "endpoint_url": endpoint_url}
-    return sweep_account(config, options, dry_run, say)
-
-
-def down_cluster(
-    name: str,
-    runs_dir: str | None,
-    say: Callable[[str], None],
-    config: ClusterConfig | None = None,
-    options: Mapping[str, str | None] | None = None,
-) -> str:
-    """``tflaunch down --cluster NAME``: terminate a kept cluster. Its account comes from
-    ``options`` (region, profile, endpoint) over the cluster file's ``ssh.provision``; with
-    neither, from this machine's record of the cluster (under ``runs_dir``, else the file's
-    runs_dir, where its 'up' recorded it, else ``runs``)."""
-    from tflaunch.launchers.clouds import kept
-
-    runs_root = Path(runs_dir or (config.runs_dir if config is not None else "runs"))
-    account = kept.named_account(config, options or {}, name)
-    return kept.down_cluster(runs_root, name, say, account)
-
-
-def cloud_status(
-    runs_dir: str,
-    options: Mapping[str, str | None],
-    say: Callable[[str], None],
-    as_json: bool = False,
-) -> list[str]:
-    """``tflaunch status --cloud``: the tflaunch instances of every account the runs directory
-    knows (and the one ``options`` name), one row each, with their idle time and cost (with
-    ``as_json``: one JSON document)."""
-    from tflaunch.launchers.clouds.listing import cloud_json, cloud_table
-
-    extra = ("ec2", options) if any(options.values()) else None
-    if as_json:
-        return [json.dumps(cloud_json(Path(runs_dir), extra, say), indent=2)]
-    return cloud_table(Path(runs_dir), extra, say)

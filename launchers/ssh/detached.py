@@ -214,23 +214,24 @@ def launch(
 def launch_provisioned(
     session: HostSession, config: ClusterConfig, plan: Plan, run: Run, options: LaunchOptions
 ) -> str:
-    """``up --detach`` of a provisioned cluster: make the instances (they outlive this command),
-    start the run on them, its coordinator on an on-demand instance when there is one, and
-    watch them from here (the hosts have no cloud credentials)."""
-    from tflaunch.launchers.ssh import provision
+    """``up --detach`` of a provisioned cluster: make the instances (they outlive this command;
+    :mod:`tflaunch.launchers.clouds.provisioner`), start the run on them, its coordinator on an
+    on-demand instance when there is one, and watch them from here (the hosts have no cloud
+    credentials)."""
+    from tflaunch.launchers.clouds.provisioner import Provisioning
+    from tflaunch.launchers.ssh import cloud
 
     keep = config.name if options.keep else None
-    on_hosts = provision.on_instances(config, run, keep)
     wait = replace_wait(config, plan)
-
-    def start_on(made: Plan) -> str:
-        where = provision.coordinator_host(config, made, watched=wait > 0)
-        return launch(session, on_hosts, made, run, wait, where)
-
-    return provision.provisioned_run(
-        config, run, start_on, session.say, detach=True, plan=plan, keep=keep,
-        recreate=options.recreate,
+    provisioning = Provisioning(
+        config.ssh.provision, config, run, cloud.reach(config, run.id), session.say, plan=plan,
+        detach=True, keep=keep, recreate=options.recreate,
     )  # fmt: skip
+    with provisioning as made:
+        assert made.plan is not None
+        session.options = cloud.instance_options(config, run, keep)
+        where = cloud.coordinator_host(config, made.plan, watched=wait > 0)
+        return launch(session, config, made.plan, run, wait, where)
 
 
 def _wait_until_ready(session: HostSession, run: Run, timeout: float) -> None:

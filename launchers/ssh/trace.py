@@ -3,10 +3,10 @@
 The launcher (an attached run's coordinator) reaches the hosts only through SSH: the tasks'
 profiler ports are on the hosts' private network, and each task's hook leaves its notes in its
 own host's trace directory (``<the host's run directory>/trace``). The agents report the notes
-and write the capture window on their hosts over their links (:mod:`tflaunch.runtime.tracehost`,
-as in every run); this trace site (:class:`tflaunch.runtime.tracehook.TraceSite`) then:
+and write the capture window on their hosts over their links (:mod:`tflaunch.trace.links`,
+as in every run); this trace site (:class:`tflaunch.trace.site.TraceSite`) then:
 
-- starts the capture helper (``python -m tflaunch.models.trace_capture``, ``ssh.python``) on the
+- starts the capture helper (``python -m tflaunch.trace.capture``, ``ssh.python``) on the
   host of the leader (the chief, else worker 0), which reaches every task's private address and
   has TensorFlow; its order goes down the channel's input (``"merge": false``: capture only,
   each task's profile under its own host's trace directory) and its output comes back into the
@@ -19,13 +19,14 @@ as in every run); this trace site (:class:`tflaunch.runtime.tracehook.TraceSite`
 Tunnelling every profiler port to the launcher instead would need TensorFlow on the laptop to
 decode and merge, and would pull the raw XPlanes of every task through the launcher's link. A
 detached run's coordinator runs on the first host, which reaches the profiler ports: it uses the
-plain :class:`~tflaunch.runtime.tracehook.TraceSite`, the other agents sending their files over
+plain :class:`~tflaunch.trace.site.TraceSite`, the other agents sending their files over
 their links.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import posixpath
 import stat
@@ -38,17 +39,11 @@ import paramiko
 from tflaunch.cluster.plan import Plan
 from tflaunch.launchers.ssh.connect import Connection, remote_command
 from tflaunch.launchers.ssh.session import HostSession, same_file, sftp_makedirs
-from tflaunch.models.trace_format import TRACE_FILE
 from tflaunch.runtime.run import Run
-from tflaunch.runtime.runfiles import open_run_file
-from tflaunch.runtime.tracehook import (
-    CAPTURE_LOG,
-    CAPTURE_MODULE,
-    HELPER_MARGIN_S,
-    NOTES_DIR,
-    Helper,
-    TraceSite,
-)
+from tflaunch.runtime.runfiles import is_component, open_run_file
+from tflaunch.trace.files import CAPTURE_LOG, NOTES_DIR
+from tflaunch.trace.format import TRACE_FILE
+from tflaunch.trace.site import CAPTURE_MODULE, HELPER_MARGIN_S, Helper, TraceSite
 
 POLL_S = 0.1
 
@@ -169,26 +164,47 @@ class SshTraceSite(TraceSite):
             log.write(result.stdout + result.stderr)
 
 
+FETCH_DEPTH = 8  # a trace directory is trace/raw/plugins/profile/<run>/: deeper is not ours
+
+
 def fetch_tree(
-    sftp: paramiko.SFTPClient, remote: str, local: Path, skip: frozenset[str] = frozenset()
+    sftp: paramiko.SFTPClient,
+    remote: str,
+    local: Path,
+    skip: frozenset[str] = frozenset(),
+    depth: int = FETCH_DEPTH,
 ) -> None:
     """Copy ``remote`` (a folder) into ``local``, but not the names in ``skip`` at its top, nor
     a file that is the local one (a file system shared with the host), nor one whose local copy
-    has its size and is no older."""
+    has its size and is no older.
+
+    The host's listing is untrusted: only names that are one path component
+    (:func:`~tflaunch.runtime.runfiles.is_component`) of regular files and folders are copied,
+    at most ``depth`` folders deep; a symlink on either side is never followed, so nothing is
+    written outside ``local``."""
+    if depth <= 0 or local.is_symlink():
+        return
     try:
         entries = sftp.listdir_attr(remote)
     except FileNotFoundError:
         return
     local.mkdir(parents=True, exist_ok=True)
     for entry in entries:
-        if entry.filename in skip:
+        name, mode = entry.filename, entry.st_mode or 0
+        if name in skip or not is_component(name):
             continue
-        source, target = posixpath.join(remote, entry.filename), local / entry.filename
-        if stat.S_ISDIR(entry.st_mode or 0):
-            fetch_tree(sftp, source, target)
-        elif not same_file(source, target) and not _have(target, entry):
-            with open_run_file(target, "wb") as f:
-                sftp.getfo(source, f)
+        source, target = posixpath.join(remote, name), local / name
+        if stat.S_ISDIR(mode):
+            fetch_tree(sftp, source, target, depth=depth - 1)
+        elif stat.S_ISREG(mode) and not same_file(source, target) and not _have(target, entry):
+            try:
+                with open_run_file(target, "wb") as f:
+                    sftp.getfo(source, f)
+            except IsADirectoryError:
+                continue  # a folder here where the host has a file: left as it is
+            except OSError as e:
+                if e.errno != errno.ELOOP:
+                    raise  # ELOOP: a symlink planted at the name, never written through
 
 
 def _have(local: Path, entry: paramiko.SFTPAttributes) -> bool:
@@ -211,9 +227,13 @@ def _copy_tree(
     sftp_makedirs(target, to)
     copied = []
     for entry in entries:
+        if not is_component(entry.filename):
+            continue  # a listing is untrusted: nothing is written outside ``to``
         name, there = posixpath.join(path, entry.filename), posixpath.join(to, entry.filename)
         if stat.S_ISDIR(entry.st_mode or 0):
             copied += _copy_tree(source, target, name, there)
+            continue
+        if not stat.S_ISREG(entry.st_mode or 0):
             continue
         with contextlib.suppress(FileNotFoundError):
             if target.stat(there).st_size == entry.st_size:

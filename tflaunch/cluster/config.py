@@ -40,6 +40,22 @@ MAX_RESTARTS = 10_000  # any restart limit
 MAX_PORT = 65_535
 LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"  # tf.keras is tf_keras (Keras 2) when it is 1
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A cluster name prefixes run ids, which commands take as arguments: one starting with '-' would
+# read as an option, one starting with '.' names a hidden folder.
+NAME_START = re.compile(r"[A-Za-z0-9]")
+# A Kubernetes namespace is an RFC 1123 label: lower-case letters, digits and '-', starting and
+# ending with a letter or digit, at most 63 characters.
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def namespace_problem(namespace: str) -> str | None:
+    """Why ``namespace`` cannot be a Kubernetes namespace, or None."""
+    if DNS_LABEL.fullmatch(namespace):
+        return None
+    return (
+        f"{namespace!r} is not a Kubernetes namespace: use lower-case letters, digits and '-', "
+        "starting and ending with a letter or digit, at most 63 characters (e.g. ml-team)"
+    )
 
 
 def env_name_problem(name: str) -> str | None:
@@ -336,66 +352,6 @@ class Supervision:
 
 
 @dataclass(frozen=True)
-class Ec2Section:
-    """Discover hosts from EC2 (needs the aws extra: boto3)."""
-
-    region: str | None = field(None, doc="AWS region (default: the usual AWS environment)")
-    profile: str | None = field(None, doc="AWS profile")
-    filters: Mapping[str, str] = field(factory=dict, doc="EC2 filters, e.g. {'tag:cluster': 'tf'}")
-    instance_ids: tuple[str, ...] = field((), doc="instance ids", maximum=MAX_ITEMS)
-    endpoint_url: str | None = field(
-        None, doc="EC2 API endpoint (for tests against a local stand-in)"
-    )
-    gpus: int = field(0, minimum=0, maximum=MAX_GPUS, doc="GPUs per discovered instance")
-
-
-@dataclass(frozen=True)
-class Ec2ProvisionSection:
-    """Create EC2 instances for the run (needs the aws extra: boto3). tflaunch owns them: they are
-    tagged with the run and terminated by 'tflaunch down', 'up --down', the runtime limits, or
-    'tflaunch gc'."""
-
-    image: str = field(doc="AMI id; it needs Python 3 and sshd (the setup lines install the rest)")
-    cloud: str = field("ec2", doc="the cloud provider that makes the instances")
-    key_name: str | None = field(None, doc="EC2 key pair; its private key is ssh.identity_file")
-    subnet: str | None = field(None, doc="subnet id (default: the default VPC's default subnet)")
-    region: str | None = field(None, doc="AWS region (default: the usual AWS environment)")
-    profile: str | None = field(None, doc="AWS profile")
-    endpoint_url: str | None = field(
-        None, doc="EC2 API endpoint (for tests against a local stand-in)"
-    )
-    ps_instance_type: str = field("c5.xlarge", doc="instance type of dedicated PS hosts")
-    worker_instance_type: str = field(
-        "p3.2xlarge", doc="instance type of worker hosts (chief, workers, evaluator, co-located PS)"
-    )
-    spot_workers: bool = field(False, doc="request worker hosts as spot instances")
-    ssh_from: str | None = field(
-        None, doc="CIDR allowed to reach port 22 (default: this machine's public address /32)"
-    )
-    prices: Mapping[str, str] = field(
-        factory=dict, doc="USD per hour by instance type, overriding the price list"
-    )
-    pricing_api: bool = field(True, doc="ask AWS's pricing API first (falls back to the list)")
-    idle_timeout: float = field(
-        1800.0,
-        minimum=60,
-        maximum=MAX_SECONDS,
-        doc="an instance that runs no tflaunch process and no SSH session this long terminates "
-        "itself",
-    )
-    terminate_at_end: bool = field(
-        False, doc="terminate the instances when the run ends (as 'up --down')"
-    )
-    ready_timeout: float = field(
-        600.0,
-        minimum=1,
-        maximum=MAX_SECONDS,
-        doc="seconds to wait for the instances to run and accept SSH",
-    )
-    tags: Mapping[str, str] = field(factory=dict, doc="extra tags on every instance")
-
-
-@dataclass(frozen=True)
 class KubernetesSection:
     """For 'tflaunch export --format tfjob', which writes the cluster as a Kubeflow TFJob. Not a
     backend: tflaunch starts nothing on Kubernetes."""
@@ -550,6 +506,12 @@ def _check(config: ClusterConfig, positions: Mapping[tuple, int]) -> None:
 
     if not config.program.argv:
         fail(("program", "argv"), "is empty; give the command to run, e.g. [python, train.py]")
+    if not NAME_START.match(config.name):
+        fail(
+            ("name",),
+            f"{config.name!r} must start with a letter or a digit: it starts every run id, "
+            "which commands take as an argument (e.g. name: my-cluster)",
+        )
     moved = _moved_module(config)
     if moved:
         index, old = moved
@@ -559,6 +521,9 @@ def _check(config: ClusterConfig, positions: Mapping[tuple, int]) -> None:
             f"packages, so that a project's own '{old.split('.')[0]}/' is never shadowed); write "
             f"'-m tflaunch.{old}'",
         )
+    namespace = namespace_problem(config.kubernetes.namespace)
+    if namespace:
+        fail(("kubernetes", "namespace"), namespace)
     roles = config.roles
     if roles.chief > 1:
         fail(("roles", "chief"), f"at most one chief, got {roles.chief}")

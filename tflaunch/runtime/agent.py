@@ -54,8 +54,8 @@ from tflaunch.runtime.restart import STALLED
 from tflaunch.runtime.run import write_cluster_file
 from tflaunch.runtime.runfiles import make_run_dir, open_run_file
 from tflaunch.runtime.stall import StallWatch
-from tflaunch.runtime.tracehook import with_hook
-from tflaunch.runtime.tracehost import HostTrace, traced
+from tflaunch.trace.files import with_hook
+from tflaunch.trace.links import HostTrace, traced
 
 Emit = Callable[[protocol.Event], None]
 START_ORDER = (("ps",), ("chief", "worker", "evaluator"))
@@ -504,7 +504,13 @@ def listen(agent: Agent, stream: IO[str], heartbeat_timeout: float) -> None:
                     flush=True,
                 )
                 continue
-            command = protocol.command_of(data)
+            try:
+                command = protocol.command_of(data)
+            except protocol.ProtocolError as e:
+                print(
+                    f"tflaunch agent: ignored a malformed command: {e}", file=sys.stderr, flush=True
+                )
+                continue
             if isinstance(command, protocol.Stop):
                 reason = command.reason
                 agent.stop(reason if isinstance(reason, str) else "stopped by the launcher")

@@ -18,7 +18,7 @@ from tflaunch.runtime.insight import Insight
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.runfiles import open_run_file
 from tflaunch.runtime.tasks import TaskBoard, TaskState
-from tflaunch.runtime.tracehook import TraceSite
+from tflaunch.trace.site import TraceSite
 
 
 class Reporter:
@@ -58,6 +58,10 @@ class Reporter:
     def trace_event(self, host: str, event: protocol.Event) -> None:
         """An agent's trace note or file (``up --trace``)."""
         self._samples.trace_event(host, event)
+
+    def trace_stopped(self, why: str) -> None:
+        """The trace collection stopped (a full disk): the trace's verdict says why."""
+        self._samples.trace_stopped(why)
 
     def trace_drain_s(self) -> float:
         """Extra seconds the teardown gives agents that still send trace files."""
