@@ -25,6 +25,10 @@ from tflaunch.launchers.clouds.lab.provider import LabProvider, authorized_keys
 from tflaunch.launchers.clouds.lab.section import LabProvisionSection
 from tflaunch.launchers.clouds.lab.state import State
 
+# Lab host numbers are shared by the whole machine and reused once freed: the leftover checks
+# below would see another test's new host of the same number, so one xdist worker runs them all.
+pytestmark = pytest.mark.xdist_group("lab-hosts")
+
 GOOD = {
     "id": "lab-3-0123abcd",
     "index": 3,
