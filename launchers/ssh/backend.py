@@ -393,7 +393,7 @@ class SshBackend(Backend):
         if run.record().part(SshDetails).detached:
             detached.refresh(self.session, run)
 
-    def cluster_alive(self, run: Run) -> bool:
+    def cluster_alive(self, run: Run) -> bool | None:
         if not run.record().part(SshDetails).detached:
             return super().cluster_alive(run)
         ended_before = run.ended
