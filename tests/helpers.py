@@ -217,6 +217,19 @@ def gone_launcher():
     return Launcher(socket.gethostname(), machine_id(), proc.pid, started)
 
 
+def in_second_pid_namespace(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``tflaunch ARGS`` from a second PID namespace with its own /proc and this hostname (a
+    second container sharing the runs directory): to it, this namespace's processes do not
+    exist, or their pids name others. Needs root (the ``second_pid_namespace`` fixture)."""
+    return subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "tflaunch", *args],
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
 def left_behind_run(runs, name: str, backend: str, **meta):
     """A run directory as a backend leaves it: run.json (its launcher gone, unless ``meta``
     names one), a one-task plan, events."""

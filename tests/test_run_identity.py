@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
 import time
 
-import pytest
-
-from tests.conftest import skip_or_fail
-from tests.helpers import ROOT, fake_cluster, gone_launcher, left_behind_run, tflaunch
+from tests.helpers import (
+    ROOT,
+    fake_cluster,
+    gone_launcher,
+    in_second_pid_namespace,
+    left_behind_run,
+    tflaunch,
+)
 from tflaunch.runtime.identity import Launcher, machine_id
 from tflaunch.runtime.run import Run
 
@@ -102,48 +105,25 @@ def test_a_created_run_is_live_while_its_launcher_runs_and_lost_after(tmp_path):
     assert not (runs / run_id).exists()
 
 
-def in_second_namespace(*args: str) -> subprocess.CompletedProcess:
-    """``tflaunch ARGS`` from a second PID namespace with its own /proc and this hostname: to
-    it, this namespace's processes do not exist (pids name others, or none)."""
-    return subprocess.run(
-        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "tflaunch", *args],
-        text=True,
-        capture_output=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-
-
-@pytest.fixture
-def second_namespace():
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        skip_or_fail("a second PID namespace needs root and unshare (util-linux)")
-    probe = subprocess.run(
-        ["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, text=True
-    )
-    if probe.returncode != 0:
-        skip_or_fail(f"unshare --pid --fork --mount-proc fails here: {probe.stderr.strip()}")
-
-
-def test_rm_and_prune_from_a_second_pid_namespace_refuse_a_live_run(tmp_path, second_namespace):
+def test_rm_and_prune_from_a_second_pid_namespace_refuse_a_live_run(tmp_path, second_pid_namespace):
     cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "60"})
     runs = tmp_path / "runs"
     started = tflaunch("up", str(cluster), "--detach", "--runs-dir", str(runs))
     assert started.returncode == 0, started.stderr
     run_id = started.stdout.strip().splitlines()[-1]
     try:
-        listed = in_second_namespace("status", "--runs-dir", str(runs), "--json")
+        listed = in_second_pid_namespace("status", "--runs-dir", str(runs), "--json")
         (row,) = json.loads(listed.stdout)
         assert row["state"] == "unknown", row
         assert (
             f"pid {json.loads((runs / run_id / 'run.json').read_text())['launcher']['pid']}"
             in (row["problem"])
         )
-        refused = in_second_namespace("rm", run_id, "--runs-dir", str(runs))
+        refused = in_second_pid_namespace("rm", run_id, "--runs-dir", str(runs))
         assert refused.returncode == 2 and f"run {run_id} may still be running" in refused.stderr
-        kept = in_second_namespace("prune", "--older-than", "0s", "--runs-dir", str(runs))
+        kept = in_second_pid_namespace("prune", "--older-than", "0s", "--runs-dir", str(runs))
         assert f"kept {run_id}: cannot tell whether it still runs" in kept.stdout
-        down = in_second_namespace("down", run_id, "--runs-dir", str(runs))
+        down = in_second_pid_namespace("down", run_id, "--runs-dir", str(runs))
         assert down.returncode == 2 and "which this machine cannot see" in down.stderr
         assert (runs / run_id / "run.json").is_file()
         here = json.loads(tflaunch("status", "--runs-dir", str(runs), "--json").stdout)
