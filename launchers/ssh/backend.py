@@ -48,6 +48,7 @@ from tflaunch.launchers.ssh import detached
 from tflaunch.launchers.ssh.connect import (
     Connection,
     SshOptions,
+    Unreachable,
     connect,
     connect_all,
     parallel,
@@ -403,12 +404,31 @@ class SshBackend(Backend):
         return not ended_before
 
     def down(self, run: Run, grace: float) -> str:
+        from tflaunch.launchers.clouds.base import CloudDetails
         from tflaunch.launchers.ssh.provision import terminate_run
 
         if not run.record().part(SshDetails).detached:
             stopped = super().down(run, grace)
         else:
-            stopped = detached.down(self.session, run, grace)
+            try:
+                stopped = detached.down(self.session, run, grace)
+            except Unreachable as err:  # the account alone ends the instances, if they are ours
+                cloud = run.record().part(CloudDetails)
+                if not cloud.instances:
+                    raise err.because(
+                        "nothing was stopped: its hosts are not tflaunch's to end; run "
+                        f"'tflaunch down {run.id}' again once they can be reached"
+                    ) from None
+                if cloud.keep_cluster:
+                    raise err.because(
+                        f"nothing was stopped: the run's tasks run on kept cluster "
+                        f"{cloud.keep_cluster}, which outlives runs; run 'tflaunch down "
+                        f"{run.id}' again once its hosts can be reached, or end the cluster "
+                        f"with 'tflaunch down --cluster {cloud.keep_cluster}'"
+                    ) from None
+                return detached.down_unreachable(
+                    run, err, lambda: terminate_run(run, self.session.say)
+                )
         return "; ".join(s for s in (stopped, terminate_run(run, self.session.say)) if s)
 
     def exec_command(self, run: Run, argv: Sequence[str], show: Any) -> int:
