@@ -39,6 +39,7 @@ AROUND_THE_SURFACE = {
         "tflaunch.runtime",
         "tflaunch.runtime.agent",
         "tflaunch.runtime.coordinator",
+        "tflaunch.runtime.identity",
         "tflaunch.runtime.link",
         "tflaunch.runtime.progress",
         "tflaunch.runtime.rendezvous",
