@@ -119,6 +119,9 @@ def test_rm_and_prune_from_a_second_pid_namespace_refuse_a_live_run(tmp_path, se
             f"pid {json.loads((runs / run_id / 'run.json').read_text())['launcher']['pid']}"
             in (row["problem"])
         )
+        shown = in_second_pid_namespace("status", run_id, "--runs-dir", str(runs))
+        assert f"run {run_id}: unknown (backend local)" in shown.stdout, shown.stderr
+        assert "state unknown: its launcher is pid " in shown.stdout
         refused = in_second_pid_namespace("rm", run_id, "--runs-dir", str(runs))
         assert refused.returncode == 2 and f"run {run_id} may still be running" in refused.stderr
         kept = in_second_pid_namespace("prune", "--older-than", "0s", "--runs-dir", str(runs))

@@ -420,13 +420,15 @@ def status(
         record = {**asdict(run_row(run)), "tasks": list(task_states(run).values())}
         click.echo(json.dumps(record, indent=2))
         return
-    state = launch.run_state(run)
+    state, why = launch.run_liveness(run)
     record = run.record()
     click.echo(
         f"run {run.id}: {state} (backend {record.backend}"
         + (f", exit code {record.exit_code}" if record.exit_code is not None else "")
         + ")"
     )
+    if why:
+        click.echo(f"state unknown: {why}")
     for line in launch.backend_of(run).describe(run):
         click.echo(line)
     if not run.plan_path.exists():
