@@ -29,7 +29,8 @@ from tflaunch.runtime import procs
 from tflaunch.runtime.coordinator import Requeue, Revive, coordinate
 from tflaunch.runtime.link import ProcessLink, agent_argv
 from tflaunch.runtime.run import Outcome, Run
-from tflaunch.runtime.tracehook import TraceSite
+from tflaunch.trace.request import TraceRequest
+from tflaunch.trace.site import TraceSite
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class LaunchOptions:
     down_at_end: bool = False  # up --down: end the machines the run created when it ends
     keep: bool = False  # up --keep: keep them as the file's named cluster, or reuse that one
     recreate: bool = False  # up --recreate: replace a kept cluster that does not fit the plan
-    trace: tuple[str, ...] = ()  # up --trace's options as given (for a detached coordinator)
+    trace: TraceRequest | None = None  # up --trace (in the config's program env already)
 
     def argv(self) -> list[str]:
         """The same options as ``up`` arguments (for the background half of ``up --detach``)."""
@@ -49,7 +50,7 @@ class LaunchOptions:
             + (["--down"] if self.down_at_end else [])
             + (["--keep"] if self.keep else [])
             + (["--recreate"] if self.recreate else [])
-            + list(self.trace)
+            + (self.trace.argv() if self.trace else [])
         )
 
 

@@ -246,7 +246,7 @@ def result_document(
 def run(args: argparse.Namespace, info: ClusterInfo | None) -> int:
     """Dispatch to the PS join, the graph-mode runner or the tf.function runner."""
     if os.environ.get("TFLAUNCH_TRACE_STEPS"):  # tflaunch up --trace: every task takes part
-        from tflaunch.models import trace
+        from tflaunch.trace import profiler as trace
 
         trace.setup(info)
     if info is not None and info.job_name == "ps":

@@ -8,6 +8,7 @@ import dataclasses
 import importlib.util
 import json
 from importlib.metadata import EntryPoint
+from pathlib import Path
 
 import pytest
 import tomllib
@@ -22,6 +23,7 @@ from tflaunch.cluster.schema import field
 from tflaunch.errors import ConfigError
 from tflaunch.launchers import get_backend
 from tflaunch.launchers.base import LaunchOptions
+from tflaunch.trace.request import TraceRequest, TraceWindow
 
 
 def _script(name: str):
@@ -131,7 +133,8 @@ def test_a_config_section_is_replaced_through_with_section():
 def test_launch_options_reach_a_detached_daemon_as_arguments():
     assert LaunchOptions().argv() == []
     assert LaunchOptions("tmux", True).argv() == ["--terminals", "tmux", "--down"]
-    assert LaunchOptions(trace=("--trace", "5")).argv() == ["--trace", "5"]
+    traced = LaunchOptions(trace=TraceRequest(Path("t"), window=TraceWindow(2, 5)))
+    assert traced.argv() == ["--trace", "2:5", "--trace-port-offset", "10000"]
 
 
 def test_backend_names_are_compared_only_in_their_own_folder(tmp_path):
@@ -153,6 +156,25 @@ def test_backend_names_are_compared_only_in_their_own_folder(tmp_path):
     own = ROOT / "launchers" / "ssh" / "backend.py"
     assert checker.own_backend(own, names) == "ssh"
     assert checker.main([]) == 0  # the tree as it is
+
+
+def test_the_trace_hook_imports_the_standard_library_only(tmp_path):
+    """tflaunch/tracehook runs inside users' programs: nothing of tflaunch, nothing installed."""
+    checker = _script("hook_imports")
+    source = (
+        "import os, json\nfrom importlib.util import find_spec\n"
+        "import tflaunch.errors\nfrom . import other\nimport numpy\n"
+        "import importlib\nimportlib.import_module('tflaunch.trace')\n"
+    )
+    (tmp_path / "sitecustomize.py").write_text(source)
+    found = checker.violations(tmp_path)
+    assert [line.split(": ", 1)[1] for line in found] == [
+        "imports tflaunch.errors (only the standard library)",
+        "imports tflaunch.tracehook (only the standard library)",
+        "imports numpy (only the standard library)",
+        "imports tflaunch.trace (only the standard library)",
+    ]
+    assert checker.main([]) == 0  # the hook as it is
 
 
 def test_no_class_grows_past_300_lines_unnoticed(tmp_path, monkeypatch):

@@ -35,7 +35,6 @@ AROUND_THE_SURFACE = {
         "tflaunch.launchers.clouds.sweep",
         "tflaunch.launchers.clouds.watchdog",
         "tflaunch.launchers.tensorboard",
-        "tflaunch.models.trace_format",
         "tflaunch.runtime",
         "tflaunch.runtime.agent",
         "tflaunch.runtime.coordinator",
@@ -46,8 +45,11 @@ AROUND_THE_SURFACE = {
         "tflaunch.runtime.run",
         "tflaunch.runtime.runctl",
         "tflaunch.runtime.runfiles",
-        "tflaunch.runtime.tracehook",
         "tflaunch.text",
+        "tflaunch.trace.files",
+        "tflaunch.trace.format",
+        "tflaunch.trace.request",
+        "tflaunch.trace.site",
     },
 }
 

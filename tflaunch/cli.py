@@ -1,7 +1,7 @@
 """The command line. Commands parse their arguments, call one function, and map domain errors to
 exit codes (2 for bad input, the cluster's own code for a failed run). One command does more:
-``up --trace`` has the trace tool (:mod:`tflaunch.tools.trace_command`) change the config before the launch
-and show the merged trace after it."""
+``up --trace`` makes one :class:`~tflaunch.trace.request.TraceRequest` that goes into the config
+(every task's environment) and the launch options, and shows the merged trace after the run."""
 
 from __future__ import annotations
 
@@ -28,12 +28,12 @@ from tflaunch.cluster.plan import (
 from tflaunch.errors import ConfigError, TflaunchError
 from tflaunch.runtime.run import Run, new_run_id
 from tflaunch.text import aligned
-from tflaunch.tools import trace_command as trace_tools
 from tflaunch.tools.bench_sweep import bench_command
 from tflaunch.tools.netbench_command import netbench_command
 from tflaunch.tools.perfmodel import model_command
 from tflaunch.tools.placement_command import placement
 from tflaunch.tools.tensorboard import tensorboard_command
+from tflaunch.trace.request import DEFAULT_PORT_OFFSET, TraceRequest, trace_dir
 
 RENDER_FORMATS = ("tf_config", "cluster_spec", "env", "command")
 
@@ -260,7 +260,7 @@ def export(
 @click.option(
     "--trace-port-offset",
     type=int,
-    default=trace_tools.DEFAULT_PORT_OFFSET,
+    default=DEFAULT_PORT_OFFSET,
     show_default=True,
     help="Each task's profiler server listens on its cluster port plus this.",
 )
@@ -286,62 +286,45 @@ def up(
     if recreate and not keep:
         raise click.UsageError("--recreate replaces a kept cluster; it needs --keep.")
     config = load_config(cluster_file)
-    traced = bool(trace_steps or trace_at or trace_for)
-    if traced:
+    request = None
+    if trace_steps or trace_at or trace_for:
         run_id = run_id or new_run_id(config.name)
-        config = trace_tools.any_program_config(
-            config,
-            runs_dir or config.runs_dir,
-            run_id,
-            trace_steps,
-            trace_at,
-            trace_for,
-            trace_port_offset,
+        runs = runs_dir or config.runs_dir
+        on_hosts = launch.backend_for(config.backend).host_run_dir(config, run_id)
+        request = TraceRequest.from_options(
+            trace_dir(runs, run_id, on_hosts), trace_steps, trace_at, trace_for, trace_port_offset
         )
+        config = request.applied(config)
     if dry_run:
         click.echo(launch.dry_run(config, runs_dir, run_id))
         return
     from tflaunch.launchers.base import LaunchOptions
 
-    trace_argv = [
-        word
-        for flag, value in (
-            ("--trace", trace_steps),
-            ("--trace-at", trace_at),
-            ("--trace-for", trace_for),
-        )
-        if value
-        for word in (flag, value)
-    ]
-    if traced:
-        trace_argv += ["--trace-port-offset", str(trace_port_offset)]
     options = LaunchOptions(
         terminals=terminals,
         down_at_end=down_at_end,
         keep=keep,
         recreate=recreate,
-        trace=tuple(trace_argv),
+        trace=request,
     )
     result = launch.up(config, cluster_file, runs_dir, run_id, detach, attached_daemon, options)
     if isinstance(result, str):
         click.echo(result)
         return
-    if traced:
-        _show_trace(config, Run.open(runs_dir or config.runs_dir, run_id))
+    if request is not None:
+        _show_trace(config, request, Run.open(runs_dir or config.runs_dir, run_id))
     sys.exit(result.code)
 
 
-def _show_trace(config: ClusterConfig, run: Run) -> None:
+def _show_trace(config: ClusterConfig, request: TraceRequest, run: Run) -> None:
+    from tflaunch.trace import show
+
     trace_dir = run.dir / "trace"
     on_hosts = launch.backend_for(config.backend).host_run_dir(config, run.id) is not None
-    from tflaunch.runtime.tracehook import VERDICT_FILE
-
-    here = any((trace_dir / name).exists() for name in (trace_tools.TRACE_FILE, VERDICT_FILE))
-    if on_hosts and not here:
-        where = config.program.env[trace_tools.DIR_ENV]
-        click.echo(f"trace: on the first worker's host under {where}")
+    if on_hosts and not show.has_result(trace_dir):
+        click.echo(f"trace: on the first worker's host under {request.trace_dir}")
     else:
-        trace_tools.show_verdict(trace_dir, click.echo)
+        show.show_verdict(trace_dir, click.echo)
 
 
 run_dir_option = click.option(
@@ -627,15 +610,11 @@ def report(run_id: str, runs_dir: str, out_dir: str | None, as_html: bool) -> No
 def trace(run_id: str, runs_dir: str) -> None:
     """Summarise a traced run (up --trace) per task and draw its timeline into trace.png, or
     say why it has no trace."""
-    from tflaunch.runtime.tracehook import read_verdict
+    from tflaunch.trace import show
 
     run = Run.open(runs_dir, run_id)
     launch.backend_of(run).refresh(run)  # a run that lives elsewhere (detached ssh)
-    trace_dir = run.dir / "trace"
-    verdict = read_verdict(trace_dir)
-    if verdict is not None and not verdict[0] and not (trace_dir / trace_tools.TRACE_FILE).exists():
-        raise trace_tools.TraceError(verdict[1])  # the one line saying why there is none
-    trace_tools.show_trace(trace_dir, click.echo)
+    show.show_trace(run.dir / "trace", click.echo, refuse_without=True)
 
 
 @cli.command()

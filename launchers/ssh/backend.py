@@ -62,7 +62,8 @@ from tflaunch.runtime import protocol
 from tflaunch.runtime.coordinator import Revive
 from tflaunch.runtime.link import StreamLink, agent_output
 from tflaunch.runtime.run import Outcome, Run
-from tflaunch.runtime.tracehook import TraceRequest, TraceSite
+from tflaunch.trace.request import TraceRequest
+from tflaunch.trace.site import TraceSite
 
 WATCH_SECONDS = 3.0  # between asking the provider whether a provisioned run's instances run
 

@@ -29,7 +29,7 @@ this one included), and new agents everywhere. ``tflaunch status``, ``logs [-f]`
 capture helper runs there, beside it, in the coordinator's trace directory (the first host's run
 directory's ``trace/``); the agents report their hosts' trace notes over their connections and,
 at their end, send the profiles their tasks saved on their own hosts
-(:mod:`tflaunch.runtime.tracehost`); the merge runs there too. The launcher copies that
+(:mod:`tflaunch.trace.links`); the merge runs there too. The launcher copies that
 directory back with the run's logs (:func:`tflaunch.launchers.ssh.detached.refresh`).
 """
 
@@ -54,7 +54,9 @@ from tflaunch.runtime.link import SocketLink, socket_streams
 from tflaunch.runtime.rendezvous import Listener, Rendezvous, connect, publish, read_published
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.runfiles import PLAN_FILE
-from tflaunch.runtime.tracehook import TraceRequest, TraceSite, read_verdict
+from tflaunch.trace.files import read_verdict
+from tflaunch.trace.request import TraceRequest
+from tflaunch.trace.site import TraceSite
 
 
 def handed_over(run_dir: Path) -> Rendezvous:

@@ -107,7 +107,7 @@ def _tracer():
     imports TensorFlow: only a traced run loads it from here."""
     if not os.environ.get("TFLAUNCH_TRACE_STEPS"):
         return None
-    from tflaunch.models import trace
+    from tflaunch.trace import profiler as trace
 
     return trace.active()
 

@@ -307,7 +307,7 @@ def _describe_transfers(args: argparse.Namespace, info: ClusterInfo, ops: Worker
         )
     if args.staged_vars:
         log("staged variables: each step computes with the values fetched during the step before")
-    from tflaunch.models import trace
+    from tflaunch.trace import profiler as trace
 
     tracer = trace.active() if os.environ.get("TFLAUNCH_TRACE_STEPS") else None
     if tracer is not None and info.rank == 0:

@@ -54,8 +54,8 @@ from tflaunch.runtime.restart import STALLED
 from tflaunch.runtime.run import write_cluster_file
 from tflaunch.runtime.runfiles import make_run_dir, open_run_file
 from tflaunch.runtime.stall import StallWatch
-from tflaunch.runtime.tracehook import with_hook
-from tflaunch.runtime.tracehost import HostTrace, traced
+from tflaunch.trace.files import with_hook
+from tflaunch.trace.links import HostTrace, traced
 
 Emit = Callable[[protocol.Event], None]
 START_ORDER = (("ps",), ("chief", "worker", "evaluator"))

@@ -56,7 +56,7 @@ from tflaunch.runtime.revival import HostRevival, Revive
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.signals import Requeue, RequeueTimer, SignalWatch
 from tflaunch.runtime.tasks import TaskBoard, TaskState
-from tflaunch.runtime.tracehook import TraceSite
+from tflaunch.trace.site import TraceSite
 
 __all__ = ["Coordinator", "Requeue", "Revive", "coordinate"]
 

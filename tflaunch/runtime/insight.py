@@ -1,8 +1,8 @@
 """What the coordinator records from its agents besides events: resource samples
 (:class:`tflaunch.runtime.monitor.SampleLog`), progress samples from the tasks' output
 (:mod:`tflaunch.runtime.progress`) and, for ``up --trace``, the capture window
-(:mod:`tflaunch.runtime.tracehook`, opened from the leader's step lines or, from a timer thread
-of its own, by the clock; where the backend says, :class:`~tflaunch.runtime.tracehook.TraceSite`).
+(:mod:`tflaunch.trace.window`, opened from the leader's step lines or, from a timer thread
+of its own, by the clock; where the backend says, :class:`~tflaunch.trace.site.TraceSite`).
 The coordinator hands it samples and output lines, and closes it."""
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from tflaunch.runtime import protocol
 from tflaunch.runtime.monitor import SampleLog
 from tflaunch.runtime.progress import ProgressLog, StepParser
 from tflaunch.runtime.run import Run
-from tflaunch.runtime.tracehook import TraceRequest, TraceSite, TraceTrigger
+from tflaunch.trace.request import TraceRequest
+from tflaunch.trace.site import TraceSite
+from tflaunch.trace.window import TraceTrigger
 
 TICK_S = 0.2
 

@@ -289,7 +289,7 @@ class SampleError(Event):
 class TraceNote(Event):
     """``up --trace``: a note the trace hook left in the host's trace directory ``dir`` (its
     file ``name``, e.g. ``worker-1.tf``, and text), so the coordinator sees every host's notes
-    without reaching their disks (:mod:`tflaunch.runtime.tracehost`)."""
+    without reaching their disks (:mod:`tflaunch.trace.links`)."""
 
     name: str = ""
     text: str = ""

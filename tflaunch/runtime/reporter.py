@@ -18,7 +18,7 @@ from tflaunch.runtime.insight import Insight
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.runfiles import open_run_file
 from tflaunch.runtime.tasks import TaskBoard, TaskState
-from tflaunch.runtime.tracehook import TraceSite
+from tflaunch.trace.site import TraceSite
 
 
 class Reporter:

@@ -1,5 +1,5 @@
 """The launcher's capture for ``tflaunch up --trace`` of any program (see
-``tflaunch.runtime.tracehook``): started ahead of the window, it loads only TensorFlow's
+:mod:`tflaunch.trace.window`): started ahead of the window, it loads only TensorFlow's
 profiler client (a fraction of a second, where all of TensorFlow takes seconds on a busy
 machine), prints ``ready`` and waits for one line on its input::
 
@@ -8,7 +8,7 @@ machine), prints ``ready`` and waits for one line on its input::
 
 Then it asks every listed task's profiler server for the same wall-clock window at once (TF's
 ``client.trace``), and, TensorFlow imported in full now, decodes and merges what came back into
-``trace.json`` and the summary (``tflaunch.models.trace.merge_dir``). At the end of its input
+``trace.json`` and the summary (:func:`tflaunch.trace.profiler.merge_dir`). At the end of its input
 without an order it exits 3: the window never opened.
 
 Each profiler server saves its own XPlane under the repository the client names, *on its own
@@ -18,7 +18,7 @@ directory, all at once. Where the tasks share this directory (one machine, Slurm
 here; across SSH hosts the launcher gives the order ``"merge": false`` (capture only), gathers
 the other hosts' files into this directory's ``raw/`` and then runs ``--merge`` here.
 
-    python -m tflaunch.models.trace_capture TRACE_DIR [--tasks JSON --duration_ms N] [--merge]
+    python -m tflaunch.trace.capture TRACE_DIR [--tasks JSON --duration_ms N] [--merge]
 """
 
 from __future__ import annotations
@@ -105,20 +105,20 @@ def capture(
     if not merge:
         print(f"captured into {raw}", flush=True)
         return []
-    from tflaunch.models.trace import merge_dir
+    from tflaunch.trace.profiler import merge_dir
 
     return merge_dir(trace_dir, targets, 0)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tflaunch.models.trace_capture")
+    p = argparse.ArgumentParser(prog="python -m tflaunch.trace.capture")
     p.add_argument("trace_dir")
     p.add_argument("--tasks", default=None, help='JSON {"ps:0": "host:profiler port", ...}')
     p.add_argument("--duration_ms", type=int, default=2000)
     p.add_argument("--merge", action="store_true", help="only merge raw/'s profiles of --tasks")
     args = p.parse_args(argv)
     if args.merge:
-        from tflaunch.models.trace import merge_dir
+        from tflaunch.trace.profiler import merge_dir
 
         try:
             paths = merge_dir(Path(args.trace_dir), json.loads(args.tasks or "{}"), 0)

@@ -15,13 +15,18 @@ A process that exits while a capture is on waits for the window's end (``window.
 One process per task starts the server: its children inherit ``TFLAUNCH_PROFILER_PID`` and leave
 the port to it.
 
-That process also gets tflaunch's fix for a crash in TensorFlow's profiler (``profiler_fix.cc``:
-the profiler's collection writes through dangling pointers, SIGSEGV or SIGABRT, in about one
-capture of three of a Keras ``fit`` under MultiWorkerMirroredStrategy). Just before TensorFlow
-loads, the hook builds the fix with the machine's C++ compiler, once per machine and TensorFlow
+That process also gets tflaunch's fix for a crash in TensorFlow's profiler (``profiler_fix.cc``, a
+patch of a third-party bug: ``TraceMeRecorder::Consume`` keeps pointers into ``std::deque`` s
+that its vector's growth copies and frees, since libstdc++'s deque move is not ``noexcept``;
+SIGSEGV or SIGABRT in about one capture of three of a Keras ``fit`` under
+MultiWorkerMirroredStrategy; README.md in this folder has the story and the guard). Just before
+TensorFlow loads, the hook builds the fix with the machine's C++ compiler, once per machine and TensorFlow
 (checked against the installed TensorFlow's own header, cached in ``~/.cache/tflaunch``), and
 loads it ahead of TensorFlow. The ``.tf`` note says what came of it (``profiler_fix``);
 ``TFLAUNCH_PROFILER_FIX=0`` leaves it out.
+
+This module imports only the standard library and nothing of tflaunch (checked: pyproject.toml's
+import contract, scripts/hook_imports.py); the launcher's side is ``tflaunch.trace``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
-"""The trace format of ``tflaunch up --trace``, without TensorFlow: the environment every task gets,
-per-task events merged into one Chrome trace-event document, and the per-task summary.
+"""The trace format, without TensorFlow: per-task events merged into one Chrome trace-event
+document (``trace.json``), and the per-task summary.
 
-The first worker (``tflaunch.models.trace``, with TensorFlow) decodes the profiler's XPlanes into
-:class:`TaskTrace` s and writes the merged trace and the summary here; the launcher
-(``tflaunch/tools/trace_command.py``) reads them back to print the summary and draw the timeline.
-
-How a trace is taken (``tflaunch up CLUSTER --trace STEPS``): every task gets
-``TFLAUNCH_TRACE_STEPS``, ``TFLAUNCH_TRACE_DIR`` and ``TFLAUNCH_TRACE_PORT_OFFSET``. The program
-library (``tflaunch.models.trace``) starts TensorFlow's profiler server in each task on its
-cluster port plus the offset, and the first worker, at the window's first timed step, asks every
-task's profiler for the same wall-clock window at once (one ``client.trace`` over all of them).
-Each task's events carry its own wall clock (nanoseconds since the epoch): one host's tasks share
-a clock exactly; across hosts the alignment is as good as their NTP. That worker decodes the
-per-task XPlanes into plain events and calls ``merge`` and ``summarize`` here (no TensorFlow in
-this module: the launcher side draws the timeline), writing ``trace.json`` and ``trace_summary.json``/``.txt`` into the trace directory.
+The capture (:mod:`tflaunch.trace.capture`) and a program's own tracer
+(:mod:`tflaunch.trace.profiler`), both with TensorFlow, decode the profilers' XPlanes into
+:class:`TaskTrace` s and write the merged trace and the summary here; ``tflaunch trace`` and
+``up --trace`` (:mod:`tflaunch.trace.show`) read them back to print the summary and draw the
+timeline. Each task's events carry its own wall clock (nanoseconds since the epoch): one host's
+tasks share a clock exactly; across hosts the alignment is as good as their NTP.
 
 Categories: ``step`` (one training step of a worker, ``step_num`` in its args), ``compute`` (a
 kernel), ``communication`` (``_Send``/``_Recv`` kernels and collective all-reduce kernels: moving
@@ -33,13 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tflaunch.errors import TflaunchError
+from tflaunch.trace.request import TraceError
 
-STEPS_ENV = "TFLAUNCH_TRACE_STEPS"
-DIR_ENV = "TFLAUNCH_TRACE_DIR"
-PORT_OFFSET_ENV = "TFLAUNCH_TRACE_PORT_OFFSET"
-DEFAULT_PORT_OFFSET = 10000
-DEFAULT_FIRST_STEP = 2  # the first timed step pays for the barrier; start just after it
 CATEGORIES = ("step", "compute", "communication", "recv_wait", "runtime")
 TRACE_FILE = "trace.json"
 SUMMARY_JSON = "trace_summary.json"
@@ -49,54 +37,6 @@ HOW_TO_OPEN = (
     "open trace.json in https://ui.perfetto.dev (Open trace file) or chrome://tracing; "
     "raw/ holds each task's XPlane for TensorBoard's profile plugin (tensorboard --logdir raw)"
 )
-
-
-class TraceError(TflaunchError):
-    """A bad --trace value, or a trace file that is missing or not a tflaunch trace."""
-
-
-@dataclass(frozen=True)
-class TraceWindow:
-    """Which timed steps to trace: ``count`` steps from ``first`` (1-based)."""
-
-    first: int
-    count: int
-
-    def __str__(self) -> str:
-        return f"{self.first}:{self.count}"
-
-
-def parse_window(text: str) -> TraceWindow:
-    """``N`` (N steps from step 2) or ``FIRST:N``."""
-    parts = text.split(":")
-    try:
-        numbers = [int(p) for p in parts]
-    except ValueError:
-        numbers = []
-    if len(numbers) == 1:
-        window = TraceWindow(DEFAULT_FIRST_STEP, numbers[0])
-    elif len(numbers) == 2:
-        window = TraceWindow(numbers[0], numbers[1])
-    else:
-        raise TraceError(
-            f"--trace {text!r}: give the number of timed steps to trace (e.g. 5) or the first "
-            "step and the count (e.g. 10:5)."
-        )
-    if window.first < 1 or window.count < 1:
-        raise TraceError(f"--trace {text!r}: the first step and the count must be at least 1.")
-    return window
-
-
-def profiler_port(task_port: int, offset: int) -> int:
-    """The port of a task's profiler server: its cluster port plus the offset (minus, past
-    65535), so that every task's profiler address follows from the ClusterSpec alone."""
-    port = task_port + offset
-    return port if port <= 65535 else task_port - offset
-
-
-def trace_env(window: TraceWindow, trace_dir: str, port_offset: int) -> dict[str, str]:
-    """The environment every task gets for a traced run."""
-    return {STEPS_ENV: str(window), DIR_ENV: trace_dir, PORT_OFFSET_ENV: str(port_offset)}
 
 
 @dataclass(frozen=True)

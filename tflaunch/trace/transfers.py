@@ -30,7 +30,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from tflaunch.models.trace_format import events_by_task, step_windows, union
+from tflaunch.trace.format import events_by_task, step_windows, union
 
 ORDER_FILE = "transfer_order.json"
 REPORT_JSON = "trace_transfers.json"

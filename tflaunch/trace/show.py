@@ -1,7 +1,6 @@
-"""The launcher side of traces (``tflaunch up --trace``, ``tflaunch trace RUN``): the traced
-run's environment and trace directory, the summary printed again, and the timeline drawn.
-The format itself (merge, summary) is ``tflaunch.models.trace_format``; see its docstring for how
-a trace is taken and what its categories mean.
+"""Showing a trace (``tflaunch trace RUN``, and ``up --trace`` at its end): the per-task summary,
+the transfers of a traced run's parameters, where the trace is, the timeline drawn into
+``trace.png``; or the one line saying why a run has no trace. No TensorFlow.
 """
 
 from __future__ import annotations
@@ -9,33 +8,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from tflaunch.models.trace_format import (  # noqa: F401 - the format, re-exported
+from tflaunch.trace.files import VERDICT_FILE, read_verdict
+from tflaunch.trace.format import (
     CATEGORIES,
-    DEFAULT_FIRST_STEP,
-    DEFAULT_PORT_OFFSET,
-    DIR_ENV,
     HOW_TO_OPEN,
     PNG_FILE,
-    PORT_OFFSET_ENV,
-    STEPS_ENV,
-    SUMMARY_JSON,
-    SUMMARY_TXT,
     TRACE_FILE,
-    Event,
-    TaskTrace,
-    TraceError,
-    TraceWindow,
     events_by_task,
     load_trace,
-    merge,
-    parse_window,
-    profiler_port,
-    step_windows,
     summarize,
     summary_lines,
-    trace_env,
-    write_outputs,
 )
+from tflaunch.trace.request import TraceError
 
 # -- picture ---------------------------------------------------------------------------------
 
@@ -53,7 +37,7 @@ COLOURS = {
 def render_png(trace: Mapping, path: Path, max_rows_per_task: int = 4) -> Path:
     """A timeline: one band per task (its step row, then its busiest threads), coloured by
     category, on the shared time axis."""
-    from tflaunch.tools.bench_sweep_plot import pyplot
+    from tflaunch.plots import pyplot
 
     plt = pyplot()
     names, events = events_by_task(trace)
@@ -98,71 +82,17 @@ def render_png(trace: Mapping, path: Path, max_rows_per_task: int = 4) -> Path:
     return path
 
 
-# -- launcher side ---------------------------------------------------------------------------
+# -- text ------------------------------------------------------------------------------------
 
 
-def parse_seconds(text: str, option: str) -> float:
-    """``30``, ``30s``, ``2m`` or ``1h`` as seconds (a positive number)."""
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
-    body, scale = (text[:-1], units[text[-1]]) if text and text[-1] in units else (text, 1.0)
-    try:
-        seconds = float(body) * scale
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0 or seconds == float("inf"):
-        raise TraceError(f"{option} {text!r}: give a positive duration such as 30, 30s or 2m.")
-    return seconds
-
-
-def any_program_config(
-    config,
-    runs_dir: str,
-    run_id: str,
-    steps: str | None,
-    at: str | None,
-    length: str | None,
-    port_offset: int,
-):
-    """``config`` traced by the launcher (any Python TensorFlow program): every task gets the
-    trace hook, and the window is ``steps`` (FIRST:COUNT of the leader's step lines) or
-    ``at``/``length``."""
-    from dataclasses import replace
-
-    from tflaunch.runtime.tracehook import request_env
-
-    if at is None and length is not None and steps is None:
-        raise TraceError("--trace-for needs --trace-at (or --trace STEPS) to say when.")
-    if steps and at:
-        raise TraceError("give --trace STEPS or --trace-at, not both.")
-    window_steps = str(parse_window(steps)) if steps else None
-    at_s = parse_seconds(at, "--trace-at") if at else None
-    for_s = parse_seconds(length, "--trace-for") if length else None
-    trace_dir = trace_dir_for(config, runs_dir, run_id)
-    env = {
-        **config.program.env,
-        **request_env(trace_dir, port_offset, window_steps, at_s, for_s),
-    }
-    return replace(config, program=replace(config.program, env=env))
-
-
-def trace_dir_for(config, runs_dir: str, run_id: str) -> str:
-    """Where the first worker writes the trace: the run directory where the nodes share this
-    machine's files (local, Slurm), else the run directory on the hosts (ssh)."""
-    import posixpath
-
-    from tflaunch import launch
-
-    on_hosts = launch.backend_for(config.backend).host_run_dir(config, run_id)
-    if on_hosts is not None:
-        return posixpath.join(on_hosts, "trace")
-    return str(Path(runs_dir).resolve() / run_id / "trace")
+def has_result(trace_dir: Path) -> bool:
+    """Whether ``trace_dir`` holds a trace or the verdict on one."""
+    return any((trace_dir / name).exists() for name in (TRACE_FILE, VERDICT_FILE))
 
 
 def show_verdict(trace_dir: Path, show) -> None:
     """After a traced run: the summary and where the trace is, or the one line saying why there
     is none."""
-    from tflaunch.runtime.tracehook import read_verdict
-
     if (trace_dir / TRACE_FILE).exists():
         show_trace(trace_dir, show)
         return
@@ -174,16 +104,21 @@ def show_verdict(trace_dir: Path, show) -> None:
 
 def show_transfers(trace: Mapping, trace_dir: Path, show) -> None:
     """Per worker step: arrival order against consumption order, overlap; the step-time spread
-    (tflaunch.models.trace_transfers)."""
-    from tflaunch.models import trace_transfers
+    (:mod:`tflaunch.trace.transfers`)."""
+    from tflaunch.trace import transfers
 
-    report = trace_transfers.transfer_report(trace, trace_transfers.load_order(trace_dir))
-    for line in trace_transfers.report_lines(report):
+    report = transfers.transfer_report(trace, transfers.load_order(trace_dir))
+    for line in transfers.report_lines(report):
         show(line)
 
 
-def show_trace(trace_dir: Path, show) -> list[Path]:
-    """Print the per-task summary and how to open the trace; draw trace.png. Returns the files."""
+def show_trace(trace_dir: Path, show, refuse_without: bool = False) -> list[Path]:
+    """Print the per-task summary and how to open the trace; draw trace.png. Returns the files.
+    ``refuse_without``: where the verdict says why there is no trace, that line (TraceError)."""
+    verdict = read_verdict(trace_dir)
+    refused = refuse_without and verdict is not None and not verdict[0]
+    if refused and not (trace_dir / TRACE_FILE).exists():
+        raise TraceError(verdict[1])  # the one line saying why there is none
     trace = load_trace(trace_dir / TRACE_FILE)
     for line in summary_lines(summarize(trace)):
         show(line)

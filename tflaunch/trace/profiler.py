@@ -1,5 +1,5 @@
 """Profiler traces of every task of a cluster for a window of timed steps (the TensorFlow side of
-``tflaunch up --trace``; the format and the summary are in ``tflaunch.models.trace_format``).
+``tflaunch up --trace``; the format and the summary are in :mod:`tflaunch.trace.format`).
 
 Programs call ``setup(info)`` once at start (every task, PS included: it starts TensorFlow's
 profiler server on the task's cluster port plus ``TFLAUNCH_TRACE_PORT_OFFSET``) and the timed loop
@@ -9,7 +9,7 @@ asks every task's profiler server for one window of wall-clock time covering the
 then turns the XPlanes it got into ``trace.json`` and the per-task summary. A single process (no
 cluster) starts and stops its own profiler at exactly the window's steps.
 
-    python -m tflaunch.models.trace merge TRACE_DIR --tasks '{"ps:0": "127.0.0.1:2230", ...}'
+    python -m tflaunch.trace.profiler merge TRACE_DIR --tasks '{"ps:0": "127.0.0.1:2230", ...}'
 
 merges an existing ``TRACE_DIR/raw`` again.
 """
@@ -26,8 +26,9 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from tflaunch.models import trace_format as fmt
-from tflaunch.models import trace_transfers
+from tflaunch.trace import format as fmt
+from tflaunch.trace import request, transfers
+from tflaunch.trace.request import TraceError, TraceWindow
 
 COMM_KERNELS = {
     "_Send",
@@ -61,11 +62,11 @@ def active() -> StepTracer | None:
 def setup(info, env: Mapping[str, str] = os.environ) -> StepTracer | None:
     """Start this task's part of a traced run, if ``TFLAUNCH_TRACE_STEPS`` asks for one."""
     global _active
-    if not env.get(fmt.STEPS_ENV):
+    if not env.get(request.STEPS_ENV):
         return None
-    window = fmt.parse_window(env[fmt.STEPS_ENV])
-    trace_dir = Path(os.path.expanduser(env.get(fmt.DIR_ENV) or "tflaunch-trace"))
-    offset = int(env.get(fmt.PORT_OFFSET_ENV) or fmt.DEFAULT_PORT_OFFSET)
+    window = request.parse_window(env[request.STEPS_ENV])
+    trace_dir = Path(os.path.expanduser(env.get(request.DIR_ENV) or "tflaunch-trace"))
+    offset = int(env.get(request.PORT_OFFSET_ENV) or request.DEFAULT_PORT_OFFSET)
     _active = StepTracer(window, trace_dir, offset, info)
     _active.start_server()
     if info is not None and env.get("TFLAUNCH_TASK"):  # the launcher's capture stands aside
@@ -86,13 +87,13 @@ def task_addresses(info) -> dict[str, str]:
 
 def profiler_address(address: str, offset: int) -> str:
     host, _, port = address.rpartition(":")
-    return f"{host}:{fmt.profiler_port(int(port), offset)}"
+    return f"{host}:{request.profiler_port(int(port), offset)}"
 
 
 class StepTracer:
     """Step markers for every worker; the capture, for the first worker (or a lone process)."""
 
-    def __init__(self, window: fmt.TraceWindow, trace_dir: Path, offset: int, info) -> None:
+    def __init__(self, window: TraceWindow, trace_dir: Path, offset: int, info) -> None:
         self.window = window
         self.trace_dir = trace_dir
         self.raw_dir = trace_dir / "raw"
@@ -111,7 +112,7 @@ class StepTracer:
         if os.environ.get("TFLAUNCH_PROFILER_PID"):
             return  # tflaunch's trace hook started this task's server when TensorFlow loaded
         address = task_addresses(self.info)[self.info.name]
-        port = fmt.profiler_port(int(address.rpartition(":")[2]), self.offset)
+        port = request.profiler_port(int(address.rpartition(":")[2]), self.offset)
         tf.profiler.experimental.server.start(port)
 
     def run_step(self, step: Callable[[], object], step_num: int) -> object:
@@ -168,7 +169,7 @@ class StepTracer:
         tasks = {"local": ""} if self.info is None else task_addresses(self.info)
         try:
             paths = merge_dir(self.trace_dir, tasks, self.offset)
-        except fmt.TraceError as exc:
+        except TraceError as exc:
             print(f"trace: {exc}", flush=True)
             return
         print(f"trace: wrote {', '.join(str(p) for p in paths)}", flush=True)
@@ -311,9 +312,9 @@ def merge_dir(trace_dir: Path, tasks: Mapping[str, str], offset: int) -> list[Pa
             continue
         traces.append(decode(path, task, host))
     if not traces:
-        raise fmt.TraceError(f"no task's profile under {raw}.")
+        raise TraceError(f"no task's profile under {raw}.")
     merged = fmt.merge(traces)
-    return fmt.write_outputs(merged, trace_dir) + trace_transfers.write_report(merged, trace_dir)
+    return fmt.write_outputs(merged, trace_dir) + transfers.write_report(merged, trace_dir)
 
 
 def capture(trace_dir: Path, targets: Mapping[str, str], duration_ms: int) -> list[Path]:
@@ -331,7 +332,7 @@ def capture(trace_dir: Path, targets: Mapping[str, str], duration_ms: int) -> li
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tflaunch.models.trace")
+    p = argparse.ArgumentParser(prog="python -m tflaunch.trace.profiler")
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("capture", help="capture every task's profiler now, then merge")
     c.add_argument("trace_dir")
@@ -340,14 +341,14 @@ def main(argv: list[str] | None = None) -> int:
     m = sub.add_parser("merge", help="merge TRACE_DIR/raw into TRACE_DIR/trace.json")
     m.add_argument("trace_dir")
     m.add_argument("--tasks", required=True, help='JSON: {"ps:0": "host:port", ...}')
-    m.add_argument("--port_offset", type=int, default=fmt.DEFAULT_PORT_OFFSET)
+    m.add_argument("--port_offset", type=int, default=request.DEFAULT_PORT_OFFSET)
     args = p.parse_args(argv)
     try:
         if args.command == "capture":
             paths = capture(Path(args.trace_dir), json.loads(args.tasks), args.duration_ms)
         else:
             paths = merge_dir(Path(args.trace_dir), json.loads(args.tasks), args.port_offset)
-    except fmt.TraceError as exc:
+    except TraceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print("\n".join(str(path) for path in paths))

@@ -1,6 +1,6 @@
 """The agent's part in ``up --trace`` of any program: its host's trace directory, over the link.
 
-A traced task's hook (:mod:`tflaunch.runtime.sitehook`) leaves notes in the trace directory of
+A traced task's hook (``tflaunch/tracehook``) leaves notes in the trace directory of
 its own host, ``<the agent's run directory>/trace``, and its profiler server saves what the
 capture asks of it under that directory's ``raw/``. The coordinator may run where it cannot read
 that disk (a detached SSH run's coordinator on the first host; an attached one on the laptop),
@@ -26,10 +26,10 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from tflaunch.models.trace_format import DIR_ENV
 from tflaunch.runtime import protocol
 from tflaunch.runtime.runfiles import write_run_file
-from tflaunch.runtime.tracehook import HOOK_ENV, NOTES_DIR, WINDOW_FILE, host_trace_dir
+from tflaunch.trace.files import NOTES_DIR, WINDOW_FILE, host_trace_dir
+from tflaunch.trace.request import TraceRequest
 
 CHUNK = 256 * 1024  # bytes of one TraceFile piece (base64: a third more on the wire)
 MAX_SHIP = 512 * 1024 * 1024  # bytes one host sends at most; beyond, it says so instead
@@ -37,7 +37,7 @@ NOT_SHIPPED = frozenset({NOTES_DIR, WINDOW_FILE})  # at the directory's top
 
 
 def traced(env: Mapping[str, str]) -> bool:
-    return env.get(HOOK_ENV) == "1" and bool(env.get(DIR_ENV))
+    return TraceRequest.from_env(env) is not None
 
 
 class HostTrace:
