@@ -166,7 +166,7 @@ def test_hook_builds_the_profiler_fix_only_against_a_matching_tensorflow_header(
                 == (note["profiler_fix"])
             )
     built = sorted(p.name.partition(".")[2] for p in (tmp_path / "cache" / "tflaunch").iterdir())
-    assert built == ["so", "so.failed", "so.lock", "so.lock"]
+    assert built == ["failed", "so", "so.lock", "so.lock"]
     off = {**_hook_env(tmp_path / "same", tmp_path / "same"), "TFLAUNCH_PROFILER_FIX": "0"}
     subprocess.run([sys.executable, "-c", "import tensorflow"], env=off, check=True, timeout=60)
     note = json.loads((tmp_path / "same" / "trace" / "tasks" / "worker-0.tf").read_text())
@@ -303,7 +303,7 @@ def test_a_stray_step_before_training_adds_no_time_to_the_mean_rate(tmp_path) ->
 def _trigger(tmp_path: Path, said: list[str], **window) -> trace_window.TraceTrigger:
     request = TraceRequest(tmp_path / "trace", 10000, **window)
     addresses = {"worker:0": "127.0.0.1:2220", "ps:0": "127.0.0.1:2230"}
-    return trace_window.TraceTrigger(request, "worker:0", addresses, "sleep", said.append, 0.0)
+    return trace_window.TraceTrigger(request, "worker:0", addresses, ["sleep"], said.append, 0.0)
 
 
 def test_window_waits_for_the_step_rate_and_says_why_there_is_no_trace(tmp_path) -> None:
@@ -364,7 +364,7 @@ def test_window_on_another_site_reads_its_notes_and_says_when_its_helper_failed(
     request = TraceRequest(tmp_path / "unused", 10000, at_s=1.0, for_s=2.0)
     said: list[str] = []
     trigger = trace_window.TraceTrigger(
-        request, "worker:0", {"worker:0": "10.0.0.5:2220"}, "python", said.append, 0.0, site
+        request, "worker:0", {"worker:0": "10.0.0.5:2220"}, ["python"], said.append, 0.0, site
     )
     trigger.start_helper()
     trigger.tick(1.5)
@@ -466,7 +466,7 @@ def test_a_programs_own_trace_written_on_another_host_is_sent_and_named_in_the_v
     request = TraceRequest(site.dir, 10000, window=TraceWindow(2, 3))
     addresses = {"ps:0": "10.0.0.1:2230", "worker:0": "10.0.0.2:2220"}
     trigger = trace_window.TraceTrigger(
-        request, "worker:0", addresses, "python", said.append, 0.0, site
+        request, "worker:0", addresses, ["python"], said.append, 0.0, site
     )
     trigger.step("worker:0", 1, 1.0)
     trigger.step("worker:0", 2, 1.5)  # the window: the program takes its own trace
@@ -496,7 +496,7 @@ def test_a_programs_own_trace_written_on_another_host_is_sent_and_named_in_the_v
     empty.received("host2", note)
     request = TraceRequest(empty.dir, 10000, window=TraceWindow(2, 3))
     quiet = trace_window.TraceTrigger(
-        request, "worker:0", addresses, "python", said.append, 0.0, empty
+        request, "worker:0", addresses, ["python"], said.append, 0.0, empty
     )
     ok, line = quiet.finish()
     assert not ok and line == (
@@ -536,7 +536,7 @@ def test_a_programs_own_trace_is_fetched_by_a_copying_site_also_after_the_window
     assert sent == []  # this site copies the files itself: no agent is asked
     request = TraceRequest(site.dir, 10000, window=TraceWindow(2, 3))
     trigger = trace_window.TraceTrigger(
-        request, "worker:0", {"worker:0": "10.0.0.2:2220"}, "python", [].append, 0.0, site
+        request, "worker:0", {"worker:0": "10.0.0.2:2220"}, ["python"], [].append, 0.0, site
     )
     trigger.step("worker:0", 1, 1.0)
     trigger.step("worker:0", 3, 2.0)
@@ -564,7 +564,7 @@ def test_a_traced_task_dead_by_a_signal_in_the_capture_is_blamed_on_the_profiler
     request = TraceRequest(tmp_path / "trace", 10000, at_s=1.0, for_s=2.0)
     addresses = {"worker:0": "127.0.0.1:2220", "ps:0": "127.0.0.1:2230", "worker:1": "h:1"}
     trigger = trace_window.TraceTrigger(
-        request, "worker:0", addresses, "python", said.append, 0.0, site
+        request, "worker:0", addresses, ["python"], said.append, 0.0, site
     )
     assert trigger.crash_note("ps:0", 139, time.monotonic()) == ""  # no capture yet
     trigger.tick(1.5)
@@ -678,6 +678,28 @@ def test_plain_tf1_between_graph_program_traced(tmp_path) -> None:
     summary = json.loads((run / "trace" / "trace_summary.json").read_text())
     assert summary["ps:0"]["per_step_ms"]["recv_wait"] > 0  # the PS served the workers' steps
     assert "TASK" in result.stdout and "ui.perfetto.dev" in result.stdout
+    assert wait_until_gone(str(tmp_path)) == []
+
+
+@pytest.mark.slow
+def test_a_program_that_probes_find_spec_before_importing_tensorflow_is_traced(tmp_path) -> None:
+    """The same trainer run by a wrapper that first asks ``importlib.util.find_spec`` for
+    tensorflow (a common library pattern; it used to disarm the hook: no trace, and a verdict
+    that no task had imported TensorFlow). One PS and one worker."""
+    pytest.importorskip("tensorflow")
+    probe = (
+        "import importlib.util, runpy, sys\n"
+        "assert importlib.util.find_spec('tensorflow') is not None\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    argv = [sys.executable, "-c", probe, str(PROGRAMS / "tf1_between_graph.py")]
+    for flag in ("job_name", "task_index", "ps_hosts", "worker_hosts"):
+        argv += [f"--{flag}", "{" + flag + "}"]
+    program = {"argv": argv, "env": {"TEST_MARKER": str(tmp_path)}}
+    cluster = write_cluster(tmp_path / "c.yaml", program, roles={"ps": 1, "worker": 1})
+    _, _, trace = _traced(tmp_path, cluster, "--trace", "100:10")
+    _assert_tracks(trace, {"ps:0", "worker:0"}, {"worker:0"})
     assert wait_until_gone(str(tmp_path)) == []
 
 

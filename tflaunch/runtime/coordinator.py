@@ -233,10 +233,9 @@ class Coordinator:
             self.report.trace_event(host, event)
         except OSError as e:
             self.trace_stopped = True
-            self.report.say(
-                f"trace collection stopped: writing {host}'s trace files failed ({e}); "
-                "the run goes on without its trace"
-            )
+            why = f"writing {host}'s trace files failed ({e})"
+            self.report.say(f"trace collection stopped: {why}; the run goes on without its trace")
+            self.report.trace_stopped(why)
         except ValueError as e:
             raise protocol.ProtocolError(f"{event.NAME}: {e}") from e
 

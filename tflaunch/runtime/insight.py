@@ -38,6 +38,7 @@ class Insight:
         self.samples = SampleLog(run.dir)  # samples-<host>.jsonl
         self.progress = ProgressLog(run.dir, StepParser(sup.step_pattern, sup.rate_pattern))
         self.trigger: TraceTrigger | None = None
+        self._say = say
         self._lock = threading.Lock()
         self._closed = threading.Event()
         request = TraceRequest.from_env(plan.program.env)
@@ -48,9 +49,8 @@ class Insight:
             for job, items in plan.cluster.items()
             for i, address in enumerate(items)
         }
-        program = plan.program.argv[0] if plan.program.argv else "?"
         self.trigger = TraceTrigger(
-            request, leader, addresses, program, say, time.monotonic(), trace_site
+            request, leader, addresses, plan.program.argv, say, time.monotonic(), trace_site
         )
         if send is not None:
             self.trigger.site.connect(send)
@@ -76,6 +76,12 @@ class Insight:
             with self._lock:
                 self.trigger.site.received(host, event)
 
+    def trace_stopped(self, why: str) -> None:
+        """Writing the hosts' trace files failed (a full disk): the verdict says so."""
+        if self.trigger is not None:
+            with self._lock:
+                self.trigger.stop(why)
+
     def trace_drain_s(self) -> float:
         return self.trigger.site.drain_s() if self.trigger is not None else 0.0
 
@@ -99,4 +105,7 @@ class Insight:
         self.progress.close()
         if self.trigger is not None:
             with self._lock:
-                self.trigger.finish()
+                try:
+                    self.trigger.finish()
+                except Exception as e:  # the trace never keeps the run from ending in its state
+                    self._say(f"trace: ended without a verdict ({type(e).__name__}: {e})")

@@ -59,6 +59,10 @@ class Reporter:
         """An agent's trace note or file (``up --trace``)."""
         self._samples.trace_event(host, event)
 
+    def trace_stopped(self, why: str) -> None:
+        """The trace collection stopped (a full disk): the trace's verdict says why."""
+        self._samples.trace_stopped(why)
+
     def trace_drain_s(self) -> float:
         """Extra seconds the teardown gives agents that still send trace files."""
         return self._samples.trace_drain_s()

@@ -11,6 +11,7 @@ or one line saying why there is none (:func:`read_verdict`). Nothing here import
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -29,6 +30,7 @@ WINDOW_FILE = "window.json"  # read by the hook: tasks that end inside the windo
 NOTES_DIR = "tasks"
 IN_PROGRAM_SUFFIX = ".inprogram"  # the note of a task on tflaunch.trace.profiler's own tracer
 CAPTURE_LOG = "capture.log"
+MAX_SHIP = 512 * 1024 * 1024  # bytes of trace files one host sends at most (and is taken from)
 FIX_LOADED = "loaded"  # the hook's note when tflaunch's fix for TensorFlow's profiler is in
 
 
@@ -62,28 +64,45 @@ class Notes:
     errors: Mapping[str, str]
     in_program: frozenset[str]
     fixes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # Python older than the hook needs (task -> "2.7"): the hook only noted the version there.
+    old_python: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # TensorFlow imported by a child process that left the port to the task's first Python
+    # process (task -> {"pid": child, "claimant": first}).
+    tf_children: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
 
 
 def read_notes(trace_dir: Path) -> Notes:
+    """The notes under ``trace_dir`` (a note that cannot be read or parsed is left out)."""
     folder = trace_dir / NOTES_DIR
     python, in_program, ports, errors, fixes = set(), set(), {}, {}, {}
+    old_python: dict[str, str] = {}
+    children: dict[str, dict[str, str]] = {}
     for path in sorted(folder.glob("*.*")) if folder.is_dir() else []:
         task, kind = path.stem.replace("-", ":", 1), path.suffix[1:]
         if kind == "python":
             python.add(task)
         elif kind == "inprogram":
             in_program.add(task)
-        elif kind == "tf":
+        elif kind == "oldpython":
+            with contextlib.suppress(OSError):
+                old_python[task] = path.read_text(errors="replace").strip()[:20]
+        elif kind in ("tf", "tfchild"):
             try:
                 note = json.loads(path.read_text())
-            except ValueError:
+                if not isinstance(note, dict):
+                    continue
+                if kind == "tfchild":
+                    children[task] = {k: str(note.get(k, "?")) for k in ("pid", "claimant")}
+                elif "error" in note:
+                    errors[task] = str(note["error"])
+                else:
+                    ports[task] = int(note["port"])
+                    fixes[task] = str(note.get("profiler_fix", "not known (an older hook)"))
+            except (OSError, ValueError, KeyError, TypeError):
                 continue
-            if "error" in note:
-                errors[task] = str(note["error"])
-            else:
-                ports[task] = int(note["port"])
-                fixes[task] = str(note.get("profiler_fix", "not known (an older hook)"))
-    return Notes(frozenset(python), ports, errors, frozenset(in_program), fixes)
+    return Notes(
+        frozenset(python), ports, errors, frozenset(in_program), fixes, old_python, children
+    )
 
 
 def write_verdict(trace_dir: Path, ok: bool, line: str) -> None:

@@ -28,11 +28,10 @@ from pathlib import Path
 
 from tflaunch.runtime import protocol
 from tflaunch.runtime.runfiles import write_run_file
-from tflaunch.trace.files import NOTES_DIR, WINDOW_FILE, host_trace_dir
+from tflaunch.trace.files import MAX_SHIP, NOTES_DIR, WINDOW_FILE, host_trace_dir
 from tflaunch.trace.request import TraceRequest
 
 CHUNK = 256 * 1024  # bytes of one TraceFile piece (base64: a third more on the wire)
-MAX_SHIP = 512 * 1024 * 1024  # bytes one host sends at most; beyond, it says so instead
 NOT_SHIPPED = frozenset({NOTES_DIR, WINDOW_FILE})  # at the directory's top
 
 
@@ -145,6 +144,8 @@ class HostTrace:
         out = []
         for root, dirs, names in os.walk(self.dir):
             here = Path(root)
+            # hidden folders and files stay (a coordinator refuses their names)
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
             if here == self.dir:
                 dirs[:] = [d for d in dirs if d not in NOT_SHIPPED]
             for name in sorted(names):

@@ -107,10 +107,8 @@ class StepTracer:
     def start_server(self) -> None:
         if self.info is None or not (self.info.is_training_task or self.info.job_name == "ps"):
             return
-        if os.environ.get("TFLAUNCH_PROFILER_PID"):
-            return  # tflaunch's trace hook started this task's server when TensorFlow loaded
-        if os.environ.get("TFLAUNCH_PROFILER_PID"):
-            return  # tflaunch's trace hook started this task's server when TensorFlow loaded
+        if os.environ.get(request.PROFILER_PID_ENV):
+            return  # tflaunch's trace hook owns this task's server (started when TF loaded)
         address = task_addresses(self.info)[self.info.name]
         port = request.profiler_port(int(address.rpartition(":")[2]), self.offset)
         tf.profiler.experimental.server.start(port)

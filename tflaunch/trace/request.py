@@ -29,6 +29,8 @@ PORT_OFFSET_ENV = "TFLAUNCH_TRACE_PORT_OFFSET"
 STEPS_ENV = "TFLAUNCH_TRACE_STEPS"  # FIRST:COUNT
 AT_ENV = "TFLAUNCH_TRACE_AT"  # seconds after the cluster started
 FOR_ENV = "TFLAUNCH_TRACE_FOR"  # seconds of capture
+# Set by the hook: the pid of the task's process that owns its profiler port (children inherit it)
+PROFILER_PID_ENV = "TFLAUNCH_PROFILER_PID"
 DEFAULT_PORT_OFFSET = 10000
 DEFAULT_FIRST_STEP = 2  # the first timed step pays for the barrier; start just after it
 

@@ -15,21 +15,26 @@ copies the profiles there over SFTP). Nothing here imports TensorFlow.
 from __future__ import annotations
 
 import base64
+import binascii
 import contextlib
+import errno
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from tflaunch.runtime import protocol
-from tflaunch.runtime.runfiles import open_run_file, write_run_file
+from tflaunch.runtime.runfiles import is_component, open_run_file, write_run_file
 from tflaunch.trace.files import (
     CAPTURE_LOG,
     IN_PROGRAM_SUFFIX,
+    MAX_SHIP,
     NOTES_DIR,
+    VERDICT_FILE,
     WINDOW_FILE,
     Notes,
     read_notes,
@@ -38,6 +43,12 @@ from tflaunch.trace.request import HOOK_ENV
 
 CAPTURE_MODULE = "tflaunch.trace.capture"
 HELPER_MARGIN_S = 120.0  # after the capture's end, for decoding and merging
+NOTE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*\.[A-Za-z0-9_]+")  # worker-1.tf
+MAX_NAME = 255  # bytes of one path component (Linux's NAME_MAX)
+MAX_PATH = 4096  # characters of a path from a host
+RESERVED = frozenset({NOTES_DIR, WINDOW_FILE, VERDICT_FILE, CAPTURE_LOG})  # this site's own
+# What a host's file path running into something else than a file gives: its message's fault.
+NOT_A_FILE = frozenset({errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ELOOP, errno.ENAMETOOLONG})
 
 
 class Helper:
@@ -99,6 +110,7 @@ class TraceSite:
         self.asked: set[str] = set()  # hosts told to send their files
         self.sent: dict[str, protocol.TraceSent] = {}
         self.merge_pending: dict[str, str] | None = None  # the order's tasks, to merge here
+        self.bytes_in: dict[str, int] = {}  # host -> bytes of trace files written here
 
     def connect(self, send: Callable[[protocol.Command, str | None], None]) -> None:
         """The coordinator's way to its agents (commands to one host, or every host)."""
@@ -115,11 +127,14 @@ class TraceSite:
             self.sent[host] = event
 
     def _note(self, host: str, note: protocol.TraceNote) -> None:
-        if note.dir:
-            self.host_dirs[host] = note.dir
+        """A host's note, kept under ``tasks/`` here. A name that is not a note's (one
+        component, ``<task>.<kind>``) or a ``dir`` that is not a clean absolute path is a
+        malformed message (``ValueError``)."""
         name = note.name
-        if not name or "/" in name or name.startswith("."):
-            return
+        if not NOTE_NAME.fullmatch(name) or len(name.encode()) > MAX_NAME:
+            raise ValueError(f"name {name[:80]!r}: not a trace note's file name (TASK.KIND)")
+        if note.dir:
+            self.host_dirs[host] = _host_dir(note.dir)
         self.task_hosts[name.rpartition(".")[0].replace("-", ":", 1)] = host
         if name.endswith(IN_PROGRAM_SUFFIX):
             self._ask_host(host)  # a program's own trace: the window may never open here
@@ -131,15 +146,38 @@ class TraceSite:
         write_run_file(path, note.text)
 
     def _file(self, host: str, piece: protocol.TraceFile) -> None:
-        parts = PurePosixPath(piece.path).parts
-        if not parts or piece.path.startswith("/") or ".." in parts:
-            return
+        """A piece of a host's file, written under this directory. A path that is not relative
+        and clean (``..``, absolute, NUL, a hidden component), data that is not base64, an
+        offset or size out of bounds, or more than a host may send, is a malformed message
+        (``ValueError``); a write that fails (a full disk) raises ``OSError``."""
+        parts = _relative_parts(piece.path)
+        if parts[0] in RESERVED:
+            return  # this site's own files (the agent never sends them)
+        if not 0 <= piece.offset <= piece.size <= MAX_SHIP:
+            raise ValueError(
+                f"offset {piece.offset}, size {piece.size}: not 0 <= offset <= size <= {MAX_SHIP}"
+            )
+        try:
+            data = base64.b64decode(piece.data, validate=True)
+        except binascii.Error as e:
+            raise ValueError(f"data: not base64 ({e})") from e
+        if piece.offset + len(data) > piece.size:
+            raise ValueError(f"{len(data)} bytes at offset {piece.offset}: past its size")
+        received = self.bytes_in.get(host, 0) + len(data)
+        if received > MAX_SHIP:
+            raise ValueError(f"more than the {MAX_SHIP} bytes of trace files a host sends")
+        self.bytes_in[host] = received
         path = self.dir.joinpath(*parts)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if piece.offset and (not path.exists() or path.stat().st_size != piece.offset):
-            return  # a piece out of order (one link keeps them in order): the file stays cut
-        with open_run_file(path, "ab" if piece.offset else "wb") as f:
-            f.write(base64.b64decode(piece.data))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if piece.offset and (not path.exists() or path.stat().st_size != piece.offset):
+                return  # a piece out of order (one link keeps them in order): the file stays cut
+            with open_run_file(path, "ab" if piece.offset else "wb") as f:
+                f.write(data)
+        except OSError as e:
+            if e.errno in NOT_A_FILE:  # the path runs into a file, a directory or a symlink
+                raise ValueError(f"path {piece.path[:200]!r}: {e.strerror}") from e
+            raise
 
     def _ask_host(self, host: str) -> None:
         """Have ``host``'s agent send its files at its end, if they are not here already.
@@ -235,6 +273,34 @@ class TraceSite:
                 timeout=HELPER_MARGIN_S,
                 check=False,
             )
+
+
+def _relative_parts(path: str) -> list[str]:
+    """``path`` (a host's, relative to its trace directory) as components, each one clean: not
+    empty, ``.``, ``..`` or hidden, no NUL, not too long; else ``ValueError``."""
+    parts = path.split("/")
+    if (
+        not path
+        or len(path) > MAX_PATH
+        or not all(
+            is_component(p) and not p.startswith(".") and len(p.encode()) <= MAX_NAME for p in parts
+        )
+    ):
+        raise ValueError(f"path {path[:200]!r}: not a clean relative path")
+    return parts
+
+
+def _host_dir(path: str) -> str:
+    """A host's trace directory as its agent gave it: a clean absolute POSIX path, else
+    ``ValueError`` (it is only compared with this site's and named in the capture's order)."""
+    parts = path.split("/")[1:]
+    if (
+        not path.startswith("/")
+        or len(path) > MAX_PATH
+        or not all(is_component(p) and len(p.encode()) <= MAX_NAME for p in parts)
+    ):
+        raise ValueError(f"dir {path[:200]!r}: not a clean absolute path")
+    return path
 
 
 def _same_path(path: str, folder: Path) -> bool:

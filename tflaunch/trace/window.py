@@ -16,13 +16,15 @@ task's death by a signal during the capture apart as a likely profiler crash
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from tflaunch.trace.files import CAPTURE_LOG, FIX_LOADED, Notes, write_verdict
-from tflaunch.trace.request import TraceRequest
+from tflaunch.trace.files import CAPTURE_LOG, FIX_LOADED, VERDICT_FILE, Notes, write_verdict
+from tflaunch.trace.request import PROFILER_PID_ENV, TraceRequest
 from tflaunch.trace.site import HELPER_MARGIN_S, Helper, TraceSite
 
 # Tracing slows steps (2-3x measured on 2 cores); the capture covers the window at that pace,
@@ -44,7 +46,7 @@ class TraceTrigger:
         request: TraceRequest,
         leader: str,
         addresses: Mapping[str, str],
-        program: str,
+        argv: Sequence[str],
         say: Callable[[str], None],
         started: float,
         site: TraceSite | None = None,
@@ -53,7 +55,8 @@ class TraceTrigger:
         self.site = site or TraceSite(request.trace_dir)
         self.leader = leader
         self.addresses = dict(addresses)  # task -> cluster host:port
-        self.program = program
+        self.argv = list(argv)  # the program's, to say why no task loaded the hook
+        self.program = self.argv[0] if self.argv else "?"
         self.say = say
         self.started = started
         self.seen: list[tuple[float, int]] = []  # the leader's (time, step) so far
@@ -130,9 +133,13 @@ class TraceTrigger:
                 f"TensorFlow's profiler ({self.fixes[unfixed[0]]}); the capture may kill such a "
                 "task (docs/insight.md, profiler crashes)"
             )
-        self.site.publish_window(
-            json.dumps({"start": time.time(), "end": time.time() + seconds}) + "\n"
-        )
+        try:
+            self.site.publish_window(
+                json.dumps({"start": time.time(), "end": time.time() + seconds}) + "\n"
+            )
+        except OSError as e:  # a full disk: no capture, and the run goes on
+            self._end(False, f"no trace because writing the capture window failed ({e})")
+            return
         order = self.site.order({"tasks": targets, "duration_ms": max(1, int(seconds * 1000))})
         away = len(order.get("dirs") or {})
         elsewhere = f"; {away} save(s) on their own host, gathered at the end" if away else ""
@@ -160,17 +167,51 @@ class TraceTrigger:
         return self.helper
 
     def _why_none(self, notes: Notes, when: str) -> str:
-        if not notes.python:
+        if not notes.python and notes.old_python:
+            task, version = sorted(notes.old_python.items())[0]
             return (
-                f"no trace because no task ran Python (program '{self.program}'): the trace hook "
-                "works only in Python programs that import TensorFlow"
+                f"no trace because {task} ran Python {version}: tflaunch's trace hook needs "
+                "Python 3.7 or newer"
             )
+        if not notes.python:
+            return self._why_no_hook()
         if notes.errors:
             task, error = sorted(notes.errors.items())[0]
             return f"no trace because {task}'s profiler server did not start: {error}"
+        if notes.tf_children:
+            task, child = sorted(notes.tf_children.items())[0]
+            return (
+                f"no trace because {task} imported TensorFlow only in a child process (pid "
+                f"{child['pid']}) of its first Python process (pid {child['claimant']}), which "
+                "holds the task's profiler port and had not imported TensorFlow "
+                f"{when}; a program that runs its trainer as a child hands the port over by "
+                f"removing {PROFILER_PID_ENV} from the child's environment"
+            )
         return (
             f"no trace because no task had imported TensorFlow {when} "
             f"({len(notes.python)} task(s) ran Python)"
+        )
+
+    def _why_no_hook(self) -> str:
+        """No task's Python loaded the hook: what the program's argv tells of why."""
+        flags = _python_flags(self.argv)
+        skipping = [f for f in ("-I", "-E", "-S") if f[1] in flags]
+        if skipping:
+            what = "skips sitecustomize" if skipping[0] == "-S" else "ignores PYTHONPATH"
+            return (
+                f"no trace because the program runs Python with {skipping[0]}, which {what}, "
+                f"where tflaunch puts its trace hook (program '{shlex.join(self.argv)[:200]}'): "
+                f"no task could be traced; run it without {skipping[0]}"
+            )
+        if any("python" in os.path.basename(arg).lower() for arg in self.argv):
+            return (
+                "no trace because no task's Python process loaded tflaunch's trace hook "
+                f"(program '{self.program}'): the hook comes in through PYTHONPATH, which "
+                "python -I or -E ignores and -S skips, and a program may replace"
+            )
+        return (
+            f"no trace because no task ran Python (program '{self.program}'): the trace hook "
+            "works only in Python programs that import TensorFlow"
         )
 
     def crash_note(self, task: str, code: int, now: float) -> str:
@@ -266,10 +307,35 @@ class TraceTrigger:
         if self.helper.wait(10) is None:
             self.helper.kill()
 
+    def stop(self, why: str) -> None:
+        """The trace collection stopped (writing the hosts' files here failed: a full disk):
+        no trace, and the verdict says why; the run goes on."""
+        if self.verdict is None:
+            self._end(False, f"no trace because {why}")
+
     def _end(self, ok: bool, line: str) -> tuple[bool, str]:
         self.verdict = (ok, line)
-        write_verdict(self.site.dir, ok, line)
+        try:
+            write_verdict(self.site.dir, ok, line)
+        except OSError as e:  # a full disk: the line is still said; the run still ends
+            self.say(f"trace: could not write {VERDICT_FILE} under {self.site.dir} ({e})")
         return self.verdict
+
+
+def _python_flags(argv: Sequence[str]) -> str:
+    """The one-letter options a Python ``argv`` gives the interpreter before its program
+    (``python3 -I -u x.py`` -> "Iu"); '' where argv[0] is not a Python."""
+    if not argv or not os.path.basename(argv[0]).lower().startswith("python"):
+        return ""
+    flags = ""
+    for arg in argv[1:]:
+        if not arg.startswith("-") or arg.startswith("--") or arg == "-":
+            break
+        for letter in arg[1:]:
+            flags += letter
+            if letter in "cmWX":  # what follows is this option's value, or the program
+                return flags
+    return flags
 
 
 def _last_line(path: Path) -> str:
