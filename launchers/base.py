@@ -131,6 +131,11 @@ class Backend(ABC):
         """Refuse to start where this environment would keep the run from working."""
         return None
 
+    def check_here(self, config: ClusterConfig, plan: Plan) -> list[str]:
+        """What ``validate`` can check from this machine before anything starts, beyond the
+        file (``validate --offline`` skips it): one sentence per problem. Default: nothing."""
+        return []
+
     def python(self, config: ClusterConfig) -> str:
         """The interpreter the tasks run under on the cluster's hosts. Default: this one."""
         return sys.executable

@@ -541,10 +541,13 @@ def test_render_env_prints_quoted_exports_only(tmp_path):
     assert bad.exit_code == 2 and "export" not in bad.output
 
 
-def test_validate_aws_example_without_boto3_is_a_clear_error(monkeypatch):
+def test_aws_example_without_boto3_validates_and_plan_names_the_extra(monkeypatch):
     for name in ("boto3", "botocore", "botocore.exceptions"):
         monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
     result = CliRunner().invoke(cli, ["validate", str(ROOT / "examples" / "aws.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "aws.yaml: file ok; planning and running it need boto3 (pip install " in result.output
+    result = CliRunner().invoke(cli, ["plan", str(ROOT / "examples" / "aws.yaml")])
     assert result.exit_code == 2, result.output
     assert "ssh.ec2 needs boto3, which is not installed: pip install 'tflaunch[aws]'" in (
         result.output

@@ -22,6 +22,7 @@ from tflaunch.cluster.config import parse_config
 from tflaunch.cluster.plan import make_plan
 from tflaunch.errors import LaunchError
 from tflaunch.launchers.clouds import base, sweep
+from tflaunch.launchers.clouds import provisioner as provision
 from tflaunch.launchers.clouds.base import (
     TAG_CLUSTER,
     TAG_HOST,
@@ -33,11 +34,27 @@ from tflaunch.launchers.clouds.base import (
 from tflaunch.launchers.clouds.costs import CostLine, cost_table
 from tflaunch.launchers.clouds.ec2.pricing import PRICE_LIST, resolve_prices
 from tflaunch.launchers.clouds.ec2.provider import ADDRESS_MAP_ENV, Ec2Provider, port_ranges
-from tflaunch.launchers.ssh import provision
-from tflaunch.launchers.ssh.provision import planned_instances, provisioned_run
+from tflaunch.launchers.clouds.provisioner import Provisioning, Reach
+from tflaunch.launchers.ssh.section import host_run_dir
 from tflaunch.runtime.run import Run
 
 HEAD = "program: [python, train.py]\nbackend: ssh\n"
+
+
+def planned_instances(config):
+    return provision.planned_instances(config.ssh.provision, config)
+
+
+def provisioned_run(config, run, start, say, *, down_at_end=False, fleet_ready=None, keep=None):
+    """Provision as the SSH backend does, and run ``start(plan)`` on the instances."""
+    reach = Reach(config.ssh.port, config.ssh.jump_host is not None, host_run_dir(config, run.id))
+    with Provisioning(
+        config.ssh.provision, config, run, reach, say, down_at_end=down_at_end, keep=keep,
+        watch=fleet_ready is not None,
+    ) as made:  # fmt: skip
+        if fleet_ready is not None:
+            fleet_ready(made.fleet)
+        return start(made.plan)
 
 
 def provision_config(tmp_path: Path, extra: str = "", endpoint: str | None = None, **over):
@@ -460,11 +477,9 @@ def test_a_provisioned_up_plans_twice_and_writes_the_plan_once(
 
 def test_an_unknown_cloud_is_refused_naming_the_known_ones(tmp_path):
     from tflaunch.errors import ConfigError
-    from tflaunch.launchers.clouds import provider_for
 
-    config = provision_config(tmp_path, more="    cloud: nimbus\n")
     with pytest.raises(ConfigError, match="unknown cloud 'nimbus'; choose one of ec2"):
-        provider_for(config, print)
+        provision_config(tmp_path, more="    cloud: nimbus\n")
 
 
 def test_status_lists_a_runs_instances_and_the_accounts_instances_with_cost(
@@ -846,7 +861,7 @@ def test_down_cluster_from_another_machine_finds_the_cluster_by_its_tags(
 def test_spot_workers_with_checkpoints_on_the_instances_disks_are_told_where_they_must_live(
     tmp_path,
 ):
-    from tflaunch.launchers.ssh.provision import candidate_hosts, checkpoint_notice
+    from tflaunch.launchers.clouds.provisioner import candidate_hosts, checkpoint_notice
 
     run_dir = "~/runs/r-1"  # the run's directory on the hosts
 
@@ -856,10 +871,10 @@ def test_spot_workers_with_checkpoints_on_the_instances_disks_are_told_where_the
             tmp_path, "roles: {ps: 1, worker: 2}\n", head=f"program: {program}}}\nbackend: ssh\n",
             more="    spot_workers: true\n" if spot else "",
         )  # fmt: skip
-        plan = make_plan(config, candidate_hosts(config), run_dir)
+        plan = make_plan(config, candidate_hosts(config.ssh.provision, config), run_dir)
         if chosen and "://" in chosen:  # a URL reaches the tasks as it is
             assert plan.program.checkpoint_dir == chosen
-        return checkpoint_notice(config, plan, run_dir)
+        return checkpoint_notice(config.ssh.provision, config, plan, run_dir)
 
     assert notice(False, None) is None
     said = notice(True, None)

@@ -272,12 +272,15 @@ def test_a_detached_runs_coordinator_runs_on_an_on_demand_instance_when_there_is
     every instance spot it is the first host, and ``up`` says what its loss does."""
     from tests.test_ssh_provision import provision_config
     from tflaunch.cluster.plan import make_plan
-    from tflaunch.launchers.ssh.provision import candidate_hosts, coordinator_host
+    from tflaunch.launchers.clouds.provisioner import candidate_hosts
+    from tflaunch.launchers.ssh.cloud import coordinator_host
 
     def where(extra: str, spot: bool, watched: bool = True) -> tuple[str, str]:
         more = "    spot_workers: true\n" if spot else ""
         config = provision_config(tmp_path, extra, more=more)
-        return coordinator_host(config, make_plan(config, candidate_hosts(config)), watched)
+        return coordinator_host(
+            config, make_plan(config, candidate_hosts(config.ssh.provision, config)), watched
+        )
 
     dedicated = "roles: {ps: 1, worker: 2}\nplacement: {ps: dedicated}\n"
     assert where(dedicated, spot=True) == (

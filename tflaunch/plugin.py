@@ -40,10 +40,12 @@ _SOURCES: dict[str, str] = {
     "ConfigError": "tflaunch.errors",
     "PlanError": "tflaunch.errors",
     "LaunchError": "tflaunch.errors",
+    "MissingExtra": "tflaunch.errors",  # an optional dependency not installed: names the extra
     # The backend interface
     "Backend": "tflaunch.launchers.base",
     "LaunchOptions": "tflaunch.launchers.base",
     "spawn_agent": "tflaunch.launchers.base",
+    "preflight_here": "tflaunch.runtime.agent",  # an agent's pre-flight, run here (validate)
     # Batch schedulers: the login side and the in-job side
     "BatchBackend": "tflaunch.launchers.batch.backend",
     "BatchDetails": "tflaunch.launchers.batch.state",
@@ -114,7 +116,7 @@ if TYPE_CHECKING:
     from tflaunch.cluster.hostlist import expand as expand_hostlist
     from tflaunch.cluster.plan import Host, Plan, hosts_from_config, make_plan, unset_gpus
     from tflaunch.cluster.schema import field
-    from tflaunch.errors import ConfigError, LaunchError, PlanError, TflaunchError
+    from tflaunch.errors import ConfigError, LaunchError, MissingExtra, PlanError, TflaunchError
     from tflaunch.launchers.base import Backend, LaunchOptions, spawn_agent
     from tflaunch.launchers.batch.backend import BatchBackend, placeholder_hosts
     from tflaunch.launchers.batch.job import JobNode, read_job
@@ -134,6 +136,7 @@ if TYPE_CHECKING:
         network_name,
     )
     from tflaunch.launchers.clouds.costs import Price
+    from tflaunch.runtime.agent import preflight_here
     from tflaunch.runtime.link import ProcessLink, agent_argv
     from tflaunch.runtime.procs import spawn, terminate_group
     from tflaunch.runtime.revival import Revive

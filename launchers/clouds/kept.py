@@ -27,9 +27,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.errors import ConfigError, LaunchError, TflaunchError
-from tflaunch.launchers.clouds import DEFAULT_CLOUD, provider_class
+from tflaunch.errors import LaunchError, TflaunchError
+from tflaunch.launchers.clouds import provider_class, spec_of
 from tflaunch.launchers.clouds.base import (
     GONE_STATES,
     NETWORK_PREFIX,
@@ -191,30 +190,6 @@ def differences(planned: Sequence[PlannedInstance], kept: Sequence[Instance]) ->
     return problems
 
 
-def named_account(
-    config: ClusterConfig | None, options: Mapping[str, str | None], name: str
-) -> tuple[str, dict[str, Any]] | None:
-    """(cloud, access) of the account the command line names for ``down --cluster``: the
-    options (region, profile, endpoint) over the cluster file's ``ssh.provision``; None when
-    it names none."""
-    section = None
-    if config is not None:
-        section = config.ssh.provision
-        if section is None:
-            raise ConfigError(
-                f"{config.source}: the cluster file has no ssh.provision section to name the "
-                f"account of kept cluster '{name}'."
-            )
-    if section is None and not any(options.values()):
-        return None
-    access: dict[str, Any] = {
-        key: options.get(key) or getattr(section, key, None)
-        for key in ("region", "profile", "endpoint_url")
-    }
-    access["subnet"] = getattr(section, "subnet", None)  # its VPC holds the cluster's lock
-    return (section.cloud if section is not None else DEFAULT_CLOUD), access
-
-
 def down_cluster(
     runs_root: Path,
     name: str,
@@ -225,7 +200,8 @@ def down_cluster(
 
     The cluster is found by its tags in the cloud (:data:`TAG_KEEP` on its instances and network
     rules), so any machine with the account's credentials can end it. ``account`` (cloud, access)
-    says where to look, from the command line (a cluster file's ``ssh.provision``, or flags);
+    says where to look, from the command line (a cluster file's ``ssh.provision``, or
+    ``--cloud`` and the cloud's options: :func:`tflaunch.launchers.clouds.admin.account`);
     without it, this machine's record of the cluster (``<runs_root>/.clusters/NAME.json``) does."""
     path = record_path(runs_root, name)
     record = json.loads(path.read_text()) if path.exists() else None
@@ -233,8 +209,9 @@ def down_cluster(
         raise LaunchError(
             f"no kept cluster '{name}' is recorded on this machine ({path} is missing: made "
             "from another machine, or another --runs-dir?). Name its account: 'tflaunch down "
-            f"--cluster {name} -f CLUSTER_FILE' (the file's ssh.provision region and profile), "
-            f"or 'tflaunch down --cluster {name} --region REGION [--profile PROFILE]'."
+            f"--cluster {name} -f CLUSTER_FILE' (the file's ssh.provision), or 'tflaunch down "
+            f"--cluster {name} --cloud CLOUD' with the cloud's options ('tflaunch down --help' "
+            "lists them)."
         )
     cloud, access = account if account is not None else (record["cloud"], record["access"])
     # This machine's record counts only for its own account: another named on the command line
@@ -268,5 +245,6 @@ def down_cluster(
 
 
 def _same_account(a: tuple[str, Mapping[str, Any]], b: tuple[str, Mapping[str, Any]]) -> bool:
-    keys = ("region", "profile", "endpoint_url")
+    """Whether two (cloud, access) name one account: the same cloud and admin options."""
+    keys = [option.name for option in spec_of(a[0]).admin_options]
     return a[0] == b[0] and all(a[1].get(k) == b[1].get(k) for k in keys)

@@ -20,11 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.launchers.clouds import provider_class
 from tflaunch.launchers.clouds.base import (
     TAG_KEEP,
     TAG_LAUNCHER,
@@ -122,17 +119,3 @@ def format_verdicts(verdicts: list[Verdict], dry_run: bool) -> list[str]:
         f"({v.reason}): {', '.join(v.instance_ids)}"
         for v in verdicts
     ]
-
-
-def sweep_account(
-    config: ClusterConfig | None,
-    options: Mapping[str, str | None],
-    dry_run: bool,
-    say: Say,
-) -> list[str]:
-    """``tflaunch gc``: the account from ``options`` (region, profile, endpoint), else from the
-    cluster file's ``ssh.provision``; one line per run found."""
-    section = config.ssh.provision if config else None
-    cloud = provider_class(section.cloud if section else "ec2")
-    access = {key: value or getattr(section, key, None) for key, value in options.items()}
-    return format_verdicts(sweep(cloud.from_access(access, say), say, dry_run), dry_run)

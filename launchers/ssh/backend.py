@@ -19,8 +19,9 @@ started there from the plan in its run directory, which starts its tasks, alone 
 roles' restart scope allows, else with the whole cluster (see
 :mod:`tflaunch.runtime.coordinator`). A provisioned run also asks the provider every few seconds
 whether its instances still run, and replaces an ended one (same host name, role, type and
-cluster address) the same way; for a detached one, a watcher left on the laptop does
-(:mod:`tflaunch.launchers.ssh.watch`; it also restarts the run when the instance of the
+cluster address) the same way (:mod:`tflaunch.launchers.clouds.provisioner` makes the instances
+and hands this backend their plan, on which it launches once); for a detached one, a watcher left
+on the laptop does (:mod:`tflaunch.launchers.ssh.watch`; it also restarts the run when the instance of the
 coordinator's own host ends). ``ssh.host_wait`` is for attached runs only: a detached run's
 coordinator on its host fails the run when a host stops answering.
 
@@ -34,7 +35,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ from tflaunch.launchers.ssh.details import SshDetails
 from tflaunch.launchers.ssh.section import host_run_dir
 from tflaunch.launchers.ssh.session import HostSession
 from tflaunch.launchers.ssh.sources import resolve_hosts
-from tflaunch.runtime import protocol
+from tflaunch.runtime import procs, protocol
 from tflaunch.runtime.coordinator import Revive
 from tflaunch.runtime.link import StreamLink, agent_output
 from tflaunch.runtime.run import Outcome, Run
@@ -156,59 +157,79 @@ class SshBackend(Backend):
 
     def __init__(self) -> None:
         self.session = HostSession()
-        self.fleet: Any = None  # a provisioned run's instances (provision.Fleet), while it runs
+        self.fleet: Any = None  # a provisioned run's instances (provisioner.Fleet) while it runs
         self._links: dict[str, SshLink] = {}
         self._watching = threading.Event()
 
     def hosts(self, config: ClusterConfig) -> list[Host]:
         if config.ssh.provision is not None:  # instances not made yet: addresses pending
-            from tflaunch.launchers.ssh import provision
+            from tflaunch.launchers.clouds.provisioner import candidate_hosts
 
-            return provision.candidate_hosts(config)
+            return candidate_hosts(config.ssh.provision, config)
         return resolve_hosts(config)
 
     def hosts_pending(self, config: ClusterConfig) -> bool:
         return config.ssh.provision is not None
+
+    def check_here(self, config: ClusterConfig, plan: Plan) -> list[str]:
+        """Every host's connect address resolves here (the rest, pre-flight checks on the
+        hosts at 'up'); nothing for instances not made yet."""
+        if self.hosts_pending(config):
+            return []
+        names = (h.connect_address for h in plan.hosts_with_tasks())
+        return [
+            f"host {name!r} does not resolve on this machine; fix hosts: (or the host file), "
+            "or /etc/hosts"
+            for name in procs.unresolved(names)
+        ]
 
     # ---- attached runs: the launcher is the coordinator ------------------------------------
 
     def launch(
         self, config: ClusterConfig, plan: Plan, run: Run, options: LaunchOptions | None = None
     ) -> Outcome:
-        from tflaunch.launchers.ssh import limits, provision
+        from tflaunch.launchers.ssh import limits
 
         options = options or LaunchOptions()
-        if config.ssh.provision is not None:  # make the instances, then launch on them
-            keep = config.name if options.keep else None
-            on_hosts = provision.on_instances(config, run, keep)
-            start = lambda made: self.launch(on_hosts, made, run, options)  # noqa: E731
-            take = lambda fleet: setattr(self, "fleet", fleet)  # noqa: E731
-            try:
-                return provision.provisioned_run(
-                    config,
-                    run,
-                    start,
-                    self.session.say,
-                    down_at_end=options.down_at_end,
-                    plan=plan,
-                    fleet_ready=take,
-                    keep=keep,
-                    recreate=options.recreate,
-                )
-            except TflaunchError as err:
-                if not run.ended:
-                    run.finish(Outcome(err.exit_code, str(err)))
-                raise
-            finally:
-                self._watching.set()  # the watch on the instances ends with the run
         try:
-            with limits.runtime_limit(config.supervision.max_runtime, self.session.say):
-                return super().launch(config, plan, run, options)
-        finally:
-            try:
-                self.session.fetch_logs(plan, run)
-            finally:
-                self.session.close()
+            with contextlib.ExitStack() as stack:  # a provisioned run's instances end last
+                if config.ssh.provision is not None:  # make the instances: the run's hosts
+                    plan = stack.enter_context(self._provisioning(config, plan, run, options))
+                try:
+                    with limits.runtime_limit(config.supervision.max_runtime, self.session.say):
+                        return super().launch(config, plan, run, options)
+                finally:
+                    self._watching.set()  # the watch on the instances ends with the run
+                    try:
+                        self.session.fetch_logs(plan, run)
+                    finally:
+                        self.session.close()
+        except TflaunchError as err:
+            if not run.ended:
+                run.finish(Outcome(err.exit_code, str(err)))
+            raise
+
+    @contextlib.contextmanager
+    def _provisioning(
+        self, config: ClusterConfig, plan: Plan, run: Run, options: LaunchOptions
+    ) -> Iterator[Plan]:
+        """The run's instances (:mod:`tflaunch.launchers.clouds.provisioner`) for the time of
+        the run: their plan, reached with the run's own known_hosts; the fleet replaces those
+        that end."""
+        from tflaunch.launchers.clouds.provisioner import Provisioning
+        from tflaunch.launchers.ssh import cloud
+
+        keep = config.name if options.keep else None
+        provisioning = Provisioning(
+            config.ssh.provision, config, run, cloud.reach(config, run.id), self.session.say,
+            plan=plan, down_at_end=options.down_at_end, keep=keep, recreate=options.recreate,
+            watch=True,
+        )  # fmt: skip
+        with provisioning as made:
+            self.session.options = cloud.instance_options(config, run, keep)
+            self.fleet = made.fleet
+            assert made.plan is not None
+            yield made.plan
 
     def start_agents(self, config: ClusterConfig, plan: Plan, run: Run) -> list[SshLink]:
         """Connect, prepare and check every host; only if all pass, start one agent on each."""
@@ -250,7 +271,7 @@ class SshBackend(Backend):
     def reviver(self, config: ClusterConfig, plan: Plan, run: Run) -> Revive | None:
         if self.fleet is not None and plan.supervision.restart.enabled:
             # a provisioned run whose agents stay up: an ended instance is replaced
-            budget = config.ssh.host_wait or 2 * self.fleet.config.ssh.provision.ready_timeout
+            budget = config.ssh.host_wait or 2 * self.fleet.ready_timeout
             return Revive(
                 budget,
                 lambda host, deadline: self._replace(config, plan, run, host, deadline),
@@ -299,6 +320,7 @@ class SshBackend(Backend):
         plan), with a new agent; its link first reports :class:`protocol.InstanceReplaced`."""
         made, old_id, new_id = self.fleet.replace(host, deadline)
         fresh = HostSession(self.session.out)
+        fresh.options = self.session.options  # the run's known_hosts
         fresh.open(config, plan.with_hosts(made), run, only=host)
         old = self.session.connections.get(host)
         if old is not None:
@@ -376,7 +398,7 @@ class SshBackend(Backend):
     def describe(self, run: Run) -> list[str]:
         """For ``status``: refresh a detached run from its hosts first; say where it runs, and
         list the instances it made or took (ssh.provision)."""
-        from tflaunch.launchers.ssh.provision import instance_lines
+        from tflaunch.launchers.clouds.provisioner import instance_lines
 
         details = run.record().part(SshDetails)
         unwatched = details.detached and not details.ssh_watcher_pid
@@ -405,8 +427,7 @@ class SshBackend(Backend):
         return not ended_before
 
     def down(self, run: Run, grace: float) -> str:
-        from tflaunch.launchers.clouds.base import CloudDetails
-        from tflaunch.launchers.ssh.provision import terminate_run
+        from tflaunch.launchers.clouds.provisioner import terminate_run
 
         if not run.record().part(SshDetails).detached:
             stopped = super().down(run, grace)
@@ -414,19 +435,6 @@ class SshBackend(Backend):
             try:
                 stopped = detached.down(self.session, run, grace)
             except Unreachable as err:  # the account alone ends the instances, if they are ours
-                cloud = run.record().part(CloudDetails)
-                if not cloud.instances:
-                    raise err.because(
-                        "nothing was stopped: its hosts are not tflaunch's to end; run "
-                        f"'tflaunch down {run.id}' again once they can be reached"
-                    ) from None
-                if cloud.keep_cluster:
-                    raise err.because(
-                        f"nothing was stopped: the run's tasks run on kept cluster "
-                        f"{cloud.keep_cluster}, which outlives runs; run 'tflaunch down "
-                        f"{run.id}' again once its hosts can be reached, or end the cluster "
-                        f"with 'tflaunch down --cluster {cloud.keep_cluster}'"
-                    ) from None
                 return detached.down_unreachable(
                     run, err, lambda: terminate_run(run, self.session.say)
                 )

@@ -214,23 +214,24 @@ def launch(
 def launch_provisioned(
     session: HostSession, config: ClusterConfig, plan: Plan, run: Run, options: LaunchOptions
 ) -> str:
-    """``up --detach`` of a provisioned cluster: make the instances (they outlive this command),
-    start the run on them, its coordinator on an on-demand instance when there is one, and
-    watch them from here (the hosts have no cloud credentials)."""
-    from tflaunch.launchers.ssh import provision
+    """``up --detach`` of a provisioned cluster: make the instances (they outlive this command;
+    :mod:`tflaunch.launchers.clouds.provisioner`), start the run on them, its coordinator on an
+    on-demand instance when there is one, and watch them from here (the hosts have no cloud
+    credentials)."""
+    from tflaunch.launchers.clouds.provisioner import Provisioning
+    from tflaunch.launchers.ssh import cloud
 
     keep = config.name if options.keep else None
-    on_hosts = provision.on_instances(config, run, keep)
     wait = replace_wait(config, plan)
-
-    def start_on(made: Plan) -> str:
-        where = provision.coordinator_host(config, made, watched=wait > 0)
-        return launch(session, on_hosts, made, run, wait, where)
-
-    return provision.provisioned_run(
-        config, run, start_on, session.say, detach=True, plan=plan, keep=keep,
-        recreate=options.recreate,
+    provisioning = Provisioning(
+        config.ssh.provision, config, run, cloud.reach(config, run.id), session.say, plan=plan,
+        detach=True, keep=keep, recreate=options.recreate,
     )  # fmt: skip
+    with provisioning as made:
+        assert made.plan is not None
+        session.options = cloud.instance_options(config, run, keep)
+        where = cloud.coordinator_host(config, made.plan, watched=wait > 0)
+        return launch(session, config, made.plan, run, wait, where)
 
 
 def _wait_until_ready(session: HostSession, run: Run, timeout: float) -> None:
@@ -383,7 +384,22 @@ def down_unreachable(run: Run, err: Unreachable, terminate: Callable[[], str]) -
     """``down`` of a detached run whose hosts cannot be reached (the laptop changed networks,
     a firewall): ending its instances needs only the cloud account, so ``terminate`` ends them
     (and the tasks on them) and the run is recorded stopped; what the hosts held since the last
-    refresh cannot be collected, and the result says so."""
+    refresh cannot be collected, and the result says so. A run on hosts tflaunch did not make,
+    or on a kept cluster (which outlives runs), is refused: nothing can stop it now."""
+    from tflaunch.launchers.clouds.base import CloudDetails
+
+    cloud = run.record().part(CloudDetails)
+    if not cloud.instances:
+        raise err.because(
+            "nothing was stopped: its hosts are not tflaunch's to end; run "
+            f"'tflaunch down {run.id}' again once they can be reached"
+        ) from None
+    if cloud.keep_cluster:
+        raise err.because(
+            f"nothing was stopped: the run's tasks run on kept cluster {cloud.keep_cluster}, "
+            f"which outlives runs; run 'tflaunch down {run.id}' again once its hosts can be "
+            f"reached, or end the cluster with 'tflaunch down --cluster {cloud.keep_cluster}'"
+        ) from None
     stop_watcher(run)  # it would replace the instances 'down' ends
     terminated = terminate()
     lost = (

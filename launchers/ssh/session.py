@@ -97,6 +97,9 @@ class HostSession:
         self._reach_judged = False
         self.paths: dict[str, HostPaths] = {}
         self.out = out or sys.stderr
+        # How to reach the hosts when not as the cluster file's ssh section says (provisioned
+        # instances: a known_hosts file of the run's own; see launchers/ssh/cloud.py).
+        self.options: SshOptions | None = None
 
     def open(
         self,
@@ -120,7 +123,7 @@ class HostSession:
 
         With ``only``, just that host (a replaced instance joining a running cluster); the
         run's own plan.json stays as it is."""
-        options = SshOptions.from_section(config.ssh, config.base_dir)
+        options = self.options or SshOptions.from_section(config.ssh, config.base_dir)
         uploads = _uploads(config)
         hosts = [h for h in plan.hosts_with_tasks() if only is None or h.name == only]
         self.say(f"connecting to {len(hosts)} host(s) as {options.user}")

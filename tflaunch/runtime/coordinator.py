@@ -60,6 +60,8 @@ from tflaunch.trace.site import TraceSite
 
 __all__ = ["Coordinator", "Requeue", "Revive", "coordinate"]
 
+MAX_PATH = 4096  # an agent's word on where a program is: longer is not a path
+
 
 class Coordinator:
     def __init__(
@@ -192,6 +194,8 @@ class Coordinator:
             again = bool(event.restarts + event.generation) or state.state == "restarting"
             self.board.set(state, "started", pid=event.pid)
             state.log = event.log or state.log
+            if isinstance(event.executable, str) and len(event.executable) <= MAX_PATH:
+                state.executable = event.executable
             self.restarter.started(state, again)
             self._check_ready()
         elif isinstance(event, protocol.Ready) and state:

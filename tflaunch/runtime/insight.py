@@ -62,14 +62,16 @@ class Insight:
         """A resource sample from ``host``'s agent."""
         self.samples.write(host, event)
 
-    def output(self, task: str, line: str, at: float | None = None) -> None:
+    def output(self, task: str, line: str, at: float | None = None) -> int | None:
         """A line ``task`` printed, ``at`` the time its agent read it (unix; else now): the step
-        rate is measured on the agent's clock, whatever delays the link adds."""
+        rate is measured on the agent's clock, whatever delays the link adds. The step it holds
+        (added up), if any."""
         at = time.time() if at is None else float(at)
         step = self.progress.output(task, line, at)
         if step is not None and self.trigger is not None:
             with self._lock:
                 self.trigger.step(task, step, at)
+        return step
 
     def trace_event(self, host: str, event: protocol.Event) -> None:
         if self.trigger is not None:

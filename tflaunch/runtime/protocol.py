@@ -164,6 +164,7 @@ class Started(Event):
     restarts: int = 0
     generation: int = 0
     cpus: list[int] | None = None
+    executable: str | None = None  # where the program was found on the host (failure reports)
 
 
 @_event("ready", recorded=True)

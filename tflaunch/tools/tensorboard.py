@@ -19,7 +19,14 @@ from tflaunch.runtime.run import Run
 
 @click.command("tensorboard")
 @click.argument("run_id")
-@click.option("--runs-dir", "--run-dir", "runs_dir", default="runs", show_default=True)
+@click.option(
+    "--runs-dir",
+    "--run-dir",
+    "runs_dir",
+    default="runs",
+    show_default=True,
+    help="Where the run directories are.",
+)
 @click.option("--logdir", default=None, help="Default: the run directory (on the host, for SSH).")
 @click.option("--port", type=int, default=DEFAULT_PORT, show_default=True, help="Local port.")
 @click.option("--remote-port", type=int, default=DEFAULT_PORT, show_default=True)

@@ -16,13 +16,15 @@ import dataclasses
 import json
 import math
 import os
+import socket
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tflaunch.cluster.config import ClusterConfig
-from tflaunch.errors import ConfigError, LaunchError
+from tflaunch.errors import LaunchError
 from tflaunch.launchers.clouds import base
 from tflaunch.launchers.clouds.base import (
     ALIVE_STATES,
@@ -67,6 +69,20 @@ def port_ranges(ports: Sequence[int]) -> list[tuple[int, int]]:
     return ranges
 
 
+def my_public_cidr() -> str:
+    """This machine's public address as a /32 (asked of checkip.amazonaws.com)."""
+    try:
+        with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=5) as reply:
+            address = reply.read().decode().strip()
+        socket.inet_aton(address)
+    except (OSError, ValueError) as err:
+        raise LaunchError(
+            f"cannot learn this machine's public address for the SSH rule ({err}); set "
+            "ssh.provision.ssh_from to the CIDR you connect from, e.g. 203.0.113.7/32."
+        ) from err
+    return f"{address}/32"
+
+
 def _address_map() -> dict[str, dict[str, str]] | None:
     path = os.environ.get(ADDRESS_MAP_ENV)
     return json.loads(Path(path).read_text()) if path else None
@@ -76,6 +92,7 @@ class Ec2Provider(Provider):
     """Create, find and terminate tflaunch's EC2 instances and security groups."""
 
     name = "ec2"
+    spot_setting = "ssh.provision.spot_workers"
 
     def __init__(self, section: Any, say: Say):
         super().__init__(section, say)
@@ -101,6 +118,12 @@ class Ec2Provider(Provider):
             "endpoint_url": self.section.endpoint_url,
             "subnet": self.section.subnet,  # its VPC holds the kept cluster's lock
         }
+
+    @classmethod
+    def account(cls, section: Any | None, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The options over the file's region, profile and endpoint, and the file's subnet
+        (its VPC holds a kept cluster's lock)."""
+        return {**super().account(section, options), "subnet": getattr(section, "subnet", None)}
 
     # ---- planning and prices ---------------------------------------------------------------
 
@@ -158,11 +181,12 @@ class Ec2Provider(Provider):
         cluster: str,
         ports: Sequence[int],
         ssh_port: int,
-        ssh_from: str,
+        ssh_from: str | None,
         tags: Mapping[str, str] | None = None,
     ) -> str:
         """A security group admitting the cluster's ports from its members and SSH from
-        ``ssh_from``."""
+        ``ssh_from`` (else ``ssh.provision.ssh_from``, else this machine's public address)."""
+        ssh_from = ssh_from or self.section.ssh_from or my_public_cidr()
         group_tags = self._tags(run_id, cluster, **(tags or {}))
         with aws_errors("creating the security group"):
             group = self.client.create_security_group(
@@ -352,10 +376,3 @@ def _instance(raw: dict[str, Any]) -> Instance:
         spot=raw.get("InstanceLifecycle") == "spot",
         zone=raw.get("Placement", {}).get("AvailabilityZone"),
     )
-
-
-def section_of(config: ClusterConfig) -> Any:
-    """The cluster file's provisioning section (``ssh.provision``)."""
-    if config.ssh.provision is None:
-        raise ConfigError(f"{config.source}: the cluster file has no ssh.provision section.")
-    return config.ssh.provision

@@ -1,13 +1,16 @@
-"""Instances made for a run, owned from creation to termination (``ssh.provision``).
+"""Instances made for a run, owned from creation to termination (``ssh.provision``): the
+cloud-neutral provisioner, for any provider (:mod:`tflaunch.launchers.clouds.base`).
 
-The SSH backend's side of provisioning; the cloud itself is a provider
-(:mod:`tflaunch.launchers.clouds`) that the cluster file names. The plan, made once on hosts
-whose addresses are pending, decides which instances the run needs; their cost table is shown
-before any is created; then the provider opens the cluster's network rules (its ports only
-between its members, SSH only from the launcher's address) and creates one instance per planned
-host, tagged with the run, the cluster and the launcher. The run waits until every instance runs
-and accepts SSH, plans again on the real addresses (the only plan written), and goes on to the
-SSH backend's usual sync, setup, pre-flight and launch.
+The SSH backend asks it for a run's hosts: ``with Provisioning(...) as made:`` shows the cost,
+creates the instances (or takes a kept cluster's), waits until they run and accept SSH, and hands
+back ``made.plan``, the plan on their real addresses (the only plan written), on which the backend
+launches once, with its usual sync, setup, pre-flight and agents; leaving the ``with`` ends the
+instances as the run asked. The plan, made once on hosts whose addresses are pending, decides which
+instances the run needs; their cost table is shown before any is created; then the provider opens
+the cluster's network rules (its ports only between its members, SSH only from the launcher's
+address) and creates one instance per planned host, tagged with the run, the cluster and the
+launcher. No module here knows a backend: what it needs of SSH (the port, whether a jump host
+stands between, the run's directory on the hosts) is handed in.
 
 Instances are terminated (never stopped) when:
 
@@ -26,13 +29,13 @@ Instances are terminated (never stopped) when:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import posixpath
 import signal
 import socket
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -40,7 +43,7 @@ from typing import Any
 from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Host, Plan, checkpoint_dir, make_plan
 from tflaunch.errors import LaunchError, TflaunchError
-from tflaunch.launchers.clouds import kept, provider_for, provider_of_run
+from tflaunch.launchers.clouds import kept, provider_for, provider_of_run, spec_for_section
 from tflaunch.launchers.clouds.base import (
     ALIVE_STATES,
     GONE_STATES,
@@ -52,6 +55,7 @@ from tflaunch.launchers.clouds.base import (
     TAG_RUN,
     TAG_RUN_DIR,
     CloudDetails,
+    Feature,
     Instance,
     PlannedInstance,
     Provider,
@@ -61,7 +65,6 @@ from tflaunch.launchers.clouds.base import (
 from tflaunch.launchers.clouds.costs import Price, cost_table
 from tflaunch.launchers.clouds.sweep import mark_terminated
 from tflaunch.launchers.clouds.watchdog import user_data
-from tflaunch.launchers.ssh.section import host_run_dir
 from tflaunch.runtime.identity import Launcher
 from tflaunch.runtime.run import Run
 from tflaunch.text import aligned
@@ -76,60 +79,33 @@ class Interrupted(TflaunchError):
     exit_code = 130
 
 
-def planned_instances(config: ClusterConfig, plan: Plan | None = None) -> list[PlannedInstance]:
+@dataclasses.dataclass(frozen=True)
+class Reach:
+    """What the provisioner needs of the backend that uses the instances (SSH), handed in so
+    that no cloud module knows a backend: the SSH port to wait on, whether a jump host stands
+    between (then sshd is not reachable from here and the connect address may be private), and
+    the run's directory on the hosts (for the plan's default checkpoint directory)."""
+
+    ssh_port: int
+    via_jump: bool
+    run_dir: str
+
+
+def planned_instances(
+    section: Any, config: ClusterConfig, plan: Plan | None = None
+) -> list[PlannedInstance]:
     """The instances the plan places tasks on (``plan``: made on :func:`candidate_hosts`; when
-    not given, it is made here)."""
-    provider = provider_for(config, lambda _: None)
+    not given, it is made here). ``section``: the file's ``ssh.provision``."""
+    provider = provider_for(section, lambda _: None)
     candidates = provider.candidates(config)
     if plan is None:
         plan = make_plan(config, pending_hosts(candidates))
     return provider.instances_for(candidates, plan)
 
 
-def coordinator_host(config: ClusterConfig, plan: Plan, watched: bool) -> tuple[str, str]:
-    """Where a detached provisioned run's coordinator runs, and why, in words: an on-demand
-    instance when the run has one (``spot_workers`` makes only the worker hosts spot, so a
-    dedicated PS's instance is on-demand), as every spot instance can then be replaced while
-    the run goes on; else the first host. ``watched``: the laptop's watcher replaces ended
-    instances (a restart policy), so that losing the coordinator's own restarts the run."""
-    planned = {p.name: p for p in planned_instances(config, plan)}
-    hosts = [h.name for h in plan.hosts_with_tasks()]
-    spot = [name for name in hosts if name in planned and planned[name].spot]
-    steady = [name for name in hosts if name not in spot]
-    if not spot:
-        return hosts[0], "the first host"
-    if steady:
-        return steady[0], (
-            f"an on-demand instance, so that each spot one ({', '.join(spot)}) can be replaced "
-            "while the run goes on"
-        )
-    if watched:
-        then = (
-            "if its instance ends, the watcher replaces it and starts the run again there from "
-            "its checkpoints (a cluster restart)"
-        )
-    else:
-        then = "if its instance ends, the run fails (without a restart policy nothing replaces it)"
-    return hosts[0], f"the first host: every instance is spot; {then}"
-
-
-def candidate_hosts(config: ClusterConfig) -> list[Host]:
+def candidate_hosts(section: Any, config: ClusterConfig) -> list[Host]:
     """The hosts to plan a provisioned cluster on before its instances exist."""
-    return pending_hosts(provider_for(config, lambda _: None).candidates(config))
-
-
-def my_public_cidr() -> str:
-    """This machine's public address as a /32 (asked of checkip.amazonaws.com)."""
-    try:
-        with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=5) as reply:
-            address = reply.read().decode().strip()
-        socket.inet_aton(address)
-    except (OSError, ValueError) as err:
-        raise LaunchError(
-            f"cannot learn this machine's public address for the SSH rule ({err}); set "
-            "ssh.provision.ssh_from to the CIDR you connect from, e.g. 203.0.113.7/32."
-        ) from err
-    return f"{address}/32"
+    return pending_hosts(provider_for(section, lambda _: None).candidates(config))
 
 
 def wait_for_ssh(hosts: Sequence[Host], port: int, timeout: float, say: Say) -> None:
@@ -180,19 +156,6 @@ def _signals_interrupt() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def on_instances(config: ClusterConfig, run: Run, keep: str | None = None) -> ClusterConfig:
-    """The cluster file as the SSH backend uses it on the instances once they exist.
-
-    Their host keys are new, and EC2 hands a terminated instance's public address to the next
-    one, so the keys go into a known_hosts file of the run's own (of the kept cluster's, for
-    ``up --keep``), recorded on first contact (accept-new); a key that changes is refused."""
-    known = kept.known_hosts_of(run.dir.parent, keep) if keep else run.dir / "known_hosts"
-    ssh = dataclasses.replace(
-        config.ssh, provision=None, known_hosts=str(known), host_key_policy="accept-new"
-    )
-    return config.with_section("ssh", ssh)
-
-
 @dataclasses.dataclass
 class _Made:
     """What a provisioned run made or took so far, for the cleanup."""
@@ -204,57 +167,182 @@ class _Made:
     replaced: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)  # host, old, new
 
 
-def provisioned_run(
-    config: ClusterConfig,
-    run: Run,
-    start: Callable[[Plan], Any],
-    say: Say,
-    detach: bool = False,
-    down_at_end: bool = False,
-    plan: Plan | None = None,
-    fleet_ready: Callable[[Fleet], None] | None = None,
-    keep: str | None = None,
-    recreate: bool = False,
-) -> Any:
-    """Show the cost, create the instances (or take a kept cluster's), run ``start(plan)`` on
-    them, and terminate them when asked (``down_at_end``: ``up --down``, or
-    ``terminate_at_end``), or whenever the cluster never started. ``plan``: the plan made on
-    :func:`candidate_hosts` (made here when not given). A detached run (``detach``) keeps its
-    instances once started: they terminate when 'down' or 'gc' says so, or by themselves when
-    idle after the run ended. ``keep`` names the kept cluster to reuse or make (``up --keep``;
-    ``recreate``: replace it when it does not fit), which stays. ``fleet_ready`` is handed the
-    run's :class:`Fleet` before the start, to replace instances that end during the run."""
-    provider = provider_for(config, say)
-    candidates = provider.candidates(config)
-    if plan is None:
-        plan = make_plan(config, pending_hosts(candidates))
-    planned = provider.instances_for(candidates, plan)
-    if len(planned) < len(candidates):  # placement on fewer hosts may differ: plan on those
-        plan = make_plan(config, pending_hosts(planned))
-    end = _Ending(detach, down_at_end or config.ssh.provision.terminate_at_end, keep)
-    notice = checkpoint_notice(config, plan, host_run_dir(config, run.id))
-    if notice:
-        say(notice)
-    if not keep:
-        return _provisioned(config, run, start, say, plan, provider, planned, end, (), fleet_ready)
-    run.update_part(CloudDetails, keep_cluster=keep)  # the run's instances are the kept cluster's
-    with kept.in_use(provider, keep, f"run {run.id}", say):
-        reuse = _kept_instances(provider, keep, planned, recreate, run, say)
-        return _provisioned(
-            config, run, start, say, plan, provider, planned, end, reuse, fleet_ready
-        )
+@dataclasses.dataclass(frozen=True)
+class _Ending:
+    """What becomes of the instances when the run ends."""
+
+    detach: bool  # a detached run keeps them once started
+    asked: bool  # up --down or terminate_at_end: terminate them however the run ends
+    keep: str | None  # a kept cluster: they stay
 
 
-def checkpoint_notice(config: ClusterConfig, plan: Plan, run_dir: str) -> str | None:
-    """What to say when the checkpoints would die with a spot instance: with ``spot_workers``
+class Provisioning:
+    """One run's instances, as a context: entering shows the cost, creates the instances (or
+    takes a kept cluster's), waits until they run and accept SSH and writes the plan on their
+    addresses (:attr:`plan`); leaving ends them as the run asked: terminated when ``down_at_end``
+    (``up --down``) or ``terminate_at_end`` says so, or whenever the cluster never started (a
+    failure or Ctrl-C while they were made); else left running, marked idle, to 'down', 'gc'
+    or their idle watchdog. A detached run (``detach``) keeps its instances once started.
+    ``keep`` names the kept cluster to reuse or make (``up --keep``; ``recreate``: replace it
+    when it does not fit), which stays; its lock is held from entering to leaving. With
+    ``watch``, :attr:`fleet` replaces instances that end while the run goes on.
+
+    ``plan``: the plan made on :func:`candidate_hosts` (made here when not given)."""
+
+    def __init__(
+        self,
+        section: Any,
+        config: ClusterConfig,
+        run: Run,
+        reach: Reach,
+        say: Say,
+        *,
+        plan: Plan | None = None,
+        detach: bool = False,
+        down_at_end: bool = False,
+        keep: str | None = None,
+        recreate: bool = False,
+        watch: bool = False,
+    ):
+        spec = spec_for_section(section)
+        if keep:
+            spec.require(Feature.KEEP, "up --keep")
+        self.section, self.config, self.run, self.reach, self.say = section, config, run, reach, say
+        self.provider = spec.load()(section, say)
+        candidates = self.provider.candidates(config)
+        if plan is None:
+            plan = make_plan(config, pending_hosts(candidates))
+        self.planned = self.provider.instances_for(candidates, plan)
+        if any(p.spot for p in self.planned):
+            spec.require(Feature.SPOT, self.provider.spot_setting or "spot instances")
+        if len(self.planned) < len(candidates):  # placement on fewer hosts may differ
+            plan = make_plan(config, pending_hosts(self.planned))
+        self.pending_plan = plan
+        self.plan: Plan | None = None  # on the instances' addresses, once made
+        self.end = _Ending(detach, down_at_end or section.terminate_at_end, keep)
+        self.recreate, self.watch = recreate, watch
+        self.made = _Made()
+        self.fleet: Fleet | None = None
+        self._lock: contextlib.ExitStack | None = None
+
+    def __enter__(self) -> Provisioning:
+        notice = checkpoint_notice(self.section, self.config, self.pending_plan, self.reach.run_dir)
+        if notice:
+            self.say(notice)
+        keep, run = self.end.keep, self.run
+        reuse: Sequence[Instance] = ()
+        self._lock = contextlib.ExitStack()
+        try:
+            if keep:
+                run.update_part(CloudDetails, keep_cluster=keep)  # the kept cluster's instances
+                self._lock.enter_context(
+                    kept.in_use(self.provider, keep, f"run {run.id}", self.say)
+                )
+                reuse = _kept_instances(
+                    self.provider, keep, self.planned, self.recreate, run, self.say
+                )
+            self._make(reuse)
+        except BaseException:
+            self._leave()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._leave()
+
+    def _leave(self) -> None:
+        try:
+            if self.fleet is not None:
+                self.fleet.close()  # a replacement being created is in made.ids before the end
+            _end(self.run, self.provider, self.made, self.end, self.section.idle_timeout, self.say)
+        finally:
+            if self._lock is not None:
+                self._lock.close()
+
+    def _make(self, reuse: Sequence[Instance]) -> None:
+        config, run, say, provider = self.config, self.run, self.say, self.provider
+        section, keep, made, planned = self.section, self.end.keep, self.made, self.planned
+        lines = provider.cost_lines(planned)
+        what = "the kept cluster" if reuse else "the instances this run creates"
+        say(f"cost of {what}:\n" + cost_table(lines))
+        prices = {line.instance_type: line.price for line in lines}
+        try:
+            with _signals_interrupt():
+                if reuse:
+                    made.reused, made.ids = True, {i.host: i.id for i in reuse}
+                    made.group = _network_of(reuse)
+                    say(f"reusing kept cluster {keep}: {len(reuse)} instance(s), none created")
+                    _say_unfinished(reuse, keep, say)
+                    provider.tag(list(made.ids.values()), {TAG_BUSY: run.id})
+                    _record_access(run, provider, made.group)
+                    if not kept.record_path(run.dir.parent, keep).exists():  # made elsewhere
+                        kept.write_record(
+                            run.dir.parent, keep, cloud=provider.name, access=provider.access(),
+                            network=made.group, idle_timeout=section.idle_timeout,
+                            created_by=reuse[0].tags.get(TAG_RUN),
+                        )  # fmt: skip
+                    _record(run, planned, made.ids, prices, keep)
+                    found = provider.wait_running(list(made.ids.values()), section.ready_timeout)
+                    hosts = provider.hosts(planned, made.ids, found, self.reach.via_jump)
+                else:
+                    hosts = self._create(prices)
+                self.plan = make_plan(config, hosts, self.reach.run_dir)  # its checkpoints
+                run.write_plan(self.plan)
+        except KeyboardInterrupt as err:
+            raise Interrupted(
+                f"interrupted ({err or 'SIGINT'}) while the instances were being made; those "
+                "made so far are terminated below"
+            ) from None
+        if self.watch:
+            self.fleet = Fleet(
+                section, config, run, self.reach, provider, planned, made, prices, keep, say
+            )
+        made.started = True  # the run is handed its hosts
+
+    def _create(self, prices: dict[str, Price]) -> list[Host]:
+        """Open the network rules, create the instances, wait until they run and accept SSH."""
+        config, run, provider, made = self.config, self.run, self.provider, self.made
+        section, keep, planned, say = self.section, self.end.keep, self.planned, self.say
+        ports = [t.port for t in self.pending_plan.tasks if t.port]
+        made.group = provider.open_network(
+            run.id, config.name, ports, self.reach.ssh_port, None,
+            {TAG_KEEP: keep} if keep else None,  # found by 'down --cluster' from any machine
+        )  # fmt: skip
+        _record_access(run, provider, made.group)
+        extra = {
+            TAG_LAUNCHER: Launcher.current().tag(),
+            TAG_RUN_DIR: str(run.dir),
+            TAG_AUTOSTOP: f"{section.idle_timeout:g}",
+            TAG_BUSY: run.id,
+        }
+        if keep:
+            extra[TAG_KEEP] = keep
+            kept.known_hosts_of(run.dir.parent, keep).unlink(missing_ok=True)  # keys of the past
+            kept.write_record(
+                run.dir.parent, keep, cloud=provider.name, access=provider.access(),
+                network=made.group, idle_timeout=section.idle_timeout, created_by=run.id,
+            )  # fmt: skip
+        data = user_data(config.supervision.max_runtime, section.idle_timeout)
+        say(f"creating {len(planned)} instance(s) in security group {made.group}")
+        made.ids = provider.create(planned, run.id, config.name, made.group, extra, data)
+        _record(run, planned, made.ids, prices, keep)
+        found = provider.wait_running(list(made.ids.values()), section.ready_timeout)
+        hosts = provider.hosts(planned, made.ids, found, self.reach.via_jump)
+        if not self.reach.via_jump:  # behind a jump host sshd is not reachable from here
+            wait_for_ssh(hosts, self.reach.ssh_port, section.ready_timeout, say)
+        return hosts
+
+
+def checkpoint_notice(section: Any, config: ClusterConfig, plan: Plan, run_dir: str) -> str | None:
+    """What to say when the checkpoints would die with a spot instance: with spot workers
     the chief's host is a spot instance too, and a replacement starts with an empty disk, so the
     checkpoints must be on storage every instance shares. An absolute ``program.checkpoint_dir``
     (a shared mount, one trusts) or a URL (``gs://``, ``s3://``) is left alone. ``run_dir``:
-    the run's directory on the hosts."""
+    the run's directory on the hosts; ``section``: the file's ``ssh.provision``."""
     chosen = config.program.checkpoint_dir
-    if not config.ssh.provision.spot_workers or (
-        chosen and ("://" in chosen or posixpath.isabs(chosen))
-    ):
+    provider = provider_for(section, lambda _: None)
+    spot = any(p.spot for p in provider.instances_for(provider.candidates(config), plan))
+    if not spot or (chosen and ("://" in chosen or posixpath.isabs(chosen))):
         return None
     leader = next(
         (t for t in plan.tasks if t.job == "chief" or (t.job == "worker" and t.index == 0)), None
@@ -265,21 +353,12 @@ def checkpoint_notice(config: ClusterConfig, plan: Plan, run_dir: str) -> str | 
     )
     return (
         f"checkpoints: {checkpoint_dir(config, run_dir)} ({where}) is on each instance's own disk, "
-        f"and with ssh.provision.spot_workers every worker host is a spot instance{host}. An "
+        f"and with {provider.spot_setting} every worker host is a spot instance{host}. An "
         "instance that replaces a reclaimed one starts without them: the cluster restarts from "
         "step 0 if it was the chief's. Set program.checkpoint_dir to storage every instance "
-        "shares: an absolute path on a shared mount (EFS), or a URL your program writes to "
+        "shares: an absolute path on a shared mount, or a URL your program writes to "
         "(gs://..., s3://...)."
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class _Ending:
-    """What becomes of the instances when the run ends."""
-
-    detach: bool  # a detached run keeps them once started
-    asked: bool  # up --down or terminate_at_end: terminate them however the run ends
-    keep: str | None  # a kept cluster: they stay
 
 
 def _kept_instances(
@@ -327,108 +406,6 @@ def _network_of(instances: Sequence[Instance]) -> str | None:
             if label.startswith("tflaunch-"):
                 return network
     return None
-
-
-def _provisioned(
-    config: ClusterConfig,
-    run: Run,
-    start: Callable[[Plan], Any],
-    say: Say,
-    plan: Plan,
-    provider: Provider,
-    planned: Sequence[PlannedInstance],
-    end: _Ending,
-    reuse: Sequence[Instance] = (),
-    fleet_ready: Callable[[Fleet], None] | None = None,
-) -> Any:
-    section, keep = config.ssh.provision, end.keep
-    lines = provider.cost_lines(planned)
-    what = "the kept cluster" if reuse else "the instances this run creates"
-    say(f"cost of {what}:\n" + cost_table(lines))
-    prices = {line.instance_type: line.price for line in lines}
-    made = _Made()
-    fleet: Fleet | None = None
-    try:
-        with _signals_interrupt():
-            if reuse:
-                made.reused, made.ids = True, {i.host: i.id for i in reuse}
-                made.group = _network_of(reuse)
-                say(f"reusing kept cluster {keep}: {len(reuse)} instance(s), none created")
-                _say_unfinished(reuse, keep, say)
-                provider.tag(list(made.ids.values()), {TAG_BUSY: run.id})
-                _record_access(run, provider, made.group)
-                if not kept.record_path(run.dir.parent, keep).exists():  # made elsewhere
-                    kept.write_record(
-                        run.dir.parent, keep, cloud=provider.name, access=provider.access(),
-                        network=made.group, idle_timeout=section.idle_timeout,
-                        created_by=reuse[0].tags.get(TAG_RUN),
-                    )  # fmt: skip
-                _record(run, planned, made.ids, prices, keep)
-                found = provider.wait_running(list(made.ids.values()), section.ready_timeout)
-                hosts = provider.hosts(planned, made.ids, found, config.ssh.jump_host is not None)
-            else:
-                hosts = _create(config, run, provider, plan, planned, keep, made, say, prices)
-            real = make_plan(config, hosts, host_run_dir(config, run.id))  # its checkpoints
-            run.write_plan(real)
-        if fleet_ready is not None:
-            fleet = Fleet(config, run, provider, planned, made, prices, keep, say)
-            fleet_ready(fleet)
-        made.started = True
-        return start(real)
-    except KeyboardInterrupt as err:
-        if made.started:
-            raise
-        raise Interrupted(
-            f"interrupted ({err or 'SIGINT'}) while the instances were being made; those made "
-            "so far are terminated below"
-        ) from None
-    finally:
-        if fleet is not None:
-            fleet.close()  # a replacement being created is in made.ids before the end
-        _end(run, provider, made, end, section.idle_timeout, say)
-
-
-def _create(
-    config: ClusterConfig,
-    run: Run,
-    provider: Provider,
-    plan: Plan,
-    planned: Sequence[PlannedInstance],
-    keep: str | None,
-    made: _Made,
-    say: Say,
-    prices: dict[str, Price],
-) -> list[Host]:
-    """Open the network rules, create the instances, wait until they run and accept SSH."""
-    section = config.ssh.provision
-    ports = [t.port for t in plan.tasks if t.port]
-    made.group = provider.open_network(
-        run.id, config.name, ports, config.ssh.port, section.ssh_from or my_public_cidr(),
-        {TAG_KEEP: keep} if keep else None,  # found by 'down --cluster' from any machine
-    )  # fmt: skip
-    _record_access(run, provider, made.group)
-    extra = {
-        TAG_LAUNCHER: Launcher.current().tag(),
-        TAG_RUN_DIR: str(run.dir),
-        TAG_AUTOSTOP: f"{section.idle_timeout:g}",
-        TAG_BUSY: run.id,
-    }
-    if keep:
-        extra[TAG_KEEP] = keep
-        kept.known_hosts_of(run.dir.parent, keep).unlink(missing_ok=True)  # keys of the past
-        kept.write_record(
-            run.dir.parent, keep, cloud=provider.name, access=provider.access(),
-            network=made.group, idle_timeout=section.idle_timeout, created_by=run.id,
-        )  # fmt: skip
-    data = user_data(config.supervision.max_runtime, section.idle_timeout)
-    say(f"creating {len(planned)} instance(s) in security group {made.group}")
-    made.ids = provider.create(planned, run.id, config.name, made.group, extra, data)
-    _record(run, planned, made.ids, prices, keep)
-    found = provider.wait_running(list(made.ids.values()), section.ready_timeout)
-    hosts = provider.hosts(planned, made.ids, found, config.ssh.jump_host is not None)
-    if config.ssh.jump_host is None:  # behind a jump host sshd is not reachable from here
-        wait_for_ssh(hosts, config.ssh.port, section.ready_timeout, say)
-    return hosts
 
 
 def _end(
@@ -480,8 +457,10 @@ class Fleet:
 
     def __init__(
         self,
+        section: Any,
         config: ClusterConfig,
         run: Run,
+        reach: Reach,
         provider: Provider,
         planned: Sequence[PlannedInstance],
         made: _Made,
@@ -489,7 +468,8 @@ class Fleet:
         keep: str | None,
         say: Say,
     ):
-        self.config, self.run, self.provider, self.say = config, run, provider, say
+        self.section, self.config, self.run, self.reach = section, config, run, reach
+        self.provider, self.say = provider, say
         self.planned = {p.name: p for p in planned}
         self.made, self.prices, self.keep = made, prices, keep
         self._lock = threading.Lock()
@@ -528,14 +508,16 @@ class Fleet:
         timeout = max(1.0, deadline - time.monotonic())
         planned = self.planned[host]
         found = self.provider.wait_running([new_id], timeout)
-        (made,) = self.provider.hosts(
-            [planned], {host: new_id}, found, self.config.ssh.jump_host is not None
-        )
-        if self.config.ssh.jump_host is None:
-            wait_for_ssh(
-                [made], self.config.ssh.port, max(1.0, deadline - time.monotonic()), self.say
-            )
+        (made,) = self.provider.hosts([planned], {host: new_id}, found, self.reach.via_jump)
+        if not self.reach.via_jump:
+            left = max(1.0, deadline - time.monotonic())
+            wait_for_ssh([made], self.reach.ssh_port, left, self.say)
         return made, old_id, new_id
+
+    @property
+    def ready_timeout(self) -> float:
+        """Seconds an instance may take to run and accept SSH (``ssh.provision``'s)."""
+        return self.section.ready_timeout
 
     def close(self) -> None:
         """The run ends: wait for a replacement being created (so that it is among the run's
@@ -557,7 +539,7 @@ class Fleet:
             self.provider.terminate([old_id])
         planned = self.planned[host]
         extra = {TAG_LAUNCHER: Launcher.current().tag(), TAG_RUN_DIR: str(self.run.dir)}
-        section = self.config.ssh.provision
+        section = self.section
         extra[TAG_AUTOSTOP] = f"{section.idle_timeout:g}"
         extra[TAG_BUSY] = self.run.id
         if self.keep:
@@ -581,11 +563,12 @@ class Fleet:
         _record(self.run, [planned], {planned.name: new_id}, self.prices, self.keep, records)
 
 
-def fleet_of_run(config: ClusterConfig, run: Run, say: Say) -> Fleet:
+def fleet_of_run(section: Any, config: ClusterConfig, run: Run, reach: Reach, say: Say) -> Fleet:
     """The :class:`Fleet` of a run started earlier (a detached run, watched from the laptop):
-    its instances and prices from run.json and the provider, ``config`` its cluster file."""
+    its instances and prices from run.json and the provider, ``config`` its cluster file and
+    ``section`` the file's ``ssh.provision`` (types, image, spot, ...)."""
     record = run.record()
-    provider = provider_for(config, say)  # the file's settings: types, image, spot, ...
+    provider = provider_for(section, say)
     access = getattr(record.part(access_part(provider.name)), provider.name)
     if not access:
         raise LaunchError(f"run {run.id} made no instances: there is nothing to watch")
@@ -598,7 +581,9 @@ def fleet_of_run(config: ClusterConfig, run: Run, say: Say) -> Fleet:
         started=True,
     )
     prices = {line.instance_type: line.price for line in provider.cost_lines(planned)}
-    return Fleet(config, run, provider, planned, made, prices, cloud.keep_cluster, say)
+    return Fleet(
+        section, config, run, reach, provider, planned, made, prices, cloud.keep_cluster, say
+    )
 
 
 def _record(
