@@ -186,8 +186,10 @@ class Backend(ABC):
             f"exec runs commands on the hosts of ssh runs; run {run.id} has backend {self.name}."
         )
 
-    def cluster_alive(self, run: Run) -> bool:
-        """Whether the run's coordinator (and so its cluster) is still running."""
+    def cluster_alive(self, run: Run) -> bool | None:
+        """Whether the run's coordinator (and so its cluster) is still running; None when this
+        machine cannot tell (the launcher that coordinates it runs on another machine,
+        container or PID namespace). Default: the run's recorded launcher."""
         from tflaunch.runtime import runctl
 
         return runctl.coordinator_alive(run)

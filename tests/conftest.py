@@ -7,6 +7,8 @@ laptop, and fail instead when ``CI`` is set: a green CI must mean they ran.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 
 import pytest
 
@@ -16,6 +18,18 @@ def skip_or_fail(reason: str) -> None:
     if os.environ.get("CI"):
         pytest.fail(f"required in CI: {reason}")
     pytest.skip(reason)
+
+
+@pytest.fixture
+def second_pid_namespace() -> None:
+    """What :func:`tests.helpers.in_second_pid_namespace` needs: root and a working unshare."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        skip_or_fail("a second PID namespace needs root and unshare (util-linux)")
+    probe = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, text=True
+    )
+    if probe.returncode != 0:
+        skip_or_fail(f"unshare --pid --fork --mount-proc fails here: {probe.stderr.strip()}")
 
 
 @pytest.fixture(scope="module")

@@ -207,11 +207,36 @@ def python_files(*tops: str) -> list[Path]:
     return sorted(p for top in tops for p in (ROOT / top).rglob("*.py"))
 
 
+def gone_launcher():
+    """The identity of a process of this machine that ran and is gone (a killed launcher)."""
+    from tflaunch.runtime.identity import Launcher, machine_id
+
+    proc = subprocess.Popen(["sleep", "0"])
+    started = round(psutil.Process(proc.pid).create_time(), 2)
+    proc.wait()
+    return Launcher(socket.gethostname(), machine_id(), proc.pid, started)
+
+
+def in_second_pid_namespace(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``tflaunch ARGS`` from a second PID namespace with its own /proc and this hostname (a
+    second container sharing the runs directory): to it, this namespace's processes do not
+    exist, or their pids name others. Needs root (the ``second_pid_namespace`` fixture)."""
+    return subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "tflaunch", *args],
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
 def left_behind_run(runs, name: str, backend: str, **meta):
-    """A run directory as a backend leaves it: run.json, a one-task plan, events."""
+    """A run directory as a backend leaves it: run.json (its launcher gone, unless ``meta``
+    names one), a one-task plan, events."""
     from tflaunch.runtime.run import Run
 
     run = Run.create(runs, name)
+    meta.setdefault("launcher", gone_launcher())
     run.update_meta(run_id=run.id, name=name, backend=backend, **meta)
     plan = {
         "name": name,

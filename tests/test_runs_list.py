@@ -29,7 +29,7 @@ def runs(tmp_path):
     done.finish(Outcome(0, "ok"))
     done.update_meta(ended=now - 240)
     left_behind_run(runs, "queued", "slurm", started=now - 200, state="submitted")
-    left_behind_run(runs, "dead", "ssh", started=now - 100, state="running", coordinator_pid=1)
+    left_behind_run(runs, "dead", "ssh", started=now - 100, state="running")
     return runs
 
 
@@ -125,6 +125,7 @@ def test_a_run_whose_backend_cannot_be_asked_is_listed_unknown_and_kept(
 def _broken(runs, name: str) -> Run:
     """A run directory whose run.json is about to be replaced by something that is not one."""
     run = Run.create(runs, name, run_id=f"{name}-20000101-000000-0000")
+    run.meta_path.unlink()
     return run
 
 

@@ -6,6 +6,7 @@ ends, moto must list none of the run's instances as running.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
@@ -13,10 +14,18 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
-from tests.helpers import FAKE_TASK, read_until, start_tflaunch, tflaunch
+from tests.helpers import (
+    FAKE_TASK,
+    processes_mentioning,
+    read_until,
+    start_tflaunch,
+    tflaunch,
+    wait_until_gone,
+)
 from tests.hosts import ssh_hosts
 from tests.test_ssh_provision import aws_env  # noqa: F401 (a fixture)
 from tflaunch.launchers.clouds.base import TAG_RUN
@@ -293,3 +302,43 @@ def test_detached_run_keeps_its_instances_until_down(
     down = tflaunch("down", run_id, "--run-dir", str(tmp_path / "runs"), timeout=120)
     assert down.returncode == 0, down.stderr
     assert "terminated 3 instance(s)" in down.stdout
+
+
+def test_down_of_a_detached_run_with_its_hosts_unreachable_still_ends_the_billing(
+    ssh_test_hosts, tmp_path, clean_region, monkeypatch
+):
+    """The laptop changed networks (its link to the hosts is down): 'down' cannot reach the
+    coordinator, yet terminates the instances with the account alone and says what it could
+    not collect; the run is recorded stopped."""
+    cluster = cloud_cluster(
+        tmp_path,
+        ssh_test_hosts,
+        clean_region,
+        monkeypatch,
+        program={"env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "600"}},
+        ssh={"connect_timeout": 2},
+    )
+    started = tflaunch("up", str(cluster), "--detach", timeout=180)
+    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
+    run_id = started.stdout.strip().splitlines()[-1]
+    assert len(instances(clean_region, ("running",))) == 3
+    ssh_hosts.cut_launcher_link()
+    try:
+        down = tflaunch("down", run_id, "--run-dir", str(tmp_path / "runs"), timeout=180)
+    finally:
+        ssh_hosts.restore_launcher_link()
+        # moto's instances are records, not machines: end what ran on the test hosts, as
+        # terminating real instances would.
+        for proc in processes_mentioning(str(tmp_path)):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+    assert down.returncode == 0, down.stderr
+    assert instances(clean_region, ("pending", "running", "stopping", "stopped")) == []
+    assert f"run {run_id} is down (state: stopped): terminated 3 instance(s)" in down.stdout
+    assert "Its hosts could not be reached (3 of 3)" in down.stdout
+    assert "was not collected: the coordinator's last events and state" in down.stdout
+    assert "nothing was started" not in down.stdout + down.stderr
+    meta = json.loads((tmp_path / "runs" / run_id / "run.json").read_text())
+    assert meta["state"] == "stopped" and "could not reach the hosts" in meta["message"]
+    assert all(i.get("terminated") for i in meta["instances"])
+    assert wait_until_gone(str(tmp_path), 15) == []

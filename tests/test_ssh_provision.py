@@ -12,10 +12,12 @@ import json
 import re
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import gone_launcher, in_second_pid_namespace
 from tflaunch.cluster.config import parse_config
 from tflaunch.cluster.plan import make_plan
 from tflaunch.errors import LaunchError
@@ -327,7 +329,7 @@ def test_sweep_terminates_runs_whose_launcher_is_gone_or_ended(
     (gone,) = run_instances_of(ec2_endpoint, runs[2].id)
     client.create_tags(
         Resources=[gone["InstanceId"]],
-        Tags=[{"Key": TAG_LAUNCHER, "Value": f"{socket.gethostname()}:999999999:1"}],
+        Tags=[{"Key": TAG_LAUNCHER, "Value": gone_launcher().tag()}],
     )
     access = Ec2Provider.from_access({"region": "us-east-1", "endpoint_url": ec2_endpoint}, print)
     verdicts = {v.run_id: v for v in sweep.sweep(access, lambda m: None, dry_run=True)}
@@ -338,6 +340,61 @@ def test_sweep_terminates_runs_whose_launcher_is_gone_or_ended(
     sweep.sweep(access, lambda m: None)
     assert [len(run_instances_of(ec2_endpoint, r.id)) for r in runs] == [1, 0, 0]
     provision.terminate_run(runs[0], lambda m: None)
+
+
+def test_gc_from_a_second_pid_namespace_keeps_a_live_runs_instances(
+    tmp_path, ec2_endpoint, aws_env, banner_port, monkeypatch, second_pid_namespace
+):
+    """The launcher (this process) runs; gc from a container with this hostname cannot see it:
+    that run is another machine's to judge, and its instances stay."""
+    config = provision_config(
+        tmp_path, "roles: {ps: 1, worker: 1}\n", ec2_endpoint, ssh_port=banner_port
+    )
+    address_map(tmp_path, ["worker-1"], monkeypatch)
+    run = Run.create(tmp_path / "runs", "live")
+    provisioned_run(config, run, lambda plan: 0, lambda m: None)  # kept running
+    try:
+        account = ["--region", "us-east-1", "--endpoint-url", ec2_endpoint]
+        swept = in_second_pid_namespace("gc", *account)
+        assert swept.returncode == 0, swept.stderr
+        (line,) = [x for x in swept.stdout.splitlines() if x.startswith(run.id)]
+        assert "1 instance(s) kept (started from pid" in line, line
+        assert "another machine or container" in line and "sweep there" in line
+        assert len(run_instances_of(ec2_endpoint, run.id)) == 1
+        access = Ec2Provider.from_access(
+            {"region": "us-east-1", "endpoint_url": ec2_endpoint}, print
+        )
+        here = {v.run_id: v for v in sweep.sweep(access, lambda m: None, dry_run=True)}
+        assert here[run.id].reason == "its launcher is running"
+    finally:
+        provision.terminate_run(run, lambda m: None)
+
+
+def test_a_fresh_heartbeat_is_never_broken_even_from_a_second_pid_namespace(
+    tmp_path, ec2_endpoint, aws_env, second_pid_namespace
+):
+    from tflaunch.launchers.clouds import kept
+    from tflaunch.launchers.clouds.base import LockHolder
+
+    now = time.time()
+    gone = gone_launcher()  # of this machine, and gone: still not broken within two periods
+    fresh = LockHolder("run r-1", gone.tag(), now - 5, now - 5)
+    assert kept.stale(fresh, now) is None
+    old = LockHolder("run r-1", gone.tag(), now - 5, now - 2 * kept.HEARTBEAT_SECONDS - 1)
+    assert "no longer runs on this machine" in kept.stale(old, now)
+    unseen = LockHolder("run r-1", "laptop:4242:1700000000.00:other-boot/1", now, now - 200)
+    assert kept.stale(unseen, now) is None  # another machine's, 200 s silent: not yet
+
+    provider = Ec2Provider.from_access({"region": "us-east-1", "endpoint_url": ec2_endpoint}, print)
+    account = ["--region", "us-east-1", "--endpoint-url", ec2_endpoint]
+    with kept.in_use(provider, "busy", "run held-here", print):
+        refused = in_second_pid_namespace(
+            "down", "--cluster", "busy", *account, "--runs-dir", str(tmp_path / "runs")
+        )
+        assert refused.returncode == 2, refused.stderr
+        assert "kept cluster 'busy' is in use by run held-here on " in refused.stderr
+        assert "breaking" not in refused.stderr + refused.stdout
+        assert provider.take_lock("busy", LockHolder("probe", "?", now, now)) is not None
 
 
 def test_ctrl_c_while_waiting_for_the_instances_terminates_them(
@@ -629,7 +686,6 @@ def test_a_kept_cluster_is_reused_refused_when_it_does_not_fit_and_ended_by_name
 def test_a_kept_clusters_lock_holds_across_machines_and_a_stale_one_is_broken(
     tmp_path, ec2_endpoint, aws_env, banner_port, monkeypatch
 ):
-    import subprocess
     import time
 
     from tflaunch.launchers.clouds import kept
@@ -707,9 +763,9 @@ def test_a_kept_clusters_lock_holds_across_machines_and_a_stale_one_is_broken(
         "kept cluster tflaunch: run detached-1 marked its instances in use and did not mark them "
         "idle (a detached run, or a launcher that was killed)" in " ".join(said)
     )
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    dead = LockHolder("run killed-1", f"{socket.gethostname()}:{gone.pid}:1", now, now)
+    gone = gone_launcher()
+    now = time.time()  # its heartbeat two periods old: younger, it would never be broken
+    dead = LockHolder("run killed-1", gone.tag(), now - 1, now - 2 * kept.HEARTBEAT_SECONDS)
     assert provider.take_lock("tflaunch", dead) is None
     said = up(tmp_path / "laptop-a")
     assert any(

@@ -471,13 +471,15 @@ def status(
         record = {**asdict(run_row(run)), "tasks": list(task_states(run).values())}
         click.echo(json.dumps(record, indent=2))
         return
-    state = launch.run_state(run)
+    state, why = launch.run_liveness(run)
     record = run.record()
     click.echo(
         f"run {run.id}: {state} (backend {record.backend}"
         + (f", exit code {record.exit_code}" if record.exit_code is not None else "")
         + ")"
     )
+    if why:
+        click.echo(f"state unknown: {why}")
     for line in launch.backend_of(run).describe(run):
         click.echo(line)
     if not run.plan_path.exists():
@@ -507,11 +509,21 @@ def _list_runs(runs_dir: str, show_all: bool, as_json: bool) -> None:
 @cli.command()
 @click.argument("run_ids", nargs=-1, required=True, metavar="RUN_ID...")
 @run_dir_option
-def rm(run_ids: tuple[str, ...], runs_dir: str) -> None:
-    """Remove the directories of ended (or lost) runs; a live run is refused."""
-    from tflaunch.tools.runs import find_removable, remove_run
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Also remove runs whose state is unknown (launched from another machine, container or "
+    "PID namespace): if one still runs there, its logs, events and plan are lost. Live runs "
+    "are refused all the same.",
+)
+def rm(run_ids: tuple[str, ...], runs_dir: str, force: bool) -> None:
+    """Remove the directories of ended (or lost) runs; a live run is refused, and so is one
+    whose launcher is on another machine, unless --force."""
+    from tflaunch.tools.runs import check_removable, find_removable, remove_run
 
     found = [find_removable(runs_dir, run_id) for run_id in run_ids]  # all of them, first
+    for path in found:
+        check_removable(path, force)
     for path in found:
         click.echo(remove_run(path))
 
@@ -526,7 +538,8 @@ def rm(run_ids: tuple[str, ...], runs_dir: str) -> None:
 @run_dir_option
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 def prune(older_than: str, runs_dir: str, dry_run: bool) -> None:
-    """Remove old run directories under --runs-dir; live runs are kept."""
+    """Remove old run directories under --runs-dir; live runs are kept, and so are runs whose
+    launcher is on another machine (state unknown)."""
     from tflaunch.tools import runs
 
     count = runs.prune(runs_dir, runs.parse_age(older_than), dry_run, click.echo)

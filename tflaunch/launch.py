@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,9 +16,11 @@ from typing import TYPE_CHECKING
 from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Plan, gpu_notices, make_plan
 from tflaunch.errors import ConfigError, LaunchError, PlanError, TflaunchError
+from tflaunch.runtime.identity import Launcher
 from tflaunch.runtime.run import ENDED, Outcome, Run, new_run_id
 
-# A run's states before its coordinator runs it, when the launcher is the one to end it.
+# A run's states before its coordinator runs it, when the launcher is the one to end it; the run
+# is live while that launcher runs (making its machines, submitting), whatever its backend says.
 UNSTARTED = ("created", "starting")
 
 if TYPE_CHECKING:
@@ -39,12 +40,39 @@ def backend_of(run: Run) -> Backend:
 
 
 def run_state(run: Run) -> str:
-    """The run's recorded state, or ``lost`` when it has not ended but its coordinator (a local
-    process, a Slurm job, a detached coordinator on a host) is gone: a killed ``up``, say."""
-    state = run.record().state or "unknown"
-    if state in ENDED or backend_of(run).cluster_alive(run):
-        return state
-    return "lost" if not run.ended else run.record().state or "unknown"
+    """The run's recorded state; ``lost`` when it has not ended but its coordinator (a local
+    process, a Slurm job, a detached coordinator on a host) is gone: a killed ``up``, say; and
+    ``unknown`` when only another machine can tell (its launcher runs there)."""
+    return run_liveness(run)[0]
+
+
+def run_liveness(run: Run) -> tuple[str, str | None]:
+    """(:func:`run_state`, why it is ``unknown``, or None)."""
+    record = run.record()
+    state = record.state or "unknown"
+    if state in ENDED:
+        return state, None
+    launcher = record.launcher
+    if state in UNSTARTED and launcher is not None and launcher.alive():
+        return state, None
+    alive = backend_of(run).cluster_alive(run)
+    if alive:
+        return state, None
+    if alive is None:
+        return "unknown", _elsewhere(run.id, launcher)
+    return ("lost", None) if not run.ended else (run.record().state or "unknown", None)
+
+
+def _elsewhere(run_id: str, launcher: Launcher | None) -> str:
+    if launcher is None:
+        return (
+            "its run.json names no launcher (written by an older tflaunch, or edited), so "
+            "whether it still runs cannot be told"
+        )
+    return (
+        f"its launcher is {launcher.describe()}; only that machine can tell whether it still "
+        f"runs ('tflaunch status {run_id}' there)"
+    )
 
 
 def plan_cluster(config: ClusterConfig, run: Run | None = None) -> Plan:
@@ -93,17 +121,13 @@ def prepare(
     try:
         plan = make_plan(config, hosts, tasks_run_dir(config, run))
     except PlanError:
-        run.dir.rmdir()  # still empty: a plan that cannot be made leaves no run behind
+        run.discard()  # a plan that cannot be made leaves no run behind
         raise
     if not backend.hosts_pending(config):  # else the backend writes it once the hosts exist
         run.write_plan(plan)
     run.update_meta(
-        run_id=run.id,
-        name=config.name,
         backend=config.backend,
-        state="created",
         cluster_file=str(Path(cluster_file).resolve()) if cluster_file else None,
-        created=time.time(),
     )
     return plan, run
 

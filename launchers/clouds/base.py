@@ -47,7 +47,6 @@ import dataclasses
 import enum
 import functools
 import importlib
-import socket
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -58,6 +57,7 @@ from tflaunch.cluster.plan import Host, Plan
 from tflaunch.cluster.schema import field
 from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.launchers.clouds.costs import CostLine, Price
+from tflaunch.runtime.identity import Launcher
 
 TAG_RUN, TAG_CLUSTER, TAG_HOST = "tflaunch:run", "tflaunch:cluster", "tflaunch:host"
 TAG_ROLE, TAG_LAUNCHER, TAG_RUN_DIR = "tflaunch:role", "tflaunch:launcher", "tflaunch:run-dir"
@@ -233,13 +233,19 @@ def access_part(cloud: str) -> type:
 @dataclasses.dataclass(frozen=True)
 class LockHolder:
     """Who holds a kept cluster's lock, as the cloud keeps it (so every machine sees it): what
-    holds it ("run ID", "tflaunch down --cluster"), its process (``host:pid:start time``, as
-    :func:`launcher_tag` writes it), since when, and its last heartbeat (epoch seconds)."""
+    holds it ("run ID", "tflaunch down --cluster"), its process (a
+    :class:`~tflaunch.runtime.identity.Launcher`'s tag: machine, pid, start time), since when,
+    and its last heartbeat (epoch seconds)."""
 
     what: str
     launcher: str
     since: float
     heartbeat: float
+
+    @property
+    def identity(self) -> Launcher | None:
+        """The holder's process; None for a tag that is not one (an older tflaunch's)."""
+        return Launcher.from_tag(self.launcher)
 
     @property
     def laptop(self) -> str:
@@ -255,29 +261,6 @@ class LockHolder:
             f"{self.what} on {self.laptop} (pid {self.pid}, since {since}, last heartbeat "
             f"{max(0.0, now - self.heartbeat):.0f} s ago)"
         )
-
-
-def launcher_tag() -> str:
-    """``host:pid:start time`` of this process, so a sweep can tell whether it is still alive."""
-    import psutil
-
-    me = psutil.Process()
-    return f"{socket.gethostname()}:{me.pid}:{int(me.create_time())}"
-
-
-def launcher_alive(tag: str) -> bool | None:
-    """Whether the launcher named by a tag still runs; None when it ran on another machine."""
-    import psutil
-
-    host, _, rest = tag.partition(":")
-    pid_text, _, started = rest.partition(":")
-    if host != socket.gethostname():
-        return None
-    try:
-        process = psutil.Process(int(pid_text))
-        return int(process.create_time()) == int(started)
-    except (psutil.NoSuchProcess, ValueError):
-        return False
 
 
 def pending_hosts(planned: Sequence[PlannedInstance]) -> list[Host]:

@@ -39,9 +39,8 @@ from tflaunch.launchers.clouds.base import (
     PlannedInstance,
     Provider,
     Say,
-    launcher_alive,
-    launcher_tag,
 )
+from tflaunch.runtime.identity import Launcher
 
 CLUSTERS_DIR = ".clusters"
 HEARTBEAT_SECONDS = 30.0  # how often the holder of a kept cluster's lock says it still runs
@@ -77,10 +76,11 @@ def in_use(provider: Provider, name: str, what: str, say: Say) -> Iterator[None]
     """Hold the kept cluster for one ``up`` (or ``down --cluster``); refuse, naming the holder,
     when another command holds it, on this machine or any other. The lock lives in the cloud
     (:meth:`Provider.take_lock`); while held, a thread moves its heartbeat on every
-    :data:`HEARTBEAT_SECONDS`. A lock whose holder is gone (a process of this machine that no
-    longer runs, or a heartbeat older than :data:`STALE_SECONDS`) is broken, with a message."""
+    :data:`HEARTBEAT_SECONDS`. A lock whose holder is gone (:func:`stale`: a process of this
+    machine that no longer runs, or a heartbeat older than :data:`STALE_SECONDS`) is broken,
+    with a message; one whose heartbeat is younger than two periods never is."""
     now = time.time()
-    me = LockHolder(what, launcher_tag(), now, now)
+    me = LockHolder(what, Launcher.current().tag(), now, now)
     holder = provider.take_lock(name, me)
     if holder is not None:
         why = stale(holder, now)
@@ -117,12 +117,20 @@ def in_use(provider: Provider, name: str, what: str, say: Say) -> Iterator[None]
 
 
 def stale(holder: LockHolder, now: float) -> str | None:
-    """Why a lock's holder is gone, or None while it may still run."""
-    alive = launcher_alive(holder.launcher)
+    """Why a lock's holder is gone, or None while it may still run. A heartbeat younger than
+    two periods is never broken, whatever this machine sees: its holder runs, somewhere. Past
+    that, a holder of this machine (its boot and PID namespace) whose process is gone is; one of
+    another machine (or container, or an older tflaunch's tag) only once its heartbeat is older
+    than :data:`STALE_SECONDS`."""
+    silent = now - holder.heartbeat
+    if silent < 2 * HEARTBEAT_SECONDS:
+        return None
+    identity = holder.identity
+    alive = identity.alive() if identity is not None else None
     if alive is False:
         return f"its process (pid {holder.pid}) no longer runs on this machine"
-    if alive is None and now - holder.heartbeat > STALE_SECONDS:
-        return f"no heartbeat for {now - holder.heartbeat:.0f} s (more than {STALE_SECONDS:g} s)"
+    if alive is None and silent > STALE_SECONDS:
+        return f"no heartbeat for {silent:.0f} s (more than {STALE_SECONDS:g} s)"
     return None
 
 

@@ -60,12 +60,12 @@ from tflaunch.launchers.clouds.base import (
     PlannedInstance,
     Provider,
     access_part,
-    launcher_tag,
     pending_hosts,
 )
 from tflaunch.launchers.clouds.costs import Price, cost_table
 from tflaunch.launchers.clouds.sweep import mark_terminated
 from tflaunch.launchers.clouds.watchdog import user_data
+from tflaunch.runtime.identity import Launcher
 from tflaunch.runtime.run import Run
 from tflaunch.text import aligned
 
@@ -310,7 +310,7 @@ class Provisioning:
         )  # fmt: skip
         _record_access(run, provider, made.group)
         extra = {
-            TAG_LAUNCHER: launcher_tag(),
+            TAG_LAUNCHER: Launcher.current().tag(),
             TAG_RUN_DIR: str(run.dir),
             TAG_AUTOSTOP: f"{section.idle_timeout:g}",
             TAG_BUSY: run.id,
@@ -538,7 +538,7 @@ class Fleet:
         if old is not None and old.state != "terminated":  # stopped or stopping: end it for good
             self.provider.terminate([old_id])
         planned = self.planned[host]
-        extra = {TAG_LAUNCHER: launcher_tag(), TAG_RUN_DIR: str(self.run.dir)}
+        extra = {TAG_LAUNCHER: Launcher.current().tag(), TAG_RUN_DIR: str(self.run.dir)}
         section = self.section
         extra[TAG_AUTOSTOP] = f"{section.idle_timeout:g}"
         extra[TAG_BUSY] = self.run.id

@@ -49,6 +49,7 @@ from tflaunch.launchers.ssh import detached
 from tflaunch.launchers.ssh.connect import (
     Connection,
     SshOptions,
+    Unreachable,
     connect,
     connect_all,
     parallel,
@@ -416,7 +417,7 @@ class SshBackend(Backend):
         if run.record().part(SshDetails).detached:
             detached.refresh(self.session, run)
 
-    def cluster_alive(self, run: Run) -> bool:
+    def cluster_alive(self, run: Run) -> bool | None:
         if not run.record().part(SshDetails).detached:
             return super().cluster_alive(run)
         ended_before = run.ended
@@ -431,7 +432,12 @@ class SshBackend(Backend):
         if not run.record().part(SshDetails).detached:
             stopped = super().down(run, grace)
         else:
-            stopped = detached.down(self.session, run, grace)
+            try:
+                stopped = detached.down(self.session, run, grace)
+            except Unreachable as err:  # the account alone ends the instances, if they are ours
+                return detached.down_unreachable(
+                    run, err, lambda: terminate_run(run, self.session.say)
+                )
         return "; ".join(s for s in (stopped, terminate_run(run, self.session.say)) if s)
 
     def exec_command(self, run: Run, argv: Sequence[str], show: Any) -> int:

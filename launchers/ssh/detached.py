@@ -25,7 +25,7 @@ from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Host, Plan
 from tflaunch.errors import LaunchError, TflaunchError
 from tflaunch.launchers.base import LaunchOptions
-from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
+from tflaunch.launchers.ssh.connect import Connection, Unreachable, parallel, remote_command
 from tflaunch.launchers.ssh.details import SshDetails
 from tflaunch.launchers.ssh.session import HostSession, fetch_new_bytes
 from tflaunch.launchers.ssh.trace import fetch_tree
@@ -345,9 +345,13 @@ def stop_process(
 
 
 def down(session: HostSession, run: Run, grace: float) -> str:
-    """Stop the coordinator (it tears the cluster down), then any agent of the run still left."""
+    """Stop the coordinator (it tears the cluster down), then any agent of the run still left.
+    :class:`Unreachable` when the hosts cannot be reached (see :func:`down_unreachable`)."""
+    try:
+        session.reconnect(run)
+    except Unreachable as err:
+        raise err.because("the run's coordinator and agents were not asked to stop") from None
     stop_watcher(run)  # it would replace the instances 'down' ends
-    session.reconnect(run)
     try:
         refresh(session, run)  # the agents' pids are in the coordinator's events
         details = run.record().part(SshDetails)
@@ -374,3 +378,45 @@ def down(session: HostSession, run: Run, grace: float) -> str:
         return f"run {run.id} is down (state: {run.record().state}); " + "; ".join(what)
     finally:
         session.close()
+
+
+def down_unreachable(run: Run, err: Unreachable, terminate: Callable[[], str]) -> str:
+    """``down`` of a detached run whose hosts cannot be reached (the laptop changed networks,
+    a firewall): ending its instances needs only the cloud account, so ``terminate`` ends them
+    (and the tasks on them) and the run is recorded stopped; what the hosts held since the last
+    refresh cannot be collected, and the result says so. A run on hosts tflaunch did not make,
+    or on a kept cluster (which outlives runs), is refused: nothing can stop it now."""
+    from tflaunch.launchers.clouds.base import CloudDetails
+
+    cloud = run.record().part(CloudDetails)
+    if not cloud.instances:
+        raise err.because(
+            "nothing was stopped: its hosts are not tflaunch's to end; run "
+            f"'tflaunch down {run.id}' again once they can be reached"
+        ) from None
+    if cloud.keep_cluster:
+        raise err.because(
+            f"nothing was stopped: the run's tasks run on kept cluster {cloud.keep_cluster}, "
+            f"which outlives runs; run 'tflaunch down {run.id}' again once its hosts can be "
+            f"reached, or end the cluster with 'tflaunch down --cluster {cloud.keep_cluster}'"
+        ) from None
+    stop_watcher(run)  # it would replace the instances 'down' ends
+    terminated = terminate()
+    lost = (
+        "the coordinator's last events and state, the tasks' last log lines and resource "
+        "samples, and the trace (up --trace), if any"
+    )
+    if not run.ended:
+        run.finish(
+            Outcome(
+                143,
+                "stopped with tflaunch down, which could not reach the hosts: its instances "
+                f"were terminated; not collected: {lost}",
+                interrupted=True,
+            )
+        )
+    return (
+        f"run {run.id} is down (state: {run.record().state}): {terminated}. Its hosts could "
+        f"not be reached ({len(err.failures)} of {err.hosts}), so what they held since the "
+        f"last 'tflaunch status' was not collected: {lost}.\n  " + "\n  ".join(err.failures)
+    )

@@ -30,6 +30,7 @@ from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import (
     Connection,
     SshOptions,
+    Unreachable,
     close_all,
     connect,
     connect_all,
@@ -285,10 +286,13 @@ class HostSession:
         details = run.record().part(SshDetails)
         plan = run.read_plan()
         self.paths = {name: HostPaths(**p) for name, p in details.ssh_hosts.items()}
-        self.connections = connect_all(
-            [(h.name, h.connect_address) for h in plan.hosts_with_tasks()],
-            SshOptions(**(details.ssh_options or {})),
-        )
+        try:
+            self.connections = connect_all(
+                [(h.name, h.connect_address) for h in plan.hosts_with_tasks()],
+                SshOptions(**(details.ssh_options or {})),
+            )
+        except Unreachable as err:  # not 'nothing was started': the run was, long ago
+            raise err.because(f"run {run.id} on them was not reached") from None
 
     def read_file(self, host: str, path: str) -> str | None:
         """A text file on ``host``; None when it does not exist."""
