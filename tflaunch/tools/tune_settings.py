@@ -204,11 +204,24 @@ def rank(rows: Iterable[Ranked], tie: float = 0.01) -> list[Ranked]:
     return out
 
 
-def margin(ranked: Sequence[Ranked]) -> float | None:
-    """The top setting's lead over the next different prediction, as a fraction."""
-    if len(ranked) < 2 or ranked[1].images_per_sec <= 0:
-        return None
-    return ranked[0].images_per_sec / ranked[1].images_per_sec - 1
+def margin(ranked: Sequence[Ranked], tie: float = 0.01) -> tuple[float | None, int]:
+    """The top setting's lead over the best prediction that differs from it by more than
+    ``tie`` (settings the model cannot tell apart are not "the next"), as a fraction, and how
+    many settings tie with the top (itself included)."""
+    if not ranked:
+        return None, 0
+    top = ranked[0].images_per_sec
+    tied = [r for r in ranked if r.images_per_sec >= (1 - tie) * top]
+    rest = [r for r in ranked if r.images_per_sec < (1 - tie) * top]
+    if not rest or rest[0].images_per_sec <= 0:
+        return None, len(tied)
+    return top / rest[0].images_per_sec - 1, len(tied)
+
+
+def next_distinct(ranked: Sequence[Ranked], tie: float = 0.01) -> Ranked | None:
+    """The first setting predicted more than ``tie`` below the top."""
+    top = ranked[0].images_per_sec if ranked else 0.0
+    return next((r for r in ranked if r.images_per_sec < (1 - tie) * top), None)
 
 
 @dataclass(frozen=True)
@@ -258,16 +271,22 @@ def verdict(ranked: Sequence[Ranked]) -> list[str]:
     if not ranked:
         return ["no setting could be planned"]
     top = ranked[0]
-    lines = []
-    lead = margin(ranked)
-    if lead is not None:
+    lines = [f"top: {top.setting.label}, {top.images_per_sec:.2f} img/s predicted"]
+    lead, tied = margin(ranked)
+    if tied > 1:
         lines.append(
-            f"top: {top.setting.label}, {top.images_per_sec:.2f} img/s predicted, "
-            f"{100 * lead:.1f} % ahead of {ranked[1].setting.label}"
+            f"{tied} settings are predicted within 1 % of it (the model cannot tell them "
+            "apart; the simplest is first)"
+        )
+    follower = next_distinct(ranked)
+    if lead is not None and follower is not None:
+        lines.append(
+            f"margin: {100 * lead:.1f} % over the next, {follower.setting.label} "
+            f"({follower.images_per_sec:.2f} img/s)"
         )
         if lead < MODEL_ERROR:
             lines.append(
-                f"the lead is within the model's error ({100 * MODEL_ERROR:.0f} %): "
+                f"the margin is within the model's error ({100 * MODEL_ERROR:.0f} %): "
                 "measure the top settings with --verify K before trusting the order"
             )
     if top.notes:
