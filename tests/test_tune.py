@@ -17,7 +17,7 @@ from tflaunch.cluster.config import parse_config
 from tflaunch.models import tune_probe
 from tflaunch.models.placement_math import STRATEGIES
 from tflaunch.tools import perfmodel as pm
-from tflaunch.tools import tune as tn
+from tflaunch.tools import tune_calibrate as tn
 from tflaunch.tools import tune_settings as ts
 from tflaunch.tools.tune_settings import Ranked, Setting
 

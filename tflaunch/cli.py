@@ -34,7 +34,7 @@ from tflaunch.tools.netbench_command import netbench_command
 from tflaunch.tools.perfmodel import model_command
 from tflaunch.tools.placement_command import placement
 from tflaunch.tools.tensorboard import tensorboard_command
-from tflaunch.tools.tune import tune_command
+from tflaunch.tools.tune_command import tune_command
 
 RENDER_FORMATS = ("tf_config", "cluster_spec", "env", "command")
 

@@ -134,6 +134,8 @@ def _state_section(run: Run, record: RunRecord) -> Section:
 def _tasks_section(run: Run, events: list[dict[str, Any]]) -> Section:
     from tflaunch.runtime import runctl
 
+    if not run.plan_path.exists():  # a run of tools (tflaunch tune) that started no tasks itself
+        return Section("tasks", "Tasks", "<p>No tasks: this run started none of its own.</p>")
     plan = run.read_plan()
     states = runctl.task_states(run)
     # A task failed if its last exit was non-zero and not a stop that tflaunch asked for.

@@ -81,7 +81,8 @@ class Knobs:
 
     updates: tuple[str, ...]
     strategies: tuple[str, ...]
-    transfers: bool
+    transfers: bool  # the program takes --staged_vars and --transfer_order
+    transfer_choices: tuple[str, ...] = ("none", "staged", "tic")
 
     @classmethod
     def of(cls, argv: Sequence[str]) -> Knobs:
@@ -95,6 +96,31 @@ class Knobs:
             updates or ("parameter_server",),
             strategies or (flag_value(argv, "--variable_placement") or "round_robin",),
             benchmark,
+        )
+
+    def limited(
+        self,
+        updates: Sequence[str] = (),
+        strategies: Sequence[str] = (),
+        transfers: Sequence[str] = (),
+    ) -> Knobs:
+        """Only the given values (each empty: all the program allows); a value the program
+        does not allow is a TuneError."""
+
+        def pick(given: Sequence[str], allowed: Sequence[str], what: str) -> tuple[str, ...]:
+            bad = [g for g in given if g not in allowed]
+            if bad:
+                raise TuneError(
+                    f"--{what} {bad[0]!r}: this program allows {', '.join(allowed)} here."
+                )
+            return tuple(a for a in allowed if a in given) if given else tuple(allowed)
+
+        allowed_transfers = self.transfer_choices if self.transfers else ("none",)
+        return Knobs(
+            pick(updates, self.updates, "updates"),
+            pick(strategies, self.strategies, "placements"),
+            self.transfers,
+            pick(transfers, allowed_transfers, "transfers"),
         )
 
 
@@ -154,7 +180,11 @@ def enumerate_settings(
         if update == ALL_REDUCE:
             out.append(Setting(0, ALL_REDUCE, "-", "none", "-"))
             continue
-        transfers = TRANSFERS[update] if knobs.transfers else ("none",)
+        transfers = (
+            tuple(t for t in TRANSFERS[update] if t in knobs.transfer_choices)
+            if knobs.transfers
+            else ("none",)
+        )
         for p in range(1, max_ps + 1):
             strategies = knobs.strategies if p > 1 else knobs.strategies[:1]
             for hosts in ps_hosts:
