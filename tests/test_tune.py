@@ -4,6 +4,7 @@ and one end-to-end run on the local backend (slow: real TensorFlow processes).""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -229,4 +230,38 @@ def test_tune_verify_apply_on_the_local_backend(tmp_path) -> None:
     assert html.returncode == 0, html.stderr
     page = (tune_dir / "report.html").read_text()
     assert "Tune" in page and "tune.json" in page
+    assert wait_until_gone(str(tmp_path)) == []
+
+
+def test_unknown_cores_make_no_grpc_claim() -> None:
+    fast = Ranked(Setting(1, PS), 8.0, 0.25, "workers")
+    assert ts.caveats(fast, ts.Context(2, 0, 1.25e9, 100_000_000, shared_cores=True)) == ()
+
+
+@pytest.mark.slow
+def test_tune_any_program_from_a_traced_worker(tmp_path) -> None:
+    """A program that is not the benchmark: one worker traced, its step less communication is
+    the compute; only the PS count and hosts are tuned, and the file it writes validates."""
+    pytest.importorskip("tensorflow")
+    program = ROOT / "tests" / "programs" / "tf1_between_graph.py"
+    argv = [
+        sys.executable, str(program), "--job_name", "{job_name}", "--task_index", "{task_index}",
+        "--ps_hosts", "{ps_hosts}", "--worker_hosts", "{worker_hosts}", "--train_steps", "300",
+    ]  # fmt: skip
+    cluster = write_cluster(
+        tmp_path / "c.yaml", {"argv": argv}, roles={"ps": 1, "worker": 2},
+        supervision={"ready_timeout": 300}, runs_dir=str(tmp_path / "runs"),
+    )  # fmt: skip
+    args = ["tune", str(cluster), "--model", "mnist", "--batch-size", "32", "--trace", "100:10"]
+    result = tflaunch(*args, "--link", "1000,500", cwd=tmp_path, timeout=600)
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:] + result.stderr[-3000:]
+    assert re.search(r"worker:0's \d+ traced steps: [\d.]+ ms each without communication", out)
+    assert "link given (--link): no netbench" in out
+    tuned = parse_config((tmp_path / "c.tuned.yaml").read_text())
+    assert tuned.program.argv == tuple(argv)  # no flag the program does not take
+    tune_dir = next(p for p in (tmp_path / "runs").iterdir() if "-tune-" in p.name)
+    document = json.loads((tune_dir / "tune.json").read_text())
+    assert {r["update"] for r in document["ranked"]} == {PS}
+    assert set(document["calibration"]["runs"]) == {"traced"}
     assert wait_until_gone(str(tmp_path)) == []

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import re
 import statistics
 import time
@@ -65,7 +66,7 @@ class Calibration:
     together_img_s: float | None = None
     shared_cores: bool = False
     compute_at: tuple[tuple[int, float], ...] = ()
-    cores_per_host: int = 1
+    cores_per_host: int = 0  # 0: not known (a traced program's run does not say)
     link: dict[str, float] = dataclasses.field(default_factory=dict)
     nic: bool = False
     runs: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -275,6 +276,7 @@ class Calibrator:
             f"communication ({self.cal.lone_img_s:.2f} img/s at batch {self.program.batch_size})"
         )
         spec = _model_spec(self.program.model)
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # the graph build's C++ chatter
         return tuple(
             (v.name, tuple(v.shape), v.dtype_size)
             for v in model_variables(spec, self.program.num_classes)

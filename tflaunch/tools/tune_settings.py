@@ -279,8 +279,8 @@ def caveats(row: Ranked, ctx: Context) -> tuple[str, ...]:
     if s.update != ALL_REDUCE and s.ps:
         ps_traffic = 2 * ctx.model_bytes * steps_per_s / s.ps
         busiest = max(per_worker, ps_traffic + (per_worker if s.ps_hosts == "colocated" else 0))
-    budget = GRPC_SHARE * GRPC_BYTES_PER_CORE * max(1, ctx.cores_per_host)
-    if busiest > budget:
+    budget = GRPC_SHARE * GRPC_BYTES_PER_CORE * ctx.cores_per_host
+    if ctx.cores_per_host and busiest > budget:  # 0: the hosts' cores are not known
         notes.append(
             f"gRPC CPU: {busiest / 1e6:.0f} MB/s through one host of {ctx.cores_per_host} "
             "core(s); the model leaves gRPC's own CPU cost out, so this is an upper bound"
