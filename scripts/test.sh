@@ -53,4 +53,6 @@ fi
 ruff check .
 ruff format --check .
 bash scripts/check_imports.sh
-python3 -m pytest "$@"
+# Two workers (TEST_WORKERS): the SSH test hosts' and the Slurm cluster's tests each stay on one
+# worker (tests/conftest.py groups them), the rest spread. TEST_WORKERS=0 runs in this process.
+python3 -m pytest -n "${TEST_WORKERS:-2}" --dist loadgroup "$@"

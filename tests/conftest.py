@@ -41,3 +41,31 @@ def aws_credentials(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
     monkeypatch.delenv("AWS_PROFILE", raising=False)
+
+
+# -- pytest-xdist: the test hosts are one per machine ---------------------------------------------
+# scripts/test.sh runs the suite on several workers (--dist loadgroup). The SSH test hosts and the
+# Slurm test cluster have fixed addresses and a lock each: a worker that waits on another's lock
+# idles. So every test of a module that uses one of them joins that one's group, which a single
+# worker runs in turn, while the other tests spread over the rest.
+_HOST_GROUPS = {"tests.hosts.ssh_hosts": "ssh-hosts", "tests.hosts.slurm_cluster": "slurm-cluster"}
+
+
+def _host_group(module: object) -> str | None:
+    for value in vars(module).values():
+        name = getattr(value, "__module__", None) or getattr(value, "__name__", None)
+        if name in _HOST_GROUPS:
+            return _HOST_GROUPS[name]
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    groups: dict[object, str | None] = {}
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is None:
+            continue
+        if module not in groups:
+            groups[module] = _host_group(module)
+        if groups[module]:
+            item.add_marker(pytest.mark.xdist_group(groups[module]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import random
@@ -204,3 +205,32 @@ def python_files(*tops: str) -> list[Path]:
     """Every ``.py`` file under the repository's top folders ``tops``, sorted: what the
     tree-scanning tests (stray protocol names, raw run.json reads) read."""
     return sorted(p for top in tops for p in (ROOT / top).rglob("*.py"))
+
+
+def left_behind_run(runs, name: str, backend: str, **meta):
+    """A run directory as a backend leaves it: run.json, a one-task plan, events."""
+    from tflaunch.runtime.run import Run
+
+    run = Run.create(runs, name)
+    run.update_meta(run_id=run.id, name=name, backend=backend, **meta)
+    plan = {
+        "name": name,
+        "supervision": {},
+        "program": {"argv": ["true"], "env": {}, "tf_config": True, "checkpoint_dir": "c"},
+        "cluster": {"worker": ["h:1"]},
+        "hosts": [{"name": "h", "cluster_address": "h", "connect_address": "h", "gpu_ids": []}],
+        "tasks": [
+            {
+                "job": "worker",
+                "index": 0,
+                "host": "h",
+                "cluster_address": "h",
+                "port": 1,
+                "gpus": [],
+                "workdir": ".",
+                "log_name": "worker-0.log",
+            }
+        ],
+    }
+    run.plan_path.write_text(json.dumps(plan))
+    return run

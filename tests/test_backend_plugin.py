@@ -1,82 +1,30 @@
 """A backend from a package outside this repository, installed beside tflaunch, runs a cluster.
 
 The package is tests/data/backend_plugin (``tflaunch_inline``, backend ``inline`` with an
-``inline:`` section and a check), registered through the ``tflaunch.backends`` entry point. The
-test builds wheels of this checkout and of the package, installs both (``--no-deps``) into a
-fresh venv, and runs that venv's ``tflaunch`` from a folder outside the checkout, without
-PYTHONPATH, so that only the installed copies are used. The third-party dependencies (click,
-PyYAML, psutil, paramiko, ...) come from this interpreter's site-packages through a ``.pth`` line:
-nothing is downloaded, and the site-packages' own tflaunch (an editable install of some
-checkout) stays out, because a ``.pth`` line adds a directory without running its ``.pth`` files.
+``inline:`` section and a check), registered through the ``tflaunch.backends`` entry point and
+installed beside this checkout in a fresh venv (:mod:`tests.plugin_venv`).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import site
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import ROOT, fake_cluster
+from tests.plugin_venv import install_venv
+from tests.plugin_venv import run_in as _run
 
 pytestmark = pytest.mark.slow
 
 PLUGIN = ROOT / "tests" / "data" / "backend_plugin"
 
 
-def _copy_sources(source: Path, target: Path) -> None:
-    """The files git would commit from ``source`` (tracked or new, not ignored): no venvs, run
-    directories, build/ or egg-info of the checkout reach the wheel, and none is left there."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "."],
-        cwd=source,
-        capture_output=True,
-        check=True,
-    ).stdout.decode()
-    for name in filter(None, listed.split("\0")):
-        if (source / name).is_file():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source / name, target / name)
-
-
-def _run(argv: list, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    return subprocess.run(
-        [str(a) for a in argv], cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout
-    )
-
-
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory) -> Path:
     """A fresh venv holding wheels of this checkout and of the plugin package."""
-    root = tmp_path_factory.mktemp("plugin")
-    wheels = root / "wheels"
-    for source in (ROOT, PLUGIN):  # built from copies: no build/ or egg-info in the checkout
-        copy = root / "src" / source.name
-        _copy_sources(source, copy)
-        built = _run(
-            [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
-            + ["-w", wheels, copy],
-            cwd=root,
-        )
-        assert built.returncode == 0, built.stderr
-    made = _run([sys.executable, "-m", "venv", root / "venv"], cwd=root)
-    assert made.returncode == 0, made.stderr
-    python = root / "venv" / "bin" / "python"
-    installed = _run(
-        [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", *wheels.glob("*.whl")],
-        cwd=root,
-    )
-    assert installed.returncode == 0, installed.stderr
-    purelib = _run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], root)
-    deps = "\n".join(site.getsitepackages()) + "\n"
-    (Path(purelib.stdout.strip()) / "zz_test_dependencies.pth").write_text(deps)
-    return root / "venv"
+    return install_venv(tmp_path_factory.mktemp("plugin"), [PLUGIN])
 
 
 def test_an_installed_backend_package_runs_a_cluster(venv, tmp_path):

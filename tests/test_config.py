@@ -556,3 +556,18 @@ def test_ssh_host_wait_needs_a_restart_policy() -> None:
     with pytest.raises(ConfigError, match="ssh.host_wait: needs a restart policy"):
         parse_config(base)
     assert parse_config(base + "supervision: {restart: {ps: exit-code}}\n").ssh.host_wait == 30
+
+
+@pytest.mark.parametrize("name", ["-rf", "--help", ".hidden", "_x", "'-x'", "' x'", "''"])
+def test_a_cluster_name_must_start_with_a_letter_or_digit(name):
+    message = _error(f"program: [p]\nname: {name}\n")
+    assert (
+        message.startswith("c.yaml:2: name: ") and "must start with a letter or a digit" in message
+    )
+
+
+def test_run_ids_never_start_with_a_dash_or_dot():
+    from tflaunch.runtime.run import new_run_id
+
+    assert new_run_id("--x").startswith("x-") and new_run_id("..").startswith("run-")
+    assert parse_config("program: [p]\nname: 9-lives\n", source="c.yaml").name == "9-lives"

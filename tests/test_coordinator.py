@@ -138,3 +138,70 @@ def test_workers_left_running_after_the_chief_finished_fail_after_finish_timeout
         outcome.code == 1
         and "worker:1 on b was still running 1 s after worker:0" in outcome.message
     )
+
+
+MALFORMED = [
+    {"event": "trace_note", "name": 5},
+    {"event": "trace_note", "text": ["x"]},
+    {"event": "trace_note", "dir": {"a": 1}},
+    {"event": "trace_file", "path": None},
+    {"event": "trace_file", "offset": "0"},
+    {"event": "trace_file", "size": 1.5},
+    {"event": "trace_file", "data": 7},
+    {"event": "trace_sent", "files": [1, 2]},
+    {"event": "trace_sent", "files": "a"},
+    {"event": "trace_sent", "bytes": True},
+    {"event": "trace_sent", "error": 3},
+    {"event": "started", "task": "worker:1", "pid": "1"},
+    {"event": "exited", "task": "worker:1", "code": float("nan")},
+]
+
+
+@pytest.mark.parametrize("message", MALFORMED, ids=lambda m: f"{m['event']}-{list(m)[-1]}")
+def test_a_malformed_message_closes_its_link_and_the_run_ends_in_its_true_state(cluster, message):
+    """Every field of an agent's message is checked: a bad one closes that agent's link with
+    one line, never crashes the coordinator; b's work was done, so the run still succeeds."""
+    a = started("ps:0", "worker:0") + [
+        {"event": "ready", "task": "ps:0"},
+        {"event": "exited", "task": "worker:0", "code": 0},
+    ]
+    b = started("worker:1") + [{"event": "exited", "task": "worker:1", "code": 0}, message]
+    outcome, links, run, out = run_with(cluster, a, b)
+    assert outcome.code == 0 and run.record().state == "succeeded", out
+    field = list(message)[-1]
+    assert f"b: closed its agent's link: a malformed message ({message['event']}.{field}" in out
+    assert links[1].closed
+
+
+class ClosingLink(FakeLink):
+    """A link whose close ends its stream, as a real one does."""
+
+    def close(self, timeout: float) -> None:
+        if not self.closed:
+            self.closed = True
+            self._emit({"event": "link_closed"})
+
+
+def test_a_malformed_message_from_a_host_still_working_fails_the_run_naming_it(cluster):
+    plan, run = cluster
+    a = started("ps:0", "worker:0") + [{"event": "ready", "task": "ps:0"}]
+    b = started("worker:1") + [{"event": "trace_file", "offset": -1.5}]
+    links = [FakeLink("a", ["ps:0", "worker:0"], a), ClosingLink("b", ["worker:1"], b)]
+    out = io.StringIO()
+    outcome = coordinate(plan, run, links, out=out)
+    assert outcome.code == 1 and "lost the agent on b while worker:1" in outcome.message
+    assert "malformed message (trace_file.offset: expected int, got -1.5)" in out.getvalue()
+    assert run.record().state == "failed"
+
+
+def test_a_malformed_line_in_events_jsonl_hides_only_itself(tmp_path):
+    from tflaunch.runtime import protocol
+
+    lines = [
+        {"event": "started", "task": "w", "pid": 1, "time": 1.0},
+        {"event": "started", "task": 5},
+        {"event": "exited", "task": "w", "code": 0, "time": "later", "host": ["x"]},
+    ]
+    kept = list(protocol.records(lines))
+    assert [r.event.NAME for r in kept] == ["started", "exited"]
+    assert kept[1].time is None and kept[1].host is None

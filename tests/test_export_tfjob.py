@@ -182,3 +182,21 @@ def test_what_a_tfjob_cannot_express_is_an_error_naming_the_key(tmp_path, extra,
     assert result.exit_code == 2
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("namespace", ["Team", "-x", "x-", "a_b", "a.b", "x" * 64, "kube system"])
+def test_a_namespace_must_be_a_kubernetes_name_in_the_file_and_as_an_option(tmp_path, namespace):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"name: t\nprogram: [p]\nkubernetes: {{image: i, namespace: '{namespace}'}}\n")
+    from_file = CliRunner().invoke(cli, ["export", str(path), "--format", "tfjob"])
+    assert from_file.exit_code == 2 and "Traceback" not in from_file.output
+    assert f"c.yaml:3: kubernetes.namespace: {namespace!r} is not a Kubernetes namespace" in (
+        from_file.output
+    )
+    path.write_text("name: t\nprogram: [p]\nkubernetes: {image: i}\n")
+    as_option = CliRunner().invoke(
+        cli, ["export", str(path), "--format", "tfjob", "--namespace", namespace]
+    )
+    assert as_option.exit_code == 2 and "--namespace: " in as_option.output
+    ok = CliRunner().invoke(cli, ["export", str(path), "--format", "tfjob", "--namespace", "ml-1"])
+    assert ok.exit_code == 0 and "namespace: ml-1" in ok.output

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from conftest import skip_or_fail
 
+from tests.helpers import left_behind_run
+from tflaunch.cli import cli
 from tflaunch.runtime.run import Run
 from tflaunch.tools.report_html import write_html_report
 
@@ -112,3 +120,113 @@ def test_the_page_opens_in_headless_chromium(tmp_path):
     keep = Path(__file__).parent.parent / "runs" / "report-html-screenshot.png"
     keep.parent.mkdir(exist_ok=True)
     shutil.copy(shot, keep)  # for a person to look at (runs/ is ignored)
+
+
+# ---- broken and hostile run directories (no real run: the directory as it was left) ----------
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+def test_a_run_that_failed_while_its_machines_were_made_gets_a_page(tmp_path):
+    run = Run.create(tmp_path / "runs", "prov")
+    run.update_meta(backend="ssh", state="failed", exit_code=2, message="no capacity in us-x-1")
+    path = write_html_report(run)
+    page = path.read_text()
+    assert _sections(page) == ["Run", "Tasks", "Timeline", "Plots", "Files"]
+    assert '<span class="state failed">failed</span>' in page and "no capacity in us-x-1" in page
+    assert "No plan: the run ended before its tasks were placed" in page
+    assert "No events were recorded." in page
+    assert _mode(path) == 0o600
+
+
+def test_the_page_embeds_nothing_reached_through_links_planted_in_the_run_dir(tmp_path):
+    run = left_behind_run(tmp_path / "runs", "planted", "local", state="failed", exit_code=1)
+    outside = tmp_path / "outside"
+    (outside / "trace").mkdir(parents=True)
+    (outside / "secret.txt").write_text("SECRET-TEXT")
+    (outside / "secret.png").write_bytes(b"\x89PNG-SECRET-PNG")
+    (outside / "trace" / "trace_summary.txt").write_text("SECRET-TRACE")
+    (outside / "trace" / "t.png").write_bytes(b"\x89PNG-SECRET-DIR")
+    (run.dir / "summary.txt").symlink_to(outside / "secret.txt")
+    (run.dir / "plot.png").symlink_to(outside / "secret.png")
+    (run.dir / "trace").symlink_to(outside / "trace")
+    (run.dir / "netbench.txt").symlink_to("/dev/zero")
+    os.mkfifo(run.dir / "model.txt")
+    (run.dir / "own.png").write_bytes(b"\x89PNG-OWN")
+    page = write_html_report(run).read_text()
+    for secret in (b"SECRET-TEXT", b"\x89PNG-SECRET-PNG", b"SECRET-TRACE", b"\x89PNG-SECRET-DIR"):
+        assert (
+            base64.b64encode(secret).decode() not in page and secret.decode("latin-1") not in page
+        )
+    assert base64.b64encode(b"\x89PNG-OWN").decode() in page
+    assert "summary.txt is a symlink" in page and "model.txt is a FIFO" in page
+    assert "trace_summary.txt: trace is not a folder of" in page
+    assert 'href="trace/trace.json"' not in page
+
+
+def test_the_page_and_report_files_replace_planted_links_and_take_the_runs_mode(tmp_path):
+    run = left_behind_run(tmp_path / "runs", "links", "local", state="succeeded", exit_code=0)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (run.dir / "report.html").symlink_to(victim)
+    (run.dir / "summary.json").symlink_to(victim)
+    (run.dir / "samples-h.jsonl").write_text(
+        json.dumps({"time": 1.0, "host": "h", "node": {"cpu_percent": 5}, "tasks": {}}) + "\n"
+    )
+    path = write_html_report(run)
+    assert victim.read_text() == "keep me"
+    assert not path.is_symlink() and _mode(path) == 0o600
+    assert not (run.dir / "summary.json").is_symlink() and _mode(run.dir / "summary.json") == 0o600
+
+
+def test_a_symlinked_out_is_refused_and_a_new_one_gets_the_runs_mode(tmp_path):
+    run = left_behind_run(tmp_path / "runs", "out", "local", state="succeeded", exit_code=0)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "link").symlink_to(elsewhere)
+    refused = CliRunner().invoke(
+        cli,
+        [
+            "report",
+            run.id,
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--html",
+            "--out",
+            str(tmp_path / "link"),
+        ],
+    )
+    assert refused.exit_code == 2 and "is a symlink" in refused.output, refused.output
+    assert list(elsewhere.iterdir()) == []
+    made = CliRunner().invoke(
+        cli,
+        [
+            "report",
+            run.id,
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--html",
+            "--out",
+            str(tmp_path / "new"),
+        ],
+    )
+    assert made.exit_code == 0, made.output
+    assert _mode(tmp_path / "new") == 0o700 and _mode(tmp_path / "new" / "report.html") == 0o600
+
+
+def test_a_failed_tasks_400_mb_log_is_read_from_its_end(tmp_path):
+    run = left_behind_run(tmp_path / "runs", "biglog", "local", state="failed", exit_code=3)
+    with run.events_path.open("w") as f:
+        f.write(json.dumps({"event": "exited", "task": "worker:0", "code": 3, "time": 1.0}) + "\n")
+    log = run.dir / "worker-0.log"
+    with log.open("wb") as f:
+        f.truncate(400 << 20)  # sparse: 400 MB on the file's length, nothing on disk
+        f.seek(0, os.SEEK_END)
+        f.write(b"".join(b"line %d\n" % i for i in range(100)))
+    begun = time.monotonic()
+    page = write_html_report(run).read_text()
+    assert time.monotonic() - begun < 5
+    assert "worker:0: the last 20 lines of worker-0.log" in page
+    assert "line 99" in page and "line 80" in page and "line 79" not in page

@@ -4,43 +4,17 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
 from click.testing import CliRunner
 
-from tests.helpers import fake_cluster, tflaunch
+from tests.helpers import fake_cluster, left_behind_run, tflaunch
 from tflaunch.cli import cli
 from tflaunch.launchers.slurm.script import SlurmDetails
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.tools.runs import parse_age
-
-
-def _left_behind(runs, name: str, backend: str, **meta) -> Run:
-    """A run directory as a backend leaves it: run.json, a one-task plan, events."""
-    run = Run.create(runs, name)
-    run.update_meta(run_id=run.id, name=name, backend=backend, **meta)
-    plan = {
-        "name": name,
-        "supervision": {},
-        "program": {"argv": ["true"], "env": {}, "tf_config": True, "checkpoint_dir": "c"},
-        "cluster": {"worker": ["h:1"]},
-        "hosts": [{"name": "h", "cluster_address": "h", "connect_address": "h", "gpu_ids": []}],
-        "tasks": [
-            {
-                "job": "worker",
-                "index": 0,
-                "host": "h",
-                "cluster_address": "h",
-                "port": 1,
-                "gpus": [],
-                "workdir": ".",
-                "log_name": "worker-0.log",
-            }
-        ],
-    }
-    run.plan_path.write_text(json.dumps(plan))
-    return run
 
 
 @pytest.fixture
@@ -49,13 +23,13 @@ def runs(tmp_path):
     whose job was never submitted (lost), and an SSH run whose coordinator died (lost)."""
     runs = tmp_path / "runs"
     now = time.time()
-    done = _left_behind(runs, "done", "local", started=now - 300, state="running")
+    done = left_behind_run(runs, "done", "local", started=now - 300, state="running")
     with done.events_path.open("w") as f:
         f.write(json.dumps({"event": "restarting", "task": "worker:0", "code": 1}) + "\n")
     done.finish(Outcome(0, "ok"))
     done.update_meta(ended=now - 240)
-    _left_behind(runs, "queued", "slurm", started=now - 200, state="submitted")
-    _left_behind(runs, "dead", "ssh", started=now - 100, state="running", coordinator_pid=1)
+    left_behind_run(runs, "queued", "slurm", started=now - 200, state="submitted")
+    left_behind_run(runs, "dead", "ssh", started=now - 100, state="running", coordinator_pid=1)
     return runs
 
 
@@ -77,7 +51,7 @@ def test_status_lists_runs_of_every_backend_newest_first_as_json(runs):
 def test_status_table_shows_the_last_20_unless_all(tmp_path):
     runs = tmp_path / "runs"
     for i in range(22):
-        _left_behind(runs, f"r{i}", "local", started=1000.0 + i, state="failed", exit_code=1)
+        left_behind_run(runs, f"r{i}", "local", started=1000.0 + i, state="failed", exit_code=1)
     table = CliRunner().invoke(cli, ["status", "--runs-dir", str(runs)]).output.splitlines()
     assert table[0].split()[:4] == ["RUN", "NAME", "BACKEND", "STATE"]
     assert table[1].split()[1:4] == ["r21", "local", "failed"] and len(table) == 22
@@ -136,7 +110,7 @@ def test_live_detached_run_is_listed_running_and_refused_by_rm_and_prune(tmp_pat
 def test_a_run_whose_backend_cannot_be_asked_is_listed_unknown_and_kept(
     runs, monkeypatch, tmp_path
 ):
-    run = _left_behind(runs, "elsewhere", "slurm", started=time.time(), state="running")
+    run = left_behind_run(runs, "elsewhere", "slurm", started=time.time(), state="running")
     run.update_part(SlurmDetails, job_id=42)
     monkeypatch.setenv("PATH", str(tmp_path))  # no squeue here
     table = CliRunner().invoke(cli, ["status", "--runs-dir", str(runs)]).output.splitlines()
@@ -146,3 +120,70 @@ def test_a_run_whose_backend_cannot_be_asked_is_listed_unknown_and_kept(
     assert (
         "kept elsewhere-" in pruned.output and "cannot tell whether it still runs" in pruned.output
     )
+
+
+def _broken(runs, name: str) -> Run:
+    """A run directory whose run.json is about to be replaced by something that is not one."""
+    run = Run.create(runs, name, run_id=f"{name}-20000101-000000-0000")
+    return run
+
+
+@pytest.fixture
+def broken_runs(runs):
+    """Beside the three good runs: run.json a FIFO, a link to /dev/zero, garbage, a sparse
+    2 GiB file, a record of the wrong types, a dangling link; a good run.json with a FIFO for
+    its plan, and one with a link to /dev/zero for its events."""
+    os.mkfifo(_broken(runs, "fifo").meta_path)
+    _broken(runs, "zero").meta_path.symlink_to("/dev/zero")
+    _broken(runs, "garbage").meta_path.write_bytes(b"\x00\xff{garbage")
+    with _broken(runs, "huge").meta_path.open("wb") as f:
+        f.truncate(2 << 30)
+    _broken(runs, "typed").meta_path.write_text('{"started": "yesterday", "hosts": 3}')
+    _broken(runs, "dangling").meta_path.symlink_to(runs / "nowhere")
+    plan = left_behind_run(runs, "fifoplan", "local", started=time.time() - 50, state="failed")
+    plan.plan_path.unlink()
+    os.mkfifo(plan.plan_path)
+    events = left_behind_run(runs, "zeroevents", "local", started=time.time() - 40, state="failed")
+    events.events_path.symlink_to("/dev/zero")
+    return runs
+
+
+UNREADABLE_WHY = {
+    "fifo": "run.json is a FIFO, not a regular file",
+    "zero": "run.json is a symlink",
+    "garbage": "run.json is not JSON",
+    "huge": "run.json is 2048.0 MiB, more than the 16.0 MiB",
+    "typed": "run.json is not a run record: started is 'yesterday'; hosts is 3",
+    "dangling": "run.json is a symlink",
+    "fifoplan": "plan.json is a FIFO, not a regular file",
+    "zeroevents": "events.jsonl is a symlink",
+}
+
+
+def test_status_lists_the_good_runs_and_one_unreadable_row_per_broken_one_in_2s(broken_runs):
+    begun = time.monotonic()
+    result = CliRunner().invoke(cli, ["status", "--runs-dir", str(broken_runs), "--json"])
+    took = time.monotonic() - begun
+    assert result.exit_code == 0, result.output
+    assert took < 2.0, f"listing took {took:.1f} s"
+    rows = {r["id"].split("-")[0]: r for r in json.loads(result.output)}
+    assert {rows[n]["state"] for n in ("done", "queued", "dead")} == {"succeeded", "lost"}
+    for name, why in UNREADABLE_WHY.items():
+        assert rows[name]["state"] == "unreadable", rows[name]
+        assert why in rows[name]["problem"], (name, rows[name]["problem"])
+    table = CliRunner().invoke(cli, ["status", "--runs-dir", str(broken_runs)]).output
+    assert "fifo-20000101-000000-0000: unreadable: " in table and " succeeded " in table
+
+
+def test_status_as_a_process_lists_broken_runs_dir_within_2s(broken_runs, tmp_path):
+    """Measured against the same command over an empty runs dir (the interpreter's start and
+    imports, which a loaded machine stretches)."""
+    begun = time.monotonic()
+    empty = tflaunch("status", "--runs-dir", str(tmp_path / "empty"), timeout=30)
+    start_up = time.monotonic() - begun
+    begun = time.monotonic()
+    listed = tflaunch("status", "--runs-dir", str(broken_runs), timeout=30)
+    took = time.monotonic() - begun
+    assert empty.returncode == 0 and listed.returncode == 0, listed.stderr
+    assert took - start_up < 2.0, f"status took {took:.1f} s, {start_up:.1f} s of it to start"
+    assert listed.stdout.count(": unreadable: ") == len(UNREADABLE_WHY)

@@ -459,11 +459,11 @@ def _list_runs(runs_dir: str, show_all: bool, as_json: bool) -> None:
 @run_dir_option
 def rm(run_ids: tuple[str, ...], runs_dir: str) -> None:
     """Remove the directories of ended (or lost) runs; a live run is refused."""
-    from tflaunch.tools.runs import remove_run
+    from tflaunch.tools.runs import find_removable, remove_run
 
-    runs = [Run.open(runs_dir, run_id) for run_id in run_ids]
-    for run in runs:
-        click.echo(remove_run(run))
+    found = [find_removable(runs_dir, run_id) for run_id in run_ids]  # all of them, first
+    for path in found:
+        click.echo(remove_run(path))
 
 
 @cli.command()
@@ -543,8 +543,10 @@ def down(
         raise click.UsageError("give the run id to stop, or --cluster NAME.")
     run = Run.open(runs_dir, run_id)
     backend = launch.backend_of(run)
-    # A run still making its machines has no plan and no tasks yet to give a grace period.
-    grace = run.read_plan().supervision.grace_period if run.plan_path.exists() else 0.0
+    try:
+        grace = run.read_plan().supervision.grace_period
+    except OSError:  # no plan yet (its machines are being made), or not one: stop it anyway
+        grace = 0.0
     click.echo(backend.down(run, grace))
 
 

@@ -1,6 +1,6 @@
 """Local backend: every task on this machine (one agent per host of the plan), optionally shown in
 one terminal window per task (``up --terminals``)."""
 
-from tflaunch.cluster.backends import BackendSpec
+from tflaunch.plugin import BackendSpec
 
 BACKEND = BackendSpec(name="local", backend="tflaunch.launchers.local.backend:LocalBackend")

@@ -21,11 +21,19 @@ import re
 import subprocess
 from collections.abc import Mapping
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Host, Plan, hosts_from_config, unset_gpus
-from tflaunch.launchers.base import Backend, LaunchOptions, spawn_agent
-from tflaunch.runtime.link import ProcessLink
-from tflaunch.runtime.run import Outcome, Run
+from tflaunch.plugin import (
+    Backend,
+    ClusterConfig,
+    Host,
+    LaunchOptions,
+    Outcome,
+    Plan,
+    ProcessLink,
+    Run,
+    hosts_from_config,
+    spawn_agent,
+    unset_gpus,
+)
 
 
 class LocalBackend(Backend):

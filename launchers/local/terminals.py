@@ -23,10 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tflaunch.cluster.plan import Plan
-from tflaunch.errors import LaunchError
-from tflaunch.runtime import procs
-from tflaunch.runtime.run import Run
+from tflaunch.plugin import LaunchError, Plan, Run, spawn, terminate_group
 
 KINDS = ("tmux", "xterm", "gnome-terminal")
 TMUX_TIMEOUT = 10.0  # seconds for one tmux command: every wait has a deadline
@@ -83,11 +80,11 @@ class Terminals:
 
     def close(self) -> None:
         """Close every window; bounded, and safe to call twice."""
-        procs.terminate_group(self.sentinel, 1.0)  # reaped: tail --pid sees it gone
+        terminate_group(self.sentinel, 1.0)  # reaped: tail --pid sees it gone
         if self.session:
             _tmux(self.socket, "kill-session", "-t", self.session, check=False)
         for window in self.windows:
-            procs.terminate_group(window, 2.0)
+            terminate_group(window, 2.0)
 
     def __enter__(self) -> Terminals:
         return self
@@ -107,7 +104,7 @@ def open_terminals(kind: str, plan: Plan, run: Run) -> Terminals:
     """Open one window per task of ``plan``; the caller closes them (``with`` or ``close``)."""
     check(kind)
     # The sentinel dies with this process even on kill -9 (parent-death signal), closing windows.
-    sentinel = procs.spawn(["sleep", "2147483647"], os.environ, cwd=None, stdout=subprocess.DEVNULL)
+    sentinel = spawn(["sleep", "2147483647"], os.environ, cwd=None, stdout=subprocess.DEVNULL)
     terminals = Terminals(kind, sentinel)
     try:
         windows = []
@@ -163,7 +160,7 @@ def _open_windows(terminals: Terminals, run: Run, windows: list[tuple[str, list[
             argv = ["xterm", "-T", title, "-e", *cmd]
         else:  # --wait: the client lives as long as its window, so teardown can reap it
             argv = ["gnome-terminal", "--wait", f"--title={title}", "--", *cmd]
-        terminals.windows.append(procs.spawn(argv, os.environ, cwd=None, stdout=subprocess.DEVNULL))
+        terminals.windows.append(spawn(argv, os.environ, cwd=None, stdout=subprocess.DEVNULL))
     # A terminal that cannot reach the display exits at once: report that instead of running blind.
     deadline = time.monotonic() + 1.0
     while time.monotonic() < deadline:

@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tflaunch.errors import LaunchError
+from tflaunch.plugin import JobState, LaunchError
 
 FINAL_STATES = {
     "COMPLETED",
@@ -53,18 +52,21 @@ def slurm_command(argv: list[str], check: bool = True) -> subprocess.CompletedPr
     return result
 
 
-@dataclass(frozen=True)
-class JobState:
-    """What Slurm says about a job. ``state`` is GONE when Slurm no longer knows it."""
+# Slurm's final states in the base's words (JobState.ending); any other final state: "failed"
+ENDINGS = {
+    "COMPLETED": "completed",
+    "TIMEOUT": "timeout",
+    "CANCELLED": "cancelled",
+}
 
-    state: str
-    exit_code: int | None = None  # shell-style: 128 + signal for a signalled batch script
-    reason: str = ""
-    nodes: str = ""
 
-    @property
-    def ended(self) -> bool:
-        return self.state in FINAL_STATES
+def slurm_state(
+    state: str, exit_code: int | None = None, reason: str = "", nodes: str = ""
+) -> JobState:
+    """Slurm's words as the batch base's :class:`JobState`: ``state`` is GONE when Slurm no
+    longer knows the job; ``exit_code`` is shell-style (128 + signal for a signalled script)."""
+    ending = ENDINGS.get(state, "failed") if state in FINAL_STATES else ""
+    return JobState(state, exit_code, reason, nodes, ending=ending, pending=state == "PENDING")
 
 
 def _wait_status_code(status: int) -> int:
@@ -97,7 +99,7 @@ def squeue_json_state(job_id: str) -> JobState | None:
         if str(job.get("job_id")) == job_id:
             state = job.get("job_state")
             state = state[0] if isinstance(state, list) and state else state
-            return JobState(
+            return slurm_state(
                 str(state),
                 _json_exit_code(job.get("exit_code")),
                 str(job.get("state_reason", "")),
@@ -129,7 +131,7 @@ def squeue_plain_state(job_id: str) -> JobState | None:
     if not line:
         return None
     state, reason, nodes = (line.split("|") + ["", ""])[:3]
-    return JobState(state, None, reason, nodes)
+    return slurm_state(state, None, reason, nodes)
 
 
 def _sacct_state(job_id: str) -> JobState:
@@ -142,11 +144,11 @@ def _sacct_state(job_id: str) -> JobState:
         else ""
     )
     if not line:
-        return JobState("GONE")
+        return slurm_state("GONE")
     state, _, exit_code = line.partition("|")
     code, _, sig = exit_code.partition(":")
     number = 128 + int(sig) if sig.isdigit() and int(sig) else int(code) if code.isdigit() else None
-    return JobState(state.split()[0], number)
+    return slurm_state(state.split()[0], number)
 
 
 def submit(script: Path) -> str:

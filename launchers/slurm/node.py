@@ -19,36 +19,35 @@ task again and the programs resume from their checkpoints. Past N requeues the w
 passed on, and a job requeued more than N times (by Slurm itself: node failure, preemption)
 refuses to start. A job stopped by ``scancel`` or ``tflaunch down`` is never requeued.
 
+The coordinate/join mechanics are the batch base's (:mod:`tflaunch.launchers.batch.job`); this
+module says how Slurm names the nodes, their GPUs and the job, and adds the requeue.
+
 Run as ``python -m tflaunch.launchers.slurm.node --run-dir DIR`` (from the generated job script only).
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
-import os
-import signal
 import socket
 import sys
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from tflaunch.cluster import hostlist
-from tflaunch.cluster.config import ClusterConfig, parse_config
-from tflaunch.cluster.plan import Host, Plan, make_plan
-from tflaunch.errors import TflaunchError
-from tflaunch.launchers.base import Backend, spawn_agent
 from tflaunch.launchers.slurm.client import requeue as requeue_job
-from tflaunch.launchers.slurm.script import SETUP_FILE, SNAPSHOT_FILE, Layout, SlurmDetails, layout
-from tflaunch.runtime import protocol
-from tflaunch.runtime.agent import serve
-from tflaunch.runtime.coordinator import Requeue
-from tflaunch.runtime.link import MAX_LINE, SocketLink, socket_streams
-from tflaunch.runtime.rendezvous import Listener, Rendezvous, connect, publish, wait_published
-from tflaunch.runtime.run import Outcome, Run
+from tflaunch.launchers.slurm.script import SETUP_FILE, Layout, SlurmDetails, layout
+from tflaunch.plugin import (
+    ClusterConfig,
+    Host,
+    JobNode,
+    Outcome,
+    Requeue,
+    TflaunchError,
+    coordinate_job,
+    expand_hostlist,
+    job_main,
+    read_job,
+)
 
 # --- the allocation as hosts (pure) --------------------------------------------------------------
 
@@ -67,10 +66,10 @@ def allocation_nodes(env: Mapping[str, str], job: Layout) -> tuple[list[str], li
     """Worker nodes and dedicated PS nodes of the allocation, in Slurm's order."""
     if job.heterogeneous:
         return (
-            hostlist.expand(env.get("SLURM_JOB_NODELIST_HET_GROUP_0", "")),
-            hostlist.expand(env.get("SLURM_JOB_NODELIST_HET_GROUP_1", "")),
+            expand_hostlist(env.get("SLURM_JOB_NODELIST_HET_GROUP_0", "")),
+            expand_hostlist(env.get("SLURM_JOB_NODELIST_HET_GROUP_1", "")),
         )
-    return hostlist.expand(env.get("SLURM_JOB_NODELIST", "")), []
+    return expand_hostlist(env.get("SLURM_JOB_NODELIST", "")), []
 
 
 def allocation_hosts(
@@ -117,17 +116,23 @@ def too_many_requeues(config: ClusterConfig, restarts: int, job_id: str) -> str 
 
 
 @dataclass(frozen=True)
-class Node:
-    """This node's view of the job."""
+class Node(JobNode):
+    """This node's view of the job: the batch base's, with Slurm's layout and environment."""
 
-    config: ClusterConfig
     job: Layout
-    run: Run
-    name: str
     procid: int
-    job_id: str
-    gpu_ids: tuple[str, ...]
     env: Mapping[str, str]
+
+    backend: ClassVar[str] = "slurm"
+    scheduler: ClassVar[str] = "Slurm"
+    details: ClassVar[type[SlurmDetails]] = SlurmDetails
+
+    @property
+    def coordinates(self) -> bool:
+        return self.procid == 0
+
+    def hosts(self, known_gpus: Mapping[str, tuple[str, ...]]) -> list[Host]:
+        return allocation_hosts(self.env, self.job, known_gpus)
 
     @property
     def restart(self) -> str:
@@ -140,35 +145,24 @@ class Node:
         requeued job has a rendezvous of its own)."""
         return f"{self.job_id}.{self.restart}"
 
-    def plan(self, known_gpus: Mapping[str, tuple[str, ...]] | None = None) -> Plan:
-        """The whole plan (the coordinating node's view)."""
-        gpus = {self.name: self.gpu_ids, **(known_gpus or {})}
-        return make_plan(self.config, allocation_hosts(self.env, self.job, gpus), self.run.dir)
+    @property
+    def requeue(self) -> Requeue | None:
+        return requeue_rule(self.config, int(self.restart))
 
-    def own_plan(self) -> Plan:
-        """The shared cluster and this node's tasks only: all a joining node runs, in time and
-        memory linear in the cluster however many nodes plan at once."""
-        hosts = allocation_hosts(self.env, self.job, {self.name: self.gpu_ids})
-        return make_plan(self.config, hosts, self.run.dir, only_host=self.name)
+    @property
+    def output_hint(self) -> str:
+        return f"slurm-{self.job_id}.out"
 
 
 def load_node(run_dir: Path, env: Mapping[str, str]) -> Node:
-    setup = json.loads((run_dir / SETUP_FILE).read_text())
-    config = parse_config(
-        (run_dir / SNAPSHOT_FILE).read_text(),
-        source=setup["cluster_file"],
-        base_dir=setup["base_dir"],
-    )
-    if setup.get("program_env"):  # what the launcher added to the file (up --trace)
-        program_env = {**config.program.env, **setup["program_env"]}
-        config = replace(config, program=replace(config.program, env=program_env))
+    config, run = read_job(run_dir, SETUP_FILE)
     job = layout(config)
     name = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     _, ps_nodes = allocation_nodes(env, job)
     return Node(
         config=config,
         job=job,
-        run=Run(setup["run_id"], run_dir),
+        run=run,
         name=name,
         procid=int(env.get("SLURM_PROCID", "0")),
         job_id=env.get("SLURM_JOB_ID", "?"),
@@ -180,29 +174,9 @@ def load_node(run_dir: Path, env: Mapping[str, str]) -> Node:
 # --- the coordinating node ---------------------------------------------------------------------
 
 
-class AllocationBackend(Backend):
-    """The coordinating node's view: its own agent as a subprocess, the others over TCP."""
-
-    name = "slurm"
-
-    def __init__(self, node: Node, remote: list[SocketLink]):
-        self.node, self.remote = node, remote
-        self.requeue = requeue_rule(node.config, int(node.restart))
-
-    def hosts(self, config: ClusterConfig) -> list[Host]:
-        return allocation_hosts(self.node.env, self.node.job, {})
-
-    def start_agents(self, config: ClusterConfig, plan: Plan, run: Run) -> list:
-        links: list = []
-        if plan.tasks_on(self.node.name):
-            links.append(spawn_agent(run, self.node.name, die_with_parent=True))
-        for link in self.remote:
-            link.send(protocol.Start().wire())
-        return links + list(self.remote)
-
-
 def coordinate(node: Node) -> int:
-    """Run the coordinator on this node; returns the run's exit code."""
+    """Run the coordinator on this node (refusing a job requeued too often, requeueing the job
+    when the warning said so); returns the run's exit code."""
     refused = too_many_requeues(node.config, int(node.restart), node.job_id)
     if refused:
         node.run.finish(Outcome(1, refused))
@@ -214,53 +188,7 @@ def coordinate(node: Node) -> int:
             "cluster again; the programs resume from their checkpoints",
             flush=True,
         )
-    first_plan = node.plan()
-    expected = {h.name for h in first_plan.hosts_with_tasks()} - {node.name}
-    timeout = first_plan.supervision.ready_timeout
-    if expected:
-        print(
-            f"[tflaunch] waiting up to {timeout:g} s for the agents on "
-            f"{hostlist.compress(sorted(expected))} to connect to {node.name}",
-            flush=True,
-        )
-    started = time.monotonic()
-    record = Rendezvous.ahead()
-    listener = Listener(socket.gethostbyname(node.name), record.token, expected)
-    publish(node.run.dir, record.listening(listener, host=node.name, attempt=node.attempt))
-    joined = listener.accept(timeout)
-    missing = sorted(expected - set(joined))
-    if missing:
-        for agent in joined.values():
-            agent.link.close(timeout=1)
-        outcome = node.run.finish(
-            Outcome(
-                1,
-                (
-                    f"the agents on {hostlist.compress(missing)} did not connect to the coordinator "
-                    f"on {node.name} within {timeout:g} s (supervision.ready_timeout). Check "
-                    f"slurm-{node.job_id}.out for their errors, and that the run directory "
-                    f"{node.run.dir} is on a file system every node shares."
-                ),
-            )
-        )
-        print(f"tflaunch: {outcome.message}", file=sys.stderr, flush=True)
-        return outcome.code
-    print(
-        f"[tflaunch] agents on {len(joined) + 1} node(s) connected in "
-        f"{time.monotonic() - started:.1f} s; coordinating from {node.name}",
-        flush=True,
-    )
-    gpus = {h: tuple(str(g) for g in a.hello.get("gpu_ids", ())) for h, a in joined.items()}
-    plan = node.plan(gpus)
-    node.run.write_plan(plan)
-    node.run.update_part(
-        SlurmDetails,
-        job_id=node.job_id,
-        coordinator_host=node.name,
-        nodes=[h.name for h in plan.hosts],
-    )
-    links = [a.link for a in joined.values()]
-    outcome = AllocationBackend(node, links).launch(node.config, plan, node.run)
+    outcome = coordinate_job(node)
     if not outcome.requeued:
         return outcome.code
     try:
@@ -273,58 +201,15 @@ def coordinate(node: Node) -> int:
     return 0
 
 
-# --- the other nodes ---------------------------------------------------------------------------
-
-
-def join(node: Node) -> int:
-    """Connect to the coordinator and run this node's agent over that connection."""
-    plan = node.own_plan()
-    if not plan.tasks_on(node.name):
-        return 0  # a node the plan does not use has nothing to run or report
-    timeout = plan.supervision.ready_timeout
-    info = wait_published(node.run.dir, timeout, lambda r: r.attempt == node.attempt)
-    sock = connect(
-        info.address, int(info.port), info.token, node.name, timeout, gpu_ids=list(node.gpu_ids)
-    )
-    commands, events = socket_streams(sock)
-    sock.settimeout(timeout + 30)  # the coordinator waits up to ready_timeout for the others
-    try:
-        command = protocol.command_of(json.loads(commands.readline(MAX_LINE) or "{}"))
-    except (OSError, ValueError):
-        command = None
-    if not isinstance(command, protocol.Start):
-        print(
-            f"tflaunch: {node.name}: the coordinator on {info.host} did not start the run",
-            file=sys.stderr,
-            flush=True,
-        )
-        return 1
-    sock.settimeout(None)
-    try:
-        return serve(plan, node.name, node.run.dir, commands, events)
-    finally:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-        sock.close()
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tflaunch.launchers.slurm.node", description=__doc__
+    return job_main(
+        load_node,
+        argv,
+        prog="python -m tflaunch.launchers.slurm.node",
+        doc=__doc__,
+        coordinator=coordinate,  # type: ignore[arg-type]
+        node_name=lambda env: env.get("SLURMD_NODENAME", "?"),
     )
-    parser.add_argument("--run-dir", required=True, help="the run directory (shared file system)")
-    args = parser.parse_args(argv)
-    # Slurm's warning (--signal) goes to every process of the step; until the coordinator or the
-    # agent handle it, it must not kill this process (its default action).
-    for sig in (signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, signal.SIG_IGN)
-    try:
-        node = load_node(Path(args.run_dir), os.environ)
-        return coordinate(node) if node.procid == 0 else join(node)
-    except TflaunchError as err:
-        name = os.environ.get("SLURMD_NODENAME", "?")
-        print(f"tflaunch: {name}: error: {err}", file=sys.stderr, flush=True)
-        return err.exit_code
 
 
 if __name__ == "__main__":

@@ -23,8 +23,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.errors import ConfigError, PlanError
+from tflaunch.plugin import BatchDetails, ClusterConfig, ConfigError, PlanError
 
 NODE_MODULE = "tflaunch.launchers.slurm.node"
 _PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
@@ -33,19 +32,12 @@ _PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 # job's nodes (node.py); both take the names from here.
 SCRIPT_FILE = "job.sbatch"
 SETUP_FILE = "slurm.json"  # what the nodes need beside the cluster file (GPUs, output paths)
-SNAPSHOT_FILE = "cluster.yaml"  # the cluster file as it was submitted
 
 
 @dataclass(frozen=True)
-class SlurmDetails:
-    """What a Slurm run adds to run.json (:class:`tflaunch.runtime.run.RunRecord`'s details)."""
-
-    job_id: str | None = None
-    cancel_requested: float | None = None  # when scancel was asked for (a cancel, not a failure)
-    coordinator_host: str | None = None
-    nodes: list[str] | None = None
-    submitted: float | None = None  # when sbatch took the job ...
-    script: str | None = None  # ... and the batch script it was given
+class SlurmDetails(BatchDetails):
+    """What a Slurm run adds to run.json (:class:`tflaunch.runtime.run.RunRecord`'s details):
+    the batch base's fields (job id, cancel marker, nodes, ...) under Slurm's name."""
 
 
 @dataclass(frozen=True)

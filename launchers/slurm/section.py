@@ -6,9 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tflaunch.cluster.backends import Fail
-from tflaunch.cluster.config import MAX_GPUS, MAX_HOSTS, MAX_ITEMS, ClusterConfig
-from tflaunch.cluster.schema import field
+from tflaunch.plugin import MAX_GPUS, MAX_HOSTS, MAX_ITEMS, ClusterConfig, Fail, field
 
 MAX_CPUS = 65_536  # slurm.cpus_per_task
 SLURM_TIME = re.compile(r"(\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|(?i:infinite|unlimited))")

@@ -40,6 +40,22 @@ MAX_RESTARTS = 10_000  # any restart limit
 MAX_PORT = 65_535
 LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"  # tf.keras is tf_keras (Keras 2) when it is 1
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A cluster name prefixes run ids, which commands take as arguments: one starting with '-' would
+# read as an option, one starting with '.' names a hidden folder.
+NAME_START = re.compile(r"[A-Za-z0-9]")
+# A Kubernetes namespace is an RFC 1123 label: lower-case letters, digits and '-', starting and
+# ending with a letter or digit, at most 63 characters.
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def namespace_problem(namespace: str) -> str | None:
+    """Why ``namespace`` cannot be a Kubernetes namespace, or None."""
+    if DNS_LABEL.fullmatch(namespace):
+        return None
+    return (
+        f"{namespace!r} is not a Kubernetes namespace: use lower-case letters, digits and '-', "
+        "starting and ending with a letter or digit, at most 63 characters (e.g. ml-team)"
+    )
 
 
 def env_name_problem(name: str) -> str | None:
@@ -550,6 +566,12 @@ def _check(config: ClusterConfig, positions: Mapping[tuple, int]) -> None:
 
     if not config.program.argv:
         fail(("program", "argv"), "is empty; give the command to run, e.g. [python, train.py]")
+    if not NAME_START.match(config.name):
+        fail(
+            ("name",),
+            f"{config.name!r} must start with a letter or a digit: it starts every run id, "
+            "which commands take as an argument (e.g. name: my-cluster)",
+        )
     moved = _moved_module(config)
     if moved:
         index, old = moved
@@ -559,6 +581,9 @@ def _check(config: ClusterConfig, positions: Mapping[tuple, int]) -> None:
             f"packages, so that a project's own '{old.split('.')[0]}/' is never shadowed); write "
             f"'-m tflaunch.{old}'",
         )
+    namespace = namespace_problem(config.kubernetes.namespace)
+    if namespace:
+        fail(("kubernetes", "namespace"), namespace)
     roles = config.roles
     if roles.chief > 1:
         fail(("roles", "chief"), f"at most one chief, got {roles.chief}")

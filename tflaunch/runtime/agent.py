@@ -504,7 +504,13 @@ def listen(agent: Agent, stream: IO[str], heartbeat_timeout: float) -> None:
                     flush=True,
                 )
                 continue
-            command = protocol.command_of(data)
+            try:
+                command = protocol.command_of(data)
+            except protocol.ProtocolError as e:
+                print(
+                    f"tflaunch agent: ignored a malformed command: {e}", file=sys.stderr, flush=True
+                )
+                continue
             if isinstance(command, protocol.Stop):
                 reason = command.reason
                 agent.stop(reason if isinstance(reason, str) else "stopped by the launcher")

@@ -83,6 +83,8 @@ class Coordinator:
         sup = plan.supervision
         self.revival = HostRevival(revive, self.events)
         self.open_links = {link.host for link in self.links}
+        self.refused: set[str] = set()  # hosts whose link was closed for a malformed message
+        self.trace_stopped = False  # writing trace files failed (a full disk): no more are taken
         self.restarter = Restarter(
             sup, self.board, self.report, self.revival, self.links, self.open_links
         )
@@ -124,7 +126,21 @@ class Coordinator:
             host, event = self.events.get(timeout=timeout)
         except queue.Empty:
             return
-        self._handle(host, event)
+        if host in self.refused and protocol.kind_of(event) != protocol.LinkClosed.NAME:
+            return  # the rest of a link closed for a malformed message
+        try:
+            self._handle(host, event)
+        except protocol.ProtocolError as e:
+            self._refuse(host, str(e))
+
+    def _refuse(self, host: str, why: str) -> None:
+        """A malformed message from ``host``'s agent: close its link (one line says why); the
+        run goes on as for a lost agent, never crashing the coordinator."""
+        self.refused.add(host)
+        self.report.say(f"{host}: closed its agent's link: a malformed message ({why})")
+        for link in self.links:
+            if link.host == host:
+                link.close(timeout=1)
 
     def _send(self, command: protocol.Command, host: str | None = None) -> None:
         """Send ``command`` to every agent (``host``'s only, when given)."""
@@ -205,7 +221,24 @@ class Coordinator:
         elif isinstance(event, protocol.LinkClosed):
             self._link_closed(host)
         elif isinstance(event, protocol.TraceNote | protocol.TraceFile | protocol.TraceSent):
+            self._trace_event(host, event)
+
+    def _trace_event(self, host: str, event: protocol.Event) -> None:
+        """A host's trace note or file. A full disk ends the trace collection with one line, not
+        the run; a field the trace site cannot use (not base64, an offset past the file) is a
+        malformed message."""
+        if self.trace_stopped:
+            return
+        try:
             self.report.trace_event(host, event)
+        except OSError as e:
+            self.trace_stopped = True
+            self.report.say(
+                f"trace collection stopped: writing {host}'s trace files failed ({e}); "
+                "the run goes on without its trace"
+            )
+        except ValueError as e:
+            raise protocol.ProtocolError(f"{event.NAME}: {e}") from e
 
     def _link_closed(self, host: str) -> None:
         current = next((link for link in self.links if link.host == host), None)

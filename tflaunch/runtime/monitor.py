@@ -32,7 +32,13 @@ from typing import IO, TYPE_CHECKING, Any
 import psutil
 
 from tflaunch.runtime import protocol
-from tflaunch.runtime.runfiles import SAMPLES_PREFIX, open_run_file
+from tflaunch.runtime.runfiles import (
+    SAMPLES_PREFIX,
+    RunFileError,
+    json_lines,
+    open_for_reading,
+    open_run_file,
+)
 
 if TYPE_CHECKING:
     from tflaunch.cluster.config import Supervision
@@ -314,12 +320,14 @@ class SampleLog:
 
 
 def _records(path: Path) -> Iterator[dict[str, Any]]:
-    with path.open() as f:
-        for line in f:
-            try:
-                yield json.loads(line)
-            except ValueError:
-                continue  # a line cut short by a crash
+    """A samples file's samples (those with a time); nothing from one that is not a regular
+    file of the run directory (a planted FIFO or link)."""
+    try:
+        for record in json_lines(path):
+            if isinstance(record.get("time"), int | float):
+                yield record
+    except RunFileError:
+        return
 
 
 def read_samples(run_dir: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
@@ -327,9 +335,9 @@ def read_samples(run_dir: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
     hosts: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(Path(run_dir).glob(f"{SAMPLES_PREFIX}*.jsonl")):
         for record in _records(path):
-            hosts.setdefault(record.get("host", path.stem[len(SAMPLES_PREFIX) :]), []).append(
-                record
-            )
+            host = record.get("host")
+            host = host if isinstance(host, str) else path.stem[len(SAMPLES_PREFIX) :]
+            hosts.setdefault(host, []).append(record)
     for records in hosts.values():
         records.sort(key=lambda r: r.get("time") or 0.0)
     return hosts
@@ -346,16 +354,22 @@ def latest_samples(run_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
 
 
 def _last_record(path: Path, chunk: int = 65536) -> dict[str, Any] | None:
-    with path.open("rb") as f:
+    try:
+        f = open_for_reading(path)
+    except OSError:
+        return None
+    with f:
         f.seek(0, os.SEEK_END)
         size = f.tell()
         f.seek(max(0, size - chunk))
         lines = f.read().splitlines()
     for line in reversed(lines):
         try:
-            return json.loads(line)
+            record = json.loads(line)
         except ValueError:
             continue
+        if isinstance(record, dict):
+            return record
     return None
 
 

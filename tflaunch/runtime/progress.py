@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from tflaunch.runtime.runfiles import open_run_file
+from tflaunch.runtime.runfiles import RunFileError, json_lines, open_run_file
 
 PROGRESS_FILE = "progress.jsonl"
 MIN_INTERVAL_S = 0.5
@@ -207,18 +207,14 @@ def read_progress(run_dir: str | os.PathLike) -> dict[str, TaskSeries]:
 
 
 def _records(path: Path) -> Iterator[dict[str, Any]]:
+    """progress.jsonl's samples (those with a time); none from a file that is not a regular
+    file of the run directory."""
     try:
-        f = path.open()
-    except FileNotFoundError:
-        return
-    with f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # cut short by a crash
-            if isinstance(record, dict):
+        for record in json_lines(path):
+            if isinstance(record.get("time", 0.0), int | float):
                 yield record
+    except RunFileError:
+        return
 
 
 def straggler_figures(series: Sequence[TaskSeries]) -> dict[str, Any] | None:

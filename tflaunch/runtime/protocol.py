@@ -16,12 +16,61 @@ out fields that are ``None``: the bytes of ``events.jsonl`` depend on that order
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+import types
+import typing
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
 EVENT_KEY = "event"
 COMMAND_KEY = "cmd"
+MAX_ITEMS = 100_000  # items of one list or mapping field of a message
+
+
+class ProtocolError(ValueError):
+    """A message of a known kind whose field is not what its class declares: its sender is
+    not following this protocol (a broken or hostile peer). Its text names the field."""
+
+
+def _check(value: Any, kind: Any, where: str) -> None:
+    """``value`` has the type ``kind`` (a field's annotation): str, int (not bool), float
+    (finite; an int is one), bool, ``list[X]``, ``dict[str, X]``, ``Any``, ``X | None``."""
+    if kind is Any:
+        return
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return
+        for option in (a for a in args if a is not type(None)):
+            _check(value, option, where)
+        return
+    if origin in (list, dict):
+        if not isinstance(value, origin):
+            raise ProtocolError(
+                f"{where}: expected a {origin.__name__}, got {type(value).__name__}"
+            )
+        if len(value) > MAX_ITEMS:
+            raise ProtocolError(f"{where}: {len(value)} items; at most {MAX_ITEMS}")
+        if origin is list:
+            for i, item in enumerate(value):
+                _check(item, args[0], f"{where}[{i}]")
+        else:
+            for key, item in value.items():
+                _check(key, args[0], f"{where} key")
+                _check(item, args[1], f"{where}.{key}")
+        return
+    ok = {
+        str: isinstance(value, str),
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value),
+    }.get(kind, True)
+    if not ok:
+        raise ProtocolError(f"{where}: expected {kind.__name__}, got {value!r:.60}")
 
 
 @dataclass(frozen=True)
@@ -42,8 +91,22 @@ class Message:
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> Message:
         """The message from a wire object of its kind; missing fields take their defaults and
-        unknown keys (``time``, ``host`` added on the way) are left out."""
-        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
+        unknown keys (``time``, ``host`` added on the way) are left out. A field of the wrong
+        type (a string for a number, a list of objects for a list of names, NaN) raises
+        :class:`ProtocolError` naming it: every peer's message is checked as strictly as the
+        cluster file."""
+        hints = _hints(cls)
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.name in data:
+                _check(data[f.name], hints[f.name], f"{cls.NAME}.{f.name}")
+                values[f.name] = data[f.name]
+        return cls(**values)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
 class Event(Message):
@@ -460,7 +523,8 @@ class TraceCollect(Command):
 
 
 def event_of(data: Any) -> Event | None:
-    """The typed event of a wire object, or None (not an object, an unknown name)."""
+    """The typed event of a wire object, or None (not an object, an unknown name); a known
+    event with a malformed field raises :class:`ProtocolError`."""
     if not isinstance(data, dict):
         return None
     cls = _EVENTS.get(data.get(EVENT_KEY))  # type: ignore[arg-type]
@@ -468,7 +532,8 @@ def event_of(data: Any) -> Event | None:
 
 
 def command_of(data: Any) -> Command | None:
-    """The typed command of a wire object, or None (not an object, an unknown name)."""
+    """The typed command of a wire object, or None (not an object, an unknown name); a known
+    command with a malformed field raises :class:`ProtocolError`."""
     if not isinstance(data, dict):
         return None
     cls = _COMMANDS.get(data.get(COMMAND_KEY))  # type: ignore[arg-type]
@@ -504,11 +569,17 @@ class Record(NamedTuple):
 
 
 def record_of(data: Any) -> Record | None:
-    """A line of events.jsonl as a :class:`Record`, or None (not an event of this protocol)."""
-    event = event_of(data)
+    """A line of events.jsonl as a :class:`Record`, or None (not an event of this protocol,
+    or a malformed one: a run file is untrusted too, and one bad line hides only itself)."""
+    try:
+        event = event_of(data)
+    except ProtocolError:
+        return None
     if event is None:
         return None
-    return Record(data.get("time"), data.get("host"), event)
+    when, host = data.get("time"), data.get("host")
+    when = when if isinstance(when, int | float) and not isinstance(when, bool) else None
+    return Record(when, host if isinstance(host, str) else None, event)
 
 
 def records(lines: Iterable[Any]) -> Iterator[Record]:

@@ -17,12 +17,12 @@ takes the file mode from the directory's, so agents on other hosts need not be t
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import posixpath
 import secrets
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -37,12 +37,20 @@ from tflaunch.errors import RunNotFoundError
 from tflaunch.runtime.runfiles import (
     DEFAULT_DIR_MODE,
     EVENTS_FILE,
+    EVENTS_LIMIT,
     META_FILE,
+    META_LIMIT,
     META_LOCK_FILE,
     PLAN_FILE,
+    PLAN_LIMIT,
+    RunFileError,
     file_mode,
+    is_component,
+    json_lines,
     make_run_dir,
-    write_run_file,
+    read_run_json,
+    read_run_text,
+    replace_run_file,
 )
 
 # A run's states, in run.json: created → (submitted →) starting → running → one of ENDED; a
@@ -99,9 +107,12 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunRecord:
+        """The record of a run.json object; a field of the wrong type (a hand-edited or
+        corrupt file) is left out (:func:`record_problems` names it)."""
         known = _core_fields()
+        bad = {name for name, _ in _wrong_types(data)}
         return cls(
-            **{k: v for k, v in data.items() if k in known},
+            **{k: v for k, v in data.items() if k in known and k not in bad},
             details={k: v for k, v in data.items() if k not in known},
         )
 
@@ -122,6 +133,45 @@ class RunRecord:
 
 def _core_fields() -> set[str]:
     return {f.name for f in fields(RunRecord)} - {"details"}
+
+
+_NUMBER = (int, float)
+# The JSON types each core field of run.json may hold (None aside): a record is read back by
+# status, rm and down, so a value of another type is not used.
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "run_id": (str,),
+    "name": (str,),
+    "backend": (str,),
+    "state": (str,),
+    "cluster_file": (str,),
+    "created": _NUMBER,
+    "started": _NUMBER,
+    "ended": _NUMBER,
+    "hosts": (list,),
+    "coordinator_pid": (int,),
+    "coordinator_started": _NUMBER,
+    "exit_code": (int,),
+    "message": (str,),
+}
+
+
+def _wrong_types(data: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    for name, types in _FIELD_TYPES.items():
+        value = data.get(name)
+        if value is None:
+            continue
+        wrong = not isinstance(value, types) or isinstance(value, bool)
+        if name == "hosts" and not wrong:
+            wrong = not all(isinstance(h, str) for h in value)
+        if wrong:
+            yield name, value
+
+
+def record_problems(data: Any) -> list[str]:
+    """What is wrong with a run.json's parsed content, as short phrases (none: it is a record)."""
+    if not isinstance(data, dict):
+        return [f"it holds a JSON {type(data).__name__}, not an object"]
+    return [f"{name} is {value!r:.40}" for name, value in _wrong_types(data)]
 
 
 def _part_fields(part: type) -> set[str]:
@@ -145,9 +195,11 @@ def remote_record_path(run_dir: str) -> str:
 
 
 def new_run_id(name: str) -> str:
-    """``<name>-<YYYYmmdd-HHMMSS>-<4 hex>``: sortable by time, unique across concurrent starts."""
+    """``<name>-<YYYYmmdd-HHMMSS>-<4 hex>``: sortable by time, unique across concurrent starts.
+    The name keeps letters, digits, ``-``, ``_`` and ``.``, and starts with neither of the last
+    three, so that an id never reads as an option nor names a hidden folder."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name) or "run"
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name).lstrip("-_.") or "run"
     return f"{safe}-{stamp}-{secrets.token_hex(2)}"
 
 
@@ -174,19 +226,33 @@ class Run:
     @classmethod
     def open(cls, root: str | os.PathLike, run_id: str) -> Run:
         """Find a run by id (or a unique prefix of one, or a path to its directory)."""
+        found = cls.find(root, run_id)
+        resolved = found.resolve()
+        return cls(found.name if found.name not in ("", ".", "..") else resolved.name, resolved)
+
+    @classmethod
+    def find(cls, root: str | os.PathLike, run_id: str) -> Path:
+        """The run directory named by ``run_id`` (see :meth:`open`) as found, not resolved: a
+        symlink stays one (``rm`` refuses to delete through it). An empty id and one with
+        glob characters name no run: ids are matched by prefix, never as patterns (a path, with
+        a ``/``, is taken as it is written)."""
+        if not run_id.strip() or ("/" not in run_id and any(c in run_id for c in "*?[")):
+            raise RunNotFoundError(
+                f"{run_id!r} is not a run id: give one as 'tflaunch status' lists it "
+                "(or a unique start of one, or its directory's path)."
+            )
         as_path = Path(run_id)
-        if (as_path / META_FILE).exists():
-            return cls(as_path.resolve().name, as_path.resolve())
+        if os.path.lexists(as_path / META_FILE):
+            return as_path
         root = Path(root)
-        if (root / run_id / META_FILE).exists():
-            return cls(run_id, (root / run_id).resolve())
-        matches = (
-            sorted(p for p in root.glob(f"{run_id}*") if (p / META_FILE).exists())
-            if root.is_dir()
-            else []
-        )
+        if not is_component(run_id):
+            matches = []  # a path, and not one to a run directory
+        elif os.path.lexists(root / run_id / META_FILE):
+            return root / run_id
+        else:
+            matches = sorted(p for p in list_runs(root) if p.name.startswith(run_id))
         if len(matches) == 1:
-            return cls(matches[0].name, matches[0].resolve())
+            return matches[0]
         known = ", ".join(p.name for p in list_runs(root)[-5:]) or "none"
         what = "is ambiguous" if matches else "was not found"
         raise RunNotFoundError(
@@ -207,6 +273,12 @@ class Run:
         return self.dir / META_FILE
 
     def log_path(self, log_name: str) -> Path:
+        """A task's log, by its plan's name for it: one file of the run directory (a plan that
+        names another path is refused)."""
+        if not is_component(log_name):
+            raise RunFileError(
+                f"{self.plan_path} names a log {log_name!r} outside the run directory"
+            )
         return self.dir / log_name
 
     def write_plan(self, plan: Plan) -> None:
@@ -215,23 +287,42 @@ class Run:
         write_cluster_file(plan, self.dir)
 
     def read_plan(self) -> Plan:
-        return Plan.from_dict(json.loads(self.plan_path.read_text()))
+        """plan.json (``FileNotFoundError`` before there is one, :class:`RunFileError` when it
+        is not a plan)."""
+        data = read_run_json(self.plan_path, PLAN_LIMIT)
+        try:
+            return Plan.from_dict(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise RunFileError(
+                f"{self.plan_path} is not a plan ({type(e).__name__}: {e})"
+            ) from None
 
     @property
     def recorded(self) -> bool:
         """Whether the run has a run.json (a directory named by a tag may be gone)."""
-        return self.meta_path.exists()
+        return os.path.lexists(self.meta_path)
 
     def record(self) -> RunRecord:
         """run.json as a typed record (an empty one when it is missing or unreadable): the one
         way to read it."""
         return RunRecord.from_dict(self._read_meta())
 
+    def checked_record(self) -> RunRecord:
+        """run.json as :meth:`record` reads it, but :class:`RunFileError` saying why when it is
+        there and not a record (not a regular file, too big, not JSON, a field of the wrong
+        type): the run list shows that run as unreadable."""
+        data = read_run_json(self.meta_path, META_LIMIT)
+        problems = record_problems(data)
+        if problems:
+            raise RunFileError(f"{self.meta_path} is not a run record: {'; '.join(problems)}")
+        return RunRecord.from_dict(data)
+
     def _read_meta(self) -> dict[str, Any]:
         try:
-            return _meta_of(self.meta_path.read_text())
+            data = read_run_json(self.meta_path, META_LIMIT)
         except OSError:
             return {}
+        return data if isinstance(data, dict) else {}
 
     def update_meta(self, **values: Any) -> None:
         """Write fields of :class:`RunRecord` (a backend's own go through :meth:`update_part`)."""
@@ -258,10 +349,16 @@ class Run:
         run, ``down``), and each rewrites the whole file, so without it one writer's read before
         another's write drops the other's fields. Readers need no lock (writes are renames)."""
         path = self.dir / META_LOCK_FILE
+        flags = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, file_mode(self.dir))
-        except PermissionError:  # another user's lock file in a shared (group) run directory
-            fd = os.open(path, os.O_RDONLY)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, file_mode(self.dir))
+            except PermissionError:  # another user's lock file in a shared (group) run directory
+                fd = os.open(path, os.O_RDONLY | flags)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise RunFileError(f"{path} is a symlink; run.json is not written through it") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -301,15 +398,9 @@ class Run:
         return self.record().has_ended
 
     def events(self) -> Iterator[dict[str, Any]]:
-        try:
-            with self.events_path.open() as f:
-                for line in f:
-                    try:
-                        yield json.loads(line)
-                    except ValueError:
-                        continue  # a line cut short by a crash
-        except FileNotFoundError:
-            return
+        """events.jsonl's objects, in order (none before there is one; a line cut short by a
+        crash is skipped). :class:`RunFileError` when it is not a regular file or too big."""
+        yield from json_lines(self.events_path, EVENTS_LIMIT)
 
 
 def write_cluster_file(plan: Plan, run_dir: str | os.PathLike) -> Path:
@@ -318,7 +409,7 @@ def write_cluster_file(plan: Plan, run_dir: str | os.PathLike) -> Path:
     path = Path(cluster_file_path(run_dir))
     text = cluster_file_text(plan)
     try:
-        if path.stat().st_size == len(text) and path.read_text() == text:
+        if path.stat().st_size == len(text) and read_run_text(path, len(text)) == text:
             return path
     except OSError:
         pass  # not there yet
@@ -327,15 +418,20 @@ def write_cluster_file(plan: Plan, run_dir: str | os.PathLike) -> Path:
 
 
 def list_runs(root: str | os.PathLike) -> list[Path]:
+    """The run directories under ``root`` (those with a run.json, be it readable or not), as
+    found (not resolved), oldest first."""
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted(
-        (p for p in root.iterdir() if (p / META_FILE).exists()), key=lambda p: p.stat().st_mtime
-    )
+    return sorted((p for p in root.iterdir() if os.path.lexists(p / META_FILE)), key=_modified)
+
+
+def _modified(path: Path) -> float:
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    write_run_file(tmp, text)
-    os.replace(tmp, path)
+    replace_run_file(path, text)

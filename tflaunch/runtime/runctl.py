@@ -8,6 +8,7 @@ cluster is ready. ``down`` signals that coordinator, which tears the cluster dow
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -23,7 +24,14 @@ from tflaunch.errors import LaunchError
 from tflaunch.runtime import procs, protocol
 from tflaunch.runtime.restart import STALLED
 from tflaunch.runtime.run import Outcome, Run
-from tflaunch.runtime.runfiles import CONSOLE_FILE, open_run_file
+from tflaunch.runtime.runfiles import (
+    CONSOLE_FILE,
+    LINE_LIMIT,
+    RunFileError,
+    open_for_reading,
+    open_run_file,
+    tail_lines,
+)
 
 
 def spawn_detached(
@@ -172,7 +180,8 @@ def cluster_ready(run: Run) -> bool:
 
 
 def follow_logs(run: Run, names: list[str], follow: bool, alive: Any) -> Iterator[str]:
-    """Lines of the named tasks' logs, prefixed; with ``follow``, until the run ends."""
+    """Lines of the named tasks' logs, prefixed; with ``follow``, until the run ends. A log that
+    is not a regular file of the run directory (a FIFO, a symlink) gets one line saying so."""
     plan = run.read_plan()
     tasks = [plan.task(n) for n in names] if names else list(plan.tasks)
     width = max(len(t.name) for t in tasks) + 2
@@ -181,15 +190,20 @@ def follow_logs(run: Run, names: list[str], follow: bool, alive: Any) -> Iterato
         while True:
             quiet = True
             for task in tasks:
+                prefix = f"{'[' + task.name + ']':<{width}} " if len(tasks) > 1 else ""
                 handle = handles.get(task.name)
                 if handle is None:
-                    path = run.log_path(task.log_name)
-                    if not path.exists():
+                    try:
+                        raw = open_for_reading(run.log_path(task.log_name))
+                    except FileNotFoundError:
                         continue
-                    handle = handles[task.name] = path.open("r", errors="replace")
-                for line in iter(handle.readline, ""):
+                    except RunFileError as e:
+                        handles[task.name] = io.StringIO()  # nothing more to read from it
+                        yield f"{prefix}[tflaunch] unreadable: {e}"
+                        continue
+                    handles[task.name] = handle = io.TextIOWrapper(raw, errors="replace")
+                for line in iter(lambda h=handle: h.readline(LINE_LIMIT), ""):
                     quiet = False
-                    prefix = f"{'[' + task.name + ']':<{width}} " if len(tasks) > 1 else ""
                     yield prefix + line.rstrip("\n")
             if not follow or (quiet and not alive()):
                 return
@@ -202,6 +216,8 @@ def follow_logs(run: Run, names: list[str], follow: bool, alive: Any) -> Iterato
 
 def _tail(path: Path, n: int) -> str:
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+        return "\n".join(tail_lines(path, n))
+    except RunFileError as e:
+        return f"(unreadable: {e})"
     except OSError:
         return "(no output)"

@@ -6,11 +6,13 @@ slowest one."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
 from tflaunch.runtime.progress import TaskSeries, read_progress, straggler_figures
 from tflaunch.runtime.run import Run
+from tflaunch.runtime.runfiles import replace_run_file
 from tflaunch.text import aligned
 
 PLOT = "steps_per_task.png"
@@ -93,7 +95,14 @@ def straggler_line(stragglers: dict[str, Any] | None) -> str:
     )
 
 
-def plot_progress(run: Run, out: Path) -> list[Path]:
+def save_png(figure: Any, path: Path, perms: int | None = None) -> None:
+    """Write a matplotlib figure as a report's PNG (see :func:`replace_run_file`)."""
+    data = io.BytesIO()
+    figure.savefig(data, format="png", dpi=100)
+    replace_run_file(path, data.getvalue(), perms)
+
+
+def plot_progress(run: Run, out: Path, perms: int | None = None) -> list[Path]:
     """steps_per_task.png: steps/s per task over time (and images/sec per task below it, when
     the output has them), the straggler summary as its title. [] without step samples."""
     series = [s for s in _series(run) if s.step_rates()]
@@ -128,6 +137,6 @@ def plot_progress(run: Run, out: Path) -> list[Path]:
     fig.suptitle(f"{run.id}: step rate per task\n{straggler_line(straggler_figures(series))}")
     fig.tight_layout()
     path = out / PLOT
-    fig.savefig(path, dpi=100)
+    save_png(fig, path, perms)
     plt.close(fig)
     return [path]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from tflaunch.cluster.plan import render_task
-from tflaunch.errors import TflaunchError
+from tflaunch.errors import ConfigError, TflaunchError
 from tflaunch.runtime.monitor import NET_FIELDS, read_samples
 from tflaunch.runtime.run import Run
+from tflaunch.runtime.runfiles import file_mode, make_run_dir, replace_run_file
 from tflaunch.text import aligned
-from tflaunch.tools.progress import plot_progress, progress_summary
+from tflaunch.tools.progress import plot_progress, progress_summary, save_png
 
 PLOTS = ("cpu_per_node.png", "packets_per_node.png", "memory_per_task.png", "cpu_per_task.png")
 MIB = 1024 * 1024
@@ -274,7 +276,25 @@ def _mib(value: float | None) -> str:
 # ---- plots ------------------------------------------------------------------------------------
 
 
-def plot(usage: Usage, out_dir: Path, title: str) -> list[Path]:
+def report_dir(run: Run, out_dir: str | os.PathLike | None) -> Path:
+    """Where a run's report goes: the run directory, or ``--out`` (made with the run
+    directory's mode when new). A symlinked ``--out`` is refused: a report is written where it
+    is asked for, never where a planted link points."""
+    if not out_dir:
+        return run.dir
+    out = Path(out_dir)
+    if out.is_symlink():
+        raise ConfigError(
+            f"--out {out} is a symlink (to {os.readlink(out)}); tflaunch does not write a "
+            "run's report through one. Give the folder itself."
+        )
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is not a folder; give a folder to write the report to.")
+    make_run_dir(out, stat.S_IMODE(run.dir.stat().st_mode))
+    return out
+
+
+def plot(usage: Usage, out_dir: Path, title: str, perms: int | None = None) -> list[Path]:
     """Write the PNGs; returns their paths."""
     try:
         import matplotlib
@@ -316,7 +336,7 @@ def plot(usage: Usage, out_dir: Path, title: str) -> list[Path]:
         fig.suptitle(f"{what} — {title}", fontsize=11)
         fig.tight_layout()
         path = out_dir / name
-        fig.savefig(path, dpi=100)
+        save_png(fig, path, perms)
         plt.close(fig)
         return path
 
@@ -371,8 +391,8 @@ def make_report(
             "(supervision.sample_interval: 0) or no agent started. Run it again "
             "with sampling on to get a report."
         )
-    out = Path(out_dir) if out_dir else run.dir
-    out.mkdir(parents=True, exist_ok=True)
+    out = report_dir(run, out_dir)
+    perms = file_mode(run.dir)
     usage = usage_from_samples(hosts)
     data = summary(usage)
     text = format_summary(run.id, data)
@@ -384,14 +404,14 @@ def make_report(
     if instances:
         data["instances"] = instance_cost(instances, time.time())
         text += format_instance_cost(data["instances"])
-    (out / "summary.txt").write_text(text)
-    (out / "summary.json").write_text(json.dumps(data, indent=2) + "\n")
+    replace_run_file(out / "summary.txt", text, perms)
+    replace_run_file(out / "summary.json", json.dumps(data, indent=2) + "\n", perms)
     files = [out / "summary.txt", out / "summary.json"]
     if show:
         show(text)
     if plots:
-        files += plot(usage, out, run.id)
-        files += plot_progress(run, out)
+        files += plot(usage, out, run.id, perms)
+        files += plot_progress(run, out, perms)
     return text, files
 
 

@@ -6,12 +6,20 @@ restarts, stalls) drawn as inline SVG beside the event list, every plot the run 
 (resource plots, step rates, trace, netbench) embedded as data URIs, and the text summaries
 (resources, trace, netbench, model) with links to the files they came from. No script runs on
 the page.
+
+The page is meant to be shared, so it holds only what the run directory itself holds: every file
+is read through :func:`~tflaunch.runtime.runfiles.open_for_reading` (no symlink followed, no FIFO,
+size-capped, a log's tail read from its end), and the page is written with the run's file mode,
+never through a symlink. A run that failed while its machines were made (no plan, no events)
+gets a page too.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +28,16 @@ from typing import Any
 from tflaunch.errors import TflaunchError
 from tflaunch.runtime import protocol
 from tflaunch.runtime.run import Run, RunRecord
-from tflaunch.runtime.runfiles import EVENTS_FILE, PLAN_FILE
+from tflaunch.runtime.runfiles import (
+    EVENTS_FILE,
+    PLAN_FILE,
+    RunFileError,
+    file_mode,
+    read_run_bytes,
+    read_run_text,
+    replace_run_file,
+    tail_lines,
+)
 
 # Events drawn on the timeline, with their colour and a one-word label.
 MARKS: dict[type[protocol.Event], tuple[str, str]] = {
@@ -64,26 +81,30 @@ class Section:
 
 def write_html_report(run: Run, out_dir: Path | None = None) -> Path:
     """Write ``report.html`` for ``run`` (the resource plots first, where samples exist)."""
-    from tflaunch.tools.report import make_report
+    from tflaunch.tools.report import make_report, report_dir
 
-    out = Path(out_dir) if out_dir else run.dir
-    out.mkdir(parents=True, exist_ok=True)
+    out = report_dir(run, out_dir)
     try:
         make_report(run, out)
     except TflaunchError:
         pass  # no samples: the page says so in its resources section
     page = render_page(run, out)
     path = out / "report.html"
-    path.write_text(page)
+    replace_run_file(path, page, file_mode(run.dir))
     return path
 
 
 def render_page(run: Run, out: Path) -> str:
     """The page's HTML, from the run directory and the report files in ``out``."""
-    record = run.record()
-    events = list(run.events())
+    problems: list[str] = []
+    try:
+        record = run.checked_record()
+    except OSError as e:  # missing or not a record: the page shows what can be shown
+        record = run.record()
+        problems.append(str(e))
+    events = _events(run, problems)
     sections = [
-        _state_section(run, record),
+        _state_section(run, record, problems),
         _tasks_section(run, events),
         _timeline_section(events, record),
         _plots_section(run.dir, out),
@@ -109,7 +130,20 @@ def _or_dash(value: Any) -> Any:
     return "-" if value is None else value
 
 
-def _state_section(run: Run, record: RunRecord) -> Section:
+def _events(run: Run, problems: list[str]) -> list[dict[str, Any]]:
+    """The run's events that can be drawn: each with a time, its task (if any) a name."""
+    try:
+        return [
+            e
+            for e in run.events()
+            if isinstance(e.get("time"), int | float) and isinstance(e.get("task", ""), str)
+        ]
+    except RunFileError as e:
+        problems.append(str(e))
+        return []
+
+
+def _state_section(run: Run, record: RunRecord, problems: list[str]) -> Section:
     state = str(record.state or "unknown")
     rows = [
         ("state", f'<span class="state {html.escape(state)}">{html.escape(state)}</span>'),
@@ -128,16 +162,25 @@ def _state_section(run: Run, record: RunRecord) -> Section:
     )
     message = record.message
     report = f'<pre class="report">{_esc(message)}</pre>' if message else ""
-    return Section("state", "Run", table + report)
+    unreadable = "".join(f'<p class="problem">unreadable: {_esc(p)}</p>' for p in problems)
+    return Section("state", "Run", table + report + unreadable)
 
 
 def _tasks_section(run: Run, events: list[dict[str, Any]]) -> Section:
     from tflaunch.runtime import runctl
 
-    if not run.plan_path.exists():  # a run of tools (tflaunch tune) that started no tasks itself
-        return Section("tasks", "Tasks", "<p>No tasks: this run started none of its own.</p>")
-    plan = run.read_plan()
-    states = runctl.task_states(run)
+    try:
+        plan = run.read_plan()
+        states = runctl.task_states(run)
+    except FileNotFoundError:
+        return Section(
+            "tasks",
+            "Tasks",
+            "<p>No plan: the run ended before its tasks were placed (while its machines were "
+            "being made, or before they could be reached).</p>",
+        )
+    except (RunFileError, TypeError, ValueError, KeyError, AttributeError) as e:
+        return Section("tasks", "Tasks", f'<p class="problem">unreadable: {_esc(e)}</p>')
     # A task failed if its last exit was non-zero and not a stop that tflaunch asked for.
     last_exit = {
         r.event.task: r.event
@@ -181,11 +224,13 @@ def _tasks_section(run: Run, events: list[dict[str, Any]]) -> Section:
 
 
 def _log_tail(run: Run, name: str, log_name: str) -> str:
-    path = run.log_path(log_name)
     try:
-        lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL:]
+        path = run.log_path(log_name)
+        lines = tail_lines(path, LOG_TAIL)
+    except RunFileError as e:
+        return f'<p class="problem">{_esc(name)}: unreadable: {_esc(e)}</p>'
     except OSError:
-        return f"<p>{_esc(name)}: no log at {_esc(path)}</p>"
+        return f"<p>{_esc(name)}: no log at {_esc(run.dir / log_name)}</p>"
     return (
         f"<h3>{_esc(name)}: the last {len(lines)} lines of {_esc(path.name)}</h3>"
         f"<pre>{_esc(chr(10).join(lines))}</pre>"
@@ -219,7 +264,8 @@ def _timeline_svg(events: list[dict[str, Any]], tasks: list[str], start: float, 
         parts.append(f'<text x="4" y="{y + 4}">{_esc(task)}</text>')
         parts.append(f'<line x1="{label}" x2="{label + width}" y1="{y}" y2="{y}" class="lane"/>')
     for e in events:
-        mark = MARKS.get(type(protocol.event_of(e)))  # type: ignore[arg-type]
+        record = protocol.record_of(e)  # None for a malformed line
+        mark = MARKS.get(type(record.event)) if record else None  # type: ignore[arg-type]
         if not mark or e.get("task") not in tasks:
             continue
         x = label + width * (e.get("time", start) - start) / span
@@ -263,7 +309,15 @@ def _event_table(events: list[dict[str, Any]], start: float) -> str:
 
 
 def _plots_section(run_dir: Path, out: Path) -> Section:
-    pngs = sorted({*out.glob("*.png"), *run_dir.glob("*.png"), *run_dir.glob("*/*.png")})
+    found = {png: out for png in out.glob("*.png")}
+    for png in [*run_dir.glob("*.png"), *run_dir.glob("*/*.png")]:
+        found.setdefault(png, run_dir)
+    pngs = {}
+    for png in sorted(found):
+        try:  # only the run's own files: a link planted in its place (or its folder's) is not
+            pngs[png] = read_run_bytes(png, root=found[png])
+        except OSError:
+            continue
     if not pngs:
         return Section(
             "plots",
@@ -272,8 +326,8 @@ def _plots_section(run_dir: Path, out: Path) -> Section:
             "and no trace or netbench results.</p>",
         )
     figures = []
-    for png in pngs:
-        data = base64.b64encode(png.read_bytes()).decode("ascii")
+    for png, content in pngs.items():
+        data = base64.b64encode(content).decode("ascii")
         name = _relative(png, run_dir, out)
         figures.append(
             f'<figure><img alt="{_esc(name)}" src="data:image/png;base64,{data}">'
@@ -285,10 +339,15 @@ def _plots_section(run_dir: Path, out: Path) -> Section:
 def _text_sections(run_dir: Path, out: Path) -> list[Section]:
     sections = []
     for name, title in TEXTS.items():
-        path = out / name if (out / name).exists() else run_dir / name
-        if path.exists():
-            slug = name.replace("/", "-").replace(".", "-")
-            sections.append(Section(slug, title, f"<pre>{_esc(path.read_text())}</pre>"))
+        root = out if os.path.lexists(out / name) else run_dir
+        try:
+            text = f"<pre>{_esc(read_run_text(root / name, root=root))}</pre>"
+        except RunFileError as e:
+            text = f'<p class="problem">unreadable: {_esc(e)}</p>'
+        except OSError:
+            continue  # not there
+        slug = name.replace("/", "-").replace(".", "-")
+        sections.append(Section(slug, title, text))
     return sections
 
 
@@ -296,11 +355,25 @@ def _files_section(run_dir: Path, out: Path) -> Section:
     items = []
     for name in LINKS:
         path = run_dir / name
-        if path.exists():
+        if _own_file(run_dir, name):
             href = path.relative_to(out) if path.is_relative_to(out) else path.resolve().as_uri()
             items.append(f'<li><a href="{_esc(href)}">{_esc(name)}</a></li>')
     body = f"<ul>{''.join(items)}</ul>" if items else "<p>No result files.</p>"
     return Section("files", "Files", body)
+
+
+def _own_file(root: Path, name: str) -> bool:
+    """Whether ``root/name`` is a regular file reached without a symlink."""
+    path = root
+    for part in Path(name).parts:
+        path = path / part
+        try:
+            mode = path.lstat().st_mode
+        except OSError:
+            return False
+        if stat.S_ISLNK(mode):
+            return False
+    return stat.S_ISREG(mode)
 
 
 def _relative(path: Path, *roots: Path) -> str:
@@ -327,7 +400,7 @@ body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1100px;color
 h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px}
 nav a{margin:0 4px}table{border-collapse:collapse;margin:8px 0}
 th,td{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
-tr.failed td{background:#fdecea}pre{background:#f6f6f6;padding:8px;overflow:auto;max-height:420px}
+tr.failed td{background:#fdecea}.problem{color:#a02020}pre{background:#f6f6f6;padding:8px;overflow:auto;max-height:420px}
 .state{padding:1px 8px;border-radius:8px;background:#eee}.state.succeeded{background:#d7f0dd}
 .state.failed{background:#f7d4d0}.state.running{background:#dbe9f7}
 svg.timeline text{font-size:11px}svg .lane{stroke:#ccc}svg .axis{fill:#666}

@@ -4,11 +4,15 @@
 A row is read from each run's ``run.json`` (backend, state, times, exit code), its ``plan.json``
 (how many tasks) and its ``events.jsonl`` (how many restarts). A run that has not ended but whose
 coordinator is gone (a killed ``up``, a vanished Slurm job) is shown as ``lost``, as ``status RUN``
-shows it. Live runs are never removed: stop them with ``tflaunch down`` first.
+shows it. A run whose files cannot be read (a corrupt or planted run.json, plan.json or
+events.jsonl: a FIFO, a symlink, garbage, a huge file) is one ``unreadable`` row that says why;
+the others list as usual. Live runs are never removed: stop them with ``tflaunch down`` first;
+nor is a symlinked run directory (its target is not ours to delete).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import time
@@ -20,11 +24,16 @@ from tflaunch import launch
 from tflaunch.errors import ConfigError, LaunchError, TflaunchError
 from tflaunch.runtime import protocol
 from tflaunch.runtime.run import ENDED, Run, list_runs
+from tflaunch.runtime.runfiles import RunFileError
 from tflaunch.text import aligned
 
 DEFAULT_LIMIT = 20
 RESTART_EVENTS = (protocol.Restarting, protocol.ClusterRestarting)
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+UNREADABLE = "unreadable"
+# What a run's files can throw at their readers besides RunFileError: an events line or plan
+# entry of the wrong shape (e.g. a string where a number belongs).
+_BAD_DATA = (RunFileError, OSError, ValueError, TypeError, KeyError, AttributeError)
 
 
 @dataclass(frozen=True)
@@ -40,12 +49,21 @@ class RunRow:
     tasks: int | None
     restarts: int
     exit_code: int | None
-    problem: str | None = None  # why its backend could not say whether it still runs
+    problem: str | None = None  # why its state is unknown or its files unreadable
 
 
 def run_row(run: Run, now: float | None = None) -> RunRow:
-    """The list's view of one run."""
-    record = run.record()
+    """The list's view of one run; an ``unreadable`` row, saying why, when its files are not
+    what tflaunch wrote."""
+    try:
+        return _read_row(run, now)
+    except _BAD_DATA as err:
+        why = str(err) if isinstance(err, OSError) else f"{type(err).__name__}: {err}"
+        return RunRow(run.id, None, None, UNREADABLE, None, None, None, 0, None, why)
+
+
+def _read_row(run: Run, now: float | None) -> RunRow:
+    record = run.checked_record()
     started = record.started or record.created
     ended = record.ended
     problem = None
@@ -80,23 +98,32 @@ def run_row(run: Run, now: float | None = None) -> RunRow:
 def _task_count(run: Run) -> int | None:
     try:
         return len(run.read_plan().tasks)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    except FileNotFoundError:
+        return None  # no plan yet: its machines are being made
 
 
 def run_rows(runs_dir: str | Path, limit: int | None = DEFAULT_LIMIT) -> tuple[list[RunRow], int]:
     """The newest ``limit`` runs under ``runs_dir`` (by start, else creation), and how many
     there are. Only the rows shown are built: each reads its plan and events and may ask its
     backend (squeue) whether it still runs."""
-    runs = [Run(p.name, p.resolve()) for p in list_runs(runs_dir)]
-    runs.sort(key=_start_of, reverse=True)
+    found = list_runs(runs_dir)
+    runs = [Run(p.name, p.resolve()) for p in found]
+    modified = {run.id: _modified(p) for run, p in zip(runs, found, strict=True)}
+    runs.sort(key=lambda run: _start_of(run) or modified[run.id], reverse=True)
     shown = runs if limit is None else runs[:limit]
     return [run_row(r) for r in shown], len(runs)
 
 
 def _start_of(run: Run) -> float:
-    record = run.record()
+    record = run.record()  # an empty one when unreadable: sorted by its directory's time
     return float(record.started or record.created or 0.0)
+
+
+def _modified(path: Path) -> float:
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def rows_json(rows: list[RunRow]) -> list[dict]:
@@ -123,7 +150,11 @@ def format_rows(rows: list[RunRow], shown_all: bool, total: int) -> list[str]:
             )
         )
     lines = aligned(table)
-    lines += [f"{row.id}: state unknown: {row.problem}" for row in rows if row.problem]
+    lines += [
+        f"{row.id}: {'unreadable' if row.state == UNREADABLE else 'state unknown'}: {row.problem}"
+        for row in rows
+        if row.problem
+    ]
     if not shown_all and total > len(rows):
         lines.append(f"({total - len(rows)} older run(s) not shown; --all shows every run)")
     return lines
@@ -135,15 +166,28 @@ def is_live(state: str) -> bool:
     return state not in (*ENDED, "lost")
 
 
-def remove_run(run: Run) -> str:
-    """Delete a run's directory; refuses a live run."""
+def find_removable(runs_dir: str | Path, run_id: str) -> Path:
+    """The directory ``rm`` would delete for ``run_id`` (an exact id, a unique start of one, or a
+    path; never a pattern nor an empty id), refusing a symlink: its target is not ours."""
+    found = Run.find(runs_dir, run_id)
+    if found.is_symlink():
+        raise LaunchError(
+            f"{found} is a symlink (to {os.readlink(found)}), not a run directory; tflaunch "
+            "never deletes through one. Remove the link itself with 'rm' if it is yours."
+        )
+    return found
+
+
+def remove_run(found: Path) -> str:
+    """Delete the run directory ``found`` (from :func:`find_removable`); refuses a live run."""
+    run = Run(found.name, found.resolve())
     state = launch.run_state(run)
     if is_live(state):
         raise LaunchError(
             f"run {run.id} is still running (state {state}); stop it with "
             f"'tflaunch down {run.id}' first, then remove it."
         )
-    shutil.rmtree(run.dir)
+    shutil.rmtree(found)  # the directory as found: rmtree refuses a symlink put in its place
     return f"removed {run.dir}"
 
 
@@ -162,12 +206,20 @@ def prune(
     runs_dir: str | Path, older_than: float, dry_run: bool, say: Callable[[str], None]
 ) -> int:
     """Remove every run under ``runs_dir`` that ended (or was lost) more than ``older_than``
-    seconds ago; live runs are kept and named. Returns how many were (or would be) removed."""
+    seconds ago; live runs, runs whose run.json cannot be read and symlinked run directories
+    are kept and named. Returns how many were (or would be) removed."""
     now = time.time()
     removed = 0
     for path in list_runs(runs_dir):
         run = Run(path.name, path.resolve())
-        record = run.record()
+        if path.is_symlink():
+            say(f"kept {run.id}: {path} is a symlink; tflaunch never deletes through one")
+            continue
+        try:
+            record = run.checked_record()
+        except RunFileError as err:
+            say(f"kept {run.id}: {err} (remove it with 'tflaunch rm {run.id}' if it is done)")
+            continue
         last = record.ended or record.started or record.created or 0.0
         if now - last < older_than:
             continue
@@ -180,7 +232,7 @@ def prune(
             say(f"kept {run.id}: still running (stop it with 'tflaunch down {run.id}')")
             continue
         if not dry_run:
-            shutil.rmtree(run.dir)
+            shutil.rmtree(path)
         say(f"{'would remove' if dry_run else 'removed'} {run.id} ({state})")
         removed += 1
     return removed

@@ -24,7 +24,12 @@ from collections.abc import Callable
 from typing import Any
 
 from tflaunch import launch
-from tflaunch.cluster.config import LEGACY_KERAS_ENV, ClusterConfig, RoleRestart
+from tflaunch.cluster.config import (
+    LEGACY_KERAS_ENV,
+    ClusterConfig,
+    RoleRestart,
+    namespace_problem,
+)
 from tflaunch.cluster.plan import Plan
 from tflaunch.errors import ConfigError
 
@@ -47,8 +52,10 @@ def export_tfjob(
     """The TFJob manifest of ``config``; options override the ``kubernetes:`` section."""
     section = config.kubernetes
     image = image or section.image
-    namespace = namespace or section.namespace
     where = config.source
+    if namespace is not None and namespace_problem(namespace):
+        raise ConfigError(f"--namespace: {namespace_problem(namespace)}.")
+    namespace = namespace or section.namespace
     if not image:
         raise ConfigError(
             f"{where}: a TFJob needs a container image; set kubernetes.image in the cluster "

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tflaunch.cluster.backends import BackendSpec, Fail
-from tflaunch.cluster.schema import field
+from tflaunch.plugin import BackendSpec, Fail, field
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The inline backend's Backend: one agent subprocess per host of the plan, on this machine,
-started with nothing but tflaunch's public pieces."""
+started with nothing but tflaunch's plugin surface."""
 
 from __future__ import annotations
 
@@ -7,10 +7,7 @@ import os
 import subprocess
 import sys
 
-from tflaunch.cluster.plan import hosts_from_config
-from tflaunch.launchers.base import Backend
-from tflaunch.runtime import procs
-from tflaunch.runtime.link import ProcessLink, agent_argv
+from tflaunch.plugin import Backend, ProcessLink, agent_argv, hosts_from_config, spawn
 
 
 class InlineBackend(Backend):
@@ -26,7 +23,7 @@ class InlineBackend(Backend):
         links = []
         for host in plan.hosts_with_tasks():
             argv = agent_argv(sys.executable, str(run.plan_path), host.name, str(run.dir))
-            proc = procs.spawn(
+            proc = spawn(
                 argv,
                 env,
                 cwd=None,

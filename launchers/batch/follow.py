@@ -1,0 +1,177 @@
+"""Following a batch job from the login node: its console output as it grows, its state, and a
+cancel when the launcher is signalled; then the run's result from ``run.json`` or the scheduler."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from tflaunch.launchers.batch.state import BatchDetails, JobState
+from tflaunch.runtime.run import INTERRUPT_CODES, Outcome, Run, RunRecord
+
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Scheduler(Protocol):
+    """What following needs of a batch backend (:class:`~.backend.BatchBackend` has it)."""
+
+    scheduler: str
+    details: type[BatchDetails]
+    time_key: str
+    poll_seconds: float
+    cancel_wait: float
+
+    def output_paths(self, run: Run, job_id: str) -> tuple[Path, Path | None]: ...
+    def job_state(self, job_id: str) -> JobState: ...
+    def cancel_job(self, job_id: str, check: bool = False) -> None: ...
+
+
+class CaughtSignals:
+    """Ctrl-C, SIGTERM and SIGHUP, recorded instead of acted on while in the block (main thread
+    only); the first one is :attr:`signum`. Handlers are restored after."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> CaughtSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOPPING:
+                self._previous[sig] = signal.signal(sig, self._caught)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _caught(self, signum: int, _frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+
+class Tail:
+    """New complete lines of a file that may not exist yet."""
+
+    def __init__(self, path: Path, out: IO[str]):
+        self.path, self.out = path, out
+        self.offset = 0
+        self.partial = b""
+
+    def pump(self, final: bool = False) -> None:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return
+        if not data and self.path.exists() and self.path.stat().st_size < self.offset:
+            self.offset, self.partial = 0, b""  # truncated (a requeued job without append)
+            return
+        self.offset += len(data)
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        if final and self.partial:
+            lines.append(self.partial)
+            self.partial = b""
+        for line in lines:
+            self.out.write(line.decode("utf-8", "replace") + "\n")
+        self.out.flush()
+
+
+def say(stream: IO[str], message: str) -> None:
+    stream.write(f"[tflaunch] {message}\n")
+    stream.flush()
+
+
+def follow(
+    backend: Scheduler,
+    run: Run,
+    job_id: str,
+    caught: CaughtSignals,
+    out: IO[str] = sys.stdout,
+    err: IO[str] = sys.stderr,
+) -> Outcome:
+    """Stream the job's output until it ends; a caught signal cancels it. Returns the result."""
+    stdout_path, stderr_path = backend.output_paths(run, job_id)
+    tails = [Tail(stdout_path, out)] + ([Tail(stderr_path, err)] if stderr_path else [])
+    job = f"{backend.scheduler} job {job_id}"
+    cancelled_at: float | None = None
+    said = ""
+    requeued = False
+    while True:
+        for tail in tails:
+            tail.pump()
+        state = backend.job_state(job_id)
+        if state.ended:
+            break
+        if (run.record().state == "requeued") != requeued:
+            requeued = not requeued
+            if requeued:
+                say(out, f"{job} is requeued; following it until it ends")
+        if caught.signum and cancelled_at is None:
+            cancelled_at = time.monotonic()
+            say(err, f"{caught.name}: cancelling {job}")
+            run.update_part(backend.details, cancel_requested=time.time())
+            backend.cancel_job(job_id)
+        if cancelled_at is not None and time.monotonic() - cancelled_at > backend.cancel_wait:
+            break  # the scheduler is slow to confirm; the job was cancelled all the same
+        if state.pending and state.reason not in ("None", "", said):
+            said = state.reason
+            say(out, f"job {job_id} is pending ({state.reason})")
+        time.sleep(backend.poll_seconds)
+    time.sleep(backend.poll_seconds)  # the last lines may reach a shared file system a little late
+    for tail in tails:
+        tail.pump(final=True)
+    return result(backend, run, job_id, state, caught, err)
+
+
+def _ended_first(record: RunRecord, cancel_requested: float | None) -> bool:
+    """Whether the run ended by itself before any cancel was asked for."""
+    if cancel_requested is None:
+        return True
+    return record.has_ended and record.ended is not None and record.ended < cancel_requested
+
+
+def result(
+    backend: Scheduler,
+    run: Run,
+    job_id: str,
+    state: JobState,
+    caught: CaughtSignals,
+    err: IO[str],
+) -> Outcome:
+    """The run's outcome once its job ended: a launcher's signal, the coordinator's result, or
+    the scheduler's verdict when the job ended without one (out of time, cancelled, failed)."""
+    record = run.record()
+    cancel_requested = record.part(backend.details).cancel_requested
+    job = f"{backend.scheduler} job {job_id}"
+    if caught.signum and not _ended_first(record, cancel_requested):
+        message = f"{job} was cancelled ({caught.name} to tflaunch)"
+        code = 128 + caught.signum  # the promise, whatever the tasks said while stopped
+    elif record.has_ended and record.exit_code is not None and state.ending != "timeout":
+        code = int(record.exit_code)
+        if cancel_requested and record.state == "failed":
+            # the scheduler's SIGTERM reached some task before the coordinator: still a cancel
+            return run.finish(Outcome(code, f"{job} was cancelled", interrupted=True))
+        return Outcome(code, record.message or "", interrupted=record.state == "stopped")
+    elif state.ending == "completed" and not state.exit_code:
+        code, message = 1, f"{job} ended without a result from the coordinator"
+    elif state.ending == "timeout":
+        where = f" ({backend.time_key})" if backend.time_key else ""
+        code, message = 1, f"{job} reached its time limit{where}"
+    elif state.ending == "cancelled":
+        code, message = 143, f"{job} was cancelled"
+    else:
+        code = state.exit_code or 1
+        message = f"{job} ended {state.state} ({state.reason or 'no reason given'})"
+    err.write(f"tflaunch: run {run.id}: {message}\n")
+    err.flush()
+    return run.finish(Outcome(code, message, interrupted=code in INTERRUPT_CODES))
