@@ -79,6 +79,7 @@ def tune(cluster_file: str, options: TuneOptions, echo: Echo) -> int:
 
     cal = Calibration()
     session = Session(config, program, options, run, cal, say)
+    state, code = "failed", 1
     try:
         variables = session.timed("compute", session.compute)
         inputs = session.timed("network", lambda: session.network(variables))
@@ -91,11 +92,12 @@ def tune(cluster_file: str, options: TuneOptions, echo: Echo) -> int:
             for line in lines:
                 say(line)
         path = session.write_tuned(cluster_file, raw, winner)
+        say(f"total {sum(cal.phases_s.values()):.1f} s; everything measured is in {run.dir}")
+        state, code = "succeeded", 0
     finally:
         write_json(run.dir / "tune.json", session.document())
         (run.dir / "tune.txt").write_text("\n".join(text) + "\n", encoding="utf-8")
-    run.update_meta(state="succeeded", exit_code=0, ended=time.time())
-    say(f"total {sum(cal.phases_s.values()):.1f} s; everything measured is in {run.dir}")
+        run.update_meta(state=state, exit_code=code, ended=time.time())
     if not options.apply:
         echo(f"start it with: tflaunch up {path}")
         return 0
