@@ -38,8 +38,10 @@ sys.path.insert(0, str(ROOT))
 
 from tests.helpers import checkout_python  # noqa: E402
 from tests.hosts import ssh_hosts  # noqa: E402
+from tflaunch.cluster.config import load_config  # noqa: E402
 from tflaunch.tools import bench_sweep as bench  # noqa: E402
 from tflaunch.tools import tune_settings as ts  # noqa: E402
+from tflaunch.tools.tune import workers_per_host  # noqa: E402
 
 WITHIN = 0.05
 
@@ -114,11 +116,13 @@ def run_case(a: argparse.Namespace, hosts, workers: int, rate: str, model: str) 
     settings = [ts.Setting(**{k: r[k] for k in fields}) for r in ranked]
     raw = yaml.safe_load(path.read_text())
     knobs = ts.Knobs.of(raw["program"]["argv"])
+    spread = workers_per_host(load_config(path))
     sweep, sweep_s = [], 0.0
     for i, (setting, row) in enumerate(zip(settings, ranked, strict=True), 1):
         argv = ts.setting_argv(raw["program"]["argv"], setting, knobs)
         point = folder / f"point{i}.yaml"
-        point.write_text(yaml.safe_dump(ts.tuned_document(raw, setting, argv, None)))
+        doc = ts.tuned_document(raw, setting, argv, spread)
+        point.write_text(yaml.safe_dump(doc))
         print(f"== {name}: sweep {i}/{len(settings)} {setting.label}", flush=True)
         code, out, seconds = tflaunch("up", str(point), log=folder / f"point{i}.log")
         sweep_s += seconds
@@ -137,7 +141,7 @@ def run_case(a: argparse.Namespace, hosts, workers: int, rate: str, model: str) 
             }
         )
     full = ts.enumerate_settings(a.max_ps, knobs)
-    full = [s for s in full if s.ps_hosts != "dedicated" or s.ps + workers <= a.hosts]
+    full = [s for s in full if s.ps_hosts != "dedicated" or s.ps + workers / spread <= a.hosts]
     return {
         "case": name,
         "full_grid_points": len(full),  # every setting tune ranks when the grid is not narrowed

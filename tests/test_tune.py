@@ -134,9 +134,9 @@ def test_the_tuned_document_is_the_same_file_with_the_setting_and_it_validates()
     }
     setting = Setting(2, DR, "lpt", "tic", "dedicated")
     argv = ts.setting_argv(raw["program"]["argv"], setting, ts.Knobs.of(BENCH))
-    doc = ts.tuned_document(raw, setting, argv, None)
+    doc = ts.tuned_document(raw, setting, argv, 1)
     assert doc["roles"] == {"ps": 2, "worker": 3}
-    assert doc["placement"] == {"ps": "dedicated"}
+    assert doc["placement"] == {"ps": "dedicated", "workers_per_host": 1}
     assert doc["supervision"] == raw["supervision"] and raw["roles"]["ps"] == 1  # not mutated
     assert "--staged_vars" not in doc["program"]["argv"]
     assert doc["program"]["argv"][-6:] == [
@@ -144,7 +144,7 @@ def test_the_tuned_document_is_the_same_file_with_the_setting_and_it_validates()
     ]  # fmt: skip
     config = parse_config(yaml.safe_dump(doc))
     assert config.roles.ps == 2 and config.placement.ps == "dedicated"
-    ring = ts.tuned_document(raw, Setting(0, CAR, "-", "none", "-"), BENCH, None)
+    ring = ts.tuned_document(raw, Setting(0, CAR, "-", "none", "-"), BENCH, 1)
     assert ring["roles"]["ps"] == 0 and ring["placement"] == raw["placement"]
     assert parse_config(yaml.safe_dump(ring)).roles.ps == 0
 

@@ -107,12 +107,22 @@ def tune(cluster_file: str, options: TuneOptions, echo: Echo) -> int:
     return 0 if isinstance(outcome, str) else outcome.code
 
 
+def workers_per_host(config: ClusterConfig) -> int:
+    """The most training tasks the file's own plan puts on one host."""
+    counts: dict[str, int] = {}
+    for task in launch.plan_cluster(config).tasks:
+        if task.job in ("chief", "worker"):
+            counts[task.host] = counts.get(task.host, 0) + 1
+    return max(counts.values(), default=1)
+
+
 class Session(Calibrator):
     """One tune: the measurements, then the model, the verification and the tuned file."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.ranked: list[Ranked] = []
+        self.workers_per_host = workers_per_host(self.config)
 
     def model(self, inputs: pm.Inputs, workers: int) -> list[Ranked]:
         max_ps = self.options.max_ps or max(self.config.roles.ps, workers)
@@ -171,12 +181,13 @@ class Session(Calibrator):
 
     def setting_config(self, s: Setting, argv: Sequence[str]) -> ClusterConfig:
         placement = self.config.placement
-        if s.update != ts.ALL_REDUCE:
+        if s.update != ts.ALL_REDUCE and s.ps_hosts == "dedicated":
+            spread = placement.workers_per_host or self.workers_per_host
             placement = replace(
-                placement,
-                ps=s.ps_hosts,
-                ps_per_host=None if s.ps_hosts == "dedicated" else placement.ps_per_host,
+                placement, ps="dedicated", ps_per_host=None, workers_per_host=spread
             )
+        elif s.update != ts.ALL_REDUCE:
+            placement = replace(placement, ps="colocated")
         argv = ts.setting_argv(argv, s, self.program.knobs)
         return replace(
             self.config,
@@ -225,7 +236,7 @@ class Session(Calibrator):
         """tuned.yaml in the run directory, and the runnable copy beside the cluster file (its
         relative paths, such as ssh.identity_file or program.workdir, stay right there)."""
         argv = ts.setting_argv(self.program.argv, winner.setting, self.program.knobs)
-        doc = ts.tuned_document(raw, winner.setting, argv, None)
+        doc = ts.tuned_document(raw, winner.setting, argv, self.workers_per_host)
         measured = f", measured {winner.measured:.2f}" if winner.measured is not None else ""
         header = (
             f"# tflaunch tune {Path(cluster_file).name} (run {self.run.id}): "

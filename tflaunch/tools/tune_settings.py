@@ -376,10 +376,12 @@ def pick_by_measurement(ranked: Sequence[Ranked]) -> tuple[Ranked, list[str]]:
 
 
 def tuned_document(
-    raw: Mapping[str, Any], setting: Setting, argv: Sequence[str], workdir: str | None
+    raw: Mapping[str, Any], setting: Setting, argv: Sequence[str], workers_per_host: int | None
 ) -> dict:
-    """The cluster file's mapping with the setting applied: roles.ps, placement.ps, the
-    program's argv (and its workdir made absolute where it is a path on this machine)."""
+    """The cluster file's mapping with the setting applied: roles.ps, placement.ps and the
+    program's argv. Dedicated PS keep the workers spread as the file's own plan spreads them
+    (``workers_per_host``, unless the file sets it): the calibration measured them so, and the
+    planner would otherwise pack them onto fewer hosts to leave hosts for the PS."""
     doc = dict(raw)
     roles = dict(doc.get("roles") or {})
     roles["ps"] = setting.ps
@@ -389,11 +391,11 @@ def tuned_document(
         placement["ps"] = setting.ps_hosts
         if setting.ps_hosts == "dedicated":
             placement.pop("ps_per_host", None)
+            if workers_per_host and "workers_per_host" not in placement:
+                placement["workers_per_host"] = workers_per_host
         doc["placement"] = placement
     program = doc.get("program")
     program = {"argv": program} if isinstance(program, list) else dict(program or {})
     program["argv"] = list(argv)
-    if workdir is not None:
-        program["workdir"] = workdir
     doc["program"] = program
     return doc
