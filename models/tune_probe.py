@@ -14,7 +14,8 @@ place of the program, so that calibration is bound exactly as the real run binds
   N = W: W lone workers at once, the contention input of the performance model.
 * The other training tasks exit 0 at once.
 
-Each running task first prints ``tune-probe: {"cores": C, "host": H}`` (the cores it may use);
+Every task first prints ``tune-probe: {"task": ..., "cores": C, "cpus": [...], "host": H,
+"kernel": boot id}``: the cores it may use and the machine it is on;
 with ``--variables``, the first training task prints ``tune-variables: [[name, shape, dtype
 size], ...]`` after the program ended (the model built once in a graph, nothing computed), so
 that the launcher needs no TensorFlow to size the model's variables.
@@ -91,6 +92,24 @@ def hold_port(port: int) -> None:
                 time.sleep(0.1)
 
 
+def where(task: str) -> dict:
+    """What this task runs on: its cores, its host, and its kernel (tasks in network namespaces
+    or containers of one machine share the kernel's boot id, and so its cores)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            kernel = f.read().strip()
+    except OSError:
+        kernel = socket.gethostname()
+    cpus = sorted(os.sched_getaffinity(0))
+    return {
+        "task": task,
+        "cores": len(cpus),
+        "cpus": cpus,
+        "host": socket.gethostname(),
+        "kernel": kernel,
+    }
+
+
 def print_variables(spec_text: str) -> None:
     """The model's trainable variables as the launcher's placement arithmetic wants them."""
     from tflaunch.models.placement import graph_variables
@@ -117,14 +136,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not program:
         p.error("give the program after --")
+    print(PROBE_PREFIX + json.dumps(where(f"{args.job}:{args.index}")), flush=True)
     r = rank(args.job, args.index, args.chief)
     if r is None:
         hold_port(args.port)
         return 0
     if r >= args.run:
         return 0
-    cores = len(os.sched_getaffinity(0))
-    print(PROBE_PREFIX + json.dumps({"cores": cores, "host": socket.gethostname()}), flush=True)
     env = {k: v for k, v in os.environ.items() if k not in CLUSTER_ENV}
     code = subprocess.call(lone_argv(program), env=env)
     if code == 0 and r == 0 and args.variables:

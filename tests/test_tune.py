@@ -265,3 +265,15 @@ def test_tune_any_program_from_a_traced_worker(tmp_path) -> None:
     assert {r["update"] for r in document["ranked"]} == {PS}
     assert set(document["calibration"]["runs"]) == {"traced"}
     assert wait_until_gone(str(tmp_path)) == []
+
+
+def test_core_sharing_comes_from_the_kernel_and_the_cores() -> None:
+    def probe(kernel: str, cpus: list[int]) -> dict:
+        return {"kernel": kernel, "cpus": cpus, "cores": len(cpus)}
+
+    assert tn.core_sharing([probe("a", [0, 1]), probe("a", [0, 1])]) == "shared"
+    assert tn.core_sharing([probe("a", [0, 1]), probe("a", [2, 3])]) == "disjoint"
+    assert tn.core_sharing([probe("a", [0, 1]), probe("b", [0, 1])]) == "apart"
+    three = [probe("a", [0]), probe("b", [0]), probe("a", [1]), probe("b", [0, 1])]
+    assert tn.core_sharing(three) == "shared"
+    assert tn.core_sharing([probe("a", [0, 1])]) == "apart"

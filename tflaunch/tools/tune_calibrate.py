@@ -173,25 +173,20 @@ class Calibrator:
             f"a lone worker: {lone['rates'][0]:.2f} img/s ({self.cal.compute_s * 1e3:.0f} ms a "
             f"step of {self.program.batch_size}) on {lone['cores']} core(s)"
         )
-        plan = launch.plan_cluster(self.config)
-        one_host = len({t.host for t in plan.tasks}) == 1
-        pinned = bool(self.config.placement.cpus_per_task)
-        if workers > 1 and one_host and not pinned:
-            self.cal.shared_cores = True
-            self.say("every task on one host, unpinned: the workers share its cores")
+        kind = core_sharing(lone["probes"])
+        self.cal.shared_cores = kind == "shared"
+        if workers > 1 and kind == "shared":
+            self.say("the workers share cores (one machine, overlapping cores): a queue for them")
+        elif workers > 1 and kind == "apart":
+            self.say("each worker on a machine of its own: no contention between them")
         elif workers > 1:
             together = self.probe_run("together", workers)
             rate = statistics.median(together["rates"])
             self.cal.together_img_s = rate
-            slowdown = self.cal.lone_img_s / rate
-            # Workers on cores of their own slow by contention for caches and memory (1.0-1.4x
-            # measured on 64 cores); workers sharing cores slow about W-fold.
-            self.cal.shared_cores = slowdown > (1 + workers) / 2
-            if not self.cal.shared_cores:
-                self.cal.compute_at = ((workers, self.program.batch_size / rate),)
+            self.cal.compute_at = ((workers, self.program.batch_size / rate),)
             self.say(
-                f"{workers} lone workers at once: {rate:.2f} img/s each ({slowdown:.2f}x "
-                f"slower): {'they share cores' if self.cal.shared_cores else 'contention input'}"
+                f"{workers} lone workers at once on cores of their own: {rate:.2f} img/s each "
+                f"({self.cal.lone_img_s / rate:.2f}x slower than alone): the contention input"
             )
         if lone["variables"] is None:
             raise TuneError("the lone worker printed no variables; see the lone run's log.")
@@ -216,18 +211,21 @@ class Calibrator:
             program=replace(self.config.program, argv=tuple(probe)),
         )
         sub = self.launch(label, config)
-        texts = self.training_logs(sub, count)
-        rates, cores, variables = [], [], None
-        for text in texts:
+        texts = self.training_logs(sub, self.config.roles.worker + self.config.roles.chief)
+        rates, probes, variables = [], [], None
+        for i, text in enumerate(texts):
+            probes += [json.loads(m) for m in PROBE_LINE.findall(text)]
+            if i >= count:
+                continue
             rate = WORKER_RATE.findall(text)
             if not rate:
                 raise TuneError(f"a {label} worker printed no 'worker images/sec'; see {sub.dir}.")
             rates.append(float(rate[-1]))
-            cores += [json.loads(m)["cores"] for m in PROBE_LINE.findall(text)]
             found = VARIABLES_LINE.findall(text)
             if found:
                 variables = tuple((n, tuple(s), int(d)) for n, s, d in json.loads(found[-1]))
-        return {"rates": rates, "cores": min(cores or [1]), "variables": variables}
+        cores = min((int(p.get("cores", 0)) for p in probes), default=0)
+        return {"rates": rates, "cores": cores, "variables": variables, "probes": probes}
 
     def python(self) -> str:
         return launch.backend_for(self.config.backend).python(self.config)
@@ -335,6 +333,24 @@ class Calibrator:
             return replace(base, placement=replace(base.placement, ps="colocated"))
 
     # -- phase 3: the model -------------------------------------------------------------------
+
+
+def core_sharing(probes: Sequence[dict]) -> str:
+    """How the training tasks' cores relate, from their probes: ``shared`` (two on one kernel
+    with overlapping cores: namespace hosts or containers of one machine, or unpinned tasks of
+    one host), ``disjoint`` (several on one kernel, each on cores of its own: contention for
+    caches and memory only) or ``apart`` (each on a machine of its own)."""
+    by_kernel: dict[str, list[set[int]]] = {}
+    for probe in probes:
+        by_kernel.setdefault(str(probe.get("kernel")), []).append(set(probe.get("cpus") or ()))
+    together = [sets for sets in by_kernel.values() if len(sets) > 1]
+    if not together:
+        return "apart"
+    for sets in together:
+        for i, a in enumerate(sets):
+            if any(a & b for b in sets[i + 1 :]):
+                return "shared"
+    return "disjoint"
 
 
 def netbench_sizes(variables: Sequence[tuple[str, tuple[int, ...], int]]) -> list[int]:
