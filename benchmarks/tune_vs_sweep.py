@@ -44,6 +44,7 @@ from tflaunch.tools import tune_settings as ts  # noqa: E402
 from tflaunch.tools.tune import workers_per_host  # noqa: E402
 
 WITHIN = 0.05
+FIELDS = ("ps", "update", "strategy", "transfer", "ps_hosts")
 
 
 def cluster_file(a: argparse.Namespace, hosts, path: Path, workers: int, model: str) -> Path:
@@ -149,6 +150,7 @@ def run_case(a: argparse.Namespace, hosts, workers: int, rate: str, model: str) 
         "rate": rate,
         "model": model,
         "tune_s": tune_s,
+        "tune_dir": str(tune_dir),
         "tune_phases_s": document["calibration"]["phases_s"],
         "sweep_s": sweep_s,
         "pick": 0,  # tune's pick: the top of its ranking, the sweep's first point
@@ -205,6 +207,65 @@ def report(out: Path) -> None:
         )
 
 
+def repredict(out: Path, given_loopback=None) -> None:
+    """Each case's sweep against what the present model predicts from that case's own
+    calibration (its tune run's inputs.json) for the same settings, each placed by its point's
+    plan: for a model changed after the sweep was measured. Needs no hosts."""
+    from tflaunch import launch
+    from tflaunch.tools import perfmodel as pm
+    from tflaunch.tools import tune_model
+    from tflaunch.tools.tune_calibrate import split_links
+
+    results = json.loads((out / "results.json").read_text())
+    for r in results:
+        folder = out / r["case"]
+        tune_dir = Path(r.get("tune_dir") or _tune_dir_of(folder / "tune.log"))
+        inputs = pm.load_inputs(tune_dir / "inputs.json")
+        loopback = None
+        if (tune_dir / "netbench.json").exists():
+            _, loopback = split_links(json.loads((tune_dir / "netbench.json").read_text()))
+        if loopback is None and given_loopback is not None:
+            loopback = given_loopback
+            print(f"{r['case']}: its netbench measured no loopback; using --loopback")
+        rows = []
+        for i, point in enumerate(r["sweep"], 1):
+            plan = launch.plan_cluster(load_config(folder / f"point{i}.yaml"))
+            layout = tune_model.Layout(
+                tuple(t.host for t in plan.tasks if t.job in ("chief", "worker")),
+                tuple(t.host for t in plan.tasks if t.job == "ps"),
+            )
+            setting = ts.Setting(**{k: point[k] for k in FIELDS})
+            strategy = setting.strategy if setting.update != ts.ALL_REDUCE else "round_robin"
+            p = tune_model.predict(
+                inputs, layout, setting.update, strategy, setting.overlap, loopback=loopback
+            )
+            rows.append(
+                ts.Ranked(setting, p.images_per_sec, p.step_s, p.bound, measured=point["measured"])
+            )
+        ranked = ts.rank(rows)
+        pick = ranked[0]
+        measured = [x for x in rows if x.measured is not None]
+        best = max(measured, key=lambda x: x.measured)
+        errors = [abs(x.images_per_sec / x.measured - 1) for x in measured]
+        within = pick.measured is not None and pick.measured >= (1 - WITHIN) * best.measured
+        print(
+            f"{r['case']}: present model picks {pick.setting.label} (predicted "
+            f"{pick.images_per_sec:.2f}, measured {pick.measured}); sweep best "
+            f"{best.setting.label} {best.measured:.2f}; within 5 %: {'yes' if within else 'no'}; "
+            f"median error {100 * statistics.median(errors):.1f} %"
+        )
+        for x in sorted(rows, key=lambda x: -(x.measured or 0)):
+            print(
+                f"    {x.setting.label:45s} measured {x.measured}  predicted {x.images_per_sec:.2f} ({x.bound})"
+            )
+
+
+def _tune_dir_of(log: Path) -> str:
+    first = log.read_text().splitlines()[0]  # "tune FILE: W worker(s), backend B, run ID"
+    run_id = first.rsplit(" run ", 1)[1].strip()
+    return str(log.parent.parent / "runs" / run_id)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
@@ -218,7 +279,13 @@ def main() -> int:
     p.add_argument("--image", type=int, default=75)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--phase", choices=("run", "report"), default="run")
+    p.add_argument("--phase", choices=("run", "report", "repredict"), default="run")
+    p.add_argument(
+        "--loopback",
+        default=None,
+        metavar="US,MB_S",
+        help="repredict: the loopback for cases whose netbench did not measure one",
+    )
     a = p.parse_args()
     a.out = a.out.resolve()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -239,6 +306,11 @@ def main() -> int:
                     report(a.out)
             finally:
                 ssh_hosts.teardown()
+    if a.phase == "repredict":
+        from tflaunch.tools.perfmodel import parse_link
+
+        repredict(a.out, parse_link(a.loopback) if a.loopback else None)
+        return 0
     report(a.out)
     return 0
 

@@ -19,6 +19,7 @@ from tflaunch.models import tune_probe
 from tflaunch.models.placement_math import STRATEGIES
 from tflaunch.tools import perfmodel as pm
 from tflaunch.tools import tune_calibrate as tn
+from tflaunch.tools import tune_model as tm
 from tflaunch.tools import tune_settings as ts
 from tflaunch.tools.tune_settings import Ranked, Setting
 
@@ -163,16 +164,46 @@ def test_netbench_sizes_come_from_the_variables() -> None:
     assert tn.netbench_sizes(huge) == [1024, 32 * 1024**2, 64 * 1024**2]
 
 
-def test_colocated_ps_carry_their_hosts_worker_too() -> None:
-    assert pm.colocated_loads([50, 50], 100, 2) == (50.0, 50.0)  # (1*50 + 50) / 2
-    assert pm.colocated_loads([100, 0], 100, 4) == (75.0, 0.0)
-    inputs = pm.Inputs(0.2, 2, (("k", (25_000_000,), 4),), pm.Link(1e-3, 1.25e8))
-    dedicated = pm.predict(inputs, 4, 4, PS, "partitioned")
-    colocated = pm.predict(inputs, 4, 4, PS, "partitioned", colocated=True)
-    assert colocated.images_per_sec < dedicated.images_per_sec
-    loopback = pm.Inputs(0.2, 2, inputs.variable_bytes, inputs.link, nic=False)
-    assert pm.predict(loopback, 4, 4, PS, "partitioned", colocated=True) == pm.predict(
-        loopback, 4, 4, PS, "partitioned"
+def _variables() -> tuple:
+    # A 40 MB kernel and smaller ones, as a CNN's: placement decides where the bytes go.
+    return (("k", (10_000_000,), 4), *((f"v{i}", (250_000 + 10_000 * i,), 4) for i in range(40)))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_alike_workers_get_what_perfmodel_gives(shared) -> None:
+    inputs = pm.Inputs(0.2, 2, _variables(), pm.Link(1.3e-3, 113e6), shared_cores=shared)
+    for workers in (1, 2, 3, 8):
+        for ps in (1, 2, 4):
+            for strategy in ("round_robin", "lpt"):
+                layout = tm.Layout(
+                    tuple(f"w{i}" for i in range(workers)), tuple(f"p{i}" for i in range(ps))
+                )
+                exact = pm.predict(inputs, workers, ps, PS, strategy)
+                approx = tm.predict(inputs, layout, PS, strategy)
+                assert approx.images_per_sec == pytest.approx(exact.images_per_sec, rel=0.03)
+                overlapped = pm.predict(inputs, workers, ps, PS, strategy, overlap=True)
+                mine = tm.predict(inputs, layout, PS, strategy, overlap=True)
+                assert mine.images_per_sec == pytest.approx(overlapped.images_per_sec, rel=0.03)
+    ring = tm.predict(inputs, tm.Layout(("a", "b"), ()), CAR)
+    assert ring.images_per_sec == pm.predict(inputs, 2, 0, CAR).images_per_sec
+
+
+def test_a_worker_beside_its_ps_is_faster_and_counts() -> None:
+    """Co-located on a NIC: the worker on the PS's host reads it over loopback; asynchronous
+    workers add up, so 1 PS beside a worker beats 1 PS on a host of its own."""
+    inputs = pm.Inputs(0.3, 2, _variables(), pm.Link(1.3e-3, 113e6), shared_cores=True)
+    beside = tm.predict(inputs, tm.Layout(("a", "b"), ("a",)), PS)
+    apart = tm.predict(inputs, tm.Layout(("a", "b"), ("c",)), PS)
+    assert beside.worker_steps_s[0] < beside.worker_steps_s[1]
+    assert beside.images_per_sec > 1.5 * apart.images_per_sec
+    assert apart.worker_steps_s[0] == pytest.approx(apart.worker_steps_s[1])
+    # Round robin puts the 40 MB kernel on PS 0, beside worker 0: both gain over LPT's halves.
+    rr = tm.predict(inputs, tm.Layout(("a", "b"), ("a", "b")), PS, "round_robin")
+    lpt = tm.predict(inputs, tm.Layout(("a", "b"), ("a", "b")), PS, "lpt")
+    assert rr.worker_steps_s[0] < lpt.worker_steps_s[0]
+    loopback = pm.Inputs(0.3, 2, _variables(), pm.Link(1.3e-3, 113e6), nic=False)
+    assert tm.predict(loopback, tm.Layout(("a", "a"), ("a",)), PS).images_per_sec == (
+        pm.predict(loopback, 2, 1, PS).images_per_sec
     )
 
 

@@ -38,11 +38,6 @@ Assumptions (printed by ``tflaunch model``):
    ``--overlap``), a worker's communication runs beside its computation once the first of K
    buckets is in: its cycle is ``max(t_compute, fixed + 2 phase) + alpha + max_p B_p / (K beta)``
    instead of ``t_compute + fixed + 2 phase`` (phases as in 4, queueing included).
-9. With PS co-located on worker hosts and a NIC per host (``predict(colocated=True)``), a PS's
-   link also carries its host's worker's own traffic to the other PS: a worker's visit to PS p's
-   link moves, on average, ``((W-1) B_p + (B - B_p)) / W`` (W-1 of W visits are other hosts'
-   workers moving B_p, one is the host's own worker moving the rest). The PS's CPU is taken as
-   free, as in 3.
 """
 
 from __future__ import annotations
@@ -160,7 +155,6 @@ def predict(
     strategy: str = "round_robin",
     overlap: bool = False,
     buckets: int = 8,
-    colocated: bool = False,
 ) -> Prediction:
     if workers < 1:
         raise ModelError("at least one worker.")
@@ -172,8 +166,6 @@ def predict(
     if ps < 1:
         raise ModelError(f"{update} needs at least one PS.")
     loads = bytes_per_ps(inputs, ps, strategy)
-    if colocated and inputs.nic:
-        loads = colocated_loads(loads, inputs.model_bytes, workers)
     own = inputs.model_bytes / link.bandwidth if inputs.nic else 0.0
     fixed = 2 * link.latency_s + 2 * inputs.per_variable_s * len(inputs.variable_bytes)
     throughput, bound = _mean_value_analysis(
@@ -188,12 +180,6 @@ def predict(
     return Prediction(
         workers, ps, update, strategy, throughput * inputs.batch_size, workers / throughput, bound
     )
-
-
-def colocated_loads(loads: Sequence[int], model_bytes: int, workers: int) -> tuple[float, ...]:
-    """Bytes per worker visit on each co-located PS's link (assumption 9)."""
-    w = workers
-    return tuple(((w - 1) * b + (model_bytes - b)) / w if b else 0.0 for b in loads)
 
 
 def first_bucket_s(link: Link, fullest_bytes: int, buckets: int) -> float:

@@ -34,6 +34,7 @@ from tflaunch.cluster.config import ClusterConfig, load_config
 from tflaunch.errors import PlanError
 from tflaunch.runtime.run import Run
 from tflaunch.tools import perfmodel as pm
+from tflaunch.tools import tune_model
 from tflaunch.tools import tune_settings as ts
 from tflaunch.tools.tune_calibrate import (
     TOTAL_RATE,
@@ -44,6 +45,7 @@ from tflaunch.tools.tune_calibrate import (
     TuneOptions,
     write_json,
 )
+from tflaunch.tools.tune_model import Layout
 from tflaunch.tools.tune_settings import Ranked, Setting, TuneError
 
 
@@ -127,7 +129,8 @@ class Session(Calibrator):
     def model(self, inputs: pm.Inputs, workers: int) -> list[Ranked]:
         max_ps = self.options.max_ps or max(self.config.roles.ps, workers)
         settings = ts.enumerate_settings(max_ps, self.program.knobs, self.options.ps_hosts)
-        feasible = self.feasible(settings)
+        layouts = self.layouts(settings)
+        feasible = [st for st in settings if layouts.get((st.ps, st.ps_hosts))]
         ctx = ts.Context(
             workers,
             self.cal.cores_per_host,
@@ -136,18 +139,16 @@ class Session(Calibrator):
             self.cal.shared_cores,
             tuple(w for w, _ in self.cal.compute_at),
         )
+        loop = self.cal.loopback
+        loopback = pm.Link(loop["latency_s"], loop["bandwidth"]) if loop else None
         rows = []
-        for s in feasible:
-            p = pm.predict(
-                inputs,
-                workers,
-                s.ps,
-                s.update,
-                s.strategy if s.update != ts.ALL_REDUCE else "round_robin",
-                overlap=s.overlap,
-                colocated=s.ps_hosts == "colocated",
+        for st in feasible:
+            layout = layouts[(st.ps, st.ps_hosts)]
+            strategy = st.strategy if st.update != ts.ALL_REDUCE else "round_robin"
+            p = tune_model.predict(
+                inputs, layout, st.update, strategy, overlap=st.overlap, loopback=loopback
             )
-            row = Ranked(s, p.images_per_sec, p.step_s, p.bound)
+            row = Ranked(st, p.images_per_sec, p.step_s, p.bound)
             rows.append(replace(row, notes=ts.caveats(row, ctx)))
         self.ranked = ts.rank(rows)
         skipped = len(settings) - len(feasible)
@@ -163,20 +164,21 @@ class Session(Calibrator):
             raise TuneError("no setting of the grid can be planned on this file's hosts.")
         return self.ranked
 
-    def feasible(self, settings: Sequence[Setting]) -> list[Setting]:
-        """The settings whose cluster the backend can plan on its hosts."""
-        ok: dict[tuple[int, str], bool] = {}
-        out = []
-        for s in settings:
-            key = (s.ps, s.ps_hosts)
-            if key not in ok:
-                try:
-                    launch.plan_cluster(self.setting_config(s, self.program.argv))
-                    ok[key] = True
-                except PlanError:
-                    ok[key] = False
-            if ok[key]:
-                out.append(s)
+    def layouts(self, settings: Sequence[Setting]) -> dict[tuple[int, str], Layout | None]:
+        """Per (PS count, PS hosts): where the setting's plan puts the workers and the PS, or
+        None when the backend cannot plan it on its hosts."""
+        out: dict[tuple[int, str], Layout | None] = {}
+        for st in settings:
+            key = (st.ps, st.ps_hosts)
+            if key in out:
+                continue
+            try:
+                plan = launch.plan_cluster(self.setting_config(st, self.program.argv))
+            except PlanError:
+                out[key] = None
+                continue
+            training = [t.host for t in plan.tasks if t.job in ("chief", "worker")]
+            out[key] = Layout(tuple(training), tuple(t.host for t in plan.tasks if t.job == "ps"))
         return out
 
     def setting_config(self, s: Setting, argv: Sequence[str]) -> ClusterConfig:

@@ -68,6 +68,7 @@ class Calibration:
     compute_at: tuple[tuple[int, float], ...] = ()
     cores_per_host: int = 0  # 0: not known (a traced program's run does not say)
     link: dict[str, float] = dataclasses.field(default_factory=dict)
+    loopback: dict[str, float] = dataclasses.field(default_factory=dict)  # within a host
     nic: bool = False
     runs: dict[str, str] = dataclasses.field(default_factory=dict)
     phases_s: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -301,12 +302,22 @@ class Calibrator:
             (self.run.dir / "netbench.txt").write_text("\n".join(nb.report_lines(result)) + "\n")
             with contextlib.suppress(Exception):  # the plot is a picture; no matplotlib, none
                 nb.plot(result, self.run.dir / "netbench.png")
-            link = pm.link_from_netbench(result)
-            self.cal.nic = any(r["src_host"] != r["dst_host"] for r in result["point_to_point"])
+            link, loopback = split_links(result)
+            self.cal.nic = loopback is not link
+            if self.cal.nic and loopback is not None:
+                self.cal.loopback = {
+                    "latency_s": loopback.latency_s,
+                    "bandwidth": loopback.bandwidth,
+                }
         self.cal.link = {"latency_s": link.latency_s, "bandwidth": link.bandwidth}
         self.say(
             f"link: {link.latency_s * 1e6:.0f} µs, {link.bandwidth / 1e6:.0f} MB/s"
             + (" between hosts (a NIC per host)" if self.cal.nic else " on one host (loopback)")
+            + (
+                f"; within a host {self.cal.loopback['bandwidth'] / 1e6:.0f} MB/s"
+                if self.cal.loopback
+                else ""
+            )
         )
         self.inputs = pm.Inputs(
             self.cal.compute_s,
@@ -322,17 +333,39 @@ class Calibrator:
         return self.inputs
 
     def pair_config(self) -> ClusterConfig:
-        """One PS and one worker of the file's hosts: on two hosts where the plan allows."""
-        roles = replace(self.config.roles, ps=1, worker=1, chief=0, evaluator=0)
-        base = replace(self.config, name=f"{self.config.name}-netbench", roles=roles)
-        dedicated = replace(base, placement=replace(base.placement, ps="dedicated"))
+        """One PS and two workers of the file's hosts, the PS beside the first worker and the
+        second on another host where the plan allows: the link between hosts and the loopback
+        within one, in one run; else one PS and one worker on the one host."""
+        roles = replace(self.config.roles, ps=1, worker=2, chief=0, evaluator=0)
+        base = replace(
+            self.config,
+            name=f"{self.config.name}-netbench",
+            roles=roles,
+            placement=replace(
+                self.config.placement, ps="colocated", ps_per_host=None, workers_per_host=1
+            ),
+        )
         try:
-            launch.plan_cluster(dedicated)
-            return dedicated
+            plan = launch.plan_cluster(base)
+            if len({t.host for t in plan.tasks}) > 1:
+                return base
         except PlanError:
-            return replace(base, placement=replace(base.placement, ps="colocated"))
+            pass
+        return replace(base, roles=replace(roles, worker=1), placement=self.config.placement)
 
-    # -- phase 3: the model -------------------------------------------------------------------
+
+def split_links(result: dict) -> tuple[pm.Link, pm.Link | None]:
+    """netbench's figures between hosts and within one: (the link between hosts, or the
+    loopback when every pair was on one host; the loopback when measured, else None)."""
+    rows = result.get("point_to_point") or []
+    across = [r for r in rows if r["src_host"] != r["dst_host"]]
+    within = [r for r in rows if r["src_host"] == r["dst_host"]]
+    loopback = pm.link_from_netbench({**result, "point_to_point": within}) if within else None
+    if not across:
+        if loopback is None:
+            raise TuneError("netbench measured no pair of tasks.")
+        return loopback, loopback
+    return pm.link_from_netbench({**result, "point_to_point": across}), loopback
 
 
 def core_sharing(probes: Sequence[dict]) -> str:
