@@ -308,3 +308,28 @@ def test_core_sharing_comes_from_the_kernel_and_the_cores() -> None:
     three = [probe("a", [0]), probe("b", [0]), probe("a", [1]), probe("b", [0, 1])]
     assert tn.core_sharing(three) == "shared"
     assert tn.core_sharing([probe("a", [0, 1])]) == "apart"
+
+
+def _netbench(pairs) -> dict:
+    rows = []
+    for (src, dst), (small_s, slope) in pairs.items():
+        for size, seconds in ((s, small_s + s / slope) for s in (1024, 1 << 20)):
+            rows.append({"src_host": src, "dst_host": dst, "bytes": size, "median_s": seconds,
+                         "src": f"/job:ps/task:0/{src}", "dst": f"/job:worker/task:0/{dst}"})  # fmt: skip
+    return {"sizes": [1024, 1 << 20], "point_to_point": rows}
+
+
+def test_netbench_gives_the_link_between_hosts_and_the_loopback_within_one() -> None:
+    result = _netbench({("a", "a"): (1e-4, 1.5e9), ("a", "b"): (1e-3, 1.2e8)})
+    link, loopback = tn.split_links(result)
+    assert link.bandwidth == pytest.approx(1.2e8) and link.latency_s == pytest.approx(
+        1e-3, rel=0.01
+    )
+    assert loopback.bandwidth == pytest.approx(1.5e9)
+    one_host = _netbench({("a", "a"): (1e-4, 1.5e9)})
+    link, loopback = tn.split_links(one_host)
+    assert link is loopback and link.bandwidth == pytest.approx(1.5e9)
+    link, loopback = tn.split_links(_netbench({("a", "b"): (1e-3, 1.2e8)}))
+    assert loopback is None
+    with pytest.raises(ts.TuneError):
+        tn.split_links({"sizes": [1024], "point_to_point": []})
