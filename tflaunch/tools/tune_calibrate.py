@@ -293,7 +293,14 @@ class Calibrator:
             self.say("link given (--link): no netbench")
         else:
             config = self.pair_config()
-            options = {"min_repeats": 3, "max_seconds": 0.3, "ps_model": nb.NO_PS_MODEL}
+            options: dict[str, object] = {"min_repeats": 3, "max_seconds": 0.3}
+            # netbench's other workers leave once their part is done, and with no PS test they
+            # have none: the first worker would time transfers with a task that is gone. A PS
+            # test of the smallest network keeps them until it has timed its pairs.
+            if config.roles.worker > 1:
+                options |= {"ps_model": "mnist", "ps_steps": 2}
+            else:
+                options |= {"ps_model": nb.NO_PS_MODEL}
             argv = nb.program_argv(self.python(), sizes, options)
             config = replace(config, program=replace(config.program, argv=tuple(argv)))
             sub = self.launch("netbench", config)
