@@ -193,6 +193,7 @@ def report(out: Path) -> None:
             f"{r['full_grid_points']}, {full_s:.0f}, {r['tune_s'] / full_s:.2f} |"
         )
     print("\n".join(lines))
+    verify_lines(results)
     errors = [
         abs(p["predicted"] / p["measured"] - 1)
         for r in results
@@ -204,6 +205,28 @@ def report(out: Path) -> None:
             f"\ntune's pick within {100 * WITHIN:.0f} % of the sweep's best in {hits} of "
             f"{len(results)} cases; model error over every point: median "
             f"{100 * statistics.median(errors):.1f} %, largest {100 * max(errors):.1f} %"
+        )
+
+
+def verify_lines(results: list[dict], k: int = 2) -> None:
+    """What ``tune --verify K`` would have picked: the best measured of its top K, taken from
+    the sweep's own runs of those settings (not runs of their own), at the cost of those runs'
+    time on top of tune's."""
+    print(f"\nwith --verify {k} (the sweep's runs of tune's top {k} stand in for verify's):")
+    for r in results:
+        top = [p for p in r["sweep"][:k] if p["measured"] is not None]
+        measured = [p for p in r["sweep"] if p["measured"] is not None]
+        if not top or not measured:
+            continue
+        pick = max(top, key=lambda p: p["measured"])
+        best = max(measured, key=lambda p: p["measured"])
+        within = pick["measured"] >= (1 - WITHIN) * best["measured"]
+        seconds = r["tune_s"] + sum(p["seconds"] for p in r["sweep"][:k])
+        print(
+            f"  {r['case']}: {label(pick)} {pick['measured']:.2f} img/s, "
+            f"{100 * pick['measured'] / best['measured']:.0f} % of the best "
+            f"({'within' if within else 'not within'} 5 %), {seconds:.0f} s against the "
+            f"sweep's {r['sweep_s']:.0f} s ({seconds / r['sweep_s']:.2f})"
         )
 
 
