@@ -34,6 +34,7 @@ from tflaunch.tools.netbench_command import netbench_command
 from tflaunch.tools.perfmodel import model_command
 from tflaunch.tools.placement_command import placement
 from tflaunch.tools.tensorboard import tensorboard_command
+from tflaunch.tools.tune_command import tune_command
 from tflaunch.trace.request import DEFAULT_PORT_OFFSET, TraceRequest, trace_dir
 
 RENDER_FORMATS = ("tf_config", "cluster_spec", "env", "command")
@@ -648,6 +649,7 @@ cli.add_command(bench_command)
 cli.add_command(netbench_command)
 cli.add_command(model_command)
 cli.add_command(tensorboard_command)
+cli.add_command(tune_command)
 
 
 @cli.command()

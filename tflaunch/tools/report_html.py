@@ -55,9 +55,18 @@ TEXTS = {
     "trace/trace_summary.txt": "Trace summary",
     "netbench.txt": "Netbench",
     "model.txt": "Performance model",
+    "tune.txt": "Tune",
     "steps_summary.txt": "Step rates",
 }
-LINKS = ("trace/trace.json", "netbench.json", "summary.json", EVENTS_FILE, PLAN_FILE)
+LINKS = (
+    "trace/trace.json",
+    "netbench.json",
+    "summary.json",
+    "tune.json",
+    "tuned.yaml",
+    EVENTS_FILE,
+    PLAN_FILE,
+)
 LOG_TAIL = 20
 
 

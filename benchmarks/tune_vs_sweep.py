@@ -1,0 +1,342 @@
+"""``tflaunch tune``'s pick and wall time against a full sweep of the same grid, on shaped links.
+
+    sudo python benchmarks/tune_vs_sweep.py --out DIR [--hosts 4]
+        [--cases 2:1gbit:resnet50,3:1gbit:inception3,...] [--max-ps 2]
+        [--updates parameter_server,collective_all_reduce] [--placements round_robin,lpt]
+        [--transfers none] [--batch 2] [--image 75] [--steps 6] [--warmup 2] [--phase run|report]
+
+Per case (workers : link rate : model), on N SSH test hosts (tests/hosts/ssh_hosts.py, its lock
+held for the whole run) whose private links are shaped to the rate, with a cluster file of W
+workers and 1 PS (backend ssh, ``tflaunch.models.benchmark`` at a small batch of small images):
+
+1. tune: ``tflaunch tune FILE`` over the grid (``--max-ps``, ``--updates``, ``--placements``,
+   ``--transfers``), timed end to end; its pick is the top of ``tune.json``'s ranking.
+2. sweep: every setting tune ranked (the same grid, the same settings that plan on the hosts),
+   each run once through ``tflaunch up`` of that setting's cluster file (what tune writes as
+   ``tuned.yaml``), timed; a run's figure is worker 0's ``total images/sec``.
+3. the table: the sweep's best, tune's pick and its rate measured in the sweep, whether it is
+   within 5 % of the best, both wall times and their ratio.
+
+Results are appended to ``DIR/results.json`` per case as they come; ``--phase report`` prints
+the table from it (no hosts needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.helpers import checkout_python  # noqa: E402
+from tests.hosts import ssh_hosts  # noqa: E402
+from tflaunch.cluster.config import load_config  # noqa: E402
+from tflaunch.tools import bench_sweep as bench  # noqa: E402
+from tflaunch.tools import tune_settings as ts  # noqa: E402
+from tflaunch.tools.tune import workers_per_host  # noqa: E402
+
+WITHIN = 0.05
+FIELDS = ("ps", "update", "strategy", "transfer", "ps_hosts")
+
+
+def cluster_file(a: argparse.Namespace, hosts, path: Path, workers: int, model: str) -> Path:
+    python = checkout_python(a.out, ROOT)
+    argv = [
+        python, "-m", "tflaunch.models.benchmark", "--model", model,
+        "--batch_size", str(a.batch), "--image_size", str(a.image), "--num_batches", str(a.steps),
+        "--num_warmup_batches", str(a.warmup), "--data_format", "NHWC",
+        "--display_every", str(a.steps),
+    ]  # fmt: skip
+    data = {
+        "name": path.stem,
+        "backend": "ssh",
+        "program": {"argv": argv, "workdir": str(ROOT)},
+        "roles": {"ps": 1, "worker": workers},
+        "ports": {"ps": 23000, "worker": 23100},
+        "supervision": {"grace_period": 2, "ready_timeout": 300, "finish_timeout": 900},
+        "runs_dir": str(a.out / "runs"),
+        "hosts": [
+            {"name": h.name, "connect": h.public_address, "address": h.private_address}
+            for h in hosts.hosts
+        ],
+        "ssh": {
+            "user": "root",
+            "identity_file": str(hosts.client_key),
+            "known_hosts": str(hosts.known_hosts),
+            "python": python,
+            "remote_runs_dir": str(a.out / "remote"),
+        },
+    }
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def tflaunch(*args: str, log: Path) -> tuple[int, str, float]:
+    """Run a tflaunch command, its output into ``log``; (exit code, output, seconds)."""
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "tflaunch", *args], cwd=ROOT, text=True, capture_output=True
+    )
+    seconds = time.monotonic() - started
+    log.write_text(proc.stdout + proc.stderr)
+    return proc.returncode, proc.stdout, seconds
+
+
+def grid_args(a: argparse.Namespace) -> list[str]:
+    out = ["--max-ps", str(a.max_ps)]
+    for flag in ("updates", "placements", "transfers"):
+        if getattr(a, flag):
+            out += [f"--{flag}", getattr(a, flag)]
+    return out
+
+
+def run_case(a: argparse.Namespace, hosts, workers: int, rate: str, model: str) -> dict:
+    name = f"w{workers}-{rate}-{model}"
+    folder = a.out / name
+    folder.mkdir(parents=True, exist_ok=True)
+    ssh_hosts.shape(hosts, rate)
+    path = cluster_file(a, hosts, folder / "cluster.yaml", workers, model)
+    print(f"== {name}: tune", flush=True)
+    tune_args = ["--steps", str(a.steps), "--warmup", str(a.warmup), *grid_args(a)]
+    code, out, tune_s = tflaunch("tune", str(path), *tune_args, log=folder / "tune.log")
+    if code != 0:
+        raise SystemExit(f"tune failed ({code}); see {folder / 'tune.log'}")
+    print("\n".join(line for line in out.splitlines() if not line.startswith("[")), flush=True)
+    tune_dir = max((a.out / "runs").glob(f"{path.stem}-tune-*"), key=lambda p: p.stat().st_mtime)
+    document = json.loads((tune_dir / "tune.json").read_text())
+    ranked = document["ranked"]
+    fields = ("ps", "update", "strategy", "transfer", "ps_hosts")
+    settings = [ts.Setting(**{k: r[k] for k in fields}) for r in ranked]
+    raw = yaml.safe_load(path.read_text())
+    knobs = ts.Knobs.of(raw["program"]["argv"])
+    spread = workers_per_host(load_config(path))
+    sweep, sweep_s = [], 0.0
+    for i, (setting, row) in enumerate(zip(settings, ranked, strict=True), 1):
+        argv = ts.setting_argv(raw["program"]["argv"], setting, knobs)
+        point = folder / f"point{i}.yaml"
+        doc = ts.tuned_document(raw, setting, argv, spread)
+        point.write_text(yaml.safe_dump(doc))
+        print(f"== {name}: sweep {i}/{len(settings)} {setting.label}", flush=True)
+        code, out, seconds = tflaunch("up", str(point), log=folder / f"point{i}.log")
+        sweep_s += seconds
+        measured = bench.parse_total(out) if code == 0 else None
+        print(
+            f"   {measured if measured is not None else 'FAILED'} img/s "
+            f"(predicted {row['images_per_sec']:.2f}) in {seconds:.0f} s",
+            flush=True,
+        )
+        sweep.append(
+            {
+                **setting.to_dict(),
+                "predicted": row["images_per_sec"],
+                "measured": measured,
+                "seconds": seconds,
+            }
+        )
+    full = ts.enumerate_settings(a.max_ps, knobs)
+    full = [s for s in full if s.ps_hosts != "dedicated" or s.ps + workers / spread <= a.hosts]
+    return {
+        "case": name,
+        "full_grid_points": len(full),  # every setting tune ranks when the grid is not narrowed
+        "workers": workers,
+        "rate": rate,
+        "model": model,
+        "tune_s": tune_s,
+        "tune_dir": str(tune_dir),
+        "tune_phases_s": document["calibration"]["phases_s"],
+        "sweep_s": sweep_s,
+        "pick": 0,  # tune's pick: the top of its ranking, the sweep's first point
+        "sweep": sweep,
+    }
+
+
+def label(row: dict) -> str:
+    return ts.Setting(
+        **{k: row[k] for k in ("ps", "update", "strategy", "transfer", "ps_hosts")}
+    ).label
+
+
+def report(out: Path) -> None:
+    results = (
+        json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else []
+    )
+    header = (
+        "| case | points | sweep best | img/s | tune's pick | its img/s | within 5 % | tune s "
+        "| sweep s | ratio | full grid: points, sweep s (estimate), ratio |"
+    )
+    lines = [header, "|---" * 11 + "|"]
+    hits = 0
+    for r in results:
+        measured = [p for p in r["sweep"] if p["measured"] is not None]
+        if not measured:
+            continue
+        best = max(measured, key=lambda p: p["measured"])
+        pick = r["sweep"][r["pick"]]
+        pick_rate = pick["measured"]
+        within = pick_rate is not None and pick_rate >= (1 - WITHIN) * best["measured"]
+        hits += within
+        # The full grid's sweep, estimated: the measured points' mean time x its points.
+        full_s = r["sweep_s"] / len(r["sweep"]) * r["full_grid_points"]
+        lines.append(
+            f"| {r['case']} | {len(measured)}/{len(r['sweep'])} | {label(best)} | "
+            f"{best['measured']:.2f} | {label(pick)} | "
+            f"{pick_rate if pick_rate is None else f'{pick_rate:.2f}'} | {'yes' if within else 'no'} | "
+            f"{r['tune_s']:.0f} | {r['sweep_s']:.0f} | {r['tune_s'] / r['sweep_s']:.2f} | "
+            f"{r['full_grid_points']}, {full_s:.0f}, {r['tune_s'] / full_s:.2f} |"
+        )
+    print("\n".join(lines))
+    verify_lines(results)
+    errors = [
+        abs(p["predicted"] / p["measured"] - 1)
+        for r in results
+        for p in r["sweep"]
+        if p["measured"]
+    ]
+    if errors:
+        print(
+            f"\ntune's pick within {100 * WITHIN:.0f} % of the sweep's best in {hits} of "
+            f"{len(results)} cases; model error over every point: median "
+            f"{100 * statistics.median(errors):.1f} %, largest {100 * max(errors):.1f} %"
+        )
+
+
+def verify_lines(results: list[dict], k: int = 2) -> None:
+    """What ``tune --verify K`` would have picked: the best measured of its top K, taken from
+    the sweep's own runs of those settings (not runs of their own), at the cost of those runs'
+    time on top of tune's."""
+    print(f"\nwith --verify {k} (the sweep's runs of tune's top {k} stand in for verify's):")
+    for r in results:
+        top = [p for p in r["sweep"][:k] if p["measured"] is not None]
+        measured = [p for p in r["sweep"] if p["measured"] is not None]
+        if not top or not measured:
+            continue
+        pick = max(top, key=lambda p: p["measured"])
+        best = max(measured, key=lambda p: p["measured"])
+        within = pick["measured"] >= (1 - WITHIN) * best["measured"]
+        seconds = r["tune_s"] + sum(p["seconds"] for p in r["sweep"][:k])
+        print(
+            f"  {r['case']}: {label(pick)} {pick['measured']:.2f} img/s, "
+            f"{100 * pick['measured'] / best['measured']:.0f} % of the best "
+            f"({'within' if within else 'not within'} 5 %), {seconds:.0f} s against the "
+            f"sweep's {r['sweep_s']:.0f} s ({seconds / r['sweep_s']:.2f})"
+        )
+
+
+def repredict(out: Path, given_loopback=None) -> None:
+    """Each case's sweep against what the present model predicts from that case's own
+    calibration (its tune run's inputs.json) for the same settings, each placed by its point's
+    plan: for a model changed after the sweep was measured. Needs no hosts."""
+    from tflaunch import launch
+    from tflaunch.tools import perfmodel as pm
+    from tflaunch.tools import tune_model
+    from tflaunch.tools.tune_calibrate import split_links
+
+    results = json.loads((out / "results.json").read_text())
+    for r in results:
+        folder = out / r["case"]
+        tune_dir = Path(r.get("tune_dir") or _tune_dir_of(folder / "tune.log"))
+        inputs = pm.load_inputs(tune_dir / "inputs.json")
+        loopback = None
+        if (tune_dir / "netbench.json").exists():
+            _, loopback = split_links(json.loads((tune_dir / "netbench.json").read_text()))
+        if loopback is None and given_loopback is not None:
+            loopback = given_loopback
+            print(f"{r['case']}: its netbench measured no loopback; using --loopback")
+        rows = []
+        for i, point in enumerate(r["sweep"], 1):
+            plan = launch.plan_cluster(load_config(folder / f"point{i}.yaml"))
+            layout = tune_model.Layout(
+                tuple(t.host for t in plan.tasks if t.job in ("chief", "worker")),
+                tuple(t.host for t in plan.tasks if t.job == "ps"),
+            )
+            setting = ts.Setting(**{k: point[k] for k in FIELDS})
+            strategy = setting.strategy if setting.update != ts.ALL_REDUCE else "round_robin"
+            p = tune_model.predict(
+                inputs, layout, setting.update, strategy, setting.overlap, loopback=loopback
+            )
+            rows.append(
+                ts.Ranked(setting, p.images_per_sec, p.step_s, p.bound, measured=point["measured"])
+            )
+        ranked = ts.rank(rows)
+        pick = ranked[0]
+        measured = [x for x in rows if x.measured is not None]
+        best = max(measured, key=lambda x: x.measured)
+        errors = [abs(x.images_per_sec / x.measured - 1) for x in measured]
+        within = pick.measured is not None and pick.measured >= (1 - WITHIN) * best.measured
+        print(
+            f"{r['case']}: present model picks {pick.setting.label} (predicted "
+            f"{pick.images_per_sec:.2f}, measured {pick.measured}); sweep best "
+            f"{best.setting.label} {best.measured:.2f}; within 5 %: {'yes' if within else 'no'}; "
+            f"median error {100 * statistics.median(errors):.1f} %"
+        )
+        for x in sorted(rows, key=lambda x: -(x.measured or 0)):
+            print(
+                f"    {x.setting.label:45s} measured {x.measured}  predicted {x.images_per_sec:.2f} ({x.bound})"
+            )
+
+
+def _tune_dir_of(log: Path) -> str:
+    first = log.read_text().splitlines()[0]  # "tune FILE: W worker(s), backend B, run ID"
+    run_id = first.rsplit(" run ", 1)[1].strip()
+    return str(log.parent.parent / "runs" / run_id)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--hosts", type=int, default=4)
+    p.add_argument("--cases", default="2:1gbit:resnet50", help="W:RATE:MODEL,...")
+    p.add_argument("--max-ps", type=int, default=2)
+    p.add_argument("--updates", default="parameter_server,collective_all_reduce")
+    p.add_argument("--placements", default="round_robin,lpt")
+    p.add_argument("--transfers", default="none")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--image", type=int, default=75)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--phase", choices=("run", "report", "repredict"), default="run")
+    p.add_argument(
+        "--loopback",
+        default=None,
+        metavar="US,MB_S",
+        help="repredict: the loopback for cases whose netbench did not measure one",
+    )
+    a = p.parse_args()
+    a.out = a.out.resolve()
+    a.out.mkdir(parents=True, exist_ok=True)
+    cases = [(int(w), rate, model) for w, rate, model in (c.split(":") for c in a.cases.split(","))]
+    if a.phase == "run":
+        problem = ssh_hosts.missing_requirements()
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
+        store = a.out / "results.json"
+        with ssh_hosts.exclusive():
+            hosts = ssh_hosts.setup(a.hosts)
+            try:
+                for workers, rate, model in cases:
+                    result = run_case(a, hosts, workers, rate, model)
+                    done = json.loads(store.read_text()) if store.exists() else []
+                    store.write_text(json.dumps([*done, result], indent=1))
+                    report(a.out)
+            finally:
+                ssh_hosts.teardown()
+    if a.phase == "repredict":
+        from tflaunch.tools.perfmodel import parse_link
+
+        repredict(a.out, parse_link(a.loopback) if a.loopback else None)
+        return 0
+    report(a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

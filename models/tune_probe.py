@@ -1,0 +1,154 @@
+"""``tflaunch tune``'s calibration probe: every task of the cluster file's own plan runs this in
+place of the program, so that calibration is bound exactly as the real run binds its tasks
+(same hosts, same ``placement.cpus_per_task`` cores), yet each worker computes alone.
+
+    python -m tflaunch.models.tune_probe --job {job_name} --index {task_index} --port {port} \
+        --chief 0|1 --run N [--variables MODEL:CLASSES] -- PROGRAM ARGV...
+
+* A PS (or any task outside the training tasks) listens on its port, so that the agent sees it
+  ready and starts the workers, and waits until it is stopped: it holds its cores' slot and
+  computes nothing.
+* The first N training tasks (the chief, then the workers) run the program as a lone process:
+  without TF_CONFIG, ``$TFLAUNCH_CLUSTER_FILE``, ``$TFLAUNCH_TASK`` and the TF1 cluster flags,
+  so ``tflaunch.models.benchmark`` trains as one process (no PS, no peers). N = 1: a lone worker;
+  N = W: W lone workers at once, the contention input of the performance model.
+* The other training tasks exit 0 at once.
+
+Every task first prints ``tune-probe: {"task": ..., "cores": C, "cpus": [...], "host": H,
+"kernel": boot id}``: the cores it may use and the machine it is on;
+with ``--variables``, the first training task prints ``tune-variables: [[name, shape, dtype
+size], ...]`` after the program ended (the model built once in a graph, nothing computed), so
+that the launcher needs no TensorFlow to size the model's variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+PROBE_PREFIX = "tune-probe: "
+VARIABLES_PREFIX = "tune-variables: "
+CLUSTER_ENV = ("TF_CONFIG", "TFLAUNCH_CLUSTER_FILE", "TFLAUNCH_TASK")
+# Flags of models.cluster.add_cluster_flags: each takes a value.
+CLUSTER_FLAGS = (
+    "--job_name",
+    "--task_index",
+    "--ps_hosts",
+    "--worker_hosts",
+    "--chief_hosts",
+    "--cluster_file",
+)
+TRAINING_JOBS = ("chief", "worker")
+
+
+def lone_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` without the TF1 cluster flags (``--flag value`` and ``--flag=value``)."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        flag = arg.split("=", 1)[0]
+        if flag in CLUSTER_FLAGS:
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return out
+
+
+def rank(job: str, index: int, chief: int) -> int | None:
+    """The training rank (chief first), or None for a task that does not train."""
+    if job == "chief":
+        return index
+    if job == "worker":
+        return chief + index
+    return None
+
+
+def hold_port(port: int) -> None:
+    """Listen on ``port`` and accept (and close) connections until SIGTERM."""
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("", port))
+        sock.listen(64)
+        sock.settimeout(0.5)
+        while not stop:
+            try:
+                conn, _ = sock.accept()
+                conn.close()
+            except TimeoutError:
+                continue
+            except OSError:
+                time.sleep(0.1)
+
+
+def where(task: str) -> dict:
+    """What this task runs on: its cores, its host, and its kernel (tasks in network namespaces
+    or containers of one machine share the kernel's boot id, and so its cores)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            kernel = f.read().strip()
+    except OSError:
+        kernel = socket.gethostname()
+    cpus = sorted(os.sched_getaffinity(0))
+    return {
+        "task": task,
+        "cores": len(cpus),
+        "cpus": cpus,
+        "host": socket.gethostname(),
+        "kernel": kernel,
+    }
+
+
+def print_variables(spec_text: str) -> None:
+    """The model's trainable variables as the launcher's placement arithmetic wants them."""
+    from tflaunch.models.placement import graph_variables
+    from tflaunch.models.registry import get_model_spec
+
+    model, _, classes = spec_text.partition(":")
+    spec = get_model_spec(model)
+    num_classes = spec.default_num_classes if spec.fixed_num_classes else int(classes or 1001)
+    variables = graph_variables(lambda: spec.build(num_classes, "NHWC"))
+    rows = [[v.name, list(v.shape), v.dtype_size] for v in variables if v.trainable]
+    print(VARIABLES_PREFIX + json.dumps(rows), flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tflaunch.models.tune_probe")
+    p.add_argument("--job", required=True)
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--chief", type=int, default=0, help="1 when the cluster has a chief")
+    p.add_argument("--run", type=int, default=1, help="training tasks that run the program")
+    p.add_argument("--variables", default=None, metavar="MODEL:CLASSES")
+    p.add_argument("program", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if not program:
+        p.error("give the program after --")
+    print(PROBE_PREFIX + json.dumps(where(f"{args.job}:{args.index}")), flush=True)
+    r = rank(args.job, args.index, args.chief)
+    if r is None:
+        hold_port(args.port)
+        return 0
+    if r >= args.run:
+        return 0
+    env = {k: v for k, v in os.environ.items() if k not in CLUSTER_ENV}
+    code = subprocess.call(lone_argv(program), env=env)
+    if code == 0 and r == 0 and args.variables:
+        print_variables(args.variables)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

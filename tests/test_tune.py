@@ -1,0 +1,335 @@
+"""tflaunch tune: the pure parts (settings, ranking, caveats, the tuned file, the probe's argv)
+and one end-to-end run on the local backend (slow: real TensorFlow processes)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from tests.helpers import tflaunch, wait_until_gone, write_cluster
+from tflaunch.cli import cli
+from tflaunch.cluster.config import parse_config
+from tflaunch.models import tune_probe
+from tflaunch.models.placement_math import STRATEGIES
+from tflaunch.tools import perfmodel as pm
+from tflaunch.tools import tune_calibrate as tn
+from tflaunch.tools import tune_model as tm
+from tflaunch.tools import tune_settings as ts
+from tflaunch.tools.tune_settings import Ranked, Setting
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = [sys.executable, "-m", "tflaunch.models.benchmark", "--model", "resnet50"]
+PS, DR, CAR = "parameter_server", "distributed_replicated", "collective_all_reduce"
+
+
+def test_a_benchmark_may_change_everything_another_program_what_it_passes() -> None:
+    knobs = ts.Knobs.of(BENCH)
+    assert knobs.updates == (PS, DR, CAR) and knobs.strategies == STRATEGIES and knobs.transfers
+    mnist = ts.Knobs.of(["python", "-m", "tflaunch.models.mnist", "--variable_placement", "lpt"])
+    assert mnist.updates == (PS,) and mnist.strategies == STRATEGIES and not mnist.transfers
+    plain = ts.Knobs.of(["python", "train.py"])
+    assert plain == ts.Knobs((PS,), ("round_robin",), False)
+
+
+def test_every_setting_once_and_one_ps_only_round_robin() -> None:
+    settings = ts.enumerate_settings(3, ts.Knobs.of(BENCH))
+    assert len(settings) == len(set(settings))
+    # PS: P=1 (1 placement) + P=2,3 (4 placements each) = 9, x 2 hosts, x 3 transfers;
+    # replicated the same x 2 transfers; all-reduce once.
+    assert len(settings) == 9 * 2 * 3 + 9 * 2 * 2 + 1
+    assert {s.strategy for s in settings if s.ps == 1} == {"round_robin"}
+    assert Setting(0, CAR, "-", "none", "-") in settings
+    assert not any(s.transfer == "staged" for s in settings if s.update == DR)
+    plain = ts.enumerate_settings(2, ts.Knobs.of(["python", "train.py"]), ("colocated",))
+    assert plain == [Setting(1, PS), Setting(2, PS)]
+
+
+def test_flags_are_set_replaced_and_removed() -> None:
+    argv = ["p", "--a", "1", "--staged_vars", "--b=2", "--c", "3"]
+    assert ts.with_flag(argv, "--a", "9") == ["p", "--staged_vars", "--b=2", "--c", "3", "--a", "9"]
+    assert ts.with_flag(argv, "--b", None) == ["p", "--a", "1", "--staged_vars", "--c", "3"]
+    assert ts.with_flag(argv, "--staged_vars", None, switch=True) == [
+        "p", "--a", "1", "--b=2", "--c", "3",
+    ]  # fmt: skip
+    assert ts.flag_value(argv, "--b") == "2" and ts.flag_value(argv, "--z") is None
+    knobs = ts.Knobs.of(BENCH)
+    staged = ts.setting_argv(
+        [*BENCH, "--transfer_order", "tic"], Setting(2, PS, "lpt", "staged"), knobs
+    )
+    assert staged[len(BENCH) :] == [
+        "--variable_update", PS, "--variable_placement", "lpt", "--staged_vars",
+    ]  # fmt: skip
+    ring = ts.setting_argv([*BENCH, "--staged_vars"], Setting(0, CAR, "-", "none", "-"), knobs)
+    assert ring[len(BENCH) :] == ["--variable_update", CAR]
+
+
+def _row(ps: int, rate: float, **kw) -> Ranked:
+    return Ranked(Setting(ps, PS, **kw), rate, 1.0, "workers")
+
+
+def test_ranking_puts_the_simplest_first_among_ties_and_measures_the_margin() -> None:
+    rows = [
+        _row(3, 10.0, strategy="lpt"),
+        _row(2, 10.05, strategy="lpt", transfer="staged"),
+        _row(2, 9.98, strategy="lpt"),
+        _row(1, 8.0),
+    ]
+    ranked = ts.rank(rows)
+    assert [(r.setting.ps, r.setting.transfer) for r in ranked] == [
+        (2, "none"), (2, "staged"), (3, "none"), (1, "none"),
+    ]  # fmt: skip
+    lead, tied = ts.margin(ranked)
+    assert tied == 3 and lead == pytest.approx(9.98 / 8.0 - 1)
+    assert ts.next_distinct(ranked).setting.ps == 1
+    text = "\n".join(ts.verdict(ranked))
+    assert "3 settings are predicted within 1 %" in text and "margin: 24.8 %" in text
+    close = ts.verdict(ts.rank([_row(1, 10.0), _row(2, 9.7, strategy="lpt")]))
+    assert any("within the model's error" in line for line in close)
+
+
+def test_the_model_says_when_it_is_out_of_its_depth() -> None:
+    ctx = ts.Context(2, 2, 1.25e9, 100_000_000, shared_cores=False)
+    fast = Ranked(Setting(1, PS), 8.0, 0.25, "workers")  # 2 workers x 4 steps/s x 200 MB
+    slow = Ranked(Setting(1, PS, ps_hosts="dedicated"), 1.0, 4.0, "ps")
+    assert any("gRPC CPU" in n for n in ts.caveats(fast, ctx))
+    assert ts.caveats(slow, ctx) == ()
+    assert any("co-located PS" in n for n in ts.caveats(replace_rate(slow), ctx))
+    beyond = ts.Context(8, 64, 1.25e8, 100_000_000, False, contention_measured_at=(4,))
+    assert any("extrapolated" in n for n in ts.caveats(slow, beyond))
+    noted = replace_rate(fast)
+    assert any("out of its depth" in line for line in ts.verdict([noted]))
+
+
+def replace_rate(row: Ranked) -> Ranked:
+    from dataclasses import replace
+
+    ctx = ts.Context(2, 2, 1.25e9, 100_000_000, shared_cores=False)
+    row = replace(row, setting=replace(row.setting, ps_hosts="colocated"))
+    return replace(row, notes=ts.caveats(row, ctx))
+
+
+def test_measurement_decides_when_the_order_differs() -> None:
+    a = Ranked(Setting(2, PS, "lpt"), 10.0, 1, "ps", measured=7.0)
+    b = Ranked(Setting(1, PS), 9.0, 1, "ps", measured=8.0)
+    best, lines = ts.pick_by_measurement([a, b])
+    assert best is b and "differs" in lines[0] and "median error" in lines[1]
+    best, lines = ts.pick_by_measurement([b, a])
+    assert best is b and not any("differs" in line for line in lines)
+    unmeasured = Ranked(Setting(1, PS), 9.0, 1, "ps")
+    assert ts.pick_by_measurement([unmeasured])[0] is unmeasured
+
+
+def test_the_tuned_document_is_the_same_file_with_the_setting_and_it_validates() -> None:
+    raw = {
+        "name": "x",
+        "program": {"argv": [*BENCH, "--staged_vars"], "workdir": "."},
+        "roles": {"ps": 1, "worker": 3},
+        "placement": {"ps": "colocated", "ps_per_host": 1},
+        "supervision": {"ready_timeout": 30},
+    }
+    setting = Setting(2, DR, "lpt", "tic", "dedicated")
+    argv = ts.setting_argv(raw["program"]["argv"], setting, ts.Knobs.of(BENCH))
+    doc = ts.tuned_document(raw, setting, argv, 1)
+    assert doc["roles"] == {"ps": 2, "worker": 3}
+    assert doc["placement"] == {"ps": "dedicated", "workers_per_host": 1}
+    assert doc["supervision"] == raw["supervision"] and raw["roles"]["ps"] == 1  # not mutated
+    assert "--staged_vars" not in doc["program"]["argv"]
+    assert doc["program"]["argv"][-6:] == [
+        "--variable_update", DR, "--variable_placement", "lpt", "--transfer_order", "tic",
+    ]  # fmt: skip
+    config = parse_config(yaml.safe_dump(doc))
+    assert config.roles.ps == 2 and config.placement.ps == "dedicated"
+    ring = ts.tuned_document(raw, Setting(0, CAR, "-", "none", "-"), BENCH, 1)
+    assert ring["roles"]["ps"] == 0 and ring["placement"] == raw["placement"]
+    assert parse_config(yaml.safe_dump(ring)).roles.ps == 0
+
+
+def test_probe_runs_the_program_alone() -> None:
+    argv = ["p", "--job_name", "worker", "--task_index=1", "--ps_hosts", "a:1", "--x", "2"]
+    assert tune_probe.lone_argv(argv) == ["p", "--x", "2"]
+    assert tune_probe.rank("chief", 0, 1) == 0 and tune_probe.rank("worker", 0, 1) == 1
+    assert tune_probe.rank("worker", 2, 0) == 2 and tune_probe.rank("ps", 0, 0) is None
+
+
+def test_netbench_sizes_come_from_the_variables() -> None:
+    variables = (("a", (1000, 1000), 4), ("b", (10,), 4), ("c", (4000, 1000), 4))
+    assert tn.netbench_sizes(variables) == [1024, 10_000_020, 20_000_040]  # largest: at most half
+    huge = (("k", (10**9,), 4), ("b", (10,), 4))
+    assert tn.netbench_sizes(huge) == [1024, 32 * 1024**2, 64 * 1024**2]
+
+
+def _variables() -> tuple:
+    # A 40 MB kernel and smaller ones, as a CNN's: placement decides where the bytes go.
+    return (("k", (10_000_000,), 4), *((f"v{i}", (250_000 + 10_000 * i,), 4) for i in range(40)))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_alike_workers_get_what_perfmodel_gives(shared) -> None:
+    inputs = pm.Inputs(0.2, 2, _variables(), pm.Link(1.3e-3, 113e6), shared_cores=shared)
+    for workers in (1, 2, 3, 8):
+        for ps in (1, 2, 4):
+            for strategy in ("round_robin", "lpt"):
+                layout = tm.Layout(
+                    tuple(f"w{i}" for i in range(workers)), tuple(f"p{i}" for i in range(ps))
+                )
+                exact = pm.predict(inputs, workers, ps, PS, strategy)
+                approx = tm.predict(inputs, layout, PS, strategy)
+                assert approx.images_per_sec == pytest.approx(exact.images_per_sec, rel=0.03)
+                overlapped = pm.predict(inputs, workers, ps, PS, strategy, overlap=True)
+                mine = tm.predict(inputs, layout, PS, strategy, overlap=True)
+                assert mine.images_per_sec == pytest.approx(overlapped.images_per_sec, rel=0.03)
+    ring = tm.predict(inputs, tm.Layout(("a", "b"), ()), CAR)
+    assert ring.images_per_sec == pm.predict(inputs, 2, 0, CAR).images_per_sec
+
+
+def test_a_worker_beside_its_ps_is_faster_and_counts() -> None:
+    """Co-located on a NIC: the worker on the PS's host reads it over loopback; asynchronous
+    workers add up, so 1 PS beside a worker beats 1 PS on a host of its own."""
+    inputs = pm.Inputs(0.3, 2, _variables(), pm.Link(1.3e-3, 113e6), shared_cores=True)
+    beside = tm.predict(inputs, tm.Layout(("a", "b"), ("a",)), PS)
+    apart = tm.predict(inputs, tm.Layout(("a", "b"), ("c",)), PS)
+    assert beside.worker_steps_s[0] < beside.worker_steps_s[1]
+    assert beside.images_per_sec > 1.5 * apart.images_per_sec
+    assert apart.worker_steps_s[0] == pytest.approx(apart.worker_steps_s[1])
+    # Round robin puts the 40 MB kernel on PS 0, beside worker 0: both gain over LPT's halves.
+    rr = tm.predict(inputs, tm.Layout(("a", "b"), ("a", "b")), PS, "round_robin")
+    lpt = tm.predict(inputs, tm.Layout(("a", "b"), ("a", "b")), PS, "lpt")
+    assert rr.worker_steps_s[0] < lpt.worker_steps_s[0]
+    loopback = pm.Inputs(0.3, 2, _variables(), pm.Link(1.3e-3, 113e6), nic=False)
+    assert tm.predict(loopback, tm.Layout(("a", "a"), ("a",)), PS).images_per_sec == (
+        pm.predict(loopback, 2, 1, PS).images_per_sec
+    )
+
+
+def test_a_program_tune_cannot_read_needs_model_and_batch(tmp_path) -> None:
+    cluster = write_cluster(tmp_path / "c.yaml", {"argv": [sys.executable, "train.py"]})
+    result = CliRunner().invoke(cli, ["tune", str(cluster)])
+    assert result.exit_code == 2 and "--model NAME" in result.output
+    assert not (tmp_path / "runs").exists()
+    result = CliRunner().invoke(cli, ["tune", str(cluster), "--link", "fast"])
+    assert result.exit_code == 2 and "--link 'fast'" in result.output
+
+
+@pytest.mark.slow
+def test_tune_verify_apply_on_the_local_backend(tmp_path) -> None:
+    """The whole command on real TensorFlow: calibration, netbench, the model, --verify 1 and
+    --apply, which trains the tuned file; everything measured is in the tune run's directory."""
+    pytest.importorskip("tensorflow")
+    argv = [
+        *BENCH, "--image_size", "32", "--batch_size", "2", "--num_batches", "4",
+        "--num_warmup_batches", "1", "--job_name", "{job_name}", "--task_index", "{task_index}",
+        "--ps_hosts", "{ps_hosts}", "--worker_hosts", "{worker_hosts}",
+    ]  # fmt: skip
+    program = {"argv": argv, "workdir": str(ROOT)}
+    cluster = write_cluster(
+        tmp_path / "c.yaml", program, roles={"ps": 1, "worker": 2},
+        supervision={"ready_timeout": 300}, runs_dir=str(tmp_path / "runs"),
+    )  # fmt: skip
+    args = ["tune", str(cluster), "--steps", "3", "--warmup", "1", "--max-ps", "2"]
+    result = tflaunch(
+        *args, "--verify", "1", "--verify-steps", "3", "--apply", cwd=tmp_path, timeout=900
+    )
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:] + result.stderr[-3000:]
+    for phase in ("compute", "network", "model", "verify"):
+        assert f"\n{phase}: " in out, out
+    assert "a lone worker: " in out and "on one host (loopback)" in out
+    assert "verify 1: " in out and "measured" in out
+    tuned = tmp_path / "c.tuned.yaml"
+    config = parse_config(tuned.read_text())
+    assert config.roles.worker == 2 and "--num_batches" in config.program.argv
+    runs = sorted((tmp_path / "runs").iterdir())
+    tune_dir = next(r for r in runs if "-tune-" in r.name)
+    document = json.loads((tune_dir / "tune.json").read_text())
+    assert document["calibration"]["lone_img_s"] > 0 and document["ranked"]
+    assert document["ranked"][0]["measured"] is not None
+    assert {"netbench.json", "inputs.json", "tuned.yaml", "tune.txt"} <= {
+        p.name for p in tune_dir.iterdir()
+    }
+    applied = [r for r in runs if r != tune_dir]
+    assert len(applied) == 1  # the tuned file's own run, which trained
+    assert "total images/sec" in (applied[0] / "worker-0.log").read_text()
+    html = tflaunch(
+        "report", tune_dir.name, "--runs-dir", str(tmp_path / "runs"), "--html", cwd=tmp_path
+    )
+    assert html.returncode == 0, html.stderr
+    page = (tune_dir / "report.html").read_text()
+    assert "Tune" in page and "tune.json" in page
+    assert wait_until_gone(str(tmp_path)) == []
+
+
+def test_unknown_cores_make_no_grpc_claim() -> None:
+    fast = Ranked(Setting(1, PS), 8.0, 0.25, "workers")
+    assert ts.caveats(fast, ts.Context(2, 0, 1.25e9, 100_000_000, shared_cores=True)) == ()
+
+
+@pytest.mark.slow
+def test_tune_any_program_from_a_traced_worker(tmp_path) -> None:
+    """A program that is not the benchmark: one worker traced, its step less communication is
+    the compute; only the PS count and hosts are tuned, and the file it writes validates."""
+    pytest.importorskip("tensorflow")
+    program = ROOT / "tests" / "programs" / "tf1_between_graph.py"
+    argv = [
+        sys.executable, str(program), "--job_name", "{job_name}", "--task_index", "{task_index}",
+        "--ps_hosts", "{ps_hosts}", "--worker_hosts", "{worker_hosts}", "--train_steps", "300",
+    ]  # fmt: skip
+    cluster = write_cluster(
+        tmp_path / "c.yaml", {"argv": argv}, roles={"ps": 1, "worker": 2},
+        supervision={"ready_timeout": 300}, runs_dir=str(tmp_path / "runs"),
+    )  # fmt: skip
+    args = ["tune", str(cluster), "--model", "mnist", "--batch-size", "32", "--trace", "100:10"]
+    result = tflaunch(*args, "--link", "1000,500", cwd=tmp_path, timeout=600)
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:] + result.stderr[-3000:]
+    assert re.search(r"worker:0's \d+ traced steps: [\d.]+ ms each without communication", out)
+    assert "link given (--link): no netbench" in out
+    tuned = parse_config((tmp_path / "c.tuned.yaml").read_text())
+    assert tuned.program.argv == tuple(argv)  # no flag the program does not take
+    tune_dir = next(p for p in (tmp_path / "runs").iterdir() if "-tune-" in p.name)
+    document = json.loads((tune_dir / "tune.json").read_text())
+    assert {r["update"] for r in document["ranked"]} == {PS}
+    assert set(document["calibration"]["runs"]) == {"traced"}
+    assert wait_until_gone(str(tmp_path)) == []
+
+
+def test_core_sharing_comes_from_the_kernel_and_the_cores() -> None:
+    def probe(kernel: str, cpus: list[int]) -> dict:
+        return {"kernel": kernel, "cpus": cpus, "cores": len(cpus)}
+
+    assert tn.core_sharing([probe("a", [0, 1]), probe("a", [0, 1])]) == "shared"
+    assert tn.core_sharing([probe("a", [0, 1]), probe("a", [2, 3])]) == "disjoint"
+    assert tn.core_sharing([probe("a", [0, 1]), probe("b", [0, 1])]) == "apart"
+    three = [probe("a", [0]), probe("b", [0]), probe("a", [1]), probe("b", [0, 1])]
+    assert tn.core_sharing(three) == "shared"
+    assert tn.core_sharing([probe("a", [0, 1])]) == "apart"
+
+
+def _netbench(pairs) -> dict:
+    rows = []
+    for (src, dst), (small_s, slope) in pairs.items():
+        for size, seconds in ((s, small_s + s / slope) for s in (1024, 1 << 20)):
+            rows.append({"src_host": src, "dst_host": dst, "bytes": size, "median_s": seconds,
+                         "src": f"/job:ps/task:0/{src}", "dst": f"/job:worker/task:0/{dst}"})  # fmt: skip
+    return {"sizes": [1024, 1 << 20], "point_to_point": rows}
+
+
+def test_netbench_gives_the_link_between_hosts_and_the_loopback_within_one() -> None:
+    result = _netbench({("a", "a"): (1e-4, 1.5e9), ("a", "b"): (1e-3, 1.2e8)})
+    link, loopback = tn.split_links(result)
+    assert link.bandwidth == pytest.approx(1.2e8) and link.latency_s == pytest.approx(
+        1e-3, rel=0.01
+    )
+    assert loopback.bandwidth == pytest.approx(1.5e9)
+    one_host = _netbench({("a", "a"): (1e-4, 1.5e9)})
+    link, loopback = tn.split_links(one_host)
+    assert link is loopback and link.bandwidth == pytest.approx(1.5e9)
+    link, loopback = tn.split_links(_netbench({("a", "b"): (1e-3, 1.2e8)}))
+    assert loopback is None
+    with pytest.raises(ts.TuneError):
+        tn.split_links({"sizes": [1024], "point_to_point": []})

@@ -1,0 +1,150 @@
+"""``tflaunch tune CLUSTER_FILE``'s command line (the work is :func:`tflaunch.tools.tune.tune`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from tflaunch.tools import perfmodel as pm
+from tflaunch.tools import tune_settings as ts
+from tflaunch.tools.tune import tune
+from tflaunch.tools.tune_calibrate import TuneOptions
+from tflaunch.tools.tune_settings import TuneError
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+
+
+def _ps_hosts(text: str) -> tuple[str, ...]:
+    names = _names(text)
+    bad = [n for n in names if n not in ts.PS_HOSTS]
+    if bad or not names:
+        raise TuneError(f"--ps-hosts {text!r}: give colocated, dedicated or both.")
+    return names
+
+
+@click.command("tune")
+@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.option(
+    "--verify",
+    type=click.IntRange(min=0),
+    default=0,
+    metavar="K",
+    help="Run the top K settings for a few timed steps each; pick by measurement.",
+)
+@click.option("--apply", "apply_", is_flag=True, help="Start the tuned cluster file at the end.")
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Timed steps of each calibration worker.",
+)
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
+@click.option("--verify-steps", type=click.IntRange(min=1), default=6, show_default=True)
+@click.option(
+    "--max-ps",
+    type=click.IntRange(min=1, max=4096),
+    default=None,
+    help="Largest PS count tried (default: the file's PS or workers, the larger).",
+)
+@click.option(
+    "--link",
+    "link_text",
+    default=None,
+    metavar="US,MB_S",
+    help="The link's latency and bandwidth, instead of running netbench.",
+)
+@click.option(
+    "--model",
+    "model_name",
+    default=None,
+    help="For a program other than tflaunch.models.benchmark: its network's name.",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="For a program other than tflaunch.models.benchmark: its batch per worker.",
+)
+@click.option(
+    "--trace",
+    "trace_steps",
+    default="3:3",
+    show_default=True,
+    metavar="FIRST:COUNT",
+    help="For another program: the steps its one traced worker is measured over.",
+)
+@click.option(
+    "--updates",
+    default="",
+    metavar="LIST",
+    help="Narrow the grid: variable updates (comma-separated; default: all the program takes).",
+)
+@click.option("--placements", default="", metavar="LIST", help="Narrow the grid: placements.")
+@click.option(
+    "--transfers",
+    default="",
+    metavar="LIST",
+    help="Narrow the grid: none, staged (--staged_vars: values one step staler), tic.",
+)
+@click.option(
+    "--ps-hosts",
+    default=",".join(ts.PS_HOSTS),
+    show_default=True,
+    metavar="LIST",
+    help="Narrow the grid: colocated, dedicated.",
+)
+@click.option(
+    "--out",
+    "out_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Where the tuned cluster file goes (default: <file>.tuned.yaml beside it).",
+)
+@click.option(
+    "--runs-dir", "--run-dir", "runs_dir", default=None, help="Default: the file's runs_dir."
+)
+def tune_command(
+    cluster_file: str,
+    verify: int,
+    apply_: bool,
+    steps: int,
+    warmup: int,
+    verify_steps: int,
+    max_ps: int | None,
+    link_text: str | None,
+    model_name: str | None,
+    batch_size: int | None,
+    trace_steps: str,
+    updates: str,
+    placements: str,
+    transfers: str,
+    ps_hosts: str,
+    out_path: str | None,
+    runs_dir: str | None,
+) -> None:
+    """Measure the cluster (compute, network), rank every setting the file allows by the
+    performance model, and write the fastest as a cluster file."""
+    options = TuneOptions(
+        steps=steps,
+        warmup=warmup,
+        max_ps=max_ps,
+        verify=verify,
+        verify_steps=verify_steps,
+        apply=apply_,
+        link=pm.parse_link(link_text) if link_text else None,
+        model=model_name,
+        batch_size=batch_size,
+        trace_steps=trace_steps,
+        runs_dir=runs_dir,
+        out=Path(out_path) if out_path else None,
+        updates=_names(updates),
+        placements=_names(placements),
+        transfers=_names(transfers),
+        ps_hosts=_ps_hosts(ps_hosts),
+    )
+    sys.exit(tune(cluster_file, options, click.echo))
