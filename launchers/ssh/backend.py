@@ -41,10 +41,6 @@ from typing import Any
 
 import paramiko
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Host, Plan
-from tflaunch.errors import LaunchError, TflaunchError
-from tflaunch.launchers.base import Backend, LaunchOptions
 from tflaunch.launchers.ssh import detached
 from tflaunch.launchers.ssh.connect import (
     Connection,
@@ -58,12 +54,23 @@ from tflaunch.launchers.ssh.details import SshDetails
 from tflaunch.launchers.ssh.section import host_run_dir
 from tflaunch.launchers.ssh.session import HostSession
 from tflaunch.launchers.ssh.sources import resolve_hosts
+from tflaunch.plugin import (
+    Backend,
+    ClusterConfig,
+    Host,
+    LaunchError,
+    LaunchOptions,
+    Outcome,
+    Plan,
+    Revive,
+    Run,
+    StreamLink,
+    TflaunchError,
+    TraceRequest,
+    TraceSite,
+    agent_output,
+)
 from tflaunch.runtime import procs, protocol
-from tflaunch.runtime.coordinator import Revive
-from tflaunch.runtime.link import StreamLink, agent_output
-from tflaunch.runtime.run import Outcome, Run
-from tflaunch.trace.request import TraceRequest
-from tflaunch.trace.site import TraceSite
 
 WATCH_SECONDS = 3.0  # between asking the provider whether a provisioned run's instances run
 
@@ -381,9 +388,9 @@ class SshBackend(Backend):
     ) -> int:
         """On the first worker's host, forwarded to ``port`` here (the SSH settings come from
         the run's cluster file)."""
-        from tflaunch.cluster.config import load_config
         from tflaunch.launchers.ssh.tensorboard import run_ssh
         from tflaunch.launchers.tensorboard import TensorBoardError
+        from tflaunch.plugin import load_config
 
         cluster_file = run.record().cluster_file
         if not cluster_file or not Path(cluster_file).exists():

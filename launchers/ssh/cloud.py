@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Plan
 from tflaunch.launchers.clouds import kept
 from tflaunch.launchers.clouds.provisioner import Reach, planned_instances
 from tflaunch.launchers.ssh.connect import SshOptions
 from tflaunch.launchers.ssh.section import host_run_dir
-from tflaunch.runtime.run import Run
+from tflaunch.plugin import ClusterConfig, Plan, Run
 
 
 def reach(config: ClusterConfig, run_id: str) -> Reach:

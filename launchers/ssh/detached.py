@@ -21,25 +21,30 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Host, Plan
-from tflaunch.errors import LaunchError, TflaunchError
-from tflaunch.launchers.base import LaunchOptions
 from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
 from tflaunch.launchers.ssh.details import SshDetails
 from tflaunch.launchers.ssh.session import HostSession, fetch_new_bytes
 from tflaunch.launchers.ssh.trace import fetch_tree
-from tflaunch.runtime import protocol
-from tflaunch.runtime.progress import PROGRESS_FILE
-from tflaunch.runtime.rendezvous import RENDEZVOUS_FILE, Rendezvous
-from tflaunch.runtime.run import Outcome, Run, RunRecord, remote_record_path
-from tflaunch.runtime.runctl import cluster_ready
-from tflaunch.runtime.runfiles import (
+from tflaunch.plugin import (
     CONSOLE_FILE,
     EVENTS_FILE,
+    PROGRESS_FILE,
     SAMPLES_PREFIX,
+    ClusterConfig,
+    Host,
+    LaunchError,
+    LaunchOptions,
+    Outcome,
+    Plan,
+    Run,
+    RunRecord,
+    TflaunchError,
     open_run_file,
+    remote_record_path,
 )
+from tflaunch.runtime import protocol
+from tflaunch.runtime.rendezvous import RENDEZVOUS_FILE, Rendezvous
+from tflaunch.runtime.runctl import cluster_ready
 
 ON_HOST = "tflaunch.launchers.ssh.on_host"
 WATCH = "tflaunch.launchers.ssh.watch"

@@ -11,10 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Host, Plan, gpu_ids, make_plan, unset_gpus
-from tflaunch.errors import LaunchError, PlanError
 from tflaunch.launchers.ssh.preflight import HostReport
+from tflaunch.plugin import (
+    ClusterConfig,
+    Host,
+    LaunchError,
+    Plan,
+    PlanError,
+    gpu_ids,
+    make_plan,
+    unset_gpus,
+)
 
 
 def file_gives_gpus(config: ClusterConfig, host: Host) -> bool:

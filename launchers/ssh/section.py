@@ -11,9 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import tflaunch.launchers.clouds as clouds
-from tflaunch.cluster.backends import Fail
-from tflaunch.cluster.config import MAX_GPUS, MAX_ITEMS, MAX_PORT, MAX_SECONDS, ClusterConfig
-from tflaunch.cluster.schema import field
+from tflaunch.plugin import MAX_GPUS, MAX_ITEMS, MAX_PORT, MAX_SECONDS, ClusterConfig, Fail, field
 
 
 @dataclass(frozen=True)

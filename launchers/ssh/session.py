@@ -24,9 +24,6 @@ from typing import IO
 
 import paramiko
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Host, Plan
-from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import (
     Connection,
     SshOptions,
@@ -48,9 +45,17 @@ from tflaunch.launchers.ssh.preflight import (
 )
 from tflaunch.launchers.ssh.preflight import warnings as preflight_warnings
 from tflaunch.launchers.ssh.setup import prepare_hosts
-from tflaunch.runtime.link import agent_args, agent_argv
-from tflaunch.runtime.run import Run
-from tflaunch.runtime.runfiles import PLAN_FILE, open_run_file
+from tflaunch.plugin import (
+    PLAN_FILE,
+    ClusterConfig,
+    Host,
+    LaunchError,
+    Plan,
+    Run,
+    agent_args,
+    agent_argv,
+    open_run_file,
+)
 
 
 def _safe_name(name: str) -> str:

@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
+from tflaunch.plugin import LaunchError
 
 MARK = "\x1etflaunch-setup-line "
 DONE_FILE = ".tflaunch-setup.sha256"

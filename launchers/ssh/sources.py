@@ -19,9 +19,7 @@ import os
 from pathlib import Path
 
 import tflaunch.launchers.clouds as clouds
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Host, gpu_ids, hosts_from_config
-from tflaunch.errors import ConfigError
+from tflaunch.plugin import ClusterConfig, ConfigError, Host, gpu_ids, hosts_from_config
 
 
 def resolve_hosts(config: ClusterConfig) -> list[Host]:

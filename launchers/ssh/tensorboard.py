@@ -17,7 +17,7 @@ from tflaunch.launchers.tensorboard import (
     forward,
     tensorboard_argv,
 )
-from tflaunch.runtime.run import Run
+from tflaunch.plugin import Run
 
 
 def run_ssh(
