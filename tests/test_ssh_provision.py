@@ -33,21 +33,25 @@ from tflaunch.launchers.clouds.costs import CostLine, cost_table
 from tflaunch.launchers.clouds.ec2.pricing import PRICE_LIST, resolve_prices
 from tflaunch.launchers.clouds.ec2.provider import ADDRESS_MAP_ENV, Ec2Provider, port_ranges
 from tflaunch.launchers.clouds.provisioner import Provisioning, Reach
-from tflaunch.launchers.ssh.section import host_run_dir
+from tflaunch.launchers.ssh.section import SshSection, host_run_dir
 from tflaunch.runtime.run import Run
 
 HEAD = "program: [python, train.py]\nbackend: ssh\n"
 
 
 def planned_instances(config):
-    return provision.planned_instances(config.ssh.provision, config)
+    return provision.planned_instances(config.section(SshSection).provision, config)
 
 
 def provisioned_run(config, run, start, say, *, down_at_end=False, fleet_ready=None, keep=None):
     """Provision as the SSH backend does, and run ``start(plan)`` on the instances."""
-    reach = Reach(config.ssh.port, config.ssh.jump_host is not None, host_run_dir(config, run.id))
+    reach = Reach(
+        config.section(SshSection).port,
+        config.section(SshSection).jump_host is not None,
+        host_run_dir(config, run.id),
+    )
     with Provisioning(
-        config.ssh.provision, config, run, reach, say, down_at_end=down_at_end, keep=keep,
+        config.section(SshSection).provision, config, run, reach, say, down_at_end=down_at_end, keep=keep,
         watch=fleet_ready is not None,
     ) as made:  # fmt: skip
         if fleet_ready is not None:
@@ -105,7 +109,9 @@ def test_cost_table_matches_the_price_list(tmp_path):
     extra = "roles: {ps: 2, worker: 3}\nplacement: {ps: dedicated}\n"
     config = provision_config(tmp_path, extra)
     table = cost_table(
-        Ec2Provider(config.ssh.provision, print).cost_lines(planned_instances(config))
+        Ec2Provider(config.section(SshSection).provision, print).cost_lines(
+            planned_instances(config)
+        )
     )
     worker, ps = PRICE_LIST["p3.2xlarge"].hourly_usd, PRICE_LIST["c5.xlarge"].hourly_usd
     lines = table.splitlines()
@@ -120,7 +126,7 @@ def test_cost_table_matches_the_price_list(tmp_path):
 
 def test_cluster_file_prices_override_and_the_api_comes_before_the_list(tmp_path):
     config = provision_config(tmp_path, more="    prices: {c5.xlarge: 0.2}\n")
-    section = config.ssh.provision
+    section = config.section(SshSection).provision
     asked = []
 
     def api(kind: str, region: str) -> float | None:
@@ -815,10 +821,12 @@ def test_spot_workers_with_checkpoints_on_the_instances_disks_are_told_where_the
             tmp_path, "roles: {ps: 1, worker: 2}\n", head=f"program: {program}}}\nbackend: ssh\n",
             more="    spot_workers: true\n" if spot else "",
         )  # fmt: skip
-        plan = make_plan(config, candidate_hosts(config.ssh.provision, config), run_dir)
+        plan = make_plan(
+            config, candidate_hosts(config.section(SshSection).provision, config), run_dir
+        )
         if chosen and "://" in chosen:  # a URL reaches the tasks as it is
             assert plan.program.checkpoint_dir == chosen
-        return checkpoint_notice(config.ssh.provision, config, plan, run_dir)
+        return checkpoint_notice(config.section(SshSection).provision, config, plan, run_dir)
 
     assert notice(False, None) is None
     said = notice(True, None)

@@ -19,6 +19,7 @@ from tests.helpers import read_until, start_tflaunch
 from tests.hosts import ssh_hosts
 from tests.test_ssh_cloud import clean_region, cloud_cluster, instances  # noqa: F401
 from tests.test_ssh_provision import aws_env  # noqa: F401 (a fixture)
+from tflaunch.launchers.ssh.section import SshSection
 
 ssh_test_hosts = ssh_hosts.ssh_test_hosts  # the session fixture
 
@@ -279,7 +280,9 @@ def test_a_detached_runs_coordinator_runs_on_an_on_demand_instance_when_there_is
         more = "    spot_workers: true\n" if spot else ""
         config = provision_config(tmp_path, extra, more=more)
         return coordinator_host(
-            config, make_plan(config, candidate_hosts(config.ssh.provision, config)), watched
+            config,
+            make_plan(config, candidate_hosts(config.section(SshSection).provision, config)),
+            watched,
         )
 
     dedicated = "roles: {ps: 1, worker: 2}\nplacement: {ps: dedicated}\n"

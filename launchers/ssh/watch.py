@@ -49,6 +49,7 @@ from tflaunch.launchers.clouds.provisioner import fleet_of_run
 from tflaunch.launchers.ssh import cloud, detached
 from tflaunch.launchers.ssh.connect import Connection, SshOptions, connect_all, parallel
 from tflaunch.launchers.ssh.details import SshDetails
+from tflaunch.launchers.ssh.section import SshSection
 from tflaunch.launchers.ssh.session import HostSession, fetch_new_bytes, put_whole, same_file
 from tflaunch.plugin import (
     CONSOLE_FILE,
@@ -86,7 +87,7 @@ class Watch:
         self.config: ClusterConfig = config
         self.options = cloud.instance_options(config, run, keep)  # the run's known_hosts
         self.fleet = fleet_of_run(
-            config.ssh.provision, config, run, cloud.reach(config, run.id), say
+            config.section(SshSection).provision, config, run, cloud.reach(config, run.id), say
         )
         details = record.part(SshDetails)
         self.python = details.ssh_python
