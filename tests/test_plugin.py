@@ -28,7 +28,7 @@ AROUND_THE_SURFACE = {
         "tflaunch.launchers.clouds",
         "tflaunch.launchers.clouds.base",
         "tflaunch.launchers.clouds.provisioner",
-        "tflaunch.launchers.tensorboard",
+        "tflaunch.launchers.tensorboard_serve",
         "tflaunch.runtime",
         "tflaunch.runtime.agent",
         "tflaunch.runtime.coordinator",

@@ -396,8 +396,8 @@ class SshBackend(Backend):
     ) -> int:
         """On the first worker's host, forwarded to ``port`` here (the SSH settings come from
         the run's cluster file)."""
-        from tflaunch.launchers.ssh.tensorboard import run_ssh
-        from tflaunch.launchers.tensorboard import TensorBoardError
+        from tflaunch.launchers.ssh.tensorboard_remote import run_ssh
+        from tflaunch.launchers.tensorboard_serve import TensorBoardError
         from tflaunch.plugin import load_config
 
         cluster_file = run.record().cluster_file

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from tflaunch.launchers.ssh.connect import SshOptions, connect, remote_command
 from tflaunch.launchers.ssh.section import SshSection
-from tflaunch.launchers.tensorboard import (
+from tflaunch.launchers.tensorboard_serve import (
     NOT_INSTALLED,
     TensorBoardError,
     forward,
