@@ -3,7 +3,7 @@ creation with types, tags and security group, termination on every way a run end
 
 The instances moto makes do not exist as machines; where a step must reach them over SSH these
 tests point them (``TFLAUNCH_EC2_ADDRESS_MAP``) at a local listener that answers with an SSH
-banner. tests/test_ssh_cloud.py runs real clusters on the namespace test hosts instead.
+banner. tests/cloud/test_ssh_cloud.py runs real clusters on the namespace test hosts instead.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cloud.fixtures import HEAD, provision_config, provision_text
 from tflaunch.cluster.config import parse_config
 from tflaunch.cluster.plan import make_plan
 from tflaunch.errors import LaunchError
@@ -36,8 +37,6 @@ from tflaunch.launchers.clouds.provisioner import Provisioning, Reach
 from tflaunch.launchers.ssh.section import SshSection, host_run_dir
 from tflaunch.runtime.run import Run
 
-HEAD = "program: [python, train.py]\nbackend: ssh\n"
-
 
 def planned_instances(config):
     return provision.planned_instances(config.section(SshSection).provision, config)
@@ -57,28 +56,6 @@ def provisioned_run(config, run, start, say, *, down_at_end=False, fleet_ready=N
         if fleet_ready is not None:
             fleet_ready(made.fleet)
         return start(made.plan)
-
-
-def provision_config(tmp_path: Path, extra: str = "", endpoint: str | None = None, **over):
-    text = provision_text(extra, endpoint, **over)
-    return parse_config(text, source=str(tmp_path / "c.yaml"), base_dir=str(tmp_path))
-
-
-def provision_text(extra: str = "", endpoint: str | None = None, **over) -> str:
-    lines = [
-        "ssh:",
-        f"  port: {over.get('ssh_port', 22)}",
-        "  provision:",
-        "    image: ami-12c6146b",
-        "    region: us-east-1",
-        "    ssh_from: 198.51.100.7/32",
-        "    ps_instance_type: c5.xlarge",
-        f"    worker_instance_type: {over.get('worker_type', 'p3.2xlarge')}",
-        "    ready_timeout: 20",
-    ]
-    if endpoint:
-        lines.append(f"    endpoint_url: {endpoint}")
-    return over.get("head", HEAD) + extra + "\n".join(lines) + "\n" + over.get("more", "")
 
 
 # ---- planning and prices (pure) ---------------------------------------------------------------
@@ -157,13 +134,6 @@ def test_provision_cannot_be_combined_with_listed_hosts(tmp_path):
 
 
 # ---- against moto's server ---------------------------------------------------------------------
-
-
-@pytest.fixture()
-def aws_env(aws_credentials, monkeypatch):
-    """The stand-in's credentials; it answers at once, so poll quickly."""
-    monkeypatch.setattr(base, "POLL_SECONDS", 0.1)
-    monkeypatch.setattr(provision, "POLL_SECONDS", 0.1)
 
 
 @pytest.fixture()

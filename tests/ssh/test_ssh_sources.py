@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT
 from tflaunch.cluster.config import parse_config
 from tflaunch.cluster.plan import Host, render_task
 from tflaunch.errors import ConfigError, LaunchError
@@ -202,7 +203,7 @@ def test_aws_example_plans_one_gpu_workers_and_gpu_less_colocated_ps(ec2_endpoin
     from tflaunch.cluster.config import load_config
     from tflaunch.cluster.plan import make_plan
 
-    example = Path(__file__).resolve().parent.parent / "examples" / "aws.yaml"
+    example = ROOT / "examples" / "aws.yaml"
     cfg = load_config(example)
     section = cfg.section(SshSection).discover["ec2"]
     launch_instances(ec2_endpoint, section.region, 4, {"cluster": "tf-bench"})
