@@ -2,7 +2,7 @@
 hand-offs between them (issue 30: "a provisioned up passes through 17 modules and comes back to one
 it already left 44 times").
 
-The scenario is the one of tests/test_ssh_provision.py's
+The scenario is the one of tests/cloud/test_ssh_provision.py's
 ``test_a_provisioned_up_plans_twice_and_writes_the_plan_once``: ``launch.up`` of an
 ``ssh.provision`` file (3 instances, ``up --down``) against moto's EC2 server, the instances'
 addresses mapped to a local listener that only greets like sshd, so the path runs through the

@@ -150,7 +150,7 @@ class Backend(ABC):
     ) -> int:
         """``tflaunch tensorboard``: TensorBoard where the run's summaries are, reachable on
         local ``port``; its exit code. Default: here, over the run directory."""
-        from tflaunch.launchers.tensorboard import run_local
+        from tflaunch.launchers.tensorboard_serve import run_local
 
         return run_local(Path(logdir) if logdir else run.dir, port, show)
 

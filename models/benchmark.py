@@ -24,7 +24,7 @@ Variable updates (one device per worker: ``--batch_size`` is per worker):
   are applied to the master copy on the PS, and the updated values are copied back into the local
   copy in the same step. ``--cross_replica_sync`` as for parameter_server.
 * ``--staged_vars`` (parameter_server) and ``--transfer_order tic|tac`` (both TF1 modes) change
-  when the variables cross the link, not what is computed: see :mod:`.bench.transfers`.
+  when the variables cross the link, not what is computed: see :mod:`.benchmark_runners.transfers`.
 * ``collective_all_reduce``: TF2 ``MultiWorkerMirroredStrategy``: every worker holds a mirrored
   copy and gradients are summed by collective (ring) all-reduce every step, synchronously. PS
   tasks are not used; if the cluster has some (one cluster file for every variable update), they

@@ -259,3 +259,32 @@ def left_behind_run(runs, name: str, backend: str, **meta):
     }
     run.plan_path.write_text(json.dumps(plan))
     return run
+
+
+# An nvidia-smi stand-in that lists GPUs (tests/test_gpus_found.py, tests/ssh/test_ssh_gpus.py).
+FAKE_SMI = """#!/bin/sh
+[ "$1" = "-L" ] || exit 9
+echo "GPU 0: NVIDIA Stand-in (UUID: GPU-aaaa1111-0000-0000-0000-000000000000)"
+echo "GPU 1: NVIDIA Stand-in (UUID: GPU-bbbb2222-0000-0000-0000-000000000000)"
+"""
+
+
+TRAFFIC_TASK = ROOT / "tests" / "programs" / "traffic_task.py"
+
+
+def traffic_cluster(tmp_path: Path, traffic_bytes: int, **env: str) -> Path:
+    """1 PS on node-b and 2 workers on node-a: two agents, two loopback addresses."""
+    program = {
+        "argv": [sys.executable, str(TRAFFIC_TASK)],
+        "env": {"TEST_MARKER": str(tmp_path), "TRAFFIC_BYTES": str(traffic_bytes), **env},
+    }
+    return write_cluster(
+        tmp_path / "cluster.yaml",
+        program,
+        hosts=[
+            {"name": "node-a", "address": "127.0.0.1"},
+            {"name": "node-b", "address": "127.0.0.2"},
+        ],
+        placement={"ps": "dedicated"},
+        supervision={"sample_interval": 0.2},
+    )

@@ -23,6 +23,8 @@ from tflaunch.cluster.schema import field
 from tflaunch.errors import ConfigError
 from tflaunch.launchers import get_backend
 from tflaunch.launchers.base import LaunchOptions
+from tflaunch.launchers.slurm.section import SlurmSection
+from tflaunch.launchers.ssh.section import SshSection
 from tflaunch.trace.request import TraceRequest, TraceWindow
 
 
@@ -41,7 +43,7 @@ class KubeSection:
 
 
 def _kube_check(config, fail) -> None:
-    if config.kube.namespace == "kube-system":
+    if config.section(KubeSection).namespace == "kube-system":
         fail(("kube", "namespace"), "is the system's own; pick another")
 
 
@@ -93,8 +95,11 @@ def test_an_unknown_backend_is_bad_input_listing_the_registered_ones(tmp_path):
 def test_an_installed_backend_brings_its_section_check_and_schema(installed):
     installed(("kube", f"{__name__}:KUBE"))
     config = parse_config("program: [p]\nbackend: kube\nkube: {namespace: tf}\n")
-    assert config.kube == KubeSection("tf") and config.slurm.python == "python3"
-    assert parse_config("program: [p]\n").kube == KubeSection()  # every file has every section
+    assert (
+        config.section(KubeSection) == KubeSection("tf")
+        and config.section(SlurmSection).python == "python3"
+    )
+    assert parse_config("program: [p]\n").section(KubeSection) == KubeSection()  # every section
     with pytest.raises(ConfigError, match="<string>:4: kube.namespace: is the system's own"):
         parse_config("program: [p]\nbackend: kube\nkube:\n  namespace: kube-system\n")
     with pytest.raises(ConfigError, match="unknown key 'namespce': did you mean 'namespace'"):
@@ -123,11 +128,18 @@ def test_installed_backends_that_cannot_be_used_are_errors_naming_them(installed
 
 def test_a_config_section_is_replaced_through_with_section():
     config = parse_config("program: [p]\nbackend: ssh\nhosts: [a]\n")
-    changed = config.with_section("ssh", dataclasses.replace(config.ssh, python="python3.11"))
-    assert changed.ssh.python == "python3.11" and config.ssh.python == "python3"
+    changed = config.with_section(
+        "ssh", dataclasses.replace(config.section(SshSection), python="python3.11")
+    )
+    assert (
+        changed.section(SshSection).python == "python3.11"
+        and config.section(SshSection).python == "python3"
+    )
     assert changed.workdir == "." and changed != config
-    with pytest.raises(AttributeError):
-        _ = config.kube
+    with pytest.raises(LookupError, match="no section of type KubeSection"):
+        config.section(KubeSection)  # kube is not registered here
+    with pytest.raises(AttributeError):  # sections are read by their type, not as attributes
+        _ = config.ssh
 
 
 def test_launch_options_reach_a_detached_daemon_as_arguments():

@@ -103,7 +103,10 @@ def architecture_tree() -> str:
         (("  plugin.py ", "  xx.py "), "the tree leaves out tflaunch/plugin.py"),
         (("  cluster/ ", "  clusters/ "), "the tree names tflaunch/clusters/"),
         (("    ec2/ lab/ ", "    gce/ lab/ "), "names launchers/clouds/gce/, which does not"),
-        (("tensorboard.py, TensorBoard", "TensorBoard"), "leaves out launchers/tensorboard.py"),
+        (
+            ("tensorboard_serve.py, TensorBoard", "TensorBoard"),
+            "leaves out launchers/tensorboard_serve.py",
+        ),
         (("(data/)", "(the data)"), "the tree leaves out models/data/"),
     ],
 )

@@ -20,7 +20,7 @@ from tests.helpers import tflaunch, wait_until_gone, write_cluster
 from tflaunch.runtime import protocol
 from tflaunch.runtime.progress import ProgressLog, StepParser, read_progress, straggler_figures
 from tflaunch.runtime.run import Run
-from tflaunch.tools import progress as progress_tools
+from tflaunch.tools import step_rates
 from tflaunch.trace import files as trace_files
 from tflaunch.trace import site as trace_site
 from tflaunch.trace import window as trace_window
@@ -272,12 +272,12 @@ def test_stragglers_status_and_plot(tmp_path) -> None:
     figures = straggler_figures(list(read_progress(tmp_path).values()))
     assert figures is not None and figures["slowest"] == "worker:1"
     assert figures["spread"] == pytest.approx(0.2, abs=0.01)
-    status = progress_tools.status_lines(run)
+    status = step_rates.status_lines(run)
     assert status[1].split() == ["TASK", "STEP", "STEPS/S", "IMG/S"]
     assert status[3].split() == ["worker:1", "152", "8.00", "256.0"]
-    data, text = progress_tools.progress_summary(run)
+    data, text = step_rates.progress_summary(run)
     assert data is not None and "slowest worker:1 at 8.00 steps/s" in text
-    (png,) = progress_tools.plot_progress(run, tmp_path)
+    (png,) = step_rates.plot_progress(run, tmp_path)
     assert png.name == "steps_per_task.png" and png.stat().st_size > 10_000
 
 

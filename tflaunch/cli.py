@@ -1,7 +1,9 @@
-"""The command line. Commands parse their arguments, call one function, and map domain errors to
-exit codes (2 for bad input, the cluster's own code for a failed run). One command does more:
-``up --trace`` makes one :class:`~tflaunch.trace.request.TraceRequest` that goes into the config
-(every task's environment) and the launch options, and shows the merged trace after the run."""
+"""The command line. Commands parse their arguments, call one function per mode, and map domain
+errors to exit codes (2 for bad input, the cluster's own code for a failed run). Most commands
+have one mode; ``status`` has four (``--cloud``, the runs list, one run, one run ``--watch``), one
+function each (``_cloud_status``, ``_list_runs``, ``_show_run``, ``_watch_run``). ``up --trace``
+makes one :class:`~tflaunch.trace.request.TraceRequest` that goes into the config (every task's
+environment) and the launch options, and shows the merged trace after the run."""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from tflaunch.tools.bench_sweep import bench_command
 from tflaunch.tools.netbench_command import netbench_command
 from tflaunch.tools.perfmodel import model_command
 from tflaunch.tools.placement_command import placement
-from tflaunch.tools.tensorboard import tensorboard_command
+from tflaunch.tools.tensorboard_command import tensorboard_command
 from tflaunch.tools.tune_command import tune_command
 from tflaunch.trace.request import DEFAULT_PORT_OFFSET, TraceRequest, trace_dir
 
@@ -443,11 +445,7 @@ def status(
     RUN_ID, list the runs under --runs-dir, newest first (with --cloud, what runs on the cloud
     accounts and what it costs)."""
     if cloud is not None:
-        from tflaunch.launchers.clouds.admin import cloud_status
-
-        say = (lambda m: click.echo(m, err=True)) if as_json else click.echo  # JSON alone on stdout
-        for line in cloud_status(runs_dir, cloud or None, account, say, as_json):
-            click.echo(line)
+        _cloud_status(runs_dir, cloud, account, as_json)
         return
     if any(account.values()):
         raise click.UsageError("the cloud's options go with --cloud.")
@@ -455,13 +453,31 @@ def status(
         if watch:
             raise click.UsageError("--watch follows one run: give its RUN_ID.")
         _list_runs(runs_dir, show_all, as_json)
-        return
-    if watch:
-        from tflaunch.tools.report import watch_status
+    elif watch:
+        _watch_run(ctx, runs_dir, run_id, interval)
+    else:
+        _show_run(runs_dir, run_id, as_json)
 
-        run = Run.open(runs_dir, run_id)
-        watch_status(run, interval, lambda: ctx.invoke(status, run_id=run_id, runs_dir=runs_dir))
-        return
+
+def _cloud_status(runs_dir: str, cloud: str, account: dict[str, str | None], as_json: bool) -> None:
+    """``status --cloud``: what runs on the cloud accounts, and what it costs."""
+    from tflaunch.launchers.clouds.admin import cloud_status
+
+    say = (lambda m: click.echo(m, err=True)) if as_json else click.echo  # JSON alone on stdout
+    for line in cloud_status(runs_dir, cloud or None, account, say, as_json):
+        click.echo(line)
+
+
+def _watch_run(ctx: click.Context, runs_dir: str, run_id: str, interval: float) -> None:
+    """``status RUN_ID --watch``: the one-run view, redrawn every ``interval`` seconds."""
+    from tflaunch.tools.report import watch_status
+
+    run = Run.open(runs_dir, run_id)
+    watch_status(run, interval, lambda: ctx.invoke(status, run_id=run_id, runs_dir=runs_dir))
+
+
+def _show_run(runs_dir: str, run_id: str, as_json: bool) -> None:
+    """``status RUN_ID``: the run's state, its backend's lines, every task and its progress."""
     from tflaunch.tools.report import task_table
 
     run = Run.open(runs_dir, run_id)
@@ -488,7 +504,7 @@ def status(
         return
     for line in task_table(run):
         click.echo(line)
-    from tflaunch.tools.progress import status_lines
+    from tflaunch.tools.step_rates import status_lines
 
     for line in status_lines(run):
         click.echo(line)

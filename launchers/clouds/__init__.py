@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from tflaunch.cluster import schema
 from tflaunch.errors import ConfigError
-from tflaunch.launchers.clouds.base import ProviderSpec
+from tflaunch.launchers.clouds.base import ProviderSpec, ProvisionSection
 
 if TYPE_CHECKING:
+    from tflaunch.cluster.config import ClusterConfig
     from tflaunch.launchers.clouds.base import Provider, Say
     from tflaunch.runtime.run import RunRecord
 
@@ -110,6 +111,16 @@ def spec_for_section(section: Any) -> ProviderSpec:
         if type(section) is spec.section:
             return spec
     raise ConfigError(f"no registered cloud reads a {type(section).__name__} section.")
+
+
+def provision_of(config: ClusterConfig) -> ProvisionSection | None:
+    """The cluster file's ``ssh.provision`` section, if it has one. Found by its type, since no
+    cloud imports a backend: the provisioning backend's section holds it as ``provision``."""
+    for section in config.sections.values():
+        found = getattr(section, "provision", None)
+        if isinstance(found, ProvisionSection):
+            return found
+    return None
 
 
 def provider_class(name: str, where: str = "ssh.provision.cloud") -> type[Provider]:

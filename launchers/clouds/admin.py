@@ -36,7 +36,7 @@ def admin_options() -> list[AdminOption]:
 
 def chosen_cloud(config: ClusterConfig | None, cloud: str | None) -> ProviderSpec:
     """The cloud a command means: ``--cloud``, else the file's, else the default one."""
-    section = config.ssh.provision if config is not None else None
+    section = clouds.provision_of(config) if config is not None else None
     if section is not None:
         spec = clouds.spec_for_section(section)
         if cloud and cloud != spec.name:
@@ -63,7 +63,7 @@ def account(
     """(cloud, access) of the account the command line names: the options given over the
     cluster file's ``ssh.provision`` (``config``). ``options`` may hold every cloud's admin
     options; one given that the chosen cloud does not declare is an error."""
-    if config is not None and config.ssh.provision is None:
+    if config is not None and clouds.provision_of(config) is None:
         raise ConfigError(
             f"{config.source}: the cluster file has no ssh.provision section to name the "
             f"account of {what}."
@@ -75,7 +75,7 @@ def account(
         flags = ", ".join("--" + name.replace("_", "-") for name in foreign)
         raise ConfigError(f"{flags}: not an option of cloud '{spec.name}'.")
     given = {name: options.get(name) for name in own}
-    section = config.ssh.provision if config is not None else None
+    section = clouds.provision_of(config) if config is not None else None
     return spec, spec.load().account(section, given)
 
 

@@ -41,10 +41,6 @@ from typing import Any
 
 import paramiko
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Host, Plan
-from tflaunch.errors import LaunchError, TflaunchError
-from tflaunch.launchers.base import Backend, LaunchOptions
 from tflaunch.launchers.ssh import detached
 from tflaunch.launchers.ssh.connect import (
     Connection,
@@ -56,15 +52,26 @@ from tflaunch.launchers.ssh.connect import (
     remote_command,
 )
 from tflaunch.launchers.ssh.details import SshDetails
-from tflaunch.launchers.ssh.section import host_run_dir
+from tflaunch.launchers.ssh.section import SshSection, host_run_dir
 from tflaunch.launchers.ssh.session import HostSession
 from tflaunch.launchers.ssh.sources import resolve_hosts
+from tflaunch.plugin import (
+    Backend,
+    ClusterConfig,
+    Host,
+    LaunchError,
+    LaunchOptions,
+    Outcome,
+    Plan,
+    Revive,
+    Run,
+    StreamLink,
+    TflaunchError,
+    TraceRequest,
+    TraceSite,
+    agent_output,
+)
 from tflaunch.runtime import procs, protocol
-from tflaunch.runtime.coordinator import Revive
-from tflaunch.runtime.link import StreamLink, agent_output
-from tflaunch.runtime.run import Outcome, Run
-from tflaunch.trace.request import TraceRequest
-from tflaunch.trace.site import TraceSite
 
 WATCH_SECONDS = 3.0  # between asking the provider whether a provisioned run's instances run
 
@@ -162,14 +169,16 @@ class SshBackend(Backend):
         self._watching = threading.Event()
 
     def hosts(self, config: ClusterConfig) -> list[Host]:
-        if config.ssh.provision is not None:  # instances not made yet: addresses pending
+        if (
+            config.section(SshSection).provision is not None
+        ):  # instances not made yet: addresses pending
             from tflaunch.launchers.clouds.provisioner import candidate_hosts
 
-            return candidate_hosts(config.ssh.provision, config)
+            return candidate_hosts(config.section(SshSection).provision, config)
         return resolve_hosts(config)
 
     def hosts_pending(self, config: ClusterConfig) -> bool:
-        return config.ssh.provision is not None
+        return config.section(SshSection).provision is not None
 
     def check_here(self, config: ClusterConfig, plan: Plan) -> list[str]:
         """Every host's connect address resolves here (the rest, pre-flight checks on the
@@ -193,7 +202,9 @@ class SshBackend(Backend):
         options = options or LaunchOptions()
         try:
             with contextlib.ExitStack() as stack:  # a provisioned run's instances end last
-                if config.ssh.provision is not None:  # make the instances: the run's hosts
+                if (
+                    config.section(SshSection).provision is not None
+                ):  # make the instances: the run's hosts
                     plan = stack.enter_context(self._provisioning(config, plan, run, options))
                 try:
                     with limits.runtime_limit(config.supervision.max_runtime, self.session.say):
@@ -221,7 +232,7 @@ class SshBackend(Backend):
 
         keep = config.name if options.keep else None
         provisioning = Provisioning(
-            config.ssh.provision, config, run, cloud.reach(config, run.id), self.session.say,
+            config.section(SshSection).provision, config, run, cloud.reach(config, run.id), self.session.say,
             plan=plan, down_at_end=options.down_at_end, keep=keep, recreate=options.recreate,
             watch=True,
         )  # fmt: skip
@@ -271,7 +282,7 @@ class SshBackend(Backend):
     def reviver(self, config: ClusterConfig, plan: Plan, run: Run) -> Revive | None:
         if self.fleet is not None and plan.supervision.restart.enabled:
             # a provisioned run whose agents stay up: an ended instance is replaced
-            budget = config.ssh.host_wait or 2 * self.fleet.ready_timeout
+            budget = config.section(SshSection).host_wait or 2 * self.fleet.ready_timeout
             return Revive(
                 budget,
                 lambda host, deadline: self._replace(config, plan, run, host, deadline),
@@ -281,12 +292,12 @@ class SshBackend(Backend):
                 ),
                 not_back=f"was not replaced within {budget:g} s",
             )
-        if not config.ssh.host_wait:
+        if not config.section(SshSection).host_wait:
             return None
 
         def revive(host: str, deadline: float) -> SshLink:
             """Connect to ``host`` until it answers or ``deadline``; start a new agent there."""
-            options = SshOptions.from_section(config.ssh, config.base_dir)
+            options = SshOptions.from_section(config.section(SshSection), config.base_dir)
             address = plan.host(host).connect_address
             while True:
                 try:
@@ -305,13 +316,15 @@ class SshBackend(Backend):
                 with contextlib.suppress(Exception):
                     old.close()
             self.session.connections[host] = conn
-            argv = self.session.agent_argv(config.ssh.python, host, await_start=True)
+            argv = self.session.agent_argv(
+                config.section(SshSection).python, host, await_start=True
+            )
             sup = plan.supervision
             return SshLink(
                 host, conn, conn.start(remote_command(argv)), sup.heartbeat, sup.heartbeat_timeout
             )
 
-        return Revive(config.ssh.host_wait, revive)
+        return Revive(config.section(SshSection).host_wait, revive)
 
     def _replace(
         self, config: ClusterConfig, plan: Plan, run: Run, host: str, deadline: float
@@ -328,7 +341,7 @@ class SshBackend(Backend):
                 old.close()
         conn = self.session.connections[host] = fresh.connections[host]
         self.session.paths[host] = fresh.paths[host]
-        argv = self.session.agent_argv(config.ssh.python, host, await_start=True)
+        argv = self.session.agent_argv(config.section(SshSection).python, host, await_start=True)
         sup = plan.supervision
         replaced = protocol.InstanceReplaced(old=old_id, new=new_id).wire()
         link = SshLink(
@@ -350,7 +363,9 @@ class SshBackend(Backend):
         options: LaunchOptions | None = None,
     ) -> str:
         """``up --detach``: the run lives on the hosts; the laptop may disconnect."""
-        if config.ssh.provision is not None:  # make the instances; they outlive this command
+        if (
+            config.section(SshSection).provision is not None
+        ):  # make the instances; they outlive this command
             return detached.launch_provisioned(
                 self.session, config, plan, run, options or LaunchOptions()
             )
@@ -367,12 +382,12 @@ class SshBackend(Backend):
 
         if TraceRequest.from_env(plan.program.env) is None:
             return None
-        return SshTraceSite(self.session, plan, run, config.ssh.python)
+        return SshTraceSite(self.session, plan, run, config.section(SshSection).python)
 
     # ---- what other commands ask of an SSH run --------------------------------------------
 
     def python(self, config: ClusterConfig) -> str:
-        return config.ssh.python
+        return config.section(SshSection).python
 
     def host_run_dir(self, config: ClusterConfig, run_id: str) -> str:
         return host_run_dir(config, run_id)
@@ -382,9 +397,9 @@ class SshBackend(Backend):
     ) -> int:
         """On the first worker's host, forwarded to ``port`` here (the SSH settings come from
         the run's cluster file)."""
-        from tflaunch.cluster.config import load_config
-        from tflaunch.launchers.ssh.tensorboard import run_ssh
-        from tflaunch.launchers.tensorboard import TensorBoardError
+        from tflaunch.launchers.ssh.tensorboard_remote import run_ssh
+        from tflaunch.launchers.tensorboard_serve import TensorBoardError
+        from tflaunch.plugin import load_config
 
         cluster_file = run.record().cluster_file
         if not cluster_file or not Path(cluster_file).exists():

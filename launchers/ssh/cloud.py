@@ -12,19 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Plan
 from tflaunch.launchers.clouds import kept
 from tflaunch.launchers.clouds.provisioner import Reach, planned_instances
 from tflaunch.launchers.ssh.connect import SshOptions
-from tflaunch.launchers.ssh.section import host_run_dir
-from tflaunch.runtime.run import Run
+from tflaunch.launchers.ssh.section import SshSection, host_run_dir
+from tflaunch.plugin import ClusterConfig, Plan, Run
 
 
 def reach(config: ClusterConfig, run_id: str) -> Reach:
     """What the provisioner needs of SSH: the port, a jump host or not, the run's directory on
     the hosts."""
-    ssh = config.ssh
+    ssh = config.section(SshSection)
     return Reach(ssh.port, ssh.jump_host is not None, host_run_dir(config, run_id))
 
 
@@ -32,7 +30,7 @@ def instance_options(config: ClusterConfig, run: Run, keep: str | None = None) -
     """How to reach the run's instances: the file's SSH settings with the run's (or the kept
     cluster's) own known_hosts, unknown keys recorded on first contact."""
     known = kept.known_hosts_of(run.dir.parent, keep) if keep else run.dir / "known_hosts"
-    options = SshOptions.from_section(config.ssh, config.base_dir)
+    options = SshOptions.from_section(config.section(SshSection), config.base_dir)
     return dataclasses.replace(options, known_hosts=str(known), host_key_policy="accept-new")
 
 
@@ -42,7 +40,9 @@ def coordinator_host(config: ClusterConfig, plan: Plan, watched: bool) -> tuple[
     PS's instance is on-demand), as every spot instance can then be replaced while the run goes
     on; else the first host. ``watched``: the laptop's watcher replaces ended instances (a
     restart policy), so that losing the coordinator's own restarts the run."""
-    planned = {p.name: p for p in planned_instances(config.ssh.provision, config, plan)}
+    planned = {
+        p.name: p for p in planned_instances(config.section(SshSection).provision, config, plan)
+    }
     hosts = [h.name for h in plan.hosts_with_tasks()]
     spot = [name for name in hosts if name in planned and planned[name].spot]
     steady = [name for name in hosts if name not in spot]

@@ -29,9 +29,8 @@ from typing import Any, TypeVar
 
 import paramiko
 
-from tflaunch.cluster.config import env_name_problem
-from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.section import SshSection
+from tflaunch.plugin import LaunchError, env_name_problem
 
 T = TypeVar("T")
 _KNOWN_HOSTS_LOCK = threading.Lock()

@@ -21,25 +21,31 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Host, Plan
-from tflaunch.errors import LaunchError, TflaunchError
-from tflaunch.launchers.base import LaunchOptions
 from tflaunch.launchers.ssh.connect import Connection, Unreachable, parallel, remote_command
 from tflaunch.launchers.ssh.details import SshDetails
+from tflaunch.launchers.ssh.section import SshSection
 from tflaunch.launchers.ssh.session import HostSession, fetch_new_bytes
 from tflaunch.launchers.ssh.trace import fetch_tree
-from tflaunch.runtime import protocol
-from tflaunch.runtime.progress import PROGRESS_FILE
-from tflaunch.runtime.rendezvous import RENDEZVOUS_FILE, Rendezvous
-from tflaunch.runtime.run import Outcome, Run, RunRecord, remote_record_path
-from tflaunch.runtime.runctl import cluster_ready
-from tflaunch.runtime.runfiles import (
+from tflaunch.plugin import (
     CONSOLE_FILE,
     EVENTS_FILE,
+    PROGRESS_FILE,
     SAMPLES_PREFIX,
+    ClusterConfig,
+    Host,
+    LaunchError,
+    LaunchOptions,
+    Outcome,
+    Plan,
+    Run,
+    RunRecord,
+    TflaunchError,
     open_run_file,
+    remote_record_path,
 )
+from tflaunch.runtime import protocol
+from tflaunch.runtime.rendezvous import RENDEZVOUS_FILE, Rendezvous
+from tflaunch.runtime.runctl import cluster_ready
 
 ON_HOST = "tflaunch.launchers.ssh.on_host"
 WATCH = "tflaunch.launchers.ssh.watch"
@@ -115,9 +121,12 @@ def replace_wait(config: ClusterConfig, plan: Plan) -> float:
     """How long a provisioned detached run's coordinator waits for a replaced host's agent: 0
     (none) without a restart policy, else ``ssh.host_wait`` or twice the instances' ready
     timeout (the watcher creates, syncs and sets the instance up in that time)."""
-    if config.ssh.provision is None or not plan.supervision.restart.enabled:
+    if config.section(SshSection).provision is None or not plan.supervision.restart.enabled:
         return 0.0
-    return config.ssh.host_wait or 2 * config.ssh.provision.ready_timeout
+    return (
+        config.section(SshSection).host_wait
+        or 2 * config.section(SshSection).provision.ready_timeout
+    )
 
 
 def start_coordinator(
@@ -162,7 +171,7 @@ def start(
     run, watched by :mod:`tflaunch.launchers.ssh.watch`); 0 for none. ``coordinator_host``: the
     host for the coordinator and why, in words (default: the first host)."""
     session.open(config, plan, run, extra={RENDEZVOUS_FILE: Rendezvous.ahead().to_json()})
-    python = config.ssh.python
+    python = config.section(SshSection).python
     name, why = coordinator_host or (plan.hosts_with_tasks()[0].name, "the first host")
     coordinator = start_coordinator(session, plan.host(name), run, python, replace_wait)
     run.update_part(
@@ -224,7 +233,7 @@ def launch_provisioned(
     keep = config.name if options.keep else None
     wait = replace_wait(config, plan)
     provisioning = Provisioning(
-        config.ssh.provision, config, run, cloud.reach(config, run.id), session.say, plan=plan,
+        config.section(SshSection).provision, config, run, cloud.reach(config, run.id), session.say, plan=plan,
         detach=True, keep=keep, recreate=options.recreate,
     )  # fmt: skip
     with provisioning as made:

@@ -11,19 +11,29 @@ from __future__ import annotations
 
 import dataclasses
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Host, Plan, gpu_ids, make_plan, unset_gpus
-from tflaunch.errors import LaunchError, PlanError
 from tflaunch.launchers.ssh.preflight import HostReport
+from tflaunch.launchers.ssh.section import SshSection
+from tflaunch.plugin import (
+    ClusterConfig,
+    Host,
+    LaunchError,
+    Plan,
+    PlanError,
+    gpu_ids,
+    make_plan,
+    unset_gpus,
+)
 
 
 def file_gives_gpus(config: ClusterConfig, host: Host) -> bool:
     """Whether the cluster file (or the instance type) fixes ``host``'s GPU count."""
     if config.hosts:
         return not unset_gpus(config, host)
-    if config.ssh.public_ips_file:
-        return config.ssh.gpus is not None
-    for section in config.ssh.discover.values():  # a cloud's discovery: its section's gpus
+    if config.section(SshSection).public_ips_file:
+        return config.section(SshSection).gpus is not None
+    for section in config.section(
+        SshSection
+    ).discover.values():  # a cloud's discovery: its section's gpus
         return bool(getattr(section, "gpus", 0))
     return bool(host.gpu_ids)  # provisioned: the instance type's GPUs
 

@@ -44,19 +44,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tflaunch.cluster.plan import Plan
-from tflaunch.errors import LaunchError, TflaunchError
 from tflaunch.launchers.ssh.details import SshDetails
+from tflaunch.plugin import (
+    PLAN_FILE,
+    LaunchError,
+    Outcome,
+    Plan,
+    Revive,
+    Run,
+    TflaunchError,
+    TraceRequest,
+    TraceSite,
+)
 from tflaunch.runtime import protocol
 from tflaunch.runtime.agent import serve
-from tflaunch.runtime.coordinator import Revive, coordinate
+from tflaunch.runtime.coordinator import coordinate
 from tflaunch.runtime.link import SocketLink, socket_streams
 from tflaunch.runtime.rendezvous import Listener, Rendezvous, connect, publish, read_published
-from tflaunch.runtime.run import Outcome, Run
-from tflaunch.runtime.runfiles import PLAN_FILE
 from tflaunch.trace.files import read_verdict
-from tflaunch.trace.request import TraceRequest
-from tflaunch.trace.site import TraceSite
 
 
 def handed_over(run_dir: Path) -> Rendezvous:

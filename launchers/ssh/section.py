@@ -11,9 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import tflaunch.launchers.clouds as clouds
-from tflaunch.cluster.backends import Fail
-from tflaunch.cluster.config import MAX_GPUS, MAX_ITEMS, MAX_PORT, MAX_SECONDS, ClusterConfig
-from tflaunch.cluster.schema import field
+from tflaunch.plugin import MAX_GPUS, MAX_ITEMS, MAX_PORT, MAX_SECONDS, ClusterConfig, Fail, field
 
 
 @dataclass(frozen=True)
@@ -90,7 +88,7 @@ class SshSection:
 
 def check(config: ClusterConfig, fail: Fail) -> None:
     """The section's own rules (every file), then those of files that choose SSH."""
-    ssh = config.ssh
+    ssh = config.section(SshSection)
     if ssh.host_wait and not config.supervision.restart.enabled:
         fail(
             ("ssh", "host_wait"),
@@ -132,7 +130,7 @@ def host_run_dir(config: ClusterConfig, run_id: str) -> str:
     runs_dir path), relative to the remote home directory unless absolute. Each host keeps its
     own files in a folder of it named after the host; the default checkpoint directory is
     ``checkpoints/`` in it, one path for every host (shared where the hosts share the disk)."""
-    root = config.ssh.remote_runs_dir or config.runs_dir
+    root = config.section(SshSection).remote_runs_dir or config.runs_dir
     if not posixpath.isabs(root) and not root.startswith("~"):
         root = posixpath.join("~", root)  # expanded on the host: relative to the home
     return posixpath.join(root, run_id)

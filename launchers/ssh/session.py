@@ -24,9 +24,6 @@ from typing import IO
 
 import paramiko
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Host, Plan
-from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import (
     Connection,
     SshOptions,
@@ -48,10 +45,19 @@ from tflaunch.launchers.ssh.preflight import (
     start_host_check,
 )
 from tflaunch.launchers.ssh.preflight import warnings as preflight_warnings
+from tflaunch.launchers.ssh.section import SshSection
 from tflaunch.launchers.ssh.setup import prepare_hosts
-from tflaunch.runtime.link import agent_args, agent_argv
-from tflaunch.runtime.run import Run
-from tflaunch.runtime.runfiles import PLAN_FILE, open_run_file
+from tflaunch.plugin import (
+    PLAN_FILE,
+    ClusterConfig,
+    Host,
+    LaunchError,
+    Plan,
+    Run,
+    agent_args,
+    agent_argv,
+    open_run_file,
+)
 
 
 def _safe_name(name: str) -> str:
@@ -123,7 +129,9 @@ class HostSession:
 
         With ``only``, just that host (a replaced instance joining a running cluster); the
         run's own plan.json stays as it is."""
-        options = self.options or SshOptions.from_section(config.ssh, config.base_dir)
+        options = self.options or SshOptions.from_section(
+            config.section(SshSection), config.base_dir
+        )
         uploads = _uploads(config)
         hosts = [h for h in plan.hosts_with_tasks() if only is None or h.name == only]
         self.say(f"connecting to {len(hosts)} host(s) as {options.user}")
@@ -170,7 +178,7 @@ class HostSession:
             SshDetails,
             ssh_hosts={name: dataclasses.asdict(p) for name, p in self.paths.items()},
             ssh_options=dataclasses.asdict(options),
-            ssh_python=config.ssh.python,
+            ssh_python=config.section(SshSection).python,
             ssh_timings={o.name: o.seconds for o in opened},
             ssh_open_seconds=round(time.monotonic() - opening, 3),
         )
@@ -346,7 +354,9 @@ _STEPS = ("connect", "upload")  # steps whose failure stops the run before pre-f
 
 def _uploads(config: ClusterConfig) -> list[Path]:
     """The local files of ``ssh.upload``, checked before any host is contacted."""
-    uploads = [Path(config.base_dir) / os.path.expanduser(f) for f in config.ssh.upload]
+    uploads = [
+        Path(config.base_dir) / os.path.expanduser(f) for f in config.section(SshSection).upload
+    ]
     for path in uploads:
         if not path.is_file():
             raise LaunchError(
@@ -394,7 +404,7 @@ class _HostSteps:
     @property
     def setup(self) -> bool:
         """Whether code sync or setup lines run between connecting and pre-flight."""
-        return bool(self.config.ssh.sync or self.config.ssh.setup)
+        return bool(self.config.section(SshSection).sync or self.config.section(SshSection).setup)
 
     def open_host(self, host: Host) -> _Opened:
         """Connect and upload; then, unless setup must run on every host first, pre-flight."""
@@ -417,7 +427,7 @@ class _HostSteps:
         it waits to become the agent."""
         host = opened.host
         python, workdir, run_dir = (
-            self.config.ssh.python, self.config.workdir, self._run_dir(host.name)
+            self.config.section(SshSection).python, self.config.workdir, self._run_dir(host.name)
         )  # fmt: skip
         mode = int(self.config.run_dir_mode, 8)  # plans hold env values
         try:
@@ -447,7 +457,7 @@ class _HostSteps:
 
     def _run_dir(self, host: str) -> str:
         """The host's run directory as written (absolute, ``~/...`` or under the remote home)."""
-        run_base = self.config.ssh.remote_runs_dir or self.config.runs_dir
+        run_base = self.config.section(SshSection).remote_runs_dir or self.config.runs_dir
         return posixpath.join(run_base, self.run.id, _safe_name(host))
 
     def _upload(self, conn: Connection) -> str:

@@ -19,14 +19,13 @@ import os
 from pathlib import Path
 
 import tflaunch.launchers.clouds as clouds
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Host, gpu_ids, hosts_from_config
-from tflaunch.errors import ConfigError
+from tflaunch.launchers.ssh.section import SshSection
+from tflaunch.plugin import ClusterConfig, ConfigError, Host, gpu_ids, hosts_from_config
 
 
 def resolve_hosts(config: ClusterConfig) -> list[Host]:
     """The hosts of an ssh cluster file, from whichever one source it names."""
-    ssh = config.ssh
+    ssh = config.section(SshSection)
     sources = [
         name
         for name, used in (

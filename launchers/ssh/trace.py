@@ -36,14 +36,12 @@ from pathlib import Path
 
 import paramiko
 
-from tflaunch.cluster.plan import Plan
 from tflaunch.launchers.ssh.connect import Connection, remote_command
 from tflaunch.launchers.ssh.session import HostSession, same_file, sftp_makedirs
-from tflaunch.runtime.run import Run
-from tflaunch.runtime.runfiles import is_component, open_run_file
+from tflaunch.plugin import Plan, Run, TraceSite, is_component, open_run_file
 from tflaunch.trace.files import CAPTURE_LOG, NOTES_DIR
 from tflaunch.trace.format import TRACE_FILE
-from tflaunch.trace.site import CAPTURE_MODULE, HELPER_MARGIN_S, Helper, TraceSite
+from tflaunch.trace.site import CAPTURE_MODULE, HELPER_MARGIN_S, Helper
 
 POLL_S = 0.1
 

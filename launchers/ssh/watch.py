@@ -44,19 +44,29 @@ from typing import Any, TypeVar
 
 import paramiko
 
-from tflaunch.cluster.config import ClusterConfig, load_config
-from tflaunch.cluster.plan import Host
-from tflaunch.errors import TflaunchError
 from tflaunch.launchers.clouds.base import CloudDetails
 from tflaunch.launchers.clouds.provisioner import fleet_of_run
 from tflaunch.launchers.ssh import cloud, detached
 from tflaunch.launchers.ssh.connect import Connection, SshOptions, connect_all, parallel
 from tflaunch.launchers.ssh.details import SshDetails
+from tflaunch.launchers.ssh.section import SshSection
 from tflaunch.launchers.ssh.session import HostSession, fetch_new_bytes, put_whole, same_file
+from tflaunch.plugin import (
+    CONSOLE_FILE,
+    EVENTS_FILE,
+    SAMPLES_PREFIX,
+    ClusterConfig,
+    Host,
+    Outcome,
+    Run,
+    RunRecord,
+    TflaunchError,
+    load_config,
+    open_run_file,
+    remote_record_path,
+)
 from tflaunch.runtime import protocol
 from tflaunch.runtime.rendezvous import RENDEZVOUS_FILE, Rendezvous
-from tflaunch.runtime.run import Outcome, Run, RunRecord, remote_record_path
-from tflaunch.runtime.runfiles import CONSOLE_FILE, EVENTS_FILE, SAMPLES_PREFIX, open_run_file
 
 WATCH_SECONDS = 3.0  # between asking the provider whether the instances run
 END_SECONDS = 10.0  # between reading whether the run ended
@@ -77,7 +87,7 @@ class Watch:
         self.config: ClusterConfig = config
         self.options = cloud.instance_options(config, run, keep)  # the run's known_hosts
         self.fleet = fleet_of_run(
-            config.ssh.provision, config, run, cloud.reach(config, run.id), say
+            config.section(SshSection).provision, config, run, cloud.reach(config, run.id), say
         )
         details = record.part(SshDetails)
         self.python = details.ssh_python

@@ -20,13 +20,14 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from tflaunch.cluster import backends, schema, yamlfile
 from tflaunch.cluster.schema import field
 from tflaunch.errors import ConfigError
 
 JOBS = ("ps", "chief", "worker", "evaluator")
+S = TypeVar("S")  # a backend's section class (ClusterConfig.section)
 
 # Bounds on every count: far above any real cluster, low enough that no file can make the launcher
 # build huge lists. The plan grows linearly with the tasks (benchmarks/plan_scale.py: 33,280 tasks,
@@ -405,7 +406,8 @@ class ClusterConfig:
         factory=KubernetesSection, doc="image and namespace for 'tflaunch export --format tfjob'"
     )
     # Every backend's own section (``slurm:``, ``ssh:``), keyed by the backend's name: read
-    # through the backend registry, reached as ``config.slurm``. Set by the loader.
+    # through the backend registry, read by type as ``config.section(SlurmSection)``. Set by the
+    # loader.
     sections: Mapping[str, Any] = dataclasses.field(
         default_factory=lambda: types.MappingProxyType(backends.default_sections()),
         metadata={"internal": True, "sections": True},
@@ -429,12 +431,15 @@ class ClusterConfig:
             key = key[:-1]
         return f"{self.source}:{self.positions[key]}" if key else self.source
 
-    def __getattr__(self, name: str) -> Any:
-        """A backend's section by its name: ``config.ssh``."""
-        sections = self.__dict__.get("sections")
-        if sections is None or name not in sections:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return sections[name]
+    def section(self, cls: type[S]) -> S:
+        """A backend's section, typed: ``config.section(SshSection)`` (as
+        ``RunRecord.part(SshDetails)``). Every file holds every registered backend's section."""
+        for value in self.sections.values():
+            if type(value) is cls:
+                return value
+        raise LookupError(
+            f"no section of type {cls.__name__} in this cluster file: its backend is not registered"
+        )
 
     def with_section(self, name: str, section: Any) -> ClusterConfig:
         """This config with backend ``name``'s section replaced."""

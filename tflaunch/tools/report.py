@@ -30,7 +30,7 @@ from tflaunch.runtime.monitor import NET_FIELDS, read_samples
 from tflaunch.runtime.run import Run
 from tflaunch.runtime.runfiles import file_mode, make_run_dir, replace_run_file
 from tflaunch.text import aligned
-from tflaunch.tools.progress import plot_progress, progress_summary, save_png
+from tflaunch.tools.step_rates import plot_progress, progress_summary, save_png
 
 PLOTS = ("cpu_per_node.png", "packets_per_node.png", "memory_per_task.png", "cpu_per_task.png")
 MIB = 1024 * 1024

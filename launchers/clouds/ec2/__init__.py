@@ -1,8 +1,8 @@
 """EC2 as a cloud provider (boto3, the optional aws extra): provisioning, prices, kept clusters,
 spot workers, and host discovery (``ssh.ec2``)."""
 
-from tflaunch.launchers.clouds.base import AdminOption, Feature, ProviderSpec
 from tflaunch.launchers.clouds.ec2.section import Ec2ProvisionSection, Ec2Section
+from tflaunch.plugin import AdminOption, Feature, ProviderSpec
 
 PROVIDER = ProviderSpec(
     name="ec2",

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tflaunch.errors import ConfigError, LaunchError, MissingExtra
+from tflaunch.plugin import ConfigError, LaunchError, MissingExtra
 
 
 def ec2_client(section: Any, key: str = "ssh.ec2") -> Any:

@@ -23,24 +23,27 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.errors import LaunchError
-from tflaunch.launchers.clouds import base
-from tflaunch.launchers.clouds.base import (
+from tflaunch.launchers.clouds.ec2 import lock
+from tflaunch.launchers.clouds.ec2.client import aws_errors, ec2_client
+from tflaunch.launchers.clouds.ec2.pricing import gpus_of, resolve_prices
+from tflaunch.plugin import (
     ALIVE_STATES,
+    POLL_SECONDS,
     TAG_CLUSTER,
+    TAG_HOST,
+    TAG_KEEP,
+    TAG_ROLE,
     TAG_RUN,
+    ClusterConfig,
     Instance,
+    LaunchError,
     LockHolder,
     PlannedInstance,
+    Price,
     Provider,
     Say,
     network_name,
 )
-from tflaunch.launchers.clouds.costs import Price
-from tflaunch.launchers.clouds.ec2 import lock
-from tflaunch.launchers.clouds.ec2.client import aws_errors, ec2_client
-from tflaunch.launchers.clouds.ec2.pricing import gpus_of, resolve_prices
 
 ADDRESS_MAP_ENV = "TFLAUNCH_EC2_ADDRESS_MAP"
 
@@ -220,7 +223,7 @@ class Ec2Provider(Provider):
         created: dict[str, str] = {}
         for p in planned:
             instance_tags = self._tags(
-                run_id, cluster, **tags, **{base.TAG_HOST: p.name, base.TAG_ROLE: p.role,
+                run_id, cluster, **tags, **{TAG_HOST: p.name, TAG_ROLE: p.role,
                                             "Name": f"{cluster}-{p.name}"}
             )  # fmt: skip
             kwargs: dict[str, Any] = {
@@ -311,7 +314,7 @@ class Ec2Provider(Provider):
                 alive = self.describe(ids=ids, states=(*ALIVE_STATES, "shutting-down"))
                 if not alive:
                     break
-                time.sleep(base.POLL_SECONDS)
+                time.sleep(POLL_SECONDS)
         if network:
             self.delete_network(network, wait)
 
@@ -335,7 +338,7 @@ class Ec2Provider(Provider):
     def kept_networks(self, name: str) -> list[str]:
         with aws_errors("listing the kept cluster's security groups"):
             groups = self.client.describe_security_groups(
-                Filters=[{"Name": f"tag:{base.TAG_KEEP}", "Values": [name]}]
+                Filters=[{"Name": f"tag:{TAG_KEEP}", "Values": [name]}]
             )["SecurityGroups"]
         return sorted(g["GroupId"] for g in groups if g["GroupName"] != lock.group_name(name))
 
@@ -359,7 +362,7 @@ class Ec2Provider(Provider):
                 if code != "DependencyViolation" or time.monotonic() > deadline:
                     self.say(f"could not delete security group {network}: {err}")
                     return
-            time.sleep(base.POLL_SECONDS)
+            time.sleep(POLL_SECONDS)
 
 
 def _instance(raw: dict[str, Any]) -> Instance:

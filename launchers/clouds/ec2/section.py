@@ -7,9 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tflaunch.cluster.config import MAX_GPUS, MAX_ITEMS
-from tflaunch.cluster.schema import field
-from tflaunch.launchers.clouds.base import ProvisionSection
+from tflaunch.plugin import MAX_GPUS, MAX_ITEMS, ProvisionSection, field
 
 
 @dataclass(frozen=True)

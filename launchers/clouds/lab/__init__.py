@@ -2,8 +2,8 @@
 sshd, a public and a private address and an optional link rate (root only). A second provider
 beside EC2, in one folder: ``ssh.provision: {cloud: lab, rate: 1gbit}``."""
 
-from tflaunch.launchers.clouds.base import AdminOption, ProviderSpec
 from tflaunch.launchers.clouds.lab.section import LabProvisionSection
+from tflaunch.plugin import AdminOption, ProviderSpec
 
 PROVIDER = ProviderSpec(
     name="lab",

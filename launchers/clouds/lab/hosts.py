@@ -40,7 +40,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tflaunch.errors import LaunchError
+from tflaunch.plugin import LaunchError
 
 MAX_HOSTS = 240  # host N at .9+N of each /24: .10 to .249
 MAX_NETWORKS = 99

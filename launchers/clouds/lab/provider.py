@@ -19,22 +19,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.errors import ConfigError, LaunchError
-from tflaunch.launchers.clouds.base import (
-    ALIVE_STATES,
-    TAG_AUTOSTOP,
-    TAG_CLUSTER,
-    TAG_HOST,
-    TAG_ROLE,
-    TAG_RUN,
-    Instance,
-    PlannedInstance,
-    Provider,
-    Say,
-    network_name,
-)
-from tflaunch.launchers.clouds.costs import Price
 from tflaunch.launchers.clouds.lab import hosts
 from tflaunch.launchers.clouds.lab.section import DEFAULT_STATE_DIR, state_dir_problem
 from tflaunch.launchers.clouds.lab.state import (
@@ -44,6 +28,23 @@ from tflaunch.launchers.clouds.lab.state import (
     State,
     check_tags,
     network_number,
+)
+from tflaunch.plugin import (
+    ALIVE_STATES,
+    TAG_AUTOSTOP,
+    TAG_CLUSTER,
+    TAG_HOST,
+    TAG_ROLE,
+    TAG_RUN,
+    ClusterConfig,
+    ConfigError,
+    Instance,
+    LaunchError,
+    PlannedInstance,
+    Price,
+    Provider,
+    Say,
+    network_name,
 )
 
 INSTANCE_TYPE = "netns"  # one namespace host: this machine's CPUs, shared

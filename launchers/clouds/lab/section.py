@@ -7,9 +7,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tflaunch.cluster.schema import field
-from tflaunch.launchers.clouds.base import ProvisionSection
 from tflaunch.launchers.clouds.lab.hosts import parse_rate
+from tflaunch.plugin import ProvisionSection, field
 
 DEFAULT_STATE_DIR = "/run/tflaunch-lab"
 

@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from tflaunch.errors import LaunchError
 from tflaunch.launchers.clouds.lab.hosts import (
     MAX_HOSTS,
     MAX_NETWORKS,
@@ -41,6 +40,7 @@ from tflaunch.launchers.clouds.lab.hosts import (
     numbers_in_use,
     owner,
 )
+from tflaunch.plugin import LaunchError
 
 MACHINE_LOCK = Path("/run/tflaunch-lab.lock")
 MAX_FILE_BYTES = 64 * 1024

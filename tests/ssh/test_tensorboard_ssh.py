@@ -5,17 +5,13 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import free_port_base, tflaunch
-from tests.hosts import ssh_hosts
+from tests.helpers import ROOT, free_port_base, tflaunch
 
-ssh_test_hosts = ssh_hosts.ssh_test_hosts  # the session fixture
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is not None, reason="installed")

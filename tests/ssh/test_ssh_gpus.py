@@ -9,12 +9,8 @@ import json
 import pytest
 import yaml
 
-from tests.helpers import ROOT, tflaunch
-from tests.hosts import ssh_hosts
-from tests.test_gpus_found import FAKE_SMI
-from tests.test_ssh_backend import only_run, ssh_cluster, wait_hosts_clean
-
-ssh_test_hosts = ssh_hosts.ssh_test_hosts  # the session fixture
+from tests.helpers import FAKE_SMI, ROOT, tflaunch
+from tests.ssh.fixtures import only_run, ssh_cluster, wait_hosts_clean
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
 

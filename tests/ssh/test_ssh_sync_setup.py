@@ -17,12 +17,9 @@ import pytest
 import yaml
 
 from tests.helpers import FAKE_TASK, tflaunch
-from tests.hosts import ssh_hosts
 from tflaunch.launchers.ssh.connect import SshOptions, close_all, connect_all
 from tflaunch.launchers.ssh.setup import digest_of, run_setup
 from tflaunch.launchers.ssh.sync import local_tree, sync_all
-
-ssh_test_hosts = ssh_hosts.ssh_test_hosts  # the session fixture
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
 

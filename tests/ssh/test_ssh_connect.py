@@ -27,8 +27,6 @@ from tflaunch.launchers.ssh.connect import (
     remote_command,
 )
 
-ssh_test_hosts = ssh_hosts.ssh_test_hosts  # the session fixture
-
 HOSTILE = 'a\'; touch /tmp/pwned-{}; echo "$(id)" `id` \\ \n*'
 
 # ---- quoting: one function, every value quoted ---------------------------------------------

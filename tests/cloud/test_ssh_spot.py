@@ -15,12 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.cloud.fixtures import cloud_cluster, instances
 from tests.helpers import read_until, start_tflaunch
-from tests.hosts import ssh_hosts
-from tests.test_ssh_cloud import clean_region, cloud_cluster, instances  # noqa: F401
-from tests.test_ssh_provision import aws_env  # noqa: F401 (a fixture)
-
-ssh_test_hosts = ssh_hosts.ssh_test_hosts  # the session fixture
+from tflaunch.launchers.ssh.section import SshSection
 
 
 def terminate_host(endpoint: str, host: str) -> str:
@@ -270,7 +267,7 @@ def test_a_detached_runs_coordinator_runs_on_an_on_demand_instance_when_there_is
     """``spot_workers`` makes the worker hosts spot: a dedicated PS's on-demand instance takes
     the coordinator, so that every spot instance can be replaced while the run goes on; with
     every instance spot it is the first host, and ``up`` says what its loss does."""
-    from tests.test_ssh_provision import provision_config
+    from tests.cloud.fixtures import provision_config
     from tflaunch.cluster.plan import make_plan
     from tflaunch.launchers.clouds.provisioner import candidate_hosts
     from tflaunch.launchers.ssh.cloud import coordinator_host
@@ -279,7 +276,9 @@ def test_a_detached_runs_coordinator_runs_on_an_on_demand_instance_when_there_is
         more = "    spot_workers: true\n" if spot else ""
         config = provision_config(tmp_path, extra, more=more)
         return coordinator_host(
-            config, make_plan(config, candidate_hosts(config.ssh.provision, config)), watched
+            config,
+            make_plan(config, candidate_hosts(config.section(SshSection).provision, config)),
+            watched,
         )
 
     dedicated = "roles: {ps: 1, worker: 2}\nplacement: {ps: dedicated}\n"
@@ -487,7 +486,7 @@ def test_a_detached_benchmarks_own_trace_reaches_the_laptop_from_a_worker_away_f
     its end, the verdict names it, and 'tflaunch trace RUN' on the laptop shows it."""
     pytest.importorskip("tensorflow")
     from tests.helpers import tflaunch
-    from tests.test_ssh_detach import cli, wait_ended
+    from tests.ssh.fixtures import cli, wait_ended
     from tflaunch.launchers.clouds.ec2.provider import ADDRESS_MAP_ENV
 
     argv = [sys.executable, "-m", "tflaunch.models.benchmark", "--model", "inception3"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import signal
 import sys
 import time
@@ -18,8 +17,9 @@ import psutil
 import pytest
 import yaml
 
+from tests.cloud.fixtures import cloud_cluster, instances
 from tests.helpers import (
-    FAKE_TASK,
+    ROOT,
     processes_mentioning,
     read_until,
     start_tflaunch,
@@ -27,101 +27,9 @@ from tests.helpers import (
     wait_until_gone,
 )
 from tests.hosts import ssh_hosts
-from tests.test_ssh_provision import aws_env  # noqa: F401 (a fixture)
 from tflaunch.launchers.clouds.base import TAG_RUN
-from tflaunch.launchers.clouds.ec2.provider import ADDRESS_MAP_ENV
-
-ssh_test_hosts = ssh_hosts.ssh_test_hosts  # the session fixture
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def python_here(tmp_path: Path) -> str:
-    """The hosts' interpreter, importing this checkout's tflaunch (the hosts share the disk)."""
-    wrapper = tmp_path / "python"
-    wrapper.write_text(f'#!/bin/sh\nexec env PYTHONPATH={ROOT} {sys.executable} "$@"\n')
-    wrapper.chmod(0o755)
-    return str(wrapper)
-
-
-def cloud_cluster(tmp_path: Path, hosts, endpoint: str, monkeypatch, **overrides) -> Path:
-    """Three provisioned worker instances (PS co-located), mapped onto the three test hosts."""
-    known = tmp_path / "known_hosts"
-    shutil.copy(hosts.known_hosts, known)
-    names = ["worker-1", "worker-2", "worker-3"]
-    mapping = {
-        name: {"connect": h.public_address, "address": h.private_address}
-        for name, h in zip(names, hosts.hosts, strict=True)
-    }
-    (tmp_path / "addresses.json").write_text(json.dumps(mapping))
-    monkeypatch.setenv(ADDRESS_MAP_ENV, str(tmp_path / "addresses.json"))
-    data = {
-        "name": "cloud-test",
-        "backend": "ssh",
-        "program": {
-            "argv": [sys.executable, "fake_task.py"],
-            "workdir": str(tmp_path / "work"),
-            "env": {"TEST_MARKER": str(tmp_path)},
-        },
-        "roles": {"ps": 2, "worker": 3},
-        "supervision": {"grace_period": 2, "heartbeat": 1, "heartbeat_timeout": 6},
-        "runs_dir": str(tmp_path / "runs"),
-        "ssh": {
-            "user": "root",
-            "identity_file": str(hosts.client_key),
-            "known_hosts": str(known),
-            "python": python_here(tmp_path),
-            "remote_runs_dir": str(tmp_path / "remote"),
-            "upload": [str(FAKE_TASK)],
-            "provision": {
-                "image": "ami-12c6146b",
-                "region": "us-east-1",
-                "endpoint_url": endpoint,
-                "worker_instance_type": "c5.xlarge",
-                "ssh_from": "198.18.1.1/32",
-                "ready_timeout": 30,
-            },
-        },
-    }
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            data[key] = {**data[key], **value}
-        else:
-            data[key] = value
-    uploads_stay_in(tmp_path, data)
-    path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-def uploads_stay_in(tmp_path: Path, data: dict) -> None:
-    """The test hosts share this machine's disk: a file uploaded into a workdir outside the
-    test's folder (the checkout, say) is a stray copy there, left behind after the test."""
-    workdir = Path(data["program"].get("workdir", "."))
-    assert not data["ssh"].get("upload") or workdir.is_relative_to(tmp_path), (
-        f"ssh.upload would copy {data['ssh']['upload']} into {workdir}, outside the test's "
-        "folder; upload nothing there, or keep the workdir under tmp_path"
-    )
-
-
-def instances(endpoint: str, states=("pending", "running", "stopping", "stopped")) -> list[dict]:
-    import boto3
-
-    client = boto3.client("ec2", region_name="us-east-1", endpoint_url=endpoint)
-    found = client.describe_instances(
-        Filters=[{"Name": "tag:tflaunch:cluster", "Values": ["cloud-test"]},
-                 {"Name": "instance-state-name", "Values": list(states)}]
-    )  # fmt: skip
-    return [i for r in found["Reservations"] for i in r["Instances"]]
-
-
-@pytest.fixture()
-def clean_region(ec2_endpoint, aws_env):  # noqa: F811 (aws_env is imported)
-    """No instance of an earlier test of this module is left running in the stand-in."""
-    assert instances(ec2_endpoint) == []
-    yield ec2_endpoint
-    assert instances(ec2_endpoint) == []
 
 
 def only_run(tmp_path: Path) -> Path:

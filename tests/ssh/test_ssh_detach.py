@@ -9,9 +9,14 @@ import pytest
 
 from tests.helpers import tflaunch
 from tests.hosts import ssh_hosts
-from tests.test_ssh_backend import left_on_hosts, ssh_cluster, tf1_argv, wait_hosts_clean
-
-ssh_test_hosts = ssh_hosts.ssh_test_hosts  # the session fixture
+from tests.ssh.fixtures import (
+    cli,
+    left_on_hosts,
+    ssh_cluster,
+    tf1_argv,
+    wait_ended,
+    wait_hosts_clean,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
 
@@ -21,10 +26,6 @@ def detach(cluster) -> str:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "detached: the coordinator runs on host1" in result.stderr
     return result.stdout.strip().splitlines()[-1]
-
-
-def cli(tmp_path, *args: str, timeout: float = 120):
-    return tflaunch(*args, "--run-dir", str(tmp_path / "runs"), timeout=timeout)
 
 
 def test_detached_run_finishes_without_the_launcher(ssh_test_hosts, tmp_path):
@@ -66,20 +67,6 @@ def test_detached_run_survives_a_cut_link_and_down_stops_it(ssh_test_hosts, tmp_
     assert wait_hosts_clean(ssh_test_hosts, max(1.0, 30 - (time.monotonic() - stopped_at))) == []
     status = cli(tmp_path, "status", run_id)
     assert f"run {run_id}: stopped" in status.stdout
-
-
-def wait_ended(tmp_path, run_id: str, timeout: float) -> str:
-    """``status`` once the detached run ended (each call copies the run back)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        status = cli(tmp_path, "status", run_id)
-        first = status.stdout.splitlines()[0]
-        ended = "exit code" in first and not any(
-            f": {s} " in first for s in ("running", "starting")
-        )
-        if ended or time.monotonic() > deadline:
-            return status.stdout
-        time.sleep(2)
 
 
 def test_detached_run_traces_any_program_with_profiles_sent_between_hosts(ssh_test_hosts, tmp_path):

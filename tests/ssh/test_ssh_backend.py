@@ -7,7 +7,6 @@ real distributed MNIST (2 PS + 3 workers). Every test checks the hosts' process 
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import signal
 import subprocess
@@ -20,75 +19,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import FAKE_TASK, checkout_python, read_until, start_tflaunch, tflaunch
+from tests.helpers import FAKE_TASK, ROOT, read_until, start_tflaunch, tflaunch
 from tests.hosts import ssh_hosts
-
-ssh_test_hosts = ssh_hosts.ssh_test_hosts  # the session fixture
+from tests.ssh.fixtures import left_on_hosts, only_run, ssh_cluster, tf1_argv, wait_hosts_clean
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
 SITE_PACKAGES = Path(__import__("sysconfig").get_paths()["purelib"])
-
-
-def ssh_cluster(
-    tmp_path: Path, hosts, name: str = "ssh-test", env: dict | None = None, **overrides
-) -> Path:
-    """An ssh cluster file for the test hosts: fake task uploaded into a fresh workdir."""
-    known = tmp_path / "known_hosts"
-    if not known.exists():
-        shutil.copy(hosts.known_hosts, known)
-    base = random.randint(20000, 32000)  # below the ephemeral range (32768-)
-    data = {
-        "name": name,
-        "backend": "ssh",
-        "program": {
-            "argv": [sys.executable, "fake_task.py"],
-            "workdir": str(tmp_path / "work"),
-            "env": {"TEST_MARKER": str(tmp_path), **(env or {})},
-        },
-        "roles": {"ps": 2, "worker": 3},
-        "ports": {"ps": base, "worker": base + 100},
-        "supervision": {
-            "grace_period": 2,
-            "ready_timeout": 60,
-            "heartbeat": 1,
-            "heartbeat_timeout": 6,
-        },
-        "runs_dir": str(tmp_path / "runs"),
-        "hosts": [
-            {"name": h.name, "connect": h.public_address, "address": h.private_address}
-            for h in hosts.hosts
-        ],
-        "ssh": {
-            "user": "root",
-            "identity_file": str(hosts.client_key),
-            "known_hosts": str(known),
-            "python": checkout_python(tmp_path),
-            "remote_runs_dir": str(tmp_path / "remote"),
-            "connect_timeout": 2,
-            "upload": [str(FAKE_TASK)],
-        },
-    }
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            data[key] = {**data[key], **value}
-        else:
-            data[key] = value
-    path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-def left_on_hosts(hosts) -> list[str]:
-    return [f"{h.name}: {p}" for h in hosts.hosts for p in ssh_hosts.processes_in(h)]
-
-
-def wait_hosts_clean(hosts, timeout: float) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not left_on_hosts(hosts):
-            return []
-        time.sleep(0.2)
-    return left_on_hosts(hosts)
 
 
 def wait_tasks_gone(host, timeout: float) -> list[str]:
@@ -100,20 +36,6 @@ def wait_tasks_gone(host, timeout: float) -> list[str]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)
-
-
-def tf1_argv(steps: int) -> list[str]:
-    """The plain TF1 between-graph program (no tflaunch import), with its cluster flags."""
-    program = Path(__file__).resolve().parent / "programs" / "tf1_between_graph.py"
-    argv = [sys.executable, str(program), "--train_steps", str(steps)]
-    for flag in ("job_name", "task_index", "ps_hosts", "worker_hosts"):
-        argv += [f"--{flag}", "{" + flag + "}"]
-    return argv
-
-
-def only_run(tmp_path: Path) -> Path:
-    (run,) = (tmp_path / "runs").iterdir()
-    return run
 
 
 def events(run: Path) -> list[dict]:
@@ -505,7 +427,7 @@ def test_hostile_workdir_starts_nothing(ssh_test_hosts, tmp_path):
 
 def test_mnist_2ps_3workers_on_private_addresses(ssh_test_hosts, tmp_path):
     pytest.importorskip("tensorflow")
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     cluster = ssh_cluster(
         tmp_path,
         ssh_test_hosts,

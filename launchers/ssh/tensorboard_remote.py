@@ -11,13 +11,14 @@ import time
 from collections.abc import Callable
 
 from tflaunch.launchers.ssh.connect import SshOptions, connect, remote_command
-from tflaunch.launchers.tensorboard import (
+from tflaunch.launchers.ssh.section import SshSection
+from tflaunch.launchers.tensorboard_serve import (
     NOT_INSTALLED,
     TensorBoardError,
     forward,
     tensorboard_argv,
 )
-from tflaunch.runtime.run import Run
+from tflaunch.plugin import Run
 
 
 def run_ssh(
@@ -31,15 +32,19 @@ def run_ssh(
     plan = run.read_plan()
     first = next(t for t in plan.tasks if t.job in ("chief", "worker"))
     host = plan.host(first.host)
-    python = config.ssh.python
+    python = config.section(SshSection).python
     conn = connect(
-        host.name, host.connect_address, SshOptions.from_section(config.ssh, config.base_dir)
+        host.name,
+        host.connect_address,
+        SshOptions.from_section(config.section(SshSection), config.base_dir),
     )
     try:
         probe = conn.run(remote_command([python, "-c", "import tensorboard"]))
         if probe.exit_status != 0:
             raise TensorBoardError(NOT_INSTALLED.format(where=f"on {host.name}", python=python))
-        logdir = logdir or posixpath.join(config.ssh.remote_runs_dir or config.runs_dir, run.id)
+        logdir = logdir or posixpath.join(
+            config.section(SshSection).remote_runs_dir or config.runs_dir, run.id
+        )
         started = conn.run(
             remote_command(
                 tensorboard_argv(python, logdir, remote_port),

@@ -17,12 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.cloud.fixtures import cloud_cluster, instances
 from tests.helpers import FAKE_TASK, tflaunch
-from tests.hosts import ssh_hosts
-from tests.test_ssh_cloud import clean_region, cloud_cluster, instances  # noqa: F401 (fixtures)
-from tests.test_ssh_provision import aws_env  # noqa: F401 (a fixture)
-
-ssh_test_hosts = ssh_hosts.ssh_test_hosts  # the session fixture
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
 

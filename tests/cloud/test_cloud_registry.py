@@ -11,15 +11,16 @@ from tflaunch.cluster.config import config_schema, parse_config
 from tflaunch.errors import ConfigError
 from tflaunch.launchers import clouds
 from tflaunch.launchers.clouds.base import Feature, ProviderSpec, ProvisionSection, Unsupported
+from tflaunch.launchers.ssh.section import SshSection
 
 HEAD = "program: [p]\nbackend: ssh\n"
 
 
 def test_the_cloud_key_picks_the_section_class_and_typos_are_located():
     config = parse_config(HEAD + "ssh:\n  provision: {cloud: ec2, image: ami-1}\n")
-    assert clouds.spec_for_section(config.ssh.provision).name == "ec2"
+    assert clouds.spec_for_section(config.section(SshSection).provision).name == "ec2"
     without = parse_config(HEAD + "ssh:\n  provision: {image: ami-1}\n")  # the default cloud
-    assert type(without.ssh.provision) is type(config.ssh.provision)
+    assert type(without.section(SshSection).provision) is type(config.section(SshSection).provision)
     with pytest.raises(ConfigError, match=r"<string>:6: ssh.provision.cloud: unknown cloud 'ec3'; "
                        r"choose one of .*\(did you mean 'ec2'\?\)"):  # fmt: skip
         parse_config(HEAD + "ssh:\n  provision:\n    image: x\n    cloud: ec3\n")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import FAKE_TASK, checkout_python, tflaunch
+from tests.helpers import FAKE_TASK, ROOT, checkout_python, tflaunch
 from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.launchers.clouds.base import TAG_RUN, PlannedInstance
 from tflaunch.launchers.clouds.lab import hosts
@@ -260,7 +260,7 @@ def test_provider_makes_shaped_hosts_and_ends_them(lab_root, tmp_path):
     assert provider.describe(tags={TAG_RUN: "lab-t1"}) == []
 
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "lab.yaml"
+EXAMPLE = ROOT / "examples" / "lab.yaml"
 
 
 def lab_file(tmp_path: Path, key: Path, **program) -> Path:

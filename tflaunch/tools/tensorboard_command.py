@@ -13,7 +13,7 @@ import sys
 import click
 
 from tflaunch import launch
-from tflaunch.launchers.tensorboard import DEFAULT_PORT
+from tflaunch.launchers.tensorboard_serve import DEFAULT_PORT
 from tflaunch.runtime.run import Run
 
 

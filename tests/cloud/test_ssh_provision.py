@@ -3,7 +3,7 @@ creation with types, tags and security group, termination on every way a run end
 
 The instances moto makes do not exist as machines; where a step must reach them over SSH these
 tests point them (``TFLAUNCH_EC2_ADDRESS_MAP``) at a local listener that answers with an SSH
-banner. tests/test_ssh_cloud.py runs real clusters on the namespace test hosts instead.
+banner. tests/cloud/test_ssh_cloud.py runs real clusters on the namespace test hosts instead.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cloud.fixtures import HEAD, provision_config, provision_text
 from tests.helpers import gone_launcher, in_second_pid_namespace
 from tflaunch.cluster.config import parse_config
 from tflaunch.cluster.plan import make_plan
@@ -35,48 +36,28 @@ from tflaunch.launchers.clouds.costs import CostLine, cost_table
 from tflaunch.launchers.clouds.ec2.pricing import PRICE_LIST, resolve_prices
 from tflaunch.launchers.clouds.ec2.provider import ADDRESS_MAP_ENV, Ec2Provider, port_ranges
 from tflaunch.launchers.clouds.provisioner import Provisioning, Reach
-from tflaunch.launchers.ssh.section import host_run_dir
+from tflaunch.launchers.ssh.section import SshSection, host_run_dir
 from tflaunch.runtime.run import Run
-
-HEAD = "program: [python, train.py]\nbackend: ssh\n"
 
 
 def planned_instances(config):
-    return provision.planned_instances(config.ssh.provision, config)
+    return provision.planned_instances(config.section(SshSection).provision, config)
 
 
 def provisioned_run(config, run, start, say, *, down_at_end=False, fleet_ready=None, keep=None):
     """Provision as the SSH backend does, and run ``start(plan)`` on the instances."""
-    reach = Reach(config.ssh.port, config.ssh.jump_host is not None, host_run_dir(config, run.id))
+    reach = Reach(
+        config.section(SshSection).port,
+        config.section(SshSection).jump_host is not None,
+        host_run_dir(config, run.id),
+    )
     with Provisioning(
-        config.ssh.provision, config, run, reach, say, down_at_end=down_at_end, keep=keep,
+        config.section(SshSection).provision, config, run, reach, say, down_at_end=down_at_end, keep=keep,
         watch=fleet_ready is not None,
     ) as made:  # fmt: skip
         if fleet_ready is not None:
             fleet_ready(made.fleet)
         return start(made.plan)
-
-
-def provision_config(tmp_path: Path, extra: str = "", endpoint: str | None = None, **over):
-    text = provision_text(extra, endpoint, **over)
-    return parse_config(text, source=str(tmp_path / "c.yaml"), base_dir=str(tmp_path))
-
-
-def provision_text(extra: str = "", endpoint: str | None = None, **over) -> str:
-    lines = [
-        "ssh:",
-        f"  port: {over.get('ssh_port', 22)}",
-        "  provision:",
-        "    image: ami-12c6146b",
-        "    region: us-east-1",
-        "    ssh_from: 198.51.100.7/32",
-        "    ps_instance_type: c5.xlarge",
-        f"    worker_instance_type: {over.get('worker_type', 'p3.2xlarge')}",
-        "    ready_timeout: 20",
-    ]
-    if endpoint:
-        lines.append(f"    endpoint_url: {endpoint}")
-    return over.get("head", HEAD) + extra + "\n".join(lines) + "\n" + over.get("more", "")
 
 
 # ---- planning and prices (pure) ---------------------------------------------------------------
@@ -107,7 +88,9 @@ def test_cost_table_matches_the_price_list(tmp_path):
     extra = "roles: {ps: 2, worker: 3}\nplacement: {ps: dedicated}\n"
     config = provision_config(tmp_path, extra)
     table = cost_table(
-        Ec2Provider(config.ssh.provision, print).cost_lines(planned_instances(config))
+        Ec2Provider(config.section(SshSection).provision, print).cost_lines(
+            planned_instances(config)
+        )
     )
     worker, ps = PRICE_LIST["p3.2xlarge"].hourly_usd, PRICE_LIST["c5.xlarge"].hourly_usd
     lines = table.splitlines()
@@ -122,7 +105,7 @@ def test_cost_table_matches_the_price_list(tmp_path):
 
 def test_cluster_file_prices_override_and_the_api_comes_before_the_list(tmp_path):
     config = provision_config(tmp_path, more="    prices: {c5.xlarge: 0.2}\n")
-    section = config.ssh.provision
+    section = config.section(SshSection).provision
     asked = []
 
     def api(kind: str, region: str) -> float | None:
@@ -153,13 +136,6 @@ def test_provision_cannot_be_combined_with_listed_hosts(tmp_path):
 
 
 # ---- against moto's server ---------------------------------------------------------------------
-
-
-@pytest.fixture()
-def aws_env(aws_credentials, monkeypatch):
-    """The stand-in's credentials; it answers at once, so poll quickly."""
-    monkeypatch.setattr(base, "POLL_SECONDS", 0.1)
-    monkeypatch.setattr(provision, "POLL_SECONDS", 0.1)
 
 
 @pytest.fixture()
@@ -871,10 +847,12 @@ def test_spot_workers_with_checkpoints_on_the_instances_disks_are_told_where_the
             tmp_path, "roles: {ps: 1, worker: 2}\n", head=f"program: {program}}}\nbackend: ssh\n",
             more="    spot_workers: true\n" if spot else "",
         )  # fmt: skip
-        plan = make_plan(config, candidate_hosts(config.ssh.provision, config), run_dir)
+        plan = make_plan(
+            config, candidate_hosts(config.section(SshSection).provision, config), run_dir
+        )
         if chosen and "://" in chosen:  # a URL reaches the tasks as it is
             assert plan.program.checkpoint_dir == chosen
-        return checkpoint_notice(config.ssh.provision, config, plan, run_dir)
+        return checkpoint_notice(config.section(SshSection).provision, config, plan, run_dir)
 
     assert notice(False, None) is None
     said = notice(True, None)

@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT
 from tflaunch.cluster.config import parse_config
 from tflaunch.cluster.plan import Host, render_task
 from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.launchers.clouds.ec2.discover import discover_ec2
 from tflaunch.launchers.clouds.ec2.section import Ec2Section
 from tflaunch.launchers.ssh.backend import SshBackend
+from tflaunch.launchers.ssh.section import SshSection
 from tflaunch.launchers.ssh.sources import read_ip_files, resolve_hosts
 
 SSH_HEAD = "program: [python, train.py]\nbackend: ssh\n"
@@ -201,12 +203,14 @@ def test_aws_example_plans_one_gpu_workers_and_gpu_less_colocated_ps(ec2_endpoin
     from tflaunch.cluster.config import load_config
     from tflaunch.cluster.plan import make_plan
 
-    example = Path(__file__).resolve().parent.parent / "examples" / "aws.yaml"
+    example = ROOT / "examples" / "aws.yaml"
     cfg = load_config(example)
-    section = cfg.ssh.discover["ec2"]
+    section = cfg.section(SshSection).discover["ec2"]
     launch_instances(ec2_endpoint, section.region, 4, {"cluster": "tf-bench"})
     ec2 = dataclasses.replace(section, endpoint_url=ec2_endpoint)
-    cfg = cfg.with_section("ssh", dataclasses.replace(cfg.ssh, discover={"ec2": ec2}))
+    cfg = cfg.with_section(
+        "ssh", dataclasses.replace(cfg.section(SshSection), discover={"ec2": ec2})
+    )
     hosts = SshBackend().hosts(cfg)
     plan = make_plan(cfg, hosts)
     assert len(hosts) == 4
@@ -217,7 +221,7 @@ def test_aws_example_plans_one_gpu_workers_and_gpu_less_colocated_ps(ec2_endpoin
         assert render_task(plan, worker).env["CUDA_VISIBLE_DEVICES"] == "0"
         assert worker.cluster_address == host.cluster_address != host.connect_address
     files = dataclasses.replace(
-        cfg.ssh,
+        cfg.section(SshSection),
         discover={},
         public_ips_file="hosts/public_ips.txt",
         private_ips_file="hosts/private_ips.txt",
