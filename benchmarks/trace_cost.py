@@ -34,7 +34,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tflaunch.runtime.tracehook import with_hook  # noqa: E402
+from tflaunch.trace.files import with_hook  # noqa: E402
 
 MODES = {"plain": [], "hooked": ["--trace-at", "24h"], "traced": ["--trace", "10:10"]}
 TOTAL = re.compile(r"total images/sec: ([\d.]+)")

@@ -11,7 +11,7 @@ all through ``tflaunch up`` on the SSH backend; ``tflaunch.models.benchmark`` in
 * from one extra traced run of the setting (``tflaunch up --trace``; profiling slows the steps,
   so its times are not in the figures above): the share of the worker's communication that
   overlapped its computation and Kendall's tau of arrival order against consumption order
-  (``tflaunch trace``'s figures, tflaunch.models.trace_transfers);
+  (``tflaunch trace``'s figures, tflaunch.trace.transfers);
 * the ratio of its img/s to the first setting's (the default), with the min-max over repeats;
 * ``tflaunch model``'s prediction (tflaunch.tools.perfmodel) without and with overlap, from the
   compute time per step and the shaped link.
@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.helpers import checkout_python  # noqa: E402
 from tests.hosts import ssh_hosts  # noqa: E402
-from tflaunch.models import trace_transfers  # noqa: E402
+from tflaunch.trace import transfers as trace_transfers  # noqa: E402
 
 SETTINGS = {
     "none": [],

@@ -1,6 +1,15 @@
-"""Backends: how agents are started on the hosts of a plan. One folder per backend, each
-exporting a ``BACKEND`` spec that :mod:`tflaunch.cluster.backends` registers; packages outside this
-repository add backends through the ``tflaunch.backends`` entry-point group."""
+"""Launchers: everything that puts a plan on machines.
+
+- Backends (``local/``, ``slurm/``, ``ssh/``): how agents are started on the hosts of a plan, one
+  folder each, exporting a ``BACKEND`` spec that :mod:`tflaunch.cluster.backends` registers
+  (packages outside this repository add theirs through the ``tflaunch.backends`` entry-point
+  group), over the interface they fill in (``base.py``) and the batch schedulers' base
+  (``batch/``).
+- Clouds (``clouds/``): where ``ssh.provision``'s machines come from, one folder per provider.
+- ``tensorboard_serve.py``: TensorBoard on a run's logs, served here or forwarded, for every
+  backend.
+
+This module finds a backend by name (:func:`get_backend`)."""
 
 from __future__ import annotations
 

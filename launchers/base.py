@@ -29,7 +29,8 @@ from tflaunch.runtime import procs
 from tflaunch.runtime.coordinator import Requeue, Revive, coordinate
 from tflaunch.runtime.link import ProcessLink, agent_argv
 from tflaunch.runtime.run import Outcome, Run
-from tflaunch.runtime.tracehook import TraceSite
+from tflaunch.trace.request import TraceRequest
+from tflaunch.trace.site import TraceSite
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class LaunchOptions:
     down_at_end: bool = False  # up --down: end the machines the run created when it ends
     keep: bool = False  # up --keep: keep them as the file's named cluster, or reuse that one
     recreate: bool = False  # up --recreate: replace a kept cluster that does not fit the plan
-    trace: tuple[str, ...] = ()  # up --trace's options as given (for a detached coordinator)
+    trace: TraceRequest | None = None  # up --trace (in the config's program env already)
 
     def argv(self) -> list[str]:
         """The same options as ``up`` arguments (for the background half of ``up --detach``)."""
@@ -49,7 +50,7 @@ class LaunchOptions:
             + (["--down"] if self.down_at_end else [])
             + (["--keep"] if self.keep else [])
             + (["--recreate"] if self.recreate else [])
-            + list(self.trace)
+            + (self.trace.argv() if self.trace else [])
         )
 
 
@@ -130,6 +131,11 @@ class Backend(ABC):
         """Refuse to start where this environment would keep the run from working."""
         return None
 
+    def check_here(self, config: ClusterConfig, plan: Plan) -> list[str]:
+        """What ``validate`` can check from this machine before anything starts, beyond the
+        file (``validate --offline`` skips it): one sentence per problem. Default: nothing."""
+        return []
+
     def python(self, config: ClusterConfig) -> str:
         """The interpreter the tasks run under on the cluster's hosts. Default: this one."""
         return sys.executable
@@ -144,7 +150,7 @@ class Backend(ABC):
     ) -> int:
         """``tflaunch tensorboard``: TensorBoard where the run's summaries are, reachable on
         local ``port``; its exit code. Default: here, over the run directory."""
-        from tflaunch.launchers.tensorboard import run_local
+        from tflaunch.launchers.tensorboard_serve import run_local
 
         return run_local(Path(logdir) if logdir else run.dir, port, show)
 
@@ -180,8 +186,10 @@ class Backend(ABC):
             f"exec runs commands on the hosts of ssh runs; run {run.id} has backend {self.name}."
         )
 
-    def cluster_alive(self, run: Run) -> bool:
-        """Whether the run's coordinator (and so its cluster) is still running."""
+    def cluster_alive(self, run: Run) -> bool | None:
+        """Whether the run's coordinator (and so its cluster) is still running; None when this
+        machine cannot tell (the launcher that coordinates it runs on another machine,
+        container or PID namespace). Default: the run's recorded launcher."""
         from tflaunch.runtime import runctl
 
         return runctl.coordinator_alive(run)

@@ -5,9 +5,10 @@ Programs (run as ``python -m tflaunch.models.<name>``; each task of a cluster ru
 
 - ``mnist``: the distributed MNIST case study (TF1 between-graph replication on PS);
 - ``pss``: digit classification with TF2's ParameterServerStrategy, checkpointed and resumable;
-- ``benchmark``: tf_cnn_benchmarks-style CNN throughput; its runners are ``bench.graph``
-  (TF1 graph mode) and ``bench.eager`` (``tf.function``, MultiWorkerMirroredStrategy), over the
-  pieces they share in ``bench.common``;
+- ``benchmark``: tf_cnn_benchmarks-style CNN throughput; its runners are
+  ``benchmark_runners.graph`` (TF1 graph mode) and ``benchmark_runners.eager`` (``tf.function``,
+  MultiWorkerMirroredStrategy), over the pieces they share in ``benchmark_runners.common`` (and
+  ``benchmark_runners.transfers``, what crosses the links);
 - ``tfrecords``: writes a small ImageNet-layout TFRecord set for the benchmark.
 
 Below them:

@@ -3,6 +3,7 @@
     python -m tflaunch.models.benchmark --model inception3 --batch_size 8 --num_batches 100 \
         [--variable_update parameter_server|distributed_replicated|collective_all_reduce] \
         [--staged_vars] [--transfer_order none|tic|tac] [--transfer_buckets 8] \
+        [--cross_replica_sync] [--gradient_repacking N] [--compact_gradient_transfer] \
         [--data_dir DIR] [--job_name worker --task_index 0 --ps_hosts ... --worker_hosts ...]
 
 Flag names follow tf_cnn_benchmarks. The cluster comes from ``--job_name/--task_index/--ps_hosts/
@@ -15,17 +16,23 @@ Variable updates (one device per worker: ``--batch_size`` is per worker):
 * ``parameter_server``: TF1 between-graph replication in ``tf.compat.v1`` graph mode. Variables
   (and optimizer slots) live on the PS tasks, placed by ``replica_device_setter`` (round robin,
   or ``--variable_placement``); each worker reads them every step, computes gradients and applies
-  them on the PS, asynchronously to the other workers.
+  them on the PS, asynchronously to the other workers; with ``--cross_replica_sync``, in lock
+  step: every worker waits at the end of each step until all have applied theirs
+  (tf_cnn_benchmarks' default and its barrier, FIFO queues on the PS).
 * ``distributed_replicated``: as in tf_cnn_benchmarks, each worker keeps a local copy of the
   variables (on ``--local_parameter_device``) for its forward and backward pass; the gradients
   are applied to the master copy on the PS, and the updated values are copied back into the local
-  copy in the same step.
+  copy in the same step. ``--cross_replica_sync`` as for parameter_server.
 * ``--staged_vars`` (parameter_server) and ``--transfer_order tic|tac`` (both TF1 modes) change
-  when the variables cross the link, not what is computed: see :mod:`.bench.transfers`.
+  when the variables cross the link, not what is computed: see :mod:`.benchmark_runners.transfers`.
 * ``collective_all_reduce``: TF2 ``MultiWorkerMirroredStrategy``: every worker holds a mirrored
   copy and gradients are summed by collective (ring) all-reduce every step, synchronously. PS
   tasks are not used; if the cluster has some (one cluster file for every variable update), they
-  start a server and idle until the launcher stops them.
+  start a server and idle until the launcher stops them. Always synchronous.
+  ``--gradient_repacking N`` packs the gradients into about N all-reduces (MWMS's
+  ``bytes_per_pack``), so the first packs cross while the backward pass still runs;
+  ``--compact_gradient_transfer`` sends them as float16 (summed in float16, averaged and applied
+  in float32).
 * No cluster: one process trains with a ``tf.function`` step, variables on
   ``--local_parameter_device``.
 
@@ -124,6 +131,32 @@ def build_parser() -> argparse.ArgumentParser:
         default=8,
         help="with --transfer_order: buckets of about equal bytes sent one after another",
     )
+    p.add_argument(
+        "--cross_replica_sync",
+        type=_boolean,
+        nargs="?",
+        const=True,
+        default=False,
+        help="parameter_server, distributed_replicated: synchronous steps (every worker waits "
+        "for all at the end of each step, as tf_cnn_benchmarks' default); default asynchronous. "
+        "collective_all_reduce is always synchronous",
+    )
+    p.add_argument(
+        "--gradient_repacking",
+        type=int,
+        default=0,
+        help="collective_all_reduce: all-reduce the gradients in about N packs of equal bytes "
+        "(0: TensorFlow's default, one pack after the whole backward pass)",
+    )
+    p.add_argument(
+        "--compact_gradient_transfer",
+        type=_boolean,
+        nargs="?",
+        const=True,
+        default=False,
+        help="collective_all_reduce: gradients cross the wire as float16 and are applied in "
+        "float32 (half the bytes)",
+    )
     p.add_argument("--data_dir", default=None, help="ImageNet-layout TFRecords; default synthetic")
     p.add_argument(
         "--image_size", type=int, default=None, help="default: the model's (299 for inception3)"
@@ -144,6 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--result_json", default=None, help="write settings, step times, figures here")
     add_cluster_flags(p)
     return p
+
+
+def _boolean(text: str) -> bool:
+    """absl's spellings of a boolean flag's value (``--cross_replica_sync=false``)."""
+    value = text.strip().lower()
+    if value in ("1", "true", "t", "yes", "y"):
+        return True
+    if value in ("0", "false", "f", "no", "n"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {text!r} (true or false)")
 
 
 def resolve_cluster(args: argparse.Namespace, environ: Mapping[str, str]) -> ClusterInfo | None:
@@ -214,6 +257,17 @@ def check_transfer_flags(args: argparse.Namespace) -> None:
         )
     if args.transfer_buckets < 1:
         raise BenchmarkError(f"--transfer_buckets must be at least 1, not {args.transfer_buckets}.")
+    all_reduce = args.variable_update == "collective_all_reduce"
+    if args.gradient_repacking < 0:
+        raise BenchmarkError(
+            f"--gradient_repacking must not be negative, not {args.gradient_repacking}."
+        )
+    if (args.gradient_repacking or args.compact_gradient_transfer) and not all_reduce:
+        raise BenchmarkError(
+            "--gradient_repacking and --compact_gradient_transfer shape the all-reduce of the "
+            f"gradients, which {args.variable_update} does not do (its gradients go to the PS); "
+            "use --variable_update collective_all_reduce."
+        )
 
 
 def result_document(
@@ -246,7 +300,7 @@ def result_document(
 def run(args: argparse.Namespace, info: ClusterInfo | None) -> int:
     """Dispatch to the PS join, the graph-mode runner or the tf.function runner."""
     if os.environ.get("TFLAUNCH_TRACE_STEPS"):  # tflaunch up --trace: every task takes part
-        from tflaunch.models import trace
+        from tflaunch.trace import profiler as trace
 
         trace.setup(info)
     if info is not None and info.job_name == "ps":

@@ -2,8 +2,8 @@
 # The architecture checks: import-linter's contracts (pyproject.toml) and no import cycle between
 # the project's modules, both run against a fresh installed copy (the layout users get, where the
 # repository's launchers/ and models/ are tflaunch.launchers and tflaunch.models); then, on the
-# checkout, no reach into another module's private names, no backend name compared outside its
-# folder, and no class over 300 lines.
+# checkout, no reach into another module's private names, the trace hook on the standard library
+# only, no backend name compared outside its folder, and no class over 300 lines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=$(mktemp -d)
@@ -15,5 +15,6 @@ root=$PWD
 (cd "$target" && PYTHONPATH="$target" lint-imports --no-cache "$root/pyproject.toml")
 (cd "$target" && PYTHONPATH="$target" python3 "$root/scripts/import_cycles.py" tflaunch)
 python3 scripts/private_names.py
+python3 scripts/hook_imports.py
 python3 scripts/backend_names.py
 python3 scripts/class_sizes.py

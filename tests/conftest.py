@@ -7,6 +7,8 @@ laptop, and fail instead when ``CI`` is set: a green CI must mean they ran.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 
 import pytest
 
@@ -16,6 +18,18 @@ def skip_or_fail(reason: str) -> None:
     if os.environ.get("CI"):
         pytest.fail(f"required in CI: {reason}")
     pytest.skip(reason)
+
+
+@pytest.fixture
+def second_pid_namespace() -> None:
+    """What :func:`tests.helpers.in_second_pid_namespace` needs: root and a working unshare."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        skip_or_fail("a second PID namespace needs root and unshare (util-linux)")
+    probe = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, text=True
+    )
+    if probe.returncode != 0:
+        skip_or_fail(f"unshare --pid --fork --mount-proc fails here: {probe.stderr.strip()}")
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +60,10 @@ def aws_credentials(monkeypatch, tmp_path):
 # -- pytest-xdist: the test hosts are one per machine ---------------------------------------------
 # scripts/test.sh runs the suite on several workers (--dist loadgroup). The SSH test hosts and the
 # Slurm test cluster have fixed addresses and a lock each: a worker that waits on another's lock
-# idles. So every test of a module that uses one of them joins that one's group, which a single
-# worker runs in turn, while the other tests spread over the rest.
+# idles. So every test of a module that uses one of them (imports it, or has a test that asks for
+# a fixture of theirs: tests/ssh/ and tests/cloud/ get ``ssh_test_hosts`` from their conftest.py)
+# joins that one's group, which a single worker runs in turn, while the other tests spread over
+# the rest.
 _HOST_GROUPS = {"tests.hosts.ssh_hosts": "ssh-hosts", "tests.hosts.slurm_cluster": "slurm-cluster"}
 
 
@@ -59,13 +75,25 @@ def _host_group(module: object) -> str | None:
     return None
 
 
+def _fixture_group(item: pytest.Item) -> str | None:
+    """The group of a test host's fixture among those ``item`` asks for (directly or through
+    other fixtures)."""
+    info = getattr(item, "_fixtureinfo", None)
+    for definitions in info.name2fixturedefs.values() if info is not None else ():
+        for definition in definitions:
+            group = _HOST_GROUPS.get(getattr(definition.func, "__module__", ""))
+            if group:
+                return group
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     groups: dict[object, str | None] = {}
-    for item in items:
+    for item in items:  # a module's group: its own imports, or a fixture one of its tests asks for
         module = getattr(item, "module", None)
-        if module is None:
-            continue
-        if module not in groups:
-            groups[module] = _host_group(module)
-        if groups[module]:
-            item.add_marker(pytest.mark.xdist_group(groups[module]))
+        if module is not None and not groups.get(module):
+            groups[module] = _host_group(module) or _fixture_group(item)
+    for item in items:
+        group = groups.get(getattr(item, "module", None))
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))

@@ -207,11 +207,36 @@ def python_files(*tops: str) -> list[Path]:
     return sorted(p for top in tops for p in (ROOT / top).rglob("*.py"))
 
 
+def gone_launcher():
+    """The identity of a process of this machine that ran and is gone (a killed launcher)."""
+    from tflaunch.runtime.identity import Launcher, machine_id
+
+    proc = subprocess.Popen(["sleep", "0"])
+    started = round(psutil.Process(proc.pid).create_time(), 2)
+    proc.wait()
+    return Launcher(socket.gethostname(), machine_id(), proc.pid, started)
+
+
+def in_second_pid_namespace(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``tflaunch ARGS`` from a second PID namespace with its own /proc and this hostname (a
+    second container sharing the runs directory): to it, this namespace's processes do not
+    exist, or their pids name others. Needs root (the ``second_pid_namespace`` fixture)."""
+    return subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "tflaunch", *args],
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
 def left_behind_run(runs, name: str, backend: str, **meta):
-    """A run directory as a backend leaves it: run.json, a one-task plan, events."""
+    """A run directory as a backend leaves it: run.json (its launcher gone, unless ``meta``
+    names one), a one-task plan, events."""
     from tflaunch.runtime.run import Run
 
     run = Run.create(runs, name)
+    meta.setdefault("launcher", gone_launcher())
     run.update_meta(run_id=run.id, name=name, backend=backend, **meta)
     plan = {
         "name": name,
@@ -234,3 +259,32 @@ def left_behind_run(runs, name: str, backend: str, **meta):
     }
     run.plan_path.write_text(json.dumps(plan))
     return run
+
+
+# An nvidia-smi stand-in that lists GPUs (tests/test_gpus_found.py, tests/ssh/test_ssh_gpus.py).
+FAKE_SMI = """#!/bin/sh
+[ "$1" = "-L" ] || exit 9
+echo "GPU 0: NVIDIA Stand-in (UUID: GPU-aaaa1111-0000-0000-0000-000000000000)"
+echo "GPU 1: NVIDIA Stand-in (UUID: GPU-bbbb2222-0000-0000-0000-000000000000)"
+"""
+
+
+TRAFFIC_TASK = ROOT / "tests" / "programs" / "traffic_task.py"
+
+
+def traffic_cluster(tmp_path: Path, traffic_bytes: int, **env: str) -> Path:
+    """1 PS on node-b and 2 workers on node-a: two agents, two loopback addresses."""
+    program = {
+        "argv": [sys.executable, str(TRAFFIC_TASK)],
+        "env": {"TEST_MARKER": str(tmp_path), "TRAFFIC_BYTES": str(traffic_bytes), **env},
+    }
+    return write_cluster(
+        tmp_path / "cluster.yaml",
+        program,
+        hosts=[
+            {"name": "node-a", "address": "127.0.0.1"},
+            {"name": "node-b", "address": "127.0.0.2"},
+        ],
+        placement={"ps": "dedicated"},
+        supervision={"sample_interval": 0.2},
+    )

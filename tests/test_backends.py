@@ -8,6 +8,7 @@ import dataclasses
 import importlib.util
 import json
 from importlib.metadata import EntryPoint
+from pathlib import Path
 
 import pytest
 import tomllib
@@ -22,6 +23,9 @@ from tflaunch.cluster.schema import field
 from tflaunch.errors import ConfigError
 from tflaunch.launchers import get_backend
 from tflaunch.launchers.base import LaunchOptions
+from tflaunch.launchers.slurm.section import SlurmSection
+from tflaunch.launchers.ssh.section import SshSection
+from tflaunch.trace.request import TraceRequest, TraceWindow
 
 
 def _script(name: str):
@@ -39,7 +43,7 @@ class KubeSection:
 
 
 def _kube_check(config, fail) -> None:
-    if config.kube.namespace == "kube-system":
+    if config.section(KubeSection).namespace == "kube-system":
         fail(("kube", "namespace"), "is the system's own; pick another")
 
 
@@ -91,8 +95,11 @@ def test_an_unknown_backend_is_bad_input_listing_the_registered_ones(tmp_path):
 def test_an_installed_backend_brings_its_section_check_and_schema(installed):
     installed(("kube", f"{__name__}:KUBE"))
     config = parse_config("program: [p]\nbackend: kube\nkube: {namespace: tf}\n")
-    assert config.kube == KubeSection("tf") and config.slurm.python == "python3"
-    assert parse_config("program: [p]\n").kube == KubeSection()  # every file has every section
+    assert (
+        config.section(KubeSection) == KubeSection("tf")
+        and config.section(SlurmSection).python == "python3"
+    )
+    assert parse_config("program: [p]\n").section(KubeSection) == KubeSection()  # every section
     with pytest.raises(ConfigError, match="<string>:4: kube.namespace: is the system's own"):
         parse_config("program: [p]\nbackend: kube\nkube:\n  namespace: kube-system\n")
     with pytest.raises(ConfigError, match="unknown key 'namespce': did you mean 'namespace'"):
@@ -121,17 +128,25 @@ def test_installed_backends_that_cannot_be_used_are_errors_naming_them(installed
 
 def test_a_config_section_is_replaced_through_with_section():
     config = parse_config("program: [p]\nbackend: ssh\nhosts: [a]\n")
-    changed = config.with_section("ssh", dataclasses.replace(config.ssh, python="python3.11"))
-    assert changed.ssh.python == "python3.11" and config.ssh.python == "python3"
+    changed = config.with_section(
+        "ssh", dataclasses.replace(config.section(SshSection), python="python3.11")
+    )
+    assert (
+        changed.section(SshSection).python == "python3.11"
+        and config.section(SshSection).python == "python3"
+    )
     assert changed.workdir == "." and changed != config
-    with pytest.raises(AttributeError):
-        _ = config.kube
+    with pytest.raises(LookupError, match="no section of type KubeSection"):
+        config.section(KubeSection)  # kube is not registered here
+    with pytest.raises(AttributeError):  # sections are read by their type, not as attributes
+        _ = config.ssh
 
 
 def test_launch_options_reach_a_detached_daemon_as_arguments():
     assert LaunchOptions().argv() == []
     assert LaunchOptions("tmux", True).argv() == ["--terminals", "tmux", "--down"]
-    assert LaunchOptions(trace=("--trace", "5")).argv() == ["--trace", "5"]
+    traced = LaunchOptions(trace=TraceRequest(Path("t"), window=TraceWindow(2, 5)))
+    assert traced.argv() == ["--trace", "2:5", "--trace-port-offset", "10000"]
 
 
 def test_backend_names_are_compared_only_in_their_own_folder(tmp_path):
@@ -153,6 +168,25 @@ def test_backend_names_are_compared_only_in_their_own_folder(tmp_path):
     own = ROOT / "launchers" / "ssh" / "backend.py"
     assert checker.own_backend(own, names) == "ssh"
     assert checker.main([]) == 0  # the tree as it is
+
+
+def test_the_trace_hook_imports_the_standard_library_only(tmp_path):
+    """tflaunch/tracehook runs inside users' programs: nothing of tflaunch, nothing installed."""
+    checker = _script("hook_imports")
+    source = (
+        "import os, json\nfrom importlib.util import find_spec\n"
+        "import tflaunch.errors\nfrom . import other\nimport numpy\n"
+        "import importlib\nimportlib.import_module('tflaunch.trace')\n"
+    )
+    (tmp_path / "sitecustomize.py").write_text(source)
+    found = checker.violations(tmp_path)
+    assert [line.split(": ", 1)[1] for line in found] == [
+        "imports tflaunch.errors (only the standard library)",
+        "imports tflaunch.tracehook (only the standard library)",
+        "imports numpy (only the standard library)",
+        "imports tflaunch.trace (only the standard library)",
+    ]
+    assert checker.main([]) == 0  # the hook as it is
 
 
 def test_no_class_grows_past_300_lines_unnoticed(tmp_path, monkeypatch):

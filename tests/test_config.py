@@ -15,6 +15,8 @@ from click.testing import CliRunner
 from tflaunch.cli import cli
 from tflaunch.cluster.config import config_schema, load_config, parse_config
 from tflaunch.errors import ConfigError
+from tflaunch.launchers.slurm.section import SlurmSection
+from tflaunch.launchers.ssh.section import SshSection
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -417,7 +419,7 @@ def test_number_where_a_string_is_meant_says_quote_it(value, number):
 def test_number_that_reads_back_as_written_is_a_string():
     config = parse_config("program: [p, --steps, 100, 0.5]\nslurm: {account: 1234}\n")
     assert config.program.argv == ("p", "--steps", "100", "0.5")
-    assert config.slurm.account == "1234"
+    assert config.section(SlurmSection).account == "1234"
     assert "quote it: '0x1F'" in _error("program: {argv: [p], env: {MASK: 0x1F}}\n")
 
 
@@ -425,7 +427,10 @@ def test_number_that_reads_back_as_written_is_a_string():
     "time_value", ["90", "30:00", "01:00:00", "2-0", "2-12", "2-12:30", "1-00:00:00", "UNLIMITED"]
 )
 def test_slurm_time_formats_sbatch_accepts(time_value):
-    assert parse_config(f"program: [p]\nslurm: {{time: '{time_value}'}}\n").slurm.time == time_value
+    assert (
+        parse_config(f"program: [p]\nslurm: {{time: '{time_value}'}}\n").section(SlurmSection).time
+        == time_value
+    )
 
 
 @pytest.mark.parametrize("time_value", ["1h", "1:2:3:4", "-5", "1-", "soon", "1.5"])
@@ -541,10 +546,13 @@ def test_render_env_prints_quoted_exports_only(tmp_path):
     assert bad.exit_code == 2 and "export" not in bad.output
 
 
-def test_validate_aws_example_without_boto3_is_a_clear_error(monkeypatch):
+def test_aws_example_without_boto3_validates_and_plan_names_the_extra(monkeypatch):
     for name in ("boto3", "botocore", "botocore.exceptions"):
         monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
     result = CliRunner().invoke(cli, ["validate", str(ROOT / "examples" / "aws.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "aws.yaml: file ok; planning and running it need boto3 (pip install " in result.output
+    result = CliRunner().invoke(cli, ["plan", str(ROOT / "examples" / "aws.yaml")])
     assert result.exit_code == 2, result.output
     assert "ssh.ec2 needs boto3, which is not installed: pip install 'tflaunch[aws]'" in (
         result.output
@@ -555,7 +563,12 @@ def test_ssh_host_wait_needs_a_restart_policy() -> None:
     base = "program: [p]\nbackend: ssh\nhosts: [a]\nssh: {host_wait: 30}\n"
     with pytest.raises(ConfigError, match="ssh.host_wait: needs a restart policy"):
         parse_config(base)
-    assert parse_config(base + "supervision: {restart: {ps: exit-code}}\n").ssh.host_wait == 30
+    assert (
+        parse_config(base + "supervision: {restart: {ps: exit-code}}\n")
+        .section(SshSection)
+        .host_wait
+        == 30
+    )
 
 
 @pytest.mark.parametrize("name", ["-rf", "--help", ".hidden", "_x", "'-x'", "' x'", "''"])

@@ -8,16 +8,10 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from tests.helpers import fake_cluster, tflaunch
+from tests.helpers import FAKE_SMI, fake_cluster, tflaunch
 from tflaunch.cli import cli
 from tflaunch.cluster.config import parse_config
 from tflaunch.launchers.local.backend import LocalBackend, detect_gpus
-
-FAKE_SMI = """#!/bin/sh
-[ "$1" = "-L" ] || exit 9
-echo "GPU 0: NVIDIA Stand-in (UUID: GPU-aaaa1111-0000-0000-0000-000000000000)"
-echo "GPU 1: NVIDIA Stand-in (UUID: GPU-bbbb2222-0000-0000-0000-000000000000)"
-"""
 
 
 @pytest.fixture

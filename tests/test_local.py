@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import time
 
@@ -20,6 +21,7 @@ from tests.helpers import (
     wait_until_gone,
     write_cluster,
 )
+from tflaunch.runtime.identity import Launcher, machine_id
 from tflaunch.runtime.run import Run
 
 
@@ -216,8 +218,9 @@ def test_down_signals_nothing_when_the_coordinator_pid_was_reused(tmp_path):
         run.update_meta(
             backend="local",
             state="running",
-            coordinator_pid=bystander.pid,
-            coordinator_started=psutil.Process().create_time(),
+            launcher=Launcher(
+                socket.gethostname(), machine_id(), bystander.pid, Launcher.current().started
+            ),
         )
         program = {"argv": ["p"], "env": {}, "tf_config": True, "checkpoint_dir": ""}
         (run.dir / "plan.json").write_text(

@@ -9,12 +9,11 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.helpers import FAKE_TASK, tflaunch, wait_until_gone, write_cluster
+from tests.helpers import FAKE_TASK, tflaunch, traffic_cluster, wait_until_gone, write_cluster
 from tests.hosts import ssh_hosts
 from tflaunch.cluster.config import Supervision
 from tflaunch.runtime.monitor import (
@@ -32,7 +31,6 @@ from tflaunch.runtime.monitor import (
 from tflaunch.runtime.protocol import Sample
 
 ssh_test_hosts = ssh_hosts.ssh_test_hosts  # the session fixture (skips without root)
-TRAFFIC_TASK = Path(__file__).resolve().parent / "programs" / "traffic_task.py"
 
 
 def spawn_python(code: str) -> subprocess.Popen:
@@ -232,24 +230,6 @@ def test_is_task_process_checks_task_name_and_tf_config():
     assert not is_task_process(proc.pid, "worker:3", {"TF_CONFIG": '{"x": 1}'})
 
 
-def traffic_cluster(tmp_path: Path, traffic_bytes: int, **env: str) -> Path:
-    """1 PS on node-b and 2 workers on node-a: two agents, two loopback addresses."""
-    program = {
-        "argv": [sys.executable, str(TRAFFIC_TASK)],
-        "env": {"TEST_MARKER": str(tmp_path), "TRAFFIC_BYTES": str(traffic_bytes), **env},
-    }
-    return write_cluster(
-        tmp_path / "cluster.yaml",
-        program,
-        hosts=[
-            {"name": "node-a", "address": "127.0.0.1"},
-            {"name": "node-b", "address": "127.0.0.2"},
-        ],
-        placement={"ps": "dedicated"},
-        supervision={"sample_interval": 0.2},
-    )
-
-
 def test_ps_and_two_workers_leave_samples_for_every_task_and_node(tmp_path):
     cluster = traffic_cluster(
         tmp_path, 1_000_000, ALLOC_MB="40", BURN_SECONDS="0.5", HOLD_SECONDS="1"
@@ -367,7 +347,7 @@ def test_status_of_a_task_elsewhere_comes_from_the_latest_sample(tmp_path):
 def test_ssh_agents_sample_their_own_nodes_and_samples_reach_the_launcher(ssh_test_hosts, tmp_path):
     """Agents on SSH test hosts (network namespaces): each host's samples arrive in the local
     run directory, with that host's tasks and the counters of its own interfaces."""
-    from tests.test_ssh_backend import ssh_cluster, wait_hosts_clean
+    from tests.ssh.fixtures import ssh_cluster, wait_hosts_clean
 
     cluster = ssh_cluster(
         tmp_path, ssh_test_hosts, env={"WORK_SECONDS": "2"}, supervision={"sample_interval": 0.3}

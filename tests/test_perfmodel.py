@@ -180,3 +180,66 @@ def test_cli_takes_compute_contention_and_refuses_a_bad_one(tmp_path) -> None:
         ["model", "--netbench", str(tmp_path), "--compute-img-s", "10", "--compute-img-s-at", "8"],
     )
     assert bad.exit_code == 2 and "W=IMG_S" in bad.output
+
+
+# --- assumptions 9-11: gRPC's CPU, a loaded PS, synchronous PS, the ring's CPU, packs, fp16 -----
+
+
+def test_synchronous_ps_moves_every_workers_bytes_through_the_fullest_ps() -> None:
+    # 2 PS, LPT: 4 MB | 4 MB (v0 alone; v1, v2, v3 together). 4 workers, 100 MB/s, own NIC 8 MB.
+    inputs = _inputs()
+    sync = pm.predict(inputs, 4, 2, "parameter_server", "lpt", sync=True)
+    phase = max(8 * MB / LINK.bandwidth, 4 * 4 * MB / LINK.bandwidth)  # 0.16 s: the PS links
+    step = 0.5 + 2 * LINK.latency_s + 2 * phase
+    assert sync.step_s == pytest.approx(step)
+    assert sync.images_per_sec == pytest.approx(4 * 32 / step)
+    assert sync.bound == "ps"
+    # staged: the next pull beside this step's compute and push
+    staged = pm.predict(inputs, 4, 2, "parameter_server", "lpt", overlap=True, sync=True)
+    first = pm.first_bucket_s(LINK, 4 * MB, 8)
+    assert staged.step_s == pytest.approx(max(0.5, phase) + 2 * LINK.latency_s + first)
+    # a loaded PS that moves only 100 MB/s in and out together binds harder than its link
+    slow = pm.predict(_inputs(ps_bytes_per_s=100 * MB), 4, 2, "parameter_server", "lpt", sync=True)
+    assert slow.step_s == pytest.approx(0.5 + 2 * LINK.latency_s + 2 * (2 * 4 * 4 * MB / 100e6))
+    # asynchronous stays as it was (the default)
+    assert pm.predict(inputs, 4, 2, "parameter_server", "lpt") == pm.predict(
+        inputs, 4, 2, "parameter_server", "lpt", sync=False
+    )
+
+
+def test_grpc_cpu_per_byte_adds_to_a_workers_cpu_on_its_own_cores() -> None:
+    # 8 MB pulled and pushed at 10 ns/B on 2 cores: 2 x 8 MB x 10 ns / 2 = 0.08 s more CPU
+    inputs = _inputs(cpu_s_per_byte=10e-9, cores_per_host=2)
+    assert pm.worker_cpu_s(inputs, 1) == pytest.approx(0.58)
+    assert pm.worker_cpu_s(_inputs(cpu_s_per_byte=10e-9), 1) == 0.5  # cores not modelled
+    sync = pm.predict(inputs, 1, 1, "parameter_server", sync=True)
+    assert sync.step_s == pytest.approx(0.58 + 2 * LINK.latency_s + 2 * 0.08)
+
+
+def test_ring_cpu_per_byte_packs_and_float16() -> None:
+    w = 4
+    moved = 2 * (w - 1) / w * 8 * MB  # 12 MB each way
+    link_s = moved / LINK.bandwidth + 2 * (w - 1) * LINK.latency_s
+    inputs = _inputs(ring_cpu_s_per_byte=5e-9)
+    ring = pm.predict(inputs, w, 0, "collective_all_reduce")
+    assert ring.step_s == pytest.approx(0.5 + link_s + moved * 5e-9)  # no per-variable term
+    compact = pm.predict(inputs, w, 0, "collective_all_reduce", compact=True)
+    half_link = moved / 2 / LINK.bandwidth + 2 * (w - 1) * LINK.latency_s
+    assert compact.step_s == pytest.approx(0.5 + half_link + moved / 2 * 5e-9)
+    # 4 packs: the link part of the first three overlaps the backward pass
+    packed = pm.predict(inputs, w, 0, "collective_all_reduce", packs=4)
+    assert packed.step_s == pytest.approx(ring.step_s - link_s * 3 / 4)
+    # without the ring's CPU term the per-variable round trips of assumption 5 stay
+    assert pm.predict(_inputs(), w, 0, "collective_all_reduce").step_s == pytest.approx(
+        0.5 + link_s + 2 * LINK.latency_s * len(VARS)
+    )
+
+
+def test_new_inputs_round_trip_and_old_files_still_load() -> None:
+    inputs = _inputs(
+        cpu_s_per_byte=1e-9, cores_per_host=3, ps_bytes_per_s=2e9, ring_cpu_s_per_byte=7e-9
+    )
+    assert pm.Inputs.from_dict(json.loads(json.dumps(inputs.to_dict()))) == inputs
+    old = {k: v for k, v in _inputs().to_dict().items() if k in ("compute_s", "batch_size")}
+    old.update(variable_bytes=[list(v) for v in VARS], link={"latency_s": 0.001, "bandwidth": 1e8})
+    assert pm.Inputs.from_dict(old).ring_cpu_s_per_byte == 0.0

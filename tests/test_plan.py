@@ -49,7 +49,7 @@ def test_plan_table_shows_every_task():
     result = CliRunner().invoke(cli, ["plan", str(GOLDEN / "uneven.yaml")])
     assert result.exit_code == 0
     lines = result.output.splitlines()
-    assert lines[0].split() == ["TASK", "HOST", "ADDRESS", "GPUS", "COMMAND"]
+    assert lines[0].split() == ["TASK", "HOST", "ADDRESS", "GPU_IDS", "COMMAND"]
     assert any(line.startswith("worker:4  cpu-only") for line in lines)
     assert len(lines) == 1 + 2 + 5 + 3
     assert lines[-3:] == [  # where each host's GPU count came from
@@ -267,7 +267,7 @@ def test_cpus_per_task_gives_each_task_on_a_host_its_own_core_slots(tmp_path) ->
     assert Plan.from_dict(plan.to_dict()) == plan
     assert cpu_list((3, 4, 5, 9)) == "3-5,9" and cpu_list(()) == "-"
     table = CliRunner().invoke(cli, ["plan", str(path)]).output.splitlines()
-    assert table[0].split()[:5] == ["TASK", "HOST", "ADDRESS", "GPUS", "CPUS"]
+    assert table[0].split()[:5] == ["TASK", "HOST", "ADDRESS", "GPU_IDS", "CPUS"]
     path.write_text("name: pin\nprogram: [python3, t.py]\nroles: {ps: 1, worker: 1}\n")
     unpinned = make_plan(load_config(path), hosts)
     assert all(t.cpus == () for t in unpinned.tasks)

@@ -11,8 +11,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.helpers import ROOT, tflaunch, wait_until_gone, write_cluster
-from tests.test_monitor import traffic_cluster
+from tests.helpers import ROOT, tflaunch, traffic_cluster, wait_until_gone, write_cluster
 from tflaunch.tools.report import PLOTS, format_summary, net_steps, summary, usage_from_samples
 
 MIB = 1024 * 1024

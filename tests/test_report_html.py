@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import skip_or_fail
 
+from tests.conftest import skip_or_fail
 from tests.helpers import left_behind_run
 from tflaunch.cli import cli
 from tflaunch.runtime.run import Run

@@ -93,7 +93,7 @@ RUN_FILE_READERS = (
     "tflaunch/tools/runs.py",
     "tflaunch/tools/report.py",
     "tflaunch/tools/report_html.py",
-    "tflaunch/tools/progress.py",
+    "tflaunch/tools/step_rates.py",
 )
 
 

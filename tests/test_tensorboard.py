@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from tflaunch.cli import cli
-from tflaunch.launchers import tensorboard as tb
+from tflaunch.launchers import tensorboard_serve as tb
 
 
 def _run_dir(tmp_path, **meta):

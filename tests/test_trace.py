@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from tests.helpers import tflaunch, wait_until_gone, write_cluster
 from tflaunch.cli import cli
-from tflaunch.tools import trace_command as tr
+from tflaunch.trace import format as tr
+from tflaunch.trace import request as req
 
 ROOT = Path(__file__).resolve().parent.parent
 MS = 1_000_000  # ns
@@ -45,13 +46,31 @@ def _ps() -> tr.TaskTrace:
 
 
 def test_window_parsing_and_profiler_ports() -> None:
-    assert tr.parse_window("5") == tr.TraceWindow(tr.DEFAULT_FIRST_STEP, 5)
-    assert tr.parse_window("10:3") == tr.TraceWindow(10, 3)
+    assert req.parse_window("5") == req.TraceWindow(req.DEFAULT_FIRST_STEP, 5)
+    assert req.parse_window("10:3") == req.TraceWindow(10, 3)
     for bad in ("", "x", "0", "1:0", "1:2:3", "-1:4"):
-        with pytest.raises(tr.TraceError, match="--trace"):
-            tr.parse_window(bad)
-    assert tr.profiler_port(2220, 10000) == 12220
-    assert tr.profiler_port(60000, 10000) == 50000
+        with pytest.raises(req.TraceError, match="--trace"):
+            req.parse_window(bad)
+    assert req.profiler_port(2220, 10000) == 12220
+    assert req.profiler_port(60000, 10000) == 50000
+
+
+def test_one_request_from_the_options_to_the_agents() -> None:
+    """up's options parse once into a TraceRequest; the tasks' environment and a detached run's
+    arguments carry the same request."""
+    steps = req.TraceRequest.from_options(Path("/r/trace"), "5", None, None, 10500)
+    assert steps == req.TraceRequest(Path("/r/trace"), 10500, req.TraceWindow(2, 5))
+    assert req.TraceRequest.from_env(steps.to_env()) == steps
+    assert steps.argv() == ["--trace", "2:5", "--trace-port-offset", "10500"]
+    timed = req.TraceRequest.from_options(Path("/r/trace"), None, "2m", "3s")
+    assert (timed.at_s, timed.for_s, timed.window) == (120.0, 3.0, None)
+    assert req.TraceRequest.from_env(timed.to_env()) == timed
+    again = req.TraceRequest.from_options(Path("/r/trace"), None, *timed.argv()[1:4:2])
+    assert again == timed
+    assert req.TraceRequest.from_env({"TFLAUNCH_TRACE_DIR": "/r/trace"}) is None  # no hook
+    for steps, at, length in (("5", "1m", None), (None, None, "3s")):
+        with pytest.raises(req.TraceError, match="--trace"):
+            req.TraceRequest.from_options(Path("t"), steps, at, length)
 
 
 def test_merge_makes_one_process_per_task_on_one_time_axis() -> None:
@@ -92,7 +111,7 @@ def test_summary_splits_each_step_into_compute_communication_wait_and_idle() -> 
 
 
 def test_merge_without_events_is_an_error() -> None:
-    with pytest.raises(tr.TraceError, match="no events"):
+    with pytest.raises(req.TraceError, match="no events"):
         tr.merge([tr.TaskTrace("ps:0", "h", [])])
 
 

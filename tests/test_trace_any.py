@@ -17,11 +17,15 @@ import pytest
 import yaml
 
 from tests.helpers import tflaunch, wait_until_gone, write_cluster
-from tflaunch.runtime import protocol, tracehook
+from tflaunch.runtime import protocol
 from tflaunch.runtime.progress import ProgressLog, StepParser, read_progress, straggler_figures
 from tflaunch.runtime.run import Run
-from tflaunch.runtime.tracehost import HostTrace
-from tflaunch.tools import progress as progress_tools
+from tflaunch.tools import step_rates
+from tflaunch.trace import files as trace_files
+from tflaunch.trace import site as trace_site
+from tflaunch.trace import window as trace_window
+from tflaunch.trace.links import HostTrace
+from tflaunch.trace.request import TraceRequest, TraceWindow
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = Path(__file__).resolve().parent / "programs"
@@ -42,7 +46,7 @@ def _hook_env(tmp_path: Path, *extra_path: Path) -> dict[str, str]:
         TFLAUNCH_CLUSTER_FILE=str(cluster),
         PYTHONPATH=os.pathsep.join(str(p) for p in extra_path),
     )
-    return tracehook.with_hook(env)
+    return trace_files.with_hook(env)
 
 
 def test_hook_chains_to_the_sitecustomize_it_hides_and_imports_no_tensorflow(tmp_path) -> None:
@@ -52,16 +56,16 @@ def test_hook_chains_to_the_sitecustomize_it_hides_and_imports_no_tensorflow(tmp
         "import os\nopen(os.environ['THEIRS_MARK'], 'w').write('ran')\n"
     )
     env = {**_hook_env(tmp_path, theirs), "THEIRS_MARK": str(tmp_path / "mark")}
-    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(tracehook.HOOK_DIR)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(trace_files.HOOK_DIR)
     code = "import sys, sitecustomize; print('tensorflow' in sys.modules, sitecustomize.__file__)"
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, text=True, capture_output=True, check=True
     )
     loaded, module = out.stdout.split()
     assert loaded == "False"
-    assert Path(module).parent == tracehook.HOOK_DIR
+    assert Path(module).parent == trace_files.HOOK_DIR
     assert (tmp_path / "mark").read_text() == "ran"  # the hidden one ran too
-    notes = tracehook.read_notes(tmp_path / "trace")
+    notes = trace_files.read_notes(tmp_path / "trace")
     assert notes.python == {"worker:0"} and not notes.tf_ports
 
 
@@ -87,7 +91,7 @@ def test_hook_starts_the_profiler_once_tensorflow_has_imported(tmp_path) -> None
     )
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
     assert (tmp_path / "started").read_text() == "21007\n"  # the child left it to its parent
-    notes = tracehook.read_notes(tmp_path / "trace")
+    notes = trace_files.read_notes(tmp_path / "trace")
     assert notes.tf_ports == {"worker:0": 21007}
 
 
@@ -158,11 +162,11 @@ def test_hook_builds_the_profiler_fix_only_against_a_matching_tensorflow_header(
             note = json.loads((tmp_path / name / "trace" / "tasks" / "worker-0.tf").read_text())
             assert note["profiler_fix"].startswith(status), (name, note)
             assert (
-                tracehook.read_notes(tmp_path / name / "trace").fixes["worker:0"]
+                trace_files.read_notes(tmp_path / name / "trace").fixes["worker:0"]
                 == (note["profiler_fix"])
             )
     built = sorted(p.name.partition(".")[2] for p in (tmp_path / "cache" / "tflaunch").iterdir())
-    assert built == ["so", "so.failed", "so.lock", "so.lock"]
+    assert built == ["failed", "so", "so.lock", "so.lock"]
     off = {**_hook_env(tmp_path / "same", tmp_path / "same"), "TFLAUNCH_PROFILER_FIX": "0"}
     subprocess.run([sys.executable, "-c", "import tensorflow"], env=off, check=True, timeout=60)
     note = json.loads((tmp_path / "same" / "trace" / "tasks" / "worker-0.tf").read_text())
@@ -196,7 +200,7 @@ def test_profiler_fix_takes_the_place_of_tensorflows_vector_growth(tmp_path) -> 
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert int(out.stdout.split()[-1]) > 0  # TensorFlow's Consume() called the fix
-    assert tracehook.read_notes(tmp_path / "trace").fixes == {"worker:0": "loaded"}
+    assert trace_files.read_notes(tmp_path / "trace").fixes == {"worker:0": "loaded"}
 
 
 def test_hook_costs_a_process_that_never_imports_tensorflow_little(tmp_path) -> None:
@@ -268,12 +272,12 @@ def test_stragglers_status_and_plot(tmp_path) -> None:
     figures = straggler_figures(list(read_progress(tmp_path).values()))
     assert figures is not None and figures["slowest"] == "worker:1"
     assert figures["spread"] == pytest.approx(0.2, abs=0.01)
-    status = progress_tools.status_lines(run)
+    status = step_rates.status_lines(run)
     assert status[1].split() == ["TASK", "STEP", "STEPS/S", "IMG/S"]
     assert status[3].split() == ["worker:1", "152", "8.00", "256.0"]
-    data, text = progress_tools.progress_summary(run)
+    data, text = step_rates.progress_summary(run)
     assert data is not None and "slowest worker:1 at 8.00 steps/s" in text
-    (png,) = progress_tools.plot_progress(run, tmp_path)
+    (png,) = step_rates.plot_progress(run, tmp_path)
     assert png.name == "steps_per_task.png" and png.stat().st_size > 10_000
 
 
@@ -296,37 +300,37 @@ def test_a_stray_step_before_training_adds_no_time_to_the_mean_rate(tmp_path) ->
 # -- the window and the verdict -----------------------------------------------------------------
 
 
-def _trigger(tmp_path: Path, said: list[str], **window) -> tracehook.TraceTrigger:
-    request = tracehook.TraceRequest(tmp_path / "trace", 10000, **window)
+def _trigger(tmp_path: Path, said: list[str], **window) -> trace_window.TraceTrigger:
+    request = TraceRequest(tmp_path / "trace", 10000, **window)
     addresses = {"worker:0": "127.0.0.1:2220", "ps:0": "127.0.0.1:2230"}
-    return tracehook.TraceTrigger(request, "worker:0", addresses, "sleep", said.append, 0.0)
+    return trace_window.TraceTrigger(request, "worker:0", addresses, ["sleep"], said.append, 0.0)
 
 
 def test_window_waits_for_the_step_rate_and_says_why_there_is_no_trace(tmp_path) -> None:
     said: list[str] = []
-    trigger = _trigger(tmp_path, said, first_step=20, steps=5)
+    trigger = _trigger(tmp_path, said, window=TraceWindow(20, 5))
     trigger.step("worker:1", 100, 1.0)  # not the leader
     trigger.step("worker:0", 10, 1.0)
-    assert trigger.request.first_step == 20 and not trigger.fired
+    assert trigger.request.window.first == 20 and not trigger.fired
     trigger.step("worker:0", 20, 2.0)  # 10 steps/s: the window is open, but no task has TF
     assert trigger.verdict is not None and not trigger.fired
     ok, line = trigger.finish()
     assert not ok and line.startswith("no trace because no task ran Python (program 'sleep')")
-    assert tracehook.read_verdict(tmp_path / "trace") == (False, line)
+    assert trace_files.read_verdict(tmp_path / "trace") == (False, line)
 
 
 def test_window_that_never_opens_says_so(tmp_path) -> None:
     notes = tmp_path / "trace" / "tasks"
     notes.mkdir(parents=True)
     (notes / "worker-0.python").write_text("1")
-    trigger = _trigger(tmp_path, [], first_step=50, steps=5)
+    trigger = _trigger(tmp_path, [], window=TraceWindow(50, 5))
     trigger.step("worker:0", 10, 1.0)
     assert trigger.finish()[1] == (
         "no trace because no task had imported TensorFlow before the run ended "
         "(1 task(s) ran Python)"
     )
     (notes / "worker-0.tf").write_text(json.dumps({"pid": 1, "port": 12220}))
-    late = _trigger(tmp_path, [], first_step=50, steps=5)
+    late = _trigger(tmp_path, [], window=TraceWindow(50, 5))
     late.step("worker:0", 10, 1.0)
     assert "worker:0 printed no step line at or past step 50" in late.finish()[1]
     timed = _trigger(tmp_path, [], at_s=30.0, for_s=2.0)
@@ -334,7 +338,7 @@ def test_window_that_never_opens_says_so(tmp_path) -> None:
     assert timed.finish()[1] == "no trace because the run ended before the window at 30 s"
 
 
-class _FarSite(tracehook.TraceSite):
+class _FarSite(trace_site.TraceSite):
     """A site whose hosts hold the notes (here: a folder apart) and whose helper cannot start."""
 
     def __init__(self, local: Path, far: Path):
@@ -342,13 +346,13 @@ class _FarSite(tracehook.TraceSite):
         self.far = far
         self.windows: list[str] = []
 
-    def notes(self) -> tracehook.Notes:
-        return tracehook.read_notes(self.far)
+    def notes(self) -> trace_files.Notes:
+        return trace_files.read_notes(self.far)
 
     def publish_window(self, text: str) -> None:
         self.windows.append(text)
 
-    def start_helper(self) -> tracehook.Helper:
+    def start_helper(self) -> trace_site.Helper:
         raise OSError("no route to the leader's host")
 
 
@@ -357,10 +361,10 @@ def test_window_on_another_site_reads_its_notes_and_says_when_its_helper_failed(
     (far / "tasks").mkdir(parents=True)
     (far / "tasks" / "worker-0.tf").write_text(json.dumps({"pid": 1, "port": 12220}))
     site = _FarSite(tmp_path / "trace", far)
-    request = tracehook.TraceRequest(tmp_path / "unused", 10000, at_s=1.0, for_s=2.0)
+    request = TraceRequest(tmp_path / "unused", 10000, at_s=1.0, for_s=2.0)
     said: list[str] = []
-    trigger = tracehook.TraceTrigger(
-        request, "worker:0", {"worker:0": "10.0.0.5:2220"}, "python", said.append, 0.0, site
+    trigger = trace_window.TraceTrigger(
+        request, "worker:0", {"worker:0": "10.0.0.5:2220"}, ["python"], said.append, 0.0, site
     )
     trigger.start_helper()
     trigger.tick(1.5)
@@ -369,7 +373,7 @@ def test_window_on_another_site_reads_its_notes_and_says_when_its_helper_failed(
     assert not ok and line == (
         "no trace because the capture helper did not start: OSError: no route to the leader's host"
     )
-    assert tracehook.read_verdict(tmp_path / "trace") == (False, line)
+    assert trace_files.read_verdict(tmp_path / "trace") == (False, line)
     assert not (tmp_path / "unused").exists()
 
 
@@ -394,7 +398,7 @@ def test_agents_carry_their_hosts_notes_window_and_profiles_to_the_coordinator(
     host.poll()
     host.poll()  # nothing new
     assert sorted(e["name"] for e in wire) == ["worker-1.python", "worker-1.tf"]
-    site = tracehook.TraceSite(tmp_path / "host1" / "trace")
+    site = trace_site.TraceSite(tmp_path / "host1" / "trace")
     commands: list[tuple[protocol.Command, str | None]] = []
     site.connect(lambda command, to: commands.append((command, to)))
     for data in wire:
@@ -441,7 +445,7 @@ def test_a_programs_own_trace_written_on_another_host_is_sent_and_named_in_the_v
     def emit(event: protocol.Event) -> None:
         wire.append(json.loads(json.dumps(event.wire())))
 
-    site = tracehook.TraceSite(tmp_path / "host1" / "trace")
+    site = trace_site.TraceSite(tmp_path / "host1" / "trace")
     commands: list[tuple[protocol.Command, str | None]] = []
     site.connect(lambda command, to: commands.append((command, to)))
     coordinators = HostTrace(tmp_path / "host1", emit, ["ps:0"])
@@ -459,10 +463,10 @@ def test_a_programs_own_trace_written_on_another_host_is_sent_and_named_in_the_v
     assert commands == [(protocol.TraceCollect(to=str(site.dir)), "host2")]
     worker.collect(commands[0][0])
     said: list[str] = []
-    request = tracehook.TraceRequest(site.dir, 10000, first_step=2, steps=3)
+    request = TraceRequest(site.dir, 10000, window=TraceWindow(2, 3))
     addresses = {"ps:0": "10.0.0.1:2230", "worker:0": "10.0.0.2:2220"}
-    trigger = tracehook.TraceTrigger(
-        request, "worker:0", addresses, "python", said.append, 0.0, site
+    trigger = trace_window.TraceTrigger(
+        request, "worker:0", addresses, ["python"], said.append, 0.0, site
     )
     trigger.step("worker:0", 1, 1.0)
     trigger.step("worker:0", 2, 1.5)  # the window: the program takes its own trace
@@ -480,29 +484,29 @@ def test_a_programs_own_trace_written_on_another_host_is_sent_and_named_in_the_v
     assert site.drain_s() == 0
     ok, line = trigger.finish()
     assert (ok, line) == (True, f"trace: {site.dir / 'trace.json'}")
-    assert tracehook.read_verdict(site.dir) == (True, line)
+    assert trace_files.read_verdict(site.dir) == (True, line)
     assert json.loads((site.dir / "trace.json").read_text()) == trace
     got = site.dir / "raw" / "plugins" / "profile" / "s1" / "h2_12220.xplane.pb"
     assert got.read_bytes() == profile.read_bytes()
 
     # the same, but host2 never sent: no window opened, and the verdict says why
-    empty = tracehook.TraceSite(tmp_path / "other" / "trace")
+    empty = trace_site.TraceSite(tmp_path / "other" / "trace")
     empty.connect(lambda command, to: None)
     note = protocol.TraceNote(name="worker-0.inprogram", text="", dir=str(worker.dir))
     empty.received("host2", note)
-    request = tracehook.TraceRequest(empty.dir, 10000, first_step=2, steps=3)
-    quiet = tracehook.TraceTrigger(
-        request, "worker:0", addresses, "python", said.append, 0.0, empty
+    request = TraceRequest(empty.dir, 10000, window=TraceWindow(2, 3))
+    quiet = trace_window.TraceTrigger(
+        request, "worker:0", addresses, ["python"], said.append, 0.0, empty
     )
     ok, line = quiet.finish()
     assert not ok and line == (
         "no trace because the program's own capture (tflaunch.models' trace hooks, from "
         "worker:0) left no trace.json; host2 sent nothing: see worker:0's log"
     )
-    assert tracehook.read_verdict(empty.dir) == (False, line)
+    assert trace_files.read_verdict(empty.dir) == (False, line)
 
 
-class _CopyingSite(tracehook.TraceSite):
+class _CopyingSite(trace_site.TraceSite):
     """A site that fetches the hosts' files itself (as attached SSH copies over SFTP)."""
 
     gathers = False
@@ -530,9 +534,9 @@ def test_a_programs_own_trace_is_fetched_by_a_copying_site_also_after_the_window
     site.connect(lambda command, to: sent.append((command, to)))
     site.received("host2", protocol.TraceNote(name="worker-0.inprogram", text="", dir=str(host)))
     assert sent == []  # this site copies the files itself: no agent is asked
-    request = tracehook.TraceRequest(site.dir, 10000, first_step=2, steps=3)
-    trigger = tracehook.TraceTrigger(
-        request, "worker:0", {"worker:0": "10.0.0.2:2220"}, "python", [].append, 0.0, site
+    request = TraceRequest(site.dir, 10000, window=TraceWindow(2, 3))
+    trigger = trace_window.TraceTrigger(
+        request, "worker:0", {"worker:0": "10.0.0.2:2220"}, ["python"], [].append, 0.0, site
     )
     trigger.step("worker:0", 1, 1.0)
     trigger.step("worker:0", 3, 2.0)
@@ -542,12 +546,12 @@ def test_a_programs_own_trace_is_fetched_by_a_copying_site_also_after_the_window
     assert site.collected == 1 and (site.dir / "trace.json").exists()
 
 
-class _WaitingSite(tracehook.TraceSite):
+class _WaitingSite(trace_site.TraceSite):
     """This machine's site, with a helper that only takes its order (no TensorFlow)."""
 
-    def start_helper(self) -> tracehook.Helper:
+    def start_helper(self) -> trace_site.Helper:
         argv = ["sh", "-c", "cat > /dev/null"]
-        return tracehook.Helper(subprocess.Popen(argv, stdin=subprocess.PIPE, text=True))
+        return trace_site.Helper(subprocess.Popen(argv, stdin=subprocess.PIPE, text=True))
 
 
 def test_a_traced_task_dead_by_a_signal_in_the_capture_is_blamed_on_the_profiler(tmp_path) -> None:
@@ -557,10 +561,10 @@ def test_a_traced_task_dead_by_a_signal_in_the_capture_is_blamed_on_the_profiler
         (notes / f"{task}.tf").write_text(json.dumps({"pid": 1, "port": 1, "profiler_fix": fix}))
     said: list[str] = []
     site = _WaitingSite(tmp_path / "trace")
-    request = tracehook.TraceRequest(tmp_path / "trace", 10000, at_s=1.0, for_s=2.0)
+    request = TraceRequest(tmp_path / "trace", 10000, at_s=1.0, for_s=2.0)
     addresses = {"worker:0": "127.0.0.1:2220", "ps:0": "127.0.0.1:2230", "worker:1": "h:1"}
-    trigger = tracehook.TraceTrigger(
-        request, "worker:0", addresses, "python", said.append, 0.0, site
+    trigger = trace_window.TraceTrigger(
+        request, "worker:0", addresses, ["python"], said.append, 0.0, site
     )
     assert trigger.crash_note("ps:0", 139, time.monotonic()) == ""  # no capture yet
     trigger.tick(1.5)
@@ -609,9 +613,9 @@ def test_detached_run_keeps_its_trace_options(tmp_path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     (run,) = (tmp_path / "runs").iterdir()
     deadline = time.monotonic() + 60
-    while tracehook.read_verdict(run / "trace") is None and time.monotonic() < deadline:
+    while trace_files.read_verdict(run / "trace") is None and time.monotonic() < deadline:
         time.sleep(0.2)
-    verdict = tracehook.read_verdict(run / "trace")
+    verdict = trace_files.read_verdict(run / "trace")
     assert verdict is not None and verdict[1].startswith("no trace because no task ran Python")
     while Run(run.name, run).record().exit_code is None and time.monotonic() < deadline:
         time.sleep(0.2)  # the background coordinator ends with the run
@@ -678,6 +682,28 @@ def test_plain_tf1_between_graph_program_traced(tmp_path) -> None:
 
 
 @pytest.mark.slow
+def test_a_program_that_probes_find_spec_before_importing_tensorflow_is_traced(tmp_path) -> None:
+    """The same trainer run by a wrapper that first asks ``importlib.util.find_spec`` for
+    tensorflow (a common library pattern; it used to disarm the hook: no trace, and a verdict
+    that no task had imported TensorFlow). One PS and one worker."""
+    pytest.importorskip("tensorflow")
+    probe = (
+        "import importlib.util, runpy, sys\n"
+        "assert importlib.util.find_spec('tensorflow') is not None\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    argv = [sys.executable, "-c", probe, str(PROGRAMS / "tf1_between_graph.py")]
+    for flag in ("job_name", "task_index", "ps_hosts", "worker_hosts"):
+        argv += [f"--{flag}", "{" + flag + "}"]
+    program = {"argv": argv, "env": {"TEST_MARKER": str(tmp_path)}}
+    cluster = write_cluster(tmp_path / "c.yaml", program, roles={"ps": 1, "worker": 1})
+    _, _, trace = _traced(tmp_path, cluster, "--trace", "100:10")
+    _assert_tracks(trace, {"ps:0", "worker:0"}, {"worker:0"})
+    assert wait_until_gone(str(tmp_path)) == []
+
+
+@pytest.mark.slow
 def test_keras_fit_under_multi_worker_mirrored_strategy_traced(tmp_path) -> None:
     """A Keras ``fit`` under MultiWorkerMirroredStrategy, traced: both workers on one time axis.
     Without tflaunch's fix for TensorFlow's profiler (the hook's ``profiler_fix``) a worker died
@@ -689,7 +715,7 @@ def test_keras_fit_under_multi_worker_mirrored_strategy_traced(tmp_path) -> None
     cluster = write_cluster(tmp_path / "c.yaml", program, roles={"ps": 0, "worker": 2})
     result, run, trace = _traced(tmp_path, cluster, "--trace", "50:10")
     assert "without tflaunch's fix" not in result.stdout
-    fixes = tracehook.read_notes(run / "trace").fixes
+    fixes = trace_files.read_notes(run / "trace").fixes
     assert fixes == {"worker:0": "loaded", "worker:1": "loaded"}, fixes
     _assert_tracks(trace, {"worker:0", "worker:1"}, {"worker:0", "worker:1"})
     steps = [e for e in trace["traceEvents"] if e.get("cat") == "step"]

@@ -1,5 +1,5 @@
 """Staged variables and ordered transfers (models/bench/transfers.py), the transfer figures of a
-trace (models/trace_transfers.py) and the model's overlap term: pure parts, the graphs the
+trace (tflaunch/trace/transfers.py) and the model's overlap term: pure parts, the graphs the
 benchmark builds (the chained order is in them), and real runs through the local backend and,
 slow and with the ``ssh`` marker, the SSH backend."""
 
@@ -15,9 +15,9 @@ import pytest
 
 from tests.helpers import checkout_python, tflaunch, wait_until_gone, write_cluster
 from tests.hosts import ssh_hosts
-from tflaunch.models import trace_transfers as tt
-from tflaunch.models.trace_format import Event, TaskTrace, merge
 from tflaunch.tools import perfmodel
+from tflaunch.trace import transfers as tt
+from tflaunch.trace.format import Event, TaskTrace, merge
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--model", "inception3", "--image_size", "75", "--batch_size", "2"]

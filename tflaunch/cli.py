@@ -1,10 +1,13 @@
-"""The command line. Commands parse their arguments, call one function, and map domain errors to
-exit codes (2 for bad input, the cluster's own code for a failed run). One command does more:
-``up --trace`` has the trace tool (:mod:`tflaunch.tools.trace_command`) change the config before the launch
-and show the merged trace after it."""
+"""The command line. Commands parse their arguments, call one function per mode, and map domain
+errors to exit codes (2 for bad input, the cluster's own code for a failed run). Most commands
+have one mode; ``status`` has four (``--cloud``, the runs list, one run, one run ``--watch``), one
+function each (``_cloud_status``, ``_list_runs``, ``_show_run``, ``_watch_run``). ``up --trace``
+makes one :class:`~tflaunch.trace.request.TraceRequest` that goes into the config (every task's
+environment) and the launch options, and shows the merged trace after the run."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import sys
@@ -25,18 +28,60 @@ from tflaunch.cluster.plan import (
     render_task,
     tf_config,
 )
-from tflaunch.errors import ConfigError, TflaunchError
+from tflaunch.errors import ConfigError, MissingExtra, TflaunchError
 from tflaunch.runtime.run import Run, new_run_id
 from tflaunch.text import aligned
-from tflaunch.tools import trace_command as trace_tools
 from tflaunch.tools.bench_sweep import bench_command
 from tflaunch.tools.netbench_command import netbench_command
 from tflaunch.tools.perfmodel import model_command
 from tflaunch.tools.placement_command import placement
-from tflaunch.tools.tensorboard import tensorboard_command
+from tflaunch.tools.tensorboard_command import tensorboard_command
 from tflaunch.tools.tune_command import tune_command
+from tflaunch.trace.request import DEFAULT_PORT_OFFSET, TraceRequest, trace_dir
 
 RENDER_FORMATS = ("tf_config", "cluster_spec", "env", "command")
+
+
+def cloud_account_options(what: str, cloud_flag: bool = False):  # noqa: ANN201 (a decorator)
+    """``--cloud NAME`` and every registered cloud's admin options (EC2: ``--region``,
+    ``--profile``), which name an account without a cluster file; the command gets ``cloud``
+    and ``account``, a dict of the options by name. ``cloud_flag``: ``--cloud`` alone is
+    allowed too (``status --cloud``)."""
+    from tflaunch.launchers.clouds.admin import admin_options
+
+    try:
+        extra = admin_options()
+    except ConfigError:  # a broken cloud plugin: the command that uses it says so
+        extra = []
+
+    def decorate(command):  # noqa: ANN001, ANN202
+        names = [option.name for option in extra]
+
+        def gather(**kwargs):  # noqa: ANN003, ANN202
+            kwargs["account"] = {name: kwargs.pop(name) for name in names}
+            return command(**kwargs)
+
+        wrapped = functools.update_wrapper(gather, command)  # its options too (__click_params__)
+        wrapped.__click_params__ = list(getattr(command, "__click_params__", []))
+        for option in reversed(extra):
+            wrapped = click.option(
+                option.flag, option.name, default=None, hidden=option.hidden,
+                help=f"{what}: {option.help}",
+            )(wrapped)  # fmt: skip
+        if cloud_flag:
+            return click.option(
+                "--cloud", "cloud", is_flag=False, flag_value="", default=None,
+                help="List the tflaunch instances of the accounts the runs directory knows "
+                "(runs and kept clusters): cluster, role, type, state, age, idle time, "
+                "autostop, cost; with a NAME, also that cloud's account the options below name.",
+            )(wrapped)  # fmt: skip
+        return click.option(
+            "--cloud",
+            default=None,
+            help=f"{what}: the cloud (default: the file's, else the default one).",
+        )(wrapped)
+
+    return decorate
 
 
 class CliGroup(click.Group):
@@ -68,10 +113,26 @@ def _load_plan(path: str) -> tuple[ClusterConfig, Plan]:
 
 
 @cli.command()
-@click.argument("cluster_file", type=click.Path(dir_okay=False))
-def validate(cluster_file: str) -> None:
-    """Check a cluster file and the plan it makes."""
-    config, plan = _load_plan(cluster_file)
+@click.argument("cluster_file", type=click.Path())
+@click.option(
+    "--offline",
+    is_flag=True,
+    help="Check the file and its plan only, not this machine (program on PATH, free ports, "
+    "hosts that resolve, program.env_from set).",
+)
+def validate(cluster_file: str, offline: bool) -> None:
+    """Check a cluster file, the plan it makes, and what can be checked here before starting."""
+    config = load_config(cluster_file)
+    try:
+        plan = launch.plan_cluster(config)
+    except MissingExtra as err:  # its hosts come from a cloud whose SDK is not installed here
+        click.echo(
+            f"{cluster_file}: file ok; planning and running it need {err.package} (pip install "
+            f"'tflaunch[{err.extra}]'): its hosts come from the cloud"
+        )
+        return
+    if not offline:
+        launch.check_here(config, plan)
     click.echo(
         f"{cluster_file}: ok ({len(plan.tasks)} tasks on "
         f"{len(plan.hosts_with_tasks())} host(s), backend {config.backend})"
@@ -85,7 +146,7 @@ def schema() -> None:
 
 
 @cli.command()
-@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.argument("cluster_file", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the whole plan as JSON.")
 @click.option(
     "--expand",
@@ -109,14 +170,23 @@ def plan(cluster_file: str, as_json: bool, expand: bool) -> None:
     pinned = any(task.cpus for task in the_plan.tasks)
     # Lists of the whole cluster would make the table grow with its square: shown once below.
     kept = long_placeholders(the_plan)
-    rows = [("TASK", "HOST", "ADDRESS", "GPUS", *(("CPUS",) if pinned else ()), "COMMAND")]
+    # GPU ids (CUDA_VISIBLE_DEVICES), not counts; CPU cores as a list, likewise.
+    rows = [("TASK", "HOST", "ADDRESS", "GPU_IDS", *(("CPUS",) if pinned else ()), "COMMAND")]
+    by_default = "*" if config.ps_by_default else ""
     for task in the_plan.tasks:
         gpus = ",".join(task.gpus) if task.gpus else "-"
         cpus = (cpu_list(task.cpus),) if pinned else ()
         command = shlex.join(render_task(the_plan, task, keep=kept).argv)
-        rows.append((task.name, task.host, task.address or "-", gpus, *cpus, command))
+        name = task.name + (by_default if task.job == "ps" else "")
+        rows.append((name, task.host, task.address or "-", gpus, *cpus, command))
     for line in aligned(rows):
         click.echo(line)
+    if by_default:
+        click.echo(
+            f"* a PS by default: {cluster_file} names no roles.ps, and a cluster gets "
+            f"{config.roles.ps} unless told; an all-reduce program (Keras "
+            "MultiWorkerMirroredStrategy, Horovod) has no PS role: write roles.ps: 0"
+        )
     checkpoints = launch.checkpoints_line(config, the_plan)
     if checkpoints:
         click.echo(checkpoints)
@@ -130,7 +200,7 @@ def plan(cluster_file: str, as_json: bool, expand: bool) -> None:
 
 
 @cli.command()
-@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.argument("cluster_file", type=click.Path())
 @click.option("--task", "task_name", required=True, help="The task, e.g. worker:1.")
 @click.option(
     "--format",
@@ -162,7 +232,7 @@ def render(cluster_file: str, task_name: str, fmt: str) -> None:
 
 
 @cli.command()
-@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.argument("cluster_file", type=click.Path())
 @click.option(
     "--format",
     "fmt",
@@ -196,7 +266,7 @@ def export(
 
 
 @cli.command()
-@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.argument("cluster_file", type=click.Path())
 @click.option("--detach", is_flag=True, help="Return once the cluster is ready; print the run id.")
 @click.option(
     "--runs-dir",
@@ -261,7 +331,7 @@ def export(
 @click.option(
     "--trace-port-offset",
     type=int,
-    default=trace_tools.DEFAULT_PORT_OFFSET,
+    default=DEFAULT_PORT_OFFSET,
     show_default=True,
     help="Each task's profiler server listens on its cluster port plus this.",
 )
@@ -287,62 +357,52 @@ def up(
     if recreate and not keep:
         raise click.UsageError("--recreate replaces a kept cluster; it needs --keep.")
     config = load_config(cluster_file)
-    traced = bool(trace_steps or trace_at or trace_for)
-    if traced:
+    request = None
+    if trace_steps or trace_at or trace_for:
         run_id = run_id or new_run_id(config.name)
-        config = trace_tools.any_program_config(
-            config,
-            runs_dir or config.runs_dir,
-            run_id,
-            trace_steps,
-            trace_at,
-            trace_for,
-            trace_port_offset,
+        runs = runs_dir or config.runs_dir
+        on_hosts = launch.backend_for(config.backend).host_run_dir(config, run_id)
+        request = TraceRequest.from_options(
+            trace_dir(runs, run_id, on_hosts), trace_steps, trace_at, trace_for, trace_port_offset
         )
+        config = request.applied(config)
     if dry_run:
+        run_id = run_id or new_run_id(config.name)
         click.echo(launch.dry_run(config, runs_dir, run_id))
+        run_dir = Path(runs_dir or config.runs_dir).resolve() / run_id
+        click.echo(
+            f"tflaunch: dry run: nothing was started, and the run directory {run_dir} it names "
+            f"was not made; 'tflaunch up {cluster_file}' makes it and starts the run.",
+            err=True,
+        )
         return
     from tflaunch.launchers.base import LaunchOptions
 
-    trace_argv = [
-        word
-        for flag, value in (
-            ("--trace", trace_steps),
-            ("--trace-at", trace_at),
-            ("--trace-for", trace_for),
-        )
-        if value
-        for word in (flag, value)
-    ]
-    if traced:
-        trace_argv += ["--trace-port-offset", str(trace_port_offset)]
     options = LaunchOptions(
         terminals=terminals,
         down_at_end=down_at_end,
         keep=keep,
         recreate=recreate,
-        trace=tuple(trace_argv),
+        trace=request,
     )
     result = launch.up(config, cluster_file, runs_dir, run_id, detach, attached_daemon, options)
     if isinstance(result, str):
         click.echo(result)
         return
-    if traced:
-        _show_trace(config, Run.open(runs_dir or config.runs_dir, run_id))
+    if request is not None:
+        _show_trace(config, request, Run.open(runs_dir or config.runs_dir, run_id))
     sys.exit(result.code)
 
 
-def _show_trace(config: ClusterConfig, run: Run) -> None:
+def _show_trace(config: ClusterConfig, request: TraceRequest, run: Run) -> None:
+    from tflaunch.trace import show
+
     trace_dir = run.dir / "trace"
     on_hosts = launch.backend_for(config.backend).host_run_dir(config, run.id) is not None
-    from tflaunch.runtime.tracehook import VERDICT_FILE
-
-    here = any((trace_dir / name).exists() for name in (trace_tools.TRACE_FILE, VERDICT_FILE))
-    if on_hosts and not here:
-        where = config.program.env[trace_tools.DIR_ENV]
-        click.echo(f"trace: on the first worker's host under {where}")
+    if on_hosts and not show.has_result(trace_dir):
+        click.echo(f"trace: on the first worker's host under {request.trace_dir}")
     else:
-        trace_tools.show_verdict(trace_dir, click.echo)
+        show.show_verdict(trace_dir, click.echo)
 
 
 run_dir_option = click.option(
@@ -366,15 +426,7 @@ run_dir_option = click.option(
     show_default=True,
     help="Seconds between redraws with --watch.",
 )
-@click.option(
-    "--cloud",
-    is_flag=True,
-    help="List the tflaunch instances of the accounts the runs directory knows (runs and kept "
-    "clusters): cluster, role, type, state, age, idle time, autostop, cost.",
-)
-@click.option("--region", default=None, help="With --cloud: also this AWS region.")
-@click.option("--profile", default=None, help="With --cloud: the AWS profile for --region.")
-@click.option("--endpoint-url", default=None, hidden=True)
+@cloud_account_options("With --cloud", cloud_flag=True)
 @click.option("--all", "show_all", is_flag=True, help="Without RUN_ID: list every run, not 20.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.pass_context
@@ -384,33 +436,48 @@ def status(
     runs_dir: str,
     watch: bool,
     interval: float,
-    cloud: bool,
-    region: str | None,
-    profile: str | None,
-    endpoint_url: str | None,
+    cloud: str | None,
+    account: dict[str, str | None],
     show_all: bool,
     as_json: bool,
 ) -> None:
     """Show a run's state and every task's state, pid, CPU %, memory (RSS) and uptime; without
     RUN_ID, list the runs under --runs-dir, newest first (with --cloud, what runs on the cloud
     accounts and what it costs)."""
-    if cloud:
-        options = {"region": region, "profile": profile, "endpoint_url": endpoint_url}
-        say = (lambda m: click.echo(m, err=True)) if as_json else click.echo  # JSON alone on stdout
-        for line in launch.cloud_status(runs_dir, options, say, as_json):
-            click.echo(line)
+    if cloud is not None:
+        _cloud_status(runs_dir, cloud, account, as_json)
         return
+    if any(account.values()):
+        raise click.UsageError("the cloud's options go with --cloud.")
     if run_id is None:
         if watch:
             raise click.UsageError("--watch follows one run: give its RUN_ID.")
         _list_runs(runs_dir, show_all, as_json)
-        return
-    if watch:
-        from tflaunch.tools.report import watch_status
+    elif watch:
+        _watch_run(ctx, runs_dir, run_id, interval)
+    else:
+        _show_run(runs_dir, run_id, as_json)
 
-        run = Run.open(runs_dir, run_id)
-        watch_status(run, interval, lambda: ctx.invoke(status, run_id=run_id, runs_dir=runs_dir))
-        return
+
+def _cloud_status(runs_dir: str, cloud: str, account: dict[str, str | None], as_json: bool) -> None:
+    """``status --cloud``: what runs on the cloud accounts, and what it costs."""
+    from tflaunch.launchers.clouds.admin import cloud_status
+
+    say = (lambda m: click.echo(m, err=True)) if as_json else click.echo  # JSON alone on stdout
+    for line in cloud_status(runs_dir, cloud or None, account, say, as_json):
+        click.echo(line)
+
+
+def _watch_run(ctx: click.Context, runs_dir: str, run_id: str, interval: float) -> None:
+    """``status RUN_ID --watch``: the one-run view, redrawn every ``interval`` seconds."""
+    from tflaunch.tools.report import watch_status
+
+    run = Run.open(runs_dir, run_id)
+    watch_status(run, interval, lambda: ctx.invoke(status, run_id=run_id, runs_dir=runs_dir))
+
+
+def _show_run(runs_dir: str, run_id: str, as_json: bool) -> None:
+    """``status RUN_ID``: the run's state, its backend's lines, every task and its progress."""
     from tflaunch.tools.report import task_table
 
     run = Run.open(runs_dir, run_id)
@@ -421,13 +488,15 @@ def status(
         record = {**asdict(run_row(run)), "tasks": list(task_states(run).values())}
         click.echo(json.dumps(record, indent=2))
         return
-    state = launch.run_state(run)
+    state, why = launch.run_liveness(run)
     record = run.record()
     click.echo(
         f"run {run.id}: {state} (backend {record.backend}"
         + (f", exit code {record.exit_code}" if record.exit_code is not None else "")
         + ")"
     )
+    if why:
+        click.echo(f"state unknown: {why}")
     for line in launch.backend_of(run).describe(run):
         click.echo(line)
     if not run.plan_path.exists():
@@ -435,7 +504,7 @@ def status(
         return
     for line in task_table(run):
         click.echo(line)
-    from tflaunch.tools.progress import status_lines
+    from tflaunch.tools.step_rates import status_lines
 
     for line in status_lines(run):
         click.echo(line)
@@ -457,11 +526,21 @@ def _list_runs(runs_dir: str, show_all: bool, as_json: bool) -> None:
 @cli.command()
 @click.argument("run_ids", nargs=-1, required=True, metavar="RUN_ID...")
 @run_dir_option
-def rm(run_ids: tuple[str, ...], runs_dir: str) -> None:
-    """Remove the directories of ended (or lost) runs; a live run is refused."""
-    from tflaunch.tools.runs import find_removable, remove_run
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Also remove runs whose state is unknown (launched from another machine, container or "
+    "PID namespace): if one still runs there, its logs, events and plan are lost. Live runs "
+    "are refused all the same.",
+)
+def rm(run_ids: tuple[str, ...], runs_dir: str, force: bool) -> None:
+    """Remove the directories of ended (or lost) runs; a live run is refused, and so is one
+    whose launcher is on another machine, unless --force."""
+    from tflaunch.tools.runs import check_removable, find_removable, remove_run
 
     found = [find_removable(runs_dir, run_id) for run_id in run_ids]  # all of them, first
+    for path in found:
+        check_removable(path, force)
     for path in found:
         click.echo(remove_run(path))
 
@@ -476,7 +555,8 @@ def rm(run_ids: tuple[str, ...], runs_dir: str) -> None:
 @run_dir_option
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 def prune(older_than: str, runs_dir: str, dry_run: bool) -> None:
-    """Remove old run directories under --runs-dir; live runs are kept."""
+    """Remove old run directories under --runs-dir; live runs are kept, and so are runs whose
+    launcher is on another machine (state unknown)."""
     from tflaunch.tools import runs
 
     count = runs.prune(runs_dir, runs.parse_age(older_than), dry_run, click.echo)
@@ -508,13 +588,11 @@ def logs(run_id: str, tasks: tuple[str, ...], follow: bool, runs_dir: str) -> No
     "-f",
     "cluster_file",
     default=None,
-    type=click.Path(dir_okay=False),
+    type=click.Path(),
     help="With --cluster: the cluster file whose ssh.provision names the account (a kept "
     "cluster made from another machine).",
 )
-@click.option("--region", default=None, help="With --cluster: the AWS region to look in.")
-@click.option("--profile", default=None, help="With --cluster: the AWS profile.")
-@click.option("--endpoint-url", default=None, hidden=True)
+@cloud_account_options("With --cluster")
 @click.pass_context
 def down(
     ctx: click.Context,
@@ -522,23 +600,25 @@ def down(
     runs_dir: str,
     cluster: str | None,
     cluster_file: str | None,
-    region: str | None,
-    profile: str | None,
-    endpoint_url: str | None,
+    cloud: str | None,
+    account: dict[str, str | None],
 ) -> None:
     """Stop a run: every task on every host (or, with --cluster, end a kept cluster, from any
-    machine with the account: -f CLUSTER_FILE or --region say where it runs)."""
-    account_options = {"region": region, "profile": profile, "endpoint_url": endpoint_url}
+    machine with the account: -f CLUSTER_FILE, or --cloud and its options such as --region,
+    say where it runs)."""
     if cluster:
+        from tflaunch.launchers.clouds.admin import down_cluster
+
         if run_id:
             raise click.UsageError("give a run id or --cluster NAME, not both.")
         config = load_config(cluster_file) if cluster_file else None
         given = ctx.get_parameter_source("runs_dir") != click.core.ParameterSource.DEFAULT
         runs = runs_dir if given or config is None else None  # else the file's, as 'up' does
-        click.echo(launch.down_cluster(cluster, runs, click.echo, config, account_options))
+        click.echo(down_cluster(cluster, runs, click.echo, config, cloud, account))
         return
-    if cluster_file or any(account_options.values()):
-        raise click.UsageError("-f, --region and --profile go with --cluster NAME.")
+    if cluster_file or cloud or any(account.values()):
+        flags = ", ".join(f"--{n.replace('_', '-')}" for n in account)
+        raise click.UsageError(f"-f, --cloud and {flags} go with --cluster NAME.")
     if not run_id:
         raise click.UsageError("give the run id to stop, or --cluster NAME.")
     run = Run.open(runs_dir, run_id)
@@ -562,22 +642,21 @@ def exec_(run_id: str, command: tuple[str, ...], runs_dir: str) -> None:
 
 
 @cli.command()
-@click.argument("cluster_file", required=False, type=click.Path(dir_okay=False))
-@click.option("--region", default=None, help="AWS region (default: the cluster file's).")
-@click.option("--profile", default=None, help="AWS profile (default: the cluster file's).")
-@click.option("--endpoint-url", default=None, hidden=True)
+@click.argument("cluster_file", required=False, type=click.Path())
+@cloud_account_options("The account")
 @click.option("--dry-run", is_flag=True, help="List what would be terminated; terminate nothing.")
 def gc(
     cluster_file: str | None,
-    region: str | None,
-    profile: str | None,
-    endpoint_url: str | None,
+    cloud: str | None,
+    account: dict[str, str | None],
     dry_run: bool,
 ) -> None:
-    """Terminate leaked instances: tflaunch-tagged EC2 instances whose run ended or whose
-    launcher is gone."""
+    """Terminate leaked instances: tflaunch-tagged instances of a cloud account (the cluster
+    file's, or --cloud and its options) whose run ended or whose launcher is gone."""
+    from tflaunch.launchers.clouds.admin import gc as sweep
+
     config = load_config(cluster_file) if cluster_file else None
-    for line in launch.sweep_instances(config, region, profile, endpoint_url, dry_run, click.echo):
+    for line in sweep(config, cloud, account, dry_run, click.echo):
         click.echo(line)
 
 
@@ -616,15 +695,11 @@ def report(run_id: str, runs_dir: str, out_dir: str | None, as_html: bool) -> No
 def trace(run_id: str, runs_dir: str) -> None:
     """Summarise a traced run (up --trace) per task and draw its timeline into trace.png, or
     say why it has no trace."""
-    from tflaunch.runtime.tracehook import read_verdict
+    from tflaunch.trace import show
 
     run = Run.open(runs_dir, run_id)
     launch.backend_of(run).refresh(run)  # a run that lives elsewhere (detached ssh)
-    trace_dir = run.dir / "trace"
-    verdict = read_verdict(trace_dir)
-    if verdict is not None and not verdict[0] and not (trace_dir / trace_tools.TRACE_FILE).exists():
-        raise trace_tools.TraceError(verdict[1])  # the one line saying why there is none
-    trace_tools.show_trace(trace_dir, click.echo)
+    show.show_trace(run.dir / "trace", click.echo, refuse_without=True)
 
 
 @cli.command()

@@ -18,6 +18,15 @@ class ConfigError(TflaunchError):
     """The cluster file (or another input file) is unreadable or invalid."""
 
 
+class MissingExtra(ConfigError):
+    """An optional dependency (an extra of the tflaunch package) is not installed here: what the
+    file asks for cannot be done on this machine, though the file itself may be right."""
+
+    def __init__(self, message: str, package: str, extra: str):
+        super().__init__(message)
+        self.package, self.extra = package, extra
+
+
 class PlanError(TflaunchError):
     """The cluster cannot be placed on the given hosts (too few slots, GPUs, colliding ports)."""
 

@@ -7,18 +7,21 @@ The CLI, ``tflaunch bench`` and other callers go through here; only this module 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Plan, gpu_notices, make_plan
-from tflaunch.errors import ConfigError, LaunchError, PlanError
+from tflaunch.errors import ConfigError, LaunchError, PlanError, TflaunchError
+from tflaunch.runtime.identity import Launcher
 from tflaunch.runtime.run import ENDED, Outcome, Run, new_run_id
+
+# A run's states before its coordinator runs it, when the launcher is the one to end it; the run
+# is live while that launcher runs (making its machines, submitting), whatever its backend says.
+UNSTARTED = ("created", "starting")
 
 if TYPE_CHECKING:
     from tflaunch.launchers.base import Backend, LaunchOptions
@@ -37,12 +40,39 @@ def backend_of(run: Run) -> Backend:
 
 
 def run_state(run: Run) -> str:
-    """The run's recorded state, or ``lost`` when it has not ended but its coordinator (a local
-    process, a Slurm job, a detached coordinator on a host) is gone: a killed ``up``, say."""
-    state = run.record().state or "unknown"
-    if state in ENDED or backend_of(run).cluster_alive(run):
-        return state
-    return "lost" if not run.ended else run.record().state or "unknown"
+    """The run's recorded state; ``lost`` when it has not ended but its coordinator (a local
+    process, a Slurm job, a detached coordinator on a host) is gone: a killed ``up``, say; and
+    ``unknown`` when only another machine can tell (its launcher runs there)."""
+    return run_liveness(run)[0]
+
+
+def run_liveness(run: Run) -> tuple[str, str | None]:
+    """(:func:`run_state`, why it is ``unknown``, or None)."""
+    record = run.record()
+    state = record.state or "unknown"
+    if state in ENDED:
+        return state, None
+    launcher = record.launcher
+    if state in UNSTARTED and launcher is not None and launcher.alive():
+        return state, None
+    alive = backend_of(run).cluster_alive(run)
+    if alive:
+        return state, None
+    if alive is None:
+        return "unknown", _elsewhere(run.id, launcher)
+    return ("lost", None) if not run.ended else (run.record().state or "unknown", None)
+
+
+def _elsewhere(run_id: str, launcher: Launcher | None) -> str:
+    if launcher is None:
+        return (
+            "its run.json names no launcher (written by an older tflaunch, or edited), so "
+            "whether it still runs cannot be told"
+        )
+    return (
+        f"its launcher is {launcher.describe()}; only that machine can tell whether it still "
+        f"runs ('tflaunch status {run_id}' there)"
+    )
 
 
 def plan_cluster(config: ClusterConfig, run: Run | None = None) -> Plan:
@@ -91,17 +121,13 @@ def prepare(
     try:
         plan = make_plan(config, hosts, tasks_run_dir(config, run))
     except PlanError:
-        run.dir.rmdir()  # still empty: a plan that cannot be made leaves no run behind
+        run.discard()  # a plan that cannot be made leaves no run behind
         raise
     if not backend.hosts_pending(config):  # else the backend writes it once the hosts exist
         run.write_plan(plan)
     run.update_meta(
-        run_id=run.id,
-        name=config.name,
         backend=config.backend,
-        state="created",
         cluster_file=str(Path(cluster_file).resolve()) if cluster_file else None,
-        created=time.time(),
     )
     return plan, run
 
@@ -117,6 +143,20 @@ def check_env_from(config: ClusterConfig, environ: Mapping[str, str] = os.enviro
             f"{'it' if len(missing) == 1 else 'them'} before 'tflaunch up'."
         )
     backend_for(config.backend).check_environment(config, environ)
+
+
+def check_here(config: ClusterConfig, plan: Plan) -> None:
+    """``validate``'s checks of this machine beyond the file: ``program.env_from`` is set, and
+    what the backend can see from here (local: the program on PATH, free ports, hosts that
+    resolve; ssh: hosts that resolve). LaunchError (exit 2) listing every problem."""
+    check_env_from(config)
+    problems = backend_for(config.backend).check_here(config, plan)
+    if problems:
+        raise LaunchError(
+            f"{config.source}: the file is valid, but the cluster cannot start from here: "
+            + "; ".join(p.rstrip(".") for p in problems)
+            + ". ('tflaunch validate --offline' checks the file alone.)"
+        )
 
 
 def run_cluster(config: ClusterConfig, runs_dir: str | None = None) -> tuple[Run, Outcome]:
@@ -160,62 +200,25 @@ def up(
         plan, run = prepare(config, runs_dir, run_id, cluster_file)
         for notice in gpu_notices(plan):
             print(f"[tflaunch] {notice}", file=sys.stderr, flush=True)
-    if detach:
-        return backend.detach(config, plan, run, cluster_file, runs_dir, options)
-    return backend.launch(config, plan, run, options)
+    try:
+        if detach:
+            return backend.detach(config, plan, run, cluster_file, runs_dir, options)
+        return backend.launch(config, plan, run, options)
+    except (TflaunchError, OSError) as err:
+        # Detached, a run past 'created' has a coordinator of its own, which finishes it.
+        finish_unstarted(run, err, ("created",) if detach else UNSTARTED)
+        raise
+
+
+def finish_unstarted(run: Run, err: Exception, states: tuple[str, ...] = UNSTARTED) -> None:
+    """A run that failed before its coordinator took it over (a failed submit, an agent that
+    could not start) ends as ``failed`` with the reason, never left ``created`` or ``starting``
+    for 'status' to call lost. A run that got further is its coordinator's to finish."""
+    if run.record().state in states:
+        code = err.exit_code if isinstance(err, TflaunchError) else 1
+        run.finish(Outcome(code, f"failed before any task started: {err}"))
 
 
 def attach(run: Run) -> None:
     """Open the terminal session of a run started with ``up --terminals tmux``."""
     backend_of(run).attach(run)
-
-
-def sweep_instances(
-    config: ClusterConfig | None,
-    region: str | None,
-    profile: str | None,
-    endpoint_url: str | None,
-    dry_run: bool,
-    say: Callable[[str], None],
-) -> list[str]:
-    """``tflaunch gc``: terminate leaked tflaunch instances (the account from the options, else
-    the cluster file's ``ssh.provision``); one line per run found."""
-    from tflaunch.launchers.clouds.sweep import sweep_account
-
-    options = {"region": region, "profile": profile, "endpoint_url": endpoint_url}
-    return sweep_account(config, options, dry_run, say)
-
-
-def down_cluster(
-    name: str,
-    runs_dir: str | None,
-    say: Callable[[str], None],
-    config: ClusterConfig | None = None,
-    options: Mapping[str, str | None] | None = None,
-) -> str:
-    """``tflaunch down --cluster NAME``: terminate a kept cluster. Its account comes from
-    ``options`` (region, profile, endpoint) over the cluster file's ``ssh.provision``; with
-    neither, from this machine's record of the cluster (under ``runs_dir``, else the file's
-    runs_dir, where its 'up' recorded it, else ``runs``)."""
-    from tflaunch.launchers.clouds import kept
-
-    runs_root = Path(runs_dir or (config.runs_dir if config is not None else "runs"))
-    account = kept.named_account(config, options or {}, name)
-    return kept.down_cluster(runs_root, name, say, account)
-
-
-def cloud_status(
-    runs_dir: str,
-    options: Mapping[str, str | None],
-    say: Callable[[str], None],
-    as_json: bool = False,
-) -> list[str]:
-    """``tflaunch status --cloud``: the tflaunch instances of every account the runs directory
-    knows (and the one ``options`` name), one row each, with their idle time and cost (with
-    ``as_json``: one JSON document)."""
-    from tflaunch.launchers.clouds.listing import cloud_json, cloud_table
-
-    extra = ("ec2", options) if any(options.values()) else None
-    if as_json:
-        return [json.dumps(cloud_json(Path(runs_dir), extra, say), indent=2)]
-    return cloud_table(Path(runs_dir), extra, say)

@@ -25,14 +25,20 @@ _SOURCES: dict[str, str] = {
     "MAX_GPUS": "tflaunch.cluster.config",
     "MAX_HOSTS": "tflaunch.cluster.config",
     "MAX_ITEMS": "tflaunch.cluster.config",
+    "MAX_PORT": "tflaunch.cluster.config",
+    "MAX_SECONDS": "tflaunch.cluster.config",
+    "env_name_problem": "tflaunch.cluster.config",  # why a name is no environment variable's
     # The cluster file and the plan
     "ClusterConfig": "tflaunch.cluster.config",
     "parse_config": "tflaunch.cluster.config",
+    "load_config": "tflaunch.cluster.config",
     "Host": "tflaunch.cluster.plan",
     "Plan": "tflaunch.cluster.plan",
     "make_plan": "tflaunch.cluster.plan",
     "hosts_from_config": "tflaunch.cluster.plan",
     "unset_gpus": "tflaunch.cluster.plan",
+    "render_task": "tflaunch.cluster.plan",  # a task's argv and environment on its host
+    "gpu_ids": "tflaunch.cluster.plan",  # a host's GPU count -> its ids ("0", "1", ...)
     "expand_hostlist": "tflaunch.cluster.hostlist:expand",  # "nid0[01-03]" -> names
     "compress_hostlist": "tflaunch.cluster.hostlist:compress",  # names -> "nid0[01-03]"
     # Errors (each carries its exit code; bad input is 2, with a one-paragraph message)
@@ -40,10 +46,12 @@ _SOURCES: dict[str, str] = {
     "ConfigError": "tflaunch.errors",
     "PlanError": "tflaunch.errors",
     "LaunchError": "tflaunch.errors",
+    "MissingExtra": "tflaunch.errors",  # an optional dependency not installed: names the extra
     # The backend interface
     "Backend": "tflaunch.launchers.base",
     "LaunchOptions": "tflaunch.launchers.base",
     "spawn_agent": "tflaunch.launchers.base",
+    "preflight_here": "tflaunch.runtime.agent",  # an agent's pre-flight, run here (validate)
     # Batch schedulers: the login side and the in-job side
     "BatchBackend": "tflaunch.launchers.batch.backend",
     "BatchDetails": "tflaunch.launchers.batch.state",
@@ -59,15 +67,33 @@ _SOURCES: dict[str, str] = {
     "Outcome": "tflaunch.runtime.run",
     "INTERRUPT_CODES": "tflaunch.runtime.run",
     "write_run_file": "tflaunch.runtime.runfiles",
+    "open_run_file": "tflaunch.runtime.runfiles",
+    "is_component": "tflaunch.runtime.runfiles",  # a name safe to join to a run directory
+    "PLAN_FILE": "tflaunch.runtime.runfiles",
+    "EVENTS_FILE": "tflaunch.runtime.runfiles",
+    "CONSOLE_FILE": "tflaunch.runtime.runfiles",
+    "SAMPLES_PREFIX": "tflaunch.runtime.runfiles",
+    "PROGRESS_FILE": "tflaunch.runtime.progress",
+    "remote_record_path": "tflaunch.runtime.run",  # run.json of a run directory on a host
     "Requeue": "tflaunch.runtime.signals",
     "Revive": "tflaunch.runtime.revival",
     "ProcessLink": "tflaunch.runtime.link",
     "agent_argv": "tflaunch.runtime.link",
+    "agent_args": "tflaunch.runtime.link",
+    "agent_output": "tflaunch.runtime.link",
+    "StreamLink": "tflaunch.runtime.link",  # an agent over a pair of text streams (SSH channel)
     "spawn": "tflaunch.runtime.procs",  # a process group of its own, optionally tied to us
     "terminate_group": "tflaunch.runtime.procs",  # SIGTERM, bounded wait, SIGKILL
-    # Cloud providers: the interface as it is on main (launchers/clouds/base.py).
-    # >>> The lead extends this group after merging h-cloud (ProviderSpec, declared features,
-    # the provider's section); until then these are the names a provider needs today. <<<
+    # Tracing: the request up --trace makes, and where a backend's capture runs (Backend.trace_site)
+    "TraceRequest": "tflaunch.trace.request",
+    "TraceSite": "tflaunch.trace.site",
+    # Cloud providers: registering one (its spec, section, declared features, admin options)
+    "ProviderSpec": "tflaunch.launchers.clouds.base",
+    "ProvisionSection": "tflaunch.launchers.clouds.base",
+    "Feature": "tflaunch.launchers.clouds.base",
+    "AdminOption": "tflaunch.launchers.clouds.base",
+    "Unsupported": "tflaunch.launchers.clouds.base",  # a request for an undeclared feature
+    # Cloud providers: the interface and what its instances carry
     "Provider": "tflaunch.launchers.clouds.base",
     "Instance": "tflaunch.launchers.clouds.base",
     "PlannedInstance": "tflaunch.launchers.clouds.base",
@@ -75,9 +101,15 @@ _SOURCES: dict[str, str] = {
     "Say": "tflaunch.launchers.clouds.base",
     "ALIVE_STATES": "tflaunch.launchers.clouds.base",
     "GONE_STATES": "tflaunch.launchers.clouds.base",
+    "POLL_SECONDS": "tflaunch.launchers.clouds.base",
     "TAG_RUN": "tflaunch.launchers.clouds.base",
     "TAG_CLUSTER": "tflaunch.launchers.clouds.base",
+    "TAG_HOST": "tflaunch.launchers.clouds.base",
+    "TAG_ROLE": "tflaunch.launchers.clouds.base",
+    "TAG_KEEP": "tflaunch.launchers.clouds.base",
+    "TAG_AUTOSTOP": "tflaunch.launchers.clouds.base",
     "network_name": "tflaunch.launchers.clouds.base",
+    "pending_hosts": "tflaunch.launchers.clouds.base",
     "Price": "tflaunch.launchers.clouds.costs",
 }
 
@@ -107,14 +139,26 @@ if TYPE_CHECKING:
         MAX_GPUS,
         MAX_HOSTS,
         MAX_ITEMS,
+        MAX_PORT,
+        MAX_SECONDS,
         ClusterConfig,
+        env_name_problem,
+        load_config,
         parse_config,
     )
     from tflaunch.cluster.hostlist import compress as compress_hostlist
     from tflaunch.cluster.hostlist import expand as expand_hostlist
-    from tflaunch.cluster.plan import Host, Plan, hosts_from_config, make_plan, unset_gpus
+    from tflaunch.cluster.plan import (
+        Host,
+        Plan,
+        gpu_ids,
+        hosts_from_config,
+        make_plan,
+        render_task,
+        unset_gpus,
+    )
     from tflaunch.cluster.schema import field
-    from tflaunch.errors import ConfigError, LaunchError, PlanError, TflaunchError
+    from tflaunch.errors import ConfigError, LaunchError, MissingExtra, PlanError, TflaunchError
     from tflaunch.launchers.base import Backend, LaunchOptions, spawn_agent
     from tflaunch.launchers.batch.backend import BatchBackend, placeholder_hosts
     from tflaunch.launchers.batch.job import JobNode, read_job
@@ -124,19 +168,42 @@ if TYPE_CHECKING:
     from tflaunch.launchers.clouds.base import (
         ALIVE_STATES,
         GONE_STATES,
+        POLL_SECONDS,
+        TAG_AUTOSTOP,
         TAG_CLUSTER,
+        TAG_HOST,
+        TAG_KEEP,
+        TAG_ROLE,
         TAG_RUN,
+        AdminOption,
+        Feature,
         Instance,
         LockHolder,
         PlannedInstance,
         Provider,
+        ProviderSpec,
+        ProvisionSection,
         Say,
+        Unsupported,
         network_name,
+        pending_hosts,
     )
     from tflaunch.launchers.clouds.costs import Price
-    from tflaunch.runtime.link import ProcessLink, agent_argv
+    from tflaunch.runtime.agent import preflight_here
+    from tflaunch.runtime.link import ProcessLink, StreamLink, agent_args, agent_argv, agent_output
     from tflaunch.runtime.procs import spawn, terminate_group
+    from tflaunch.runtime.progress import PROGRESS_FILE
     from tflaunch.runtime.revival import Revive
-    from tflaunch.runtime.run import INTERRUPT_CODES, Outcome, Run, RunRecord
-    from tflaunch.runtime.runfiles import write_run_file
+    from tflaunch.runtime.run import INTERRUPT_CODES, Outcome, Run, RunRecord, remote_record_path
+    from tflaunch.runtime.runfiles import (
+        CONSOLE_FILE,
+        EVENTS_FILE,
+        PLAN_FILE,
+        SAMPLES_PREFIX,
+        is_component,
+        open_run_file,
+        write_run_file,
+    )
     from tflaunch.runtime.signals import Requeue
+    from tflaunch.trace.request import TraceRequest
+    from tflaunch.trace.site import TraceSite

@@ -1,64 +1,171 @@
 """Cloud providers: where provisioned machines come from, one folder per provider.
 
-A provider fills in :class:`tflaunch.launchers.clouds.base.Provider`. The cluster file names
-it (``ssh.provision.cloud``, default ``ec2``); a run records it in run.json under its name, so
-that ``down`` and ``gc`` find the account again. Providers of other packages join through the
-``tflaunch.clouds`` entry-point group (``name = "package.module:ProviderClass"``).
+The registry of clouds, as :mod:`tflaunch.cluster.backends` is the backends': each cloud's
+folder exports ``PROVIDER``, a :class:`~tflaunch.launchers.clouds.base.ProviderSpec` (its
+name, its ``ssh.provision`` section class and checks, its features, its admin options, and
+optionally host discovery). The built-ins are the sub-packages of this package that export one;
+packages installed beside tflaunch add theirs through the entry-point group ``tflaunch.clouds``
+(``name = "package.module:PROVIDER"``). A run records its provider's access in run.json under
+the provider's name, so that ``down``, ``gc`` and ``status --cloud`` find the account again.
+
+The cloud-neutral orchestration that uses a provider (cost table, create-or-reuse, waiting,
+replacement) is :mod:`tflaunch.launchers.clouds.provisioner`; no module outside a cloud's
+folder names a cloud.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import pkgutil
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
+from tflaunch.cluster import schema
 from tflaunch.errors import ConfigError
+from tflaunch.launchers.clouds.base import ProviderSpec, ProvisionSection
 
 if TYPE_CHECKING:
     from tflaunch.cluster.config import ClusterConfig
     from tflaunch.launchers.clouds.base import Provider, Say
     from tflaunch.runtime.run import RunRecord
 
-_PROVIDERS = {"ec2": "tflaunch.launchers.clouds.ec2.provider:Ec2Provider"}
-DEFAULT_CLOUD = "ec2"  # the account named by flags alone (--region, --profile) is one of its
+GROUP = "tflaunch.clouds"
+BUILTIN_PACKAGE = "tflaunch.launchers.clouds"
+SPEC_NAME = "PROVIDER"  # what a cloud's folder exports
+TAG = "cloud"  # the key of ssh.provision that picks the cloud
 
 
-def providers() -> dict[str, str]:
-    """Every known provider: name -> ``module:class`` (this package's, then entry points),
-    scanned once a process."""
+def providers() -> dict[str, ProviderSpec]:
+    """Every known cloud by name (the built-ins, then installed packages), scanned once a
+    process."""
     return dict(_scanned())
 
 
 @functools.cache
-def _scanned() -> tuple[tuple[str, str], ...]:
+def _scanned() -> tuple[tuple[str, ProviderSpec], ...]:
     return tuple(scan_providers().items())
 
 
-def scan_providers() -> dict[str, str]:
-    """The scan itself (~11 ms: it reads every installed package's metadata; ``status --cloud``
-    asks :func:`providers` once per run directory)."""
-    found = dict(_PROVIDERS)
-    for point in entry_points(group="tflaunch.clouds"):
-        found.setdefault(point.name, point.value)
+def scan_providers() -> dict[str, ProviderSpec]:
+    """The scan itself (it reads every installed package's metadata; ``status --cloud`` asks
+    :func:`providers` once per run directory)."""
+    found = {spec.name: spec for spec in _builtin_specs()}
+    values = {name: f"{BUILTIN_PACKAGE}." for name in found}
+    for entry in sorted(entry_points(group=GROUP), key=lambda e: (e.name, e.value)):
+        if entry.value.startswith(values.get(entry.name, "\0")):
+            continue  # an installed tflaunch declaring its own built-ins, or the same twice
+        if entry.name in found:
+            raise ConfigError(
+                f"two installed packages register a cloud called '{entry.name}' (entry points "
+                f"{values[entry.name]!r} and {entry.value!r}, group {GROUP}); uninstall one."
+            )
+        found[entry.name] = _load_entry(entry)
+        values[entry.name] = entry.value
     return found
+
+
+def _builtin_specs() -> list[ProviderSpec]:
+    package = importlib.import_module(BUILTIN_PACKAGE)
+    specs = []
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        if info.ispkg:
+            spec = getattr(importlib.import_module(f"{BUILTIN_PACKAGE}.{info.name}"), SPEC_NAME)
+            if isinstance(spec, ProviderSpec):
+                specs.append(spec)
+    return specs
+
+
+def _load_entry(entry: Any) -> ProviderSpec:
+    where = f"entry point '{entry.name} = {entry.value}' (group {GROUP})"
+    try:
+        spec = entry.load()
+    except Exception as err:
+        raise ConfigError(
+            f"the cloud '{entry.name}' of an installed package cannot be loaded from its "
+            f"{where}: {type(err).__name__}: {err}. Fix or uninstall that package."
+        ) from None
+    if not isinstance(spec, ProviderSpec) or spec.name != entry.name:
+        raise ConfigError(
+            f"the {where} does not name a tflaunch ProviderSpec called '{entry.name}'; fix or "
+            "uninstall the package that declares it."
+        )
+    return spec
+
+
+def names() -> list[str]:
+    return list(providers())
+
+
+def spec_of(name: str, where: str = "ssh.provision.cloud") -> ProviderSpec:
+    """The cloud called ``name``; ConfigError naming the known ones if none."""
+    known = providers()
+    if name not in known:
+        raise ConfigError(f"{where}: unknown cloud '{name}'; choose one of {', '.join(known)}.")
+    return known[name]
+
+
+def spec_for_section(section: Any) -> ProviderSpec:
+    """The cloud whose ``ssh.provision`` class ``section`` is."""
+    for spec in providers().values():
+        if type(section) is spec.section:
+            return spec
+    raise ConfigError(f"no registered cloud reads a {type(section).__name__} section.")
+
+
+def provision_of(config: ClusterConfig) -> ProvisionSection | None:
+    """The cluster file's ``ssh.provision`` section, if it has one. Found by its type, since no
+    cloud imports a backend: the provisioning backend's section holds it as ``provision``."""
+    for section in config.sections.values():
+        found = getattr(section, "provision", None)
+        if isinstance(found, ProvisionSection):
+            return found
+    return None
 
 
 def provider_class(name: str, where: str = "ssh.provision.cloud") -> type[Provider]:
     """The provider class called ``name``, imported on demand (each stays optional)."""
-    known = providers()
-    if name not in known:
-        raise ConfigError(f"{where}: unknown cloud '{name}'; choose one of {', '.join(known)}.")
-    module_name, class_name = known[name].split(":")
-    return getattr(importlib.import_module(module_name), class_name)
+    return spec_of(name, where).load()
 
 
-def provider_for(config: ClusterConfig, say: Say) -> Provider:
-    """The provider the cluster file's ``ssh.provision`` names, with its settings."""
-    section = config.ssh.provision
-    if section is None:
-        raise ConfigError(f"{config.source}: the cluster file has no ssh.provision section.")
-    return provider_class(section.cloud)(section, say)
+def provider_for(section: Any, say: Say) -> Provider:
+    """The provider of a cluster file's ``ssh.provision`` section, with its settings."""
+    return spec_for_section(section).load()(section, say)
+
+
+# ---- what the SSH section reads through the registry ----------------------------------------
+
+
+def provision_variants() -> dict[str, schema.Section]:
+    """``ssh.provision``'s classes, by the value of its ``cloud`` key."""
+    return {name: schema.Section(s.section, s.section_doc) for name, s in providers().items()}
+
+
+def default_cloud() -> str | None:
+    """The cloud an ``ssh.provision`` without a ``cloud`` key means: the one whose spec says
+    ``default``, if one does."""
+    chosen = [name for name, spec in providers().items() if spec.default]
+    if len(chosen) > 1:
+        raise ConfigError(
+            f"clouds {', '.join(chosen)} each claim to be the default of ssh.provision.cloud; "
+            "uninstall one of them."
+        )
+    return chosen[0] if chosen else None
+
+
+PROVISION = schema.Variants(TAG, provision_variants, default=default_cloud, noun="cloud")
+
+
+def discovery_sections() -> dict[str, schema.Section]:
+    """``ssh.<cloud>``: host discovery of the clouds that have it."""
+    return {
+        name: schema.Section(s.discovery, s.discovery_doc)
+        for name, s in providers().items()
+        if s.discovery is not None
+    }
+
+
+# ---- run.json --------------------------------------------------------------------------------
 
 
 def run_access(record: RunRecord) -> tuple[str, dict[str, Any]] | None:

@@ -1,12 +1,41 @@
-"""The interface a cloud fills in to make machines for a run, and what it reports about them.
+"""The contract a cloud fills in, what the core knows of it before it is imported, and its errors.
 
-The SSH backend provisions through this interface only (:mod:`tflaunch.launchers.ssh.provision`):
-it asks the provider which instances a plan needs and what they cost, opens the cluster's network
-rules, creates the instances, waits until they run, takes their addresses as the plan's hosts and
-terminates them. ``tflaunch gc``, ``tflaunch down`` and ``tflaunch status --cloud`` ask the
-provider for the instances tflaunch tagged. A provider lives in a folder of its own
-(``launchers/clouds/<name>/``) and is found through the registry in
-:mod:`tflaunch.launchers.clouds`.
+A cloud is one folder, ``launchers/clouds/<name>/`` (or a package of its own), whose
+``__init__.py`` exports ``PROVIDER``, a :class:`ProviderSpec`:
+
+* ``name``: what ``ssh.provision.cloud`` (and ``--cloud``) say, and its key in run.json;
+* ``provider``: ``"module:Class"`` of its :class:`Provider` subclass, imported only when used;
+* ``section``: the dataclass of its own ``ssh.provision`` settings, a subclass of
+  :class:`ProvisionSection` (the settings the provisioner reads). The registry types the
+  section: ``ssh.provision: {cloud: NAME, ...}`` is read by NAME's class (the ``cloud`` key is
+  the registry's, not a field of the class), with the file/line/did-you-mean errors of the rest
+  of the cluster file (:class:`tflaunch.cluster.schema.Variants`);
+* ``check(config, section, fail)``: its section's cross-field rules (``fail(path, message)``,
+  paths from the top of the file: ``("ssh", "provision", "image")``);
+* ``features``: the optional abilities it has (:class:`Feature`); the core refuses a request for
+  one it lacks with one message, exit code 2 (:meth:`ProviderSpec.require`);
+* ``admin_options``: the command-line options ``gc``, ``down --cluster`` and ``status --cloud``
+  add beside ``--cloud NAME`` to name an account without a cluster file (EC2: ``--region``,
+  ``--profile``); their values reach :meth:`Provider.account`;
+* ``default``: whether an ``ssh.provision`` without ``cloud:`` means this cloud (EC2's, which
+  came first; at most one cloud may say so);
+* ``discovery`` / ``discover``: optionally, host discovery: the dataclass of ``ssh.<name>:``
+  and ``"module:function"`` with ``function(section, allow_private_connect) -> list[Host]``
+  (hosts that exist already, as opposed to ``ssh.provision``, which makes them).
+
+It is registered by being a sub-package of :mod:`tflaunch.launchers.clouds` (built-ins), or by
+the entry-point group ``tflaunch.clouds`` (``name = "package.module:PROVIDER"``); the registry
+(:mod:`tflaunch.launchers.clouds`) refuses a spec whose name is not the one it was registered
+under, and two packages claiming one name.
+
+The :class:`Provider` itself has a required core, one method per operation the cloud-neutral
+provisioner (:mod:`tflaunch.launchers.clouds.provisioner`) uses: ``candidates`` (the instances a
+file's roles need), ``prices``, the network (``open_network``/``delete_network``), ``create``,
+``describe``, ``tag``, ``terminate``, and ``access``/``from_access`` (what run.json keeps to reach
+the account again, for ``down``, ``gc`` and ``status --cloud``). The optional abilities have
+default bodies that refuse (:class:`Unsupported`): kept clusters (:attr:`Feature.KEEP`:
+``take_lock``/``renew_lock``/``drop_lock``, ``kept_networks``) and spot instances
+(:attr:`Feature.SPOT`: ``create`` honours :attr:`PlannedInstance.spot`).
 
 Every instance carries tflaunch's tags (below); they are how a later command, on this machine or
 another, finds the run, cluster and host an instance belongs to.
@@ -15,17 +44,20 @@ another, finds the run, cluster and host an instance belongs to.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
-import socket
+import importlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from tflaunch.cluster.config import ClusterConfig
+from tflaunch.cluster.config import MAX_SECONDS, ClusterConfig
 from tflaunch.cluster.plan import Host, Plan
-from tflaunch.errors import LaunchError
+from tflaunch.cluster.schema import field
+from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.launchers.clouds.costs import CostLine, Price
+from tflaunch.runtime.identity import Launcher
 
 TAG_RUN, TAG_CLUSTER, TAG_HOST = "tflaunch:run", "tflaunch:cluster", "tflaunch:host"
 TAG_ROLE, TAG_LAUNCHER, TAG_RUN_DIR = "tflaunch:role", "tflaunch:launcher", "tflaunch:run-dir"
@@ -38,6 +70,110 @@ ALIVE_STATES = ("pending", "running", "stopping", "stopped")
 GONE_STATES = ("shutting-down", "terminated")
 POLL_SECONDS = 2.0  # between state queries
 Say = Callable[[str], None]
+
+
+Fail = Callable[[tuple, str], None]  # fail(key path, message) raises the located ConfigError
+
+
+class Feature(enum.Enum):
+    """An optional ability a provider declares (SkyPilot's ``CloudImplementationFeatures``)."""
+
+    KEEP = "kept clusters (up --keep, down --cluster)"  # with a lock every machine sees
+    SPOT = "spot instances"  # made on request, replaced when the cloud takes them back
+
+
+class Unsupported(ConfigError):
+    """A request for an ability the cloud does not declare (exit code 2)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProvisionSection:
+    """The settings every cloud's ``ssh.provision`` has, read by the cloud-neutral provisioner:
+    a cloud's section class subclasses this one (``@dataclass(frozen=True)``) and adds its own
+    fields."""
+
+    ready_timeout: float = field(
+        600.0,
+        minimum=1,
+        maximum=MAX_SECONDS,
+        doc="seconds to wait for the instances to run and accept SSH",
+    )
+    idle_timeout: float = field(
+        1800.0,
+        minimum=60,
+        maximum=MAX_SECONDS,
+        doc="an instance that runs no tflaunch process and no SSH session this long terminates "
+        "itself",
+    )
+    terminate_at_end: bool = field(
+        False, doc="terminate the instances when the run ends (as 'up --down')"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class AdminOption:
+    """A command-line option of the cloud-admin commands (``--region``): ``name`` is the key
+    :meth:`Provider.account` gets, written ``--name`` with ``-`` for ``_``."""
+
+    name: str
+    help: str
+    hidden: bool = False  # for tests (an API stand-in's endpoint)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProviderSpec:
+    """What the core knows of a cloud before it is imported (see the module's docstring)."""
+
+    name: str
+    provider: str  # "module:Class" of its Provider subclass
+    section: type  # its ssh.provision settings (without the 'cloud' key)
+    section_doc: str = ""
+    check: Callable[[Any, Any, Fail], None] | None = None  # check(config, section, fail)
+    features: frozenset[Feature] = frozenset()
+    admin_options: tuple[AdminOption, ...] = ()
+    discovery: type | None = None  # ssh.<name>: settings of host discovery
+    discovery_doc: str = ""
+    discover: str | None = None  # "module:function"(section, allow_private_connect) -> hosts
+    default: bool = False  # what ssh.provision means without a 'cloud' key (one cloud at most)
+
+    def load(self) -> type[Provider]:
+        """The provider class (imported on demand, so each cloud stays optional)."""
+        return _attribute(self.provider, f"the '{self.name}' cloud")
+
+    def supports(self, feature: Feature) -> bool:
+        return feature in self.features
+
+    def require(self, feature: Feature, asked: str) -> None:
+        """Refuse ``asked`` (what the user asked for, in words) unless the cloud has
+        ``feature``: one paragraph, exit code 2."""
+        if feature not in self.features:
+            has = ", ".join(f.value for f in sorted(self.features, key=lambda f: f.name))
+            raise Unsupported(
+                f"{asked}: {feature.value} are not supported by cloud '{self.name}' "
+                f"(ssh.provision.cloud){f'; it supports {has}' if has else ''}. Use a cloud "
+                "that has them, or leave that out."
+            )
+
+    def discover_hosts(self, section: Any, allow_private_connect: bool) -> list[Host]:
+        """The hosts ``ssh.<name>`` finds (:attr:`discover`)."""
+        if self.discover is None:
+            raise ConfigError(f"cloud '{self.name}' does not discover hosts.")
+        return _attribute(self.discover, f"the '{self.name}' cloud")(section, allow_private_connect)
+
+
+def _attribute(path: str, what: str) -> Any:
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name and module_name.startswith(err.name):
+            raise ConfigError(f"{what} is not available in this installation.") from None
+        raise
+    return getattr(module, attr)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,13 +233,19 @@ def access_part(cloud: str) -> type:
 @dataclasses.dataclass(frozen=True)
 class LockHolder:
     """Who holds a kept cluster's lock, as the cloud keeps it (so every machine sees it): what
-    holds it ("run ID", "tflaunch down --cluster"), its process (``host:pid:start time``, as
-    :func:`launcher_tag` writes it), since when, and its last heartbeat (epoch seconds)."""
+    holds it ("run ID", "tflaunch down --cluster"), its process (a
+    :class:`~tflaunch.runtime.identity.Launcher`'s tag: machine, pid, start time), since when,
+    and its last heartbeat (epoch seconds)."""
 
     what: str
     launcher: str
     since: float
     heartbeat: float
+
+    @property
+    def identity(self) -> Launcher | None:
+        """The holder's process; None for a tag that is not one (an older tflaunch's)."""
+        return Launcher.from_tag(self.launcher)
 
     @property
     def laptop(self) -> str:
@@ -119,29 +261,6 @@ class LockHolder:
             f"{self.what} on {self.laptop} (pid {self.pid}, since {since}, last heartbeat "
             f"{max(0.0, now - self.heartbeat):.0f} s ago)"
         )
-
-
-def launcher_tag() -> str:
-    """``host:pid:start time`` of this process, so a sweep can tell whether it is still alive."""
-    import psutil
-
-    me = psutil.Process()
-    return f"{socket.gethostname()}:{me.pid}:{int(me.create_time())}"
-
-
-def launcher_alive(tag: str) -> bool | None:
-    """Whether the launcher named by a tag still runs; None when it ran on another machine."""
-    import psutil
-
-    host, _, rest = tag.partition(":")
-    pid_text, _, started = rest.partition(":")
-    if host != socket.gethostname():
-        return None
-    try:
-        process = psutil.Process(int(pid_text))
-        return int(process.create_time()) == int(started)
-    except (psutil.NoSuchProcess, ValueError):
-        return False
 
 
 def pending_hosts(planned: Sequence[PlannedInstance]) -> list[Host]:
@@ -161,15 +280,21 @@ def network_name(run_id: str) -> str:
 
 
 class Provider(ABC):
-    """A cloud account seen by tflaunch: instances in, instances out, and what they cost."""
+    """A cloud account seen by tflaunch: instances in, instances out, and what they cost.
+
+    The abstract methods are the core every cloud implements; the rest have default bodies
+    (optional abilities refuse with :class:`Unsupported`; declare them in the spec's
+    ``features``). ``section`` is the provider's own ``ssh.provision`` dataclass, or whatever
+    :meth:`from_access` builds from run.json; ``say`` prints one line for the user."""
 
     name: ClassVar[str] = ""
     key: ClassVar[str] = "ssh.provision"  # where the settings are, for messages
+    spot_setting: ClassVar[str] = ""  # Feature.SPOT: the setting that asks for spot instances
 
     def __init__(self, section: Any, say: Say):
         self.section, self.say = section, say
 
-    # ---- planning and prices ---------------------------------------------------------------
+    # ---- core: planning and prices ----------------------------------------------------------
 
     @abstractmethod
     def candidates(self, config: ClusterConfig) -> list[PlannedInstance]:
@@ -184,7 +309,8 @@ class Provider(ABC):
 
     @abstractmethod
     def prices(self, instance_types: Sequence[str]) -> dict[str, Price]:
-        """The hourly price of each type, and where each figure comes from."""
+        """The hourly price of each type, and where each figure comes from (a cloud without
+        prices says ``Price(type, 0.0, "free")`` or ``None`` for unknown)."""
 
     def cost_lines(self, planned: Sequence[PlannedInstance]) -> list[CostLine]:
         """One line per (role, type, spot) with its count and price, in the planned order."""
@@ -198,7 +324,7 @@ class Provider(ABC):
             for (role, kind, spot), count in groups.items()
         ]
 
-    # ---- making and ending instances -------------------------------------------------------
+    # ---- core: the network ------------------------------------------------------------------
 
     @abstractmethod
     def open_network(
@@ -207,12 +333,18 @@ class Provider(ABC):
         cluster: str,
         ports: Sequence[int],
         ssh_port: int,
-        ssh_from: str,
+        ssh_from: str | None,
         tags: Mapping[str, str] | None = None,
     ) -> str:
         """Network rules admitting the cluster's ports between its members and SSH from
-        ``ssh_from``, with ``tags`` beside tflaunch's (a kept cluster's :data:`TAG_KEEP`);
-        returns their id."""
+        ``ssh_from`` (a CIDR; None: the provider decides, e.g. this machine's public address),
+        with ``tags`` beside tflaunch's (a kept cluster's :data:`TAG_KEEP`); returns their id."""
+
+    @abstractmethod
+    def delete_network(self, network: str, wait: float) -> None:
+        """Delete the run's network rules (once no instance uses them; wait up to ``wait``)."""
+
+    # ---- core: making, finding and ending instances ----------------------------------------
 
     @abstractmethod
     def create(
@@ -225,7 +357,9 @@ class Provider(ABC):
         user_data: str,
         same_address: Mapping[str, Instance] | None = None,
     ) -> dict[str, str]:
-        """One instance per planned host, tagged; returns host name -> instance id. A host in
+        """One instance per planned host, tagged (tflaunch's tags, :data:`TAG_HOST`,
+        :data:`TAG_ROLE` and ``tags``), running ``user_data`` (a shell script: the idle and
+        runtime watchdog) at boot; returns host name -> instance id. A host in
         ``same_address`` replaces that (ended) instance and takes its cluster address, so that
         the plan's cluster spec stays true."""
 
@@ -246,44 +380,53 @@ class Provider(ABC):
     def terminate(self, ids: Sequence[str], network: str | None = None, wait: float = 300) -> None:
         """Terminate the instances, wait until the provider says so, then delete ``network``."""
 
-    @abstractmethod
-    def delete_network(self, network: str, wait: float) -> None:
-        """Delete the run's network rules (once no instance uses them)."""
-
-    @abstractmethod
-    def kept_networks(self, name: str) -> list[str]:
-        """The network rules tagged as kept cluster ``name``'s (:data:`TAG_KEEP`), found from
-        any machine; not its lock."""
-
-    @abstractmethod
-    def where(self) -> str:
-        """The account and region this provider asks, for messages."""
-
-    # ---- a kept cluster's lock, held in the cloud so that it holds across machines ----------
-
-    @abstractmethod
-    def take_lock(self, name: str, holder: LockHolder) -> LockHolder | None:
-        """Take the lock called ``name`` in one atomic step: None when this call took it for
-        ``holder``, else whoever holds it."""
-
-    @abstractmethod
-    def renew_lock(self, name: str, holder: LockHolder, heartbeat: float) -> LockHolder | None:
-        """Move the lock's heartbeat on while ``holder`` holds it: None when done, else whoever
-        holds it now (the lock was broken and taken)."""
-
-    @abstractmethod
-    def drop_lock(self, name: str, holder: LockHolder) -> None:
-        """Remove the lock if (and only if) ``holder`` holds it: a release, or the break of a
-        stale lock that leaves alone one taken meanwhile by someone else."""
+    # ---- core: reaching the account again ---------------------------------------------------
 
     @abstractmethod
     def access(self) -> dict[str, Any]:
-        """What run.json keeps to reach this account again (``down``, ``gc``)."""
+        """What run.json keeps to reach this account again (``down``, ``gc``): plain JSON."""
 
     @classmethod
     @abstractmethod
     def from_access(cls, access: Mapping[str, Any], say: Say) -> Provider:
         """The provider for an account as :meth:`access` recorded it."""
+
+    @classmethod
+    def account(cls, section: Any | None, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The access of the account the command line names (``gc``, ``down --cluster``,
+        ``status --cloud``): each admin option given, else the cluster file's setting of that
+        name (``section``: its ``ssh.provision``, or None). ``options`` holds every admin
+        option the spec declares (None where not given)."""
+        return {key: value or getattr(section, key, None) for key, value in options.items()}
+
+    def where(self) -> str:
+        """The account this provider asks, for messages."""
+        return self.name
+
+    # ---- optional: kept clusters (Feature.KEEP) ---------------------------------------------
+
+    def take_lock(self, name: str, holder: LockHolder) -> LockHolder | None:
+        """Take the lock called ``name`` in one atomic step that every machine sees: None when
+        this call took it for ``holder``, else whoever holds it."""
+        raise self._unsupported(Feature.KEEP)
+
+    def renew_lock(self, name: str, holder: LockHolder, heartbeat: float) -> LockHolder | None:
+        """Move the lock's heartbeat on while ``holder`` holds it: None when done, else whoever
+        holds it now (the lock was broken and taken)."""
+        raise self._unsupported(Feature.KEEP)
+
+    def drop_lock(self, name: str, holder: LockHolder) -> None:
+        """Remove the lock if (and only if) ``holder`` holds it: a release, or the break of a
+        stale lock that leaves alone one taken meanwhile by someone else."""
+        raise self._unsupported(Feature.KEEP)
+
+    def kept_networks(self, name: str) -> list[str]:
+        """The network rules tagged as kept cluster ``name``'s (:data:`TAG_KEEP`), found from
+        any machine; not its lock."""
+        raise self._unsupported(Feature.KEEP)
+
+    def _unsupported(self, feature: Feature) -> Unsupported:
+        return Unsupported(f"{feature.value} are not supported by cloud '{self.name}'.")
 
     # ---- shared behaviour --------------------------------------------------------------------
 

@@ -27,9 +27,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.errors import ConfigError, LaunchError, TflaunchError
-from tflaunch.launchers.clouds import DEFAULT_CLOUD, provider_class
+from tflaunch.errors import LaunchError, TflaunchError
+from tflaunch.launchers.clouds import provider_class, spec_of
 from tflaunch.launchers.clouds.base import (
     GONE_STATES,
     NETWORK_PREFIX,
@@ -40,9 +39,8 @@ from tflaunch.launchers.clouds.base import (
     PlannedInstance,
     Provider,
     Say,
-    launcher_alive,
-    launcher_tag,
 )
+from tflaunch.runtime.identity import Launcher
 
 CLUSTERS_DIR = ".clusters"
 HEARTBEAT_SECONDS = 30.0  # how often the holder of a kept cluster's lock says it still runs
@@ -78,10 +76,11 @@ def in_use(provider: Provider, name: str, what: str, say: Say) -> Iterator[None]
     """Hold the kept cluster for one ``up`` (or ``down --cluster``); refuse, naming the holder,
     when another command holds it, on this machine or any other. The lock lives in the cloud
     (:meth:`Provider.take_lock`); while held, a thread moves its heartbeat on every
-    :data:`HEARTBEAT_SECONDS`. A lock whose holder is gone (a process of this machine that no
-    longer runs, or a heartbeat older than :data:`STALE_SECONDS`) is broken, with a message."""
+    :data:`HEARTBEAT_SECONDS`. A lock whose holder is gone (:func:`stale`: a process of this
+    machine that no longer runs, or a heartbeat older than :data:`STALE_SECONDS`) is broken,
+    with a message; one whose heartbeat is younger than two periods never is."""
     now = time.time()
-    me = LockHolder(what, launcher_tag(), now, now)
+    me = LockHolder(what, Launcher.current().tag(), now, now)
     holder = provider.take_lock(name, me)
     if holder is not None:
         why = stale(holder, now)
@@ -118,12 +117,20 @@ def in_use(provider: Provider, name: str, what: str, say: Say) -> Iterator[None]
 
 
 def stale(holder: LockHolder, now: float) -> str | None:
-    """Why a lock's holder is gone, or None while it may still run."""
-    alive = launcher_alive(holder.launcher)
+    """Why a lock's holder is gone, or None while it may still run. A heartbeat younger than
+    two periods is never broken, whatever this machine sees: its holder runs, somewhere. Past
+    that, a holder of this machine (its boot and PID namespace) whose process is gone is; one of
+    another machine (or container, or an older tflaunch's tag) only once its heartbeat is older
+    than :data:`STALE_SECONDS`."""
+    silent = now - holder.heartbeat
+    if silent < 2 * HEARTBEAT_SECONDS:
+        return None
+    identity = holder.identity
+    alive = identity.alive() if identity is not None else None
     if alive is False:
         return f"its process (pid {holder.pid}) no longer runs on this machine"
-    if alive is None and now - holder.heartbeat > STALE_SECONDS:
-        return f"no heartbeat for {now - holder.heartbeat:.0f} s (more than {STALE_SECONDS:g} s)"
+    if alive is None and silent > STALE_SECONDS:
+        return f"no heartbeat for {silent:.0f} s (more than {STALE_SECONDS:g} s)"
     return None
 
 
@@ -183,30 +190,6 @@ def differences(planned: Sequence[PlannedInstance], kept: Sequence[Instance]) ->
     return problems
 
 
-def named_account(
-    config: ClusterConfig | None, options: Mapping[str, str | None], name: str
-) -> tuple[str, dict[str, Any]] | None:
-    """(cloud, access) of the account the command line names for ``down --cluster``: the
-    options (region, profile, endpoint) over the cluster file's ``ssh.provision``; None when
-    it names none."""
-    section = None
-    if config is not None:
-        section = config.ssh.provision
-        if section is None:
-            raise ConfigError(
-                f"{config.source}: the cluster file has no ssh.provision section to name the "
-                f"account of kept cluster '{name}'."
-            )
-    if section is None and not any(options.values()):
-        return None
-    access: dict[str, Any] = {
-        key: options.get(key) or getattr(section, key, None)
-        for key in ("region", "profile", "endpoint_url")
-    }
-    access["subnet"] = getattr(section, "subnet", None)  # its VPC holds the cluster's lock
-    return (section.cloud if section is not None else DEFAULT_CLOUD), access
-
-
 def down_cluster(
     runs_root: Path,
     name: str,
@@ -217,7 +200,8 @@ def down_cluster(
 
     The cluster is found by its tags in the cloud (:data:`TAG_KEEP` on its instances and network
     rules), so any machine with the account's credentials can end it. ``account`` (cloud, access)
-    says where to look, from the command line (a cluster file's ``ssh.provision``, or flags);
+    says where to look, from the command line (a cluster file's ``ssh.provision``, or
+    ``--cloud`` and the cloud's options: :func:`tflaunch.launchers.clouds.admin.account`);
     without it, this machine's record of the cluster (``<runs_root>/.clusters/NAME.json``) does."""
     path = record_path(runs_root, name)
     record = json.loads(path.read_text()) if path.exists() else None
@@ -225,8 +209,9 @@ def down_cluster(
         raise LaunchError(
             f"no kept cluster '{name}' is recorded on this machine ({path} is missing: made "
             "from another machine, or another --runs-dir?). Name its account: 'tflaunch down "
-            f"--cluster {name} -f CLUSTER_FILE' (the file's ssh.provision region and profile), "
-            f"or 'tflaunch down --cluster {name} --region REGION [--profile PROFILE]'."
+            f"--cluster {name} -f CLUSTER_FILE' (the file's ssh.provision), or 'tflaunch down "
+            f"--cluster {name} --cloud CLOUD' with the cloud's options ('tflaunch down --help' "
+            "lists them)."
         )
     cloud, access = account if account is not None else (record["cloud"], record["access"])
     # This machine's record counts only for its own account: another named on the command line
@@ -260,5 +245,6 @@ def down_cluster(
 
 
 def _same_account(a: tuple[str, Mapping[str, Any]], b: tuple[str, Mapping[str, Any]]) -> bool:
-    keys = ("region", "profile", "endpoint_url")
+    """Whether two (cloud, access) name one account: the same cloud and admin options."""
+    keys = [option.name for option in spec_of(a[0]).admin_options]
     return a[0] == b[0] and all(a[1].get(k) == b[1].get(k) for k in keys)

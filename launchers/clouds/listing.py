@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tflaunch.errors import TflaunchError
-from tflaunch.launchers.clouds import kept, provider_class, run_access
+from tflaunch.launchers.clouds import kept, provider_class, run_access, spec_of
 from tflaunch.launchers.clouds.base import (
     TAG_AUTOSTOP,
     TAG_BUSY,
@@ -40,7 +40,8 @@ def accounts(
     found: dict[str, tuple[str, dict]] = {}
 
     def add(cloud: str, access: Mapping[str, Any]) -> None:
-        plain = {k: access.get(k) for k in ("region", "profile", "endpoint_url")}
+        # one account per cloud and admin options (EC2: region, profile, endpoint)
+        plain = {o.name: access.get(o.name) for o in spec_of(cloud).admin_options}
         found.setdefault(json.dumps([cloud, plain], sort_keys=True), (cloud, plain))
 
     if extra is not None:

@@ -4,13 +4,15 @@ An instance is swept when it carries the ``tflaunch:run`` tag, is not terminated
 
 * its run ended (the run directory named by its ``tflaunch:run-dir`` tag says succeeded, failed or
   stopped), or
-* its launcher is gone: the ``tflaunch:launcher`` tag names a process of this machine (host, pid,
-  start time) that no longer runs, and the run was not detached (a detached run lives on its hosts
-  and stays until it ends).
+* its launcher is gone: the ``tflaunch:launcher`` tag names a process of this machine (its boot
+  and PID namespace, pid and start time: :class:`~tflaunch.runtime.identity.Launcher`) that no
+  longer runs, and the run was not detached (a detached run lives on its hosts and stays until
+  it ends).
 
 Instances of a kept cluster (``tflaunch:keep``) stay while their cluster is kept: 'down
 --cluster' or their idle watchdog ends them. Instances started from another machine are listed
-but kept: only that machine can tell whether their launcher still runs. The run's network rules
+but kept: only that machine can tell whether their launcher still runs (another host, or a
+container or PID namespace with this hostname). The run's network rules
 (security group) go with its last instance.
 """
 
@@ -18,11 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.launchers.clouds import provider_class
 from tflaunch.launchers.clouds.base import (
     TAG_KEEP,
     TAG_LAUNCHER,
@@ -32,9 +31,9 @@ from tflaunch.launchers.clouds.base import (
     Instance,
     Provider,
     Say,
-    launcher_alive,
     network_name,
 )
+from tflaunch.runtime.identity import Launcher
 from tflaunch.runtime.run import Run
 
 
@@ -71,9 +70,11 @@ def judge(run_id: str, tags: dict[str, str]) -> tuple[bool, str]:
     record = Run(run_id, run_dir).record()  # an empty one when the directory is gone
     if record.has_ended:
         return True, f"its run {record.state}"
-    alive = launcher_alive(tags.get(TAG_LAUNCHER, ""))
+    launcher = Launcher.from_tag(tags.get(TAG_LAUNCHER, ""))
+    alive = launcher.alive() if launcher is not None else None
     if alive is None:
-        return False, f"started from {tags.get(TAG_LAUNCHER, '?').split(':')[0]}; sweep there"
+        where = launcher.describe() if launcher is not None else "an unknown machine"
+        return False, f"started from {where}; only that machine can tell, sweep there"
     if alive:
         return False, "its launcher is running"
     if record.part(CloudDetails).detached:
@@ -118,17 +119,3 @@ def format_verdicts(verdicts: list[Verdict], dry_run: bool) -> list[str]:
         f"({v.reason}): {', '.join(v.instance_ids)}"
         for v in verdicts
     ]
-
-
-def sweep_account(
-    config: ClusterConfig | None,
-    options: Mapping[str, str | None],
-    dry_run: bool,
-    say: Say,
-) -> list[str]:
-    """``tflaunch gc``: the account from ``options`` (region, profile, endpoint), else from the
-    cluster file's ``ssh.provision``; one line per run found."""
-    section = config.ssh.provision if config else None
-    cloud = provider_class(section.cloud if section else "ec2")
-    access = {key: value or getattr(section, key, None) for key, value in options.items()}
-    return format_verdicts(sweep(cloud.from_access(access, say), say, dry_run), dry_run)

@@ -31,6 +31,7 @@ from tflaunch.plugin import (
     ProcessLink,
     Run,
     hosts_from_config,
+    preflight_here,
     spawn_agent,
     unset_gpus,
 )
@@ -80,6 +81,11 @@ class LocalBackend(Backend):
                 for h in open_hosts
             }
         return [found.get(h.name, h) for h in hosts]
+
+    def check_here(self, config: ClusterConfig, plan: Plan) -> list[str]:
+        """What each host's agent checks first (workdir, program on PATH, free ports, cores),
+        and that every host's address resolves: all of it is this machine."""
+        return preflight_here(plan, [h.name for h in plan.hosts_with_tasks()])
 
     def start_agents(self, config: ClusterConfig, plan: Plan, run: Run) -> list[ProcessLink]:
         return [spawn_agent(run, h.name, die_with_parent=False) for h in plan.hosts_with_tasks()]

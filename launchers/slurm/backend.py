@@ -39,6 +39,7 @@ from tflaunch.launchers.slurm.script import (
     layout,
     render_sbatch,
 )
+from tflaunch.launchers.slurm.section import SlurmSection
 from tflaunch.plugin import (
     BatchBackend,
     ClusterConfig,
@@ -81,7 +82,11 @@ class SlurmBackend(BatchBackend):
 
     def setup_extra(self, config: ClusterConfig) -> dict[str, Any]:
         """sbatch's output patterns, resolved by :meth:`output_paths`."""
-        return {"job_name": config.name, "output": config.slurm.output, "error": config.slurm.error}
+        return {
+            "job_name": config.name,
+            "output": config.section(SlurmSection).output,
+            "error": config.section(SlurmSection).error,
+        }
 
     def output_paths(self, run: Run, job_id: str) -> tuple[Path, Path | None]:
         """Where the job's stdout and stderr go (None: stderr goes to the stdout file)."""
@@ -116,4 +121,4 @@ class SlurmBackend(BatchBackend):
             )
 
     def python(self, config: ClusterConfig) -> str:
-        return config.slurm.python
+        return config.section(SlurmSection).python

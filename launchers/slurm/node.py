@@ -36,6 +36,7 @@ from typing import ClassVar
 
 from tflaunch.launchers.slurm.client import requeue as requeue_job
 from tflaunch.launchers.slurm.script import SETUP_FILE, Layout, SlurmDetails, layout
+from tflaunch.launchers.slurm.section import SlurmSection
 from tflaunch.plugin import (
     ClusterConfig,
     Host,
@@ -89,20 +90,22 @@ def allocation_hosts(
 
 def requeue_rule(config: ClusterConfig, restarts: int) -> Requeue | None:
     """What the warning signal leads to in a job Slurm has requeued ``restarts`` times."""
-    limit = config.slurm.requeue
-    if not limit or not config.slurm.signal:
+    limit = config.section(SlurmSection).requeue
+    if not limit or not config.section(SlurmSection).signal:
         return None
     if restarts >= limit:
         return Requeue(
             refused=f"the job is not requeued again: it was requeued {restarts} time(s), the "
             f"limit of slurm.requeue ({limit}), so it ends at its time limit"
         )
-    return Requeue(config.slurm.checkpoint_wait, f"requeue {restarts + 1} of at most {limit}")
+    return Requeue(
+        config.section(SlurmSection).checkpoint_wait, f"requeue {restarts + 1} of at most {limit}"
+    )
 
 
 def too_many_requeues(config: ClusterConfig, restarts: int, job_id: str) -> str | None:
     """Why a job requeued ``restarts`` times must not start again (None: it may)."""
-    limit = config.slurm.requeue
+    limit = config.section(SlurmSection).requeue
     if restarts <= limit:
         return None
     return (

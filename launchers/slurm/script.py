@@ -23,6 +23,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tflaunch.launchers.slurm.section import SlurmSection
 from tflaunch.plugin import BatchDetails, ClusterConfig, ConfigError, PlanError
 
 NODE_MODULE = "tflaunch.launchers.slurm.node"
@@ -59,7 +60,7 @@ class Layout:
 
 def requested_gpus(config: ClusterConfig) -> int:
     """GPUs per worker node the job asks Slurm for (``gpus_per_node``, or the gpu count of ``gres``)."""
-    slurm = config.slurm
+    slurm = config.section(SlurmSection)
     if slurm.gpus_per_node is not None:
         return slurm.gpus_per_node
     for item in (slurm.gres or "").split(","):
@@ -86,7 +87,7 @@ def layout(config: ClusterConfig) -> Layout:
     dedicated = placement.ps == "dedicated" and roles.ps > 0
     ps_nodes = roles.ps if dedicated else 0
     needed = math.ceil(slots / per_node) if per_node else 1
-    asked = config.slurm.nodes
+    asked = config.section(SlurmSection).nodes
     if asked is None:
         return Layout(needed, ps_nodes, gpus)
     if dedicated and asked < needed + ps_nodes:
@@ -114,7 +115,7 @@ def _workers_per_node(config: ClusterConfig, gpus: int) -> int | None:
     if gpus and placement.gpus_per_worker != 0:
         return max(1, gpus // (placement.gpus_per_worker or 1))
     # CPU nodes, nothing said: one worker per node when Slurm picks the count, as the CSCS runs.
-    return None if config.slurm.nodes else 1
+    return None if config.section(SlurmSection).nodes else 1
 
 
 def directive_word(value: str) -> str:
@@ -159,7 +160,7 @@ class ScriptInputs:
 
 def render_sbatch(config: ClusterConfig, job: Layout, inputs: ScriptInputs) -> str:
     """The job script for ``config`` (pure: same inputs, same text)."""
-    slurm = config.slurm
+    slurm = config.section(SlurmSection)
     lines = [
         "#!/bin/bash",
         f"# tflaunch run {comment_text(inputs.run_id)}, from {comment_text(inputs.cluster_file)}",
@@ -199,7 +200,7 @@ def render_sbatch(config: ClusterConfig, job: Layout, inputs: ScriptInputs) -> s
 def _component(
     config: ClusterConfig, nodes: int, gpus: int, common: Sequence[str], ps: bool
 ) -> list[str]:
-    slurm = config.slurm
+    slurm = config.section(SlurmSection)
     options = [*common, f"--nodes={nodes}", "--ntasks-per-node=1"]
     for name, value in (
         ("time", slurm.time),
@@ -231,11 +232,11 @@ def _srun_head(config: ClusterConfig, job: Layout) -> list[str]:
         head.append("--het-group=0,1")
     else:
         head += ['--nodes="$SLURM_JOB_NUM_NODES"', '--ntasks="$SLURM_JOB_NUM_NODES"']
-    if config.slurm.cpus_per_task:
+    if config.section(SlurmSection).cpus_per_task:
         # Slurm 22.05's srun no longer takes --cpus-per-task from the batch environment.
-        head.append(f"--cpus-per-task={config.slurm.cpus_per_task}")
+        head.append(f"--cpus-per-task={config.section(SlurmSection).cpus_per_task}")
     return head  # constants and numbers only: no user text, nothing to quote
 
 
 def _agent_argv(config: ClusterConfig, inputs: ScriptInputs) -> list[str]:
-    return [config.slurm.python, "-m", NODE_MODULE, "--run-dir", inputs.run_dir]
+    return [config.section(SlurmSection).python, "-m", NODE_MODULE, "--run-dir", inputs.run_dir]

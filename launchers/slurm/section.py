@@ -89,7 +89,7 @@ class SlurmSection:
 
 def check(config: ClusterConfig, fail: Fail) -> None:
     """The section's own rules (every file), then those of files that choose Slurm."""
-    slurm = config.slurm
+    slurm = config.section(SlurmSection)
     if slurm.signal and not re.fullmatch(r"USR[12]@\d+", slurm.signal):
         fail(
             ("slurm", "signal"),
@@ -111,7 +111,7 @@ def check(config: ClusterConfig, fail: Fail) -> None:
 
 def _check_requeue(config: ClusterConfig, fail: Fail) -> None:
     """``slurm.requeue`` needs the warning signal, and time after the wait to stop the tasks."""
-    slurm = config.slurm
+    slurm = config.section(SlurmSection)
     if not slurm.requeue:
         return
     if not slurm.signal:

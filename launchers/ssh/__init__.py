@@ -1,8 +1,8 @@
 """SSH backend: the backend, host sessions, detached runs (launcher and host sides), connections,
 pre-flight, host sources, and the ``ssh:`` section of the cluster file."""
 
-from tflaunch.cluster.backends import BackendSpec
 from tflaunch.launchers.ssh.section import SshSection, check
+from tflaunch.plugin import BackendSpec
 
 BACKEND = BackendSpec(
     name="ssh",

@@ -19,8 +19,9 @@ started there from the plan in its run directory, which starts its tasks, alone 
 roles' restart scope allows, else with the whole cluster (see
 :mod:`tflaunch.runtime.coordinator`). A provisioned run also asks the provider every few seconds
 whether its instances still run, and replaces an ended one (same host name, role, type and
-cluster address) the same way; for a detached one, a watcher left on the laptop does
-(:mod:`tflaunch.launchers.ssh.watch`; it also restarts the run when the instance of the
+cluster address) the same way (:mod:`tflaunch.launchers.clouds.provisioner` makes the instances
+and hands this backend their plan, on which it launches once); for a detached one, a watcher left
+on the laptop does (:mod:`tflaunch.launchers.ssh.watch`; it also restarts the run when the instance of the
 coordinator's own host ends). ``ssh.host_wait`` is for attached runs only: a detached run's
 coordinator on its host fails the run when a host stops answering.
 
@@ -34,34 +35,43 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import paramiko
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Host, Plan
-from tflaunch.errors import LaunchError, TflaunchError
-from tflaunch.launchers.base import Backend, LaunchOptions
 from tflaunch.launchers.ssh import detached
 from tflaunch.launchers.ssh.connect import (
     Connection,
     SshOptions,
+    Unreachable,
     connect,
     connect_all,
     parallel,
     remote_command,
 )
 from tflaunch.launchers.ssh.details import SshDetails
-from tflaunch.launchers.ssh.section import host_run_dir
+from tflaunch.launchers.ssh.section import SshSection, host_run_dir
 from tflaunch.launchers.ssh.session import HostSession
 from tflaunch.launchers.ssh.sources import resolve_hosts
-from tflaunch.runtime import protocol
-from tflaunch.runtime.coordinator import Revive
-from tflaunch.runtime.link import StreamLink, agent_output
-from tflaunch.runtime.run import Outcome, Run
-from tflaunch.runtime.tracehook import TraceRequest, TraceSite
+from tflaunch.plugin import (
+    Backend,
+    ClusterConfig,
+    Host,
+    LaunchError,
+    LaunchOptions,
+    Outcome,
+    Plan,
+    Revive,
+    Run,
+    StreamLink,
+    TflaunchError,
+    TraceRequest,
+    TraceSite,
+    agent_output,
+)
+from tflaunch.runtime import procs, protocol
 
 WATCH_SECONDS = 3.0  # between asking the provider whether a provisioned run's instances run
 
@@ -154,59 +164,83 @@ class SshBackend(Backend):
 
     def __init__(self) -> None:
         self.session = HostSession()
-        self.fleet: Any = None  # a provisioned run's instances (provision.Fleet), while it runs
+        self.fleet: Any = None  # a provisioned run's instances (provisioner.Fleet) while it runs
         self._links: dict[str, SshLink] = {}
         self._watching = threading.Event()
 
     def hosts(self, config: ClusterConfig) -> list[Host]:
-        if config.ssh.provision is not None:  # instances not made yet: addresses pending
-            from tflaunch.launchers.ssh import provision
+        if (
+            config.section(SshSection).provision is not None
+        ):  # instances not made yet: addresses pending
+            from tflaunch.launchers.clouds.provisioner import candidate_hosts
 
-            return provision.candidate_hosts(config)
+            return candidate_hosts(config.section(SshSection).provision, config)
         return resolve_hosts(config)
 
     def hosts_pending(self, config: ClusterConfig) -> bool:
-        return config.ssh.provision is not None
+        return config.section(SshSection).provision is not None
+
+    def check_here(self, config: ClusterConfig, plan: Plan) -> list[str]:
+        """Every host's connect address resolves here (the rest, pre-flight checks on the
+        hosts at 'up'); nothing for instances not made yet."""
+        if self.hosts_pending(config):
+            return []
+        names = (h.connect_address for h in plan.hosts_with_tasks())
+        return [
+            f"host {name!r} does not resolve on this machine; fix hosts: (or the host file), "
+            "or /etc/hosts"
+            for name in procs.unresolved(names)
+        ]
 
     # ---- attached runs: the launcher is the coordinator ------------------------------------
 
     def launch(
         self, config: ClusterConfig, plan: Plan, run: Run, options: LaunchOptions | None = None
     ) -> Outcome:
-        from tflaunch.launchers.ssh import limits, provision
+        from tflaunch.launchers.ssh import limits
 
         options = options or LaunchOptions()
-        if config.ssh.provision is not None:  # make the instances, then launch on them
-            keep = config.name if options.keep else None
-            on_hosts = provision.on_instances(config, run, keep)
-            start = lambda made: self.launch(on_hosts, made, run, options)  # noqa: E731
-            take = lambda fleet: setattr(self, "fleet", fleet)  # noqa: E731
-            try:
-                return provision.provisioned_run(
-                    config,
-                    run,
-                    start,
-                    self.session.say,
-                    down_at_end=options.down_at_end,
-                    plan=plan,
-                    fleet_ready=take,
-                    keep=keep,
-                    recreate=options.recreate,
-                )
-            except TflaunchError as err:
-                if not run.ended:
-                    run.finish(Outcome(err.exit_code, str(err)))
-                raise
-            finally:
-                self._watching.set()  # the watch on the instances ends with the run
         try:
-            with limits.runtime_limit(config.supervision.max_runtime, self.session.say):
-                return super().launch(config, plan, run, options)
-        finally:
-            try:
-                self.session.fetch_logs(plan, run)
-            finally:
-                self.session.close()
+            with contextlib.ExitStack() as stack:  # a provisioned run's instances end last
+                if (
+                    config.section(SshSection).provision is not None
+                ):  # make the instances: the run's hosts
+                    plan = stack.enter_context(self._provisioning(config, plan, run, options))
+                try:
+                    with limits.runtime_limit(config.supervision.max_runtime, self.session.say):
+                        return super().launch(config, plan, run, options)
+                finally:
+                    self._watching.set()  # the watch on the instances ends with the run
+                    try:
+                        self.session.fetch_logs(plan, run)
+                    finally:
+                        self.session.close()
+        except TflaunchError as err:
+            if not run.ended:
+                run.finish(Outcome(err.exit_code, str(err)))
+            raise
+
+    @contextlib.contextmanager
+    def _provisioning(
+        self, config: ClusterConfig, plan: Plan, run: Run, options: LaunchOptions
+    ) -> Iterator[Plan]:
+        """The run's instances (:mod:`tflaunch.launchers.clouds.provisioner`) for the time of
+        the run: their plan, reached with the run's own known_hosts; the fleet replaces those
+        that end."""
+        from tflaunch.launchers.clouds.provisioner import Provisioning
+        from tflaunch.launchers.ssh import cloud
+
+        keep = config.name if options.keep else None
+        provisioning = Provisioning(
+            config.section(SshSection).provision, config, run, cloud.reach(config, run.id), self.session.say,
+            plan=plan, down_at_end=options.down_at_end, keep=keep, recreate=options.recreate,
+            watch=True,
+        )  # fmt: skip
+        with provisioning as made:
+            self.session.options = cloud.instance_options(config, run, keep)
+            self.fleet = made.fleet
+            assert made.plan is not None
+            yield made.plan
 
     def start_agents(self, config: ClusterConfig, plan: Plan, run: Run) -> list[SshLink]:
         """Connect, prepare and check every host; only if all pass, start one agent on each."""
@@ -248,7 +282,7 @@ class SshBackend(Backend):
     def reviver(self, config: ClusterConfig, plan: Plan, run: Run) -> Revive | None:
         if self.fleet is not None and plan.supervision.restart.enabled:
             # a provisioned run whose agents stay up: an ended instance is replaced
-            budget = config.ssh.host_wait or 2 * self.fleet.config.ssh.provision.ready_timeout
+            budget = config.section(SshSection).host_wait or 2 * self.fleet.ready_timeout
             return Revive(
                 budget,
                 lambda host, deadline: self._replace(config, plan, run, host, deadline),
@@ -258,12 +292,12 @@ class SshBackend(Backend):
                 ),
                 not_back=f"was not replaced within {budget:g} s",
             )
-        if not config.ssh.host_wait:
+        if not config.section(SshSection).host_wait:
             return None
 
         def revive(host: str, deadline: float) -> SshLink:
             """Connect to ``host`` until it answers or ``deadline``; start a new agent there."""
-            options = SshOptions.from_section(config.ssh, config.base_dir)
+            options = SshOptions.from_section(config.section(SshSection), config.base_dir)
             address = plan.host(host).connect_address
             while True:
                 try:
@@ -282,13 +316,15 @@ class SshBackend(Backend):
                 with contextlib.suppress(Exception):
                     old.close()
             self.session.connections[host] = conn
-            argv = self.session.agent_argv(config.ssh.python, host, await_start=True)
+            argv = self.session.agent_argv(
+                config.section(SshSection).python, host, await_start=True
+            )
             sup = plan.supervision
             return SshLink(
                 host, conn, conn.start(remote_command(argv)), sup.heartbeat, sup.heartbeat_timeout
             )
 
-        return Revive(config.ssh.host_wait, revive)
+        return Revive(config.section(SshSection).host_wait, revive)
 
     def _replace(
         self, config: ClusterConfig, plan: Plan, run: Run, host: str, deadline: float
@@ -297,6 +333,7 @@ class SshBackend(Backend):
         plan), with a new agent; its link first reports :class:`protocol.InstanceReplaced`."""
         made, old_id, new_id = self.fleet.replace(host, deadline)
         fresh = HostSession(self.session.out)
+        fresh.options = self.session.options  # the run's known_hosts
         fresh.open(config, plan.with_hosts(made), run, only=host)
         old = self.session.connections.get(host)
         if old is not None:
@@ -304,7 +341,7 @@ class SshBackend(Backend):
                 old.close()
         conn = self.session.connections[host] = fresh.connections[host]
         self.session.paths[host] = fresh.paths[host]
-        argv = self.session.agent_argv(config.ssh.python, host, await_start=True)
+        argv = self.session.agent_argv(config.section(SshSection).python, host, await_start=True)
         sup = plan.supervision
         replaced = protocol.InstanceReplaced(old=old_id, new=new_id).wire()
         link = SshLink(
@@ -326,7 +363,9 @@ class SshBackend(Backend):
         options: LaunchOptions | None = None,
     ) -> str:
         """``up --detach``: the run lives on the hosts; the laptop may disconnect."""
-        if config.ssh.provision is not None:  # make the instances; they outlive this command
+        if (
+            config.section(SshSection).provision is not None
+        ):  # make the instances; they outlive this command
             return detached.launch_provisioned(
                 self.session, config, plan, run, options or LaunchOptions()
             )
@@ -343,12 +382,12 @@ class SshBackend(Backend):
 
         if TraceRequest.from_env(plan.program.env) is None:
             return None
-        return SshTraceSite(self.session, plan, run, config.ssh.python)
+        return SshTraceSite(self.session, plan, run, config.section(SshSection).python)
 
     # ---- what other commands ask of an SSH run --------------------------------------------
 
     def python(self, config: ClusterConfig) -> str:
-        return config.ssh.python
+        return config.section(SshSection).python
 
     def host_run_dir(self, config: ClusterConfig, run_id: str) -> str:
         return host_run_dir(config, run_id)
@@ -358,9 +397,9 @@ class SshBackend(Backend):
     ) -> int:
         """On the first worker's host, forwarded to ``port`` here (the SSH settings come from
         the run's cluster file)."""
-        from tflaunch.cluster.config import load_config
-        from tflaunch.launchers.ssh.tensorboard import run_ssh
-        from tflaunch.launchers.tensorboard import TensorBoardError
+        from tflaunch.launchers.ssh.tensorboard_remote import run_ssh
+        from tflaunch.launchers.tensorboard_serve import TensorBoardError
+        from tflaunch.plugin import load_config
 
         cluster_file = run.record().cluster_file
         if not cluster_file or not Path(cluster_file).exists():
@@ -374,7 +413,7 @@ class SshBackend(Backend):
     def describe(self, run: Run) -> list[str]:
         """For ``status``: refresh a detached run from its hosts first; say where it runs, and
         list the instances it made or took (ssh.provision)."""
-        from tflaunch.launchers.ssh.provision import instance_lines
+        from tflaunch.launchers.clouds.provisioner import instance_lines
 
         details = run.record().part(SshDetails)
         unwatched = details.detached and not details.ssh_watcher_pid
@@ -393,7 +432,7 @@ class SshBackend(Backend):
         if run.record().part(SshDetails).detached:
             detached.refresh(self.session, run)
 
-    def cluster_alive(self, run: Run) -> bool:
+    def cluster_alive(self, run: Run) -> bool | None:
         if not run.record().part(SshDetails).detached:
             return super().cluster_alive(run)
         ended_before = run.ended
@@ -403,12 +442,17 @@ class SshBackend(Backend):
         return not ended_before
 
     def down(self, run: Run, grace: float) -> str:
-        from tflaunch.launchers.ssh.provision import terminate_run
+        from tflaunch.launchers.clouds.provisioner import terminate_run
 
         if not run.record().part(SshDetails).detached:
             stopped = super().down(run, grace)
         else:
-            stopped = detached.down(self.session, run, grace)
+            try:
+                stopped = detached.down(self.session, run, grace)
+            except Unreachable as err:  # the account alone ends the instances, if they are ours
+                return detached.down_unreachable(
+                    run, err, lambda: terminate_run(run, self.session.say)
+                )
         return "; ".join(s for s in (stopped, terminate_run(run, self.session.say)) if s)
 
     def exec_command(self, run: Run, argv: Sequence[str], show: Any) -> int:

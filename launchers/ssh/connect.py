@@ -29,9 +29,8 @@ from typing import Any, TypeVar
 
 import paramiko
 
-from tflaunch.cluster.config import env_name_problem
-from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.section import SshSection
+from tflaunch.plugin import LaunchError, env_name_problem
 
 T = TypeVar("T")
 _KNOWN_HOSTS_LOCK = threading.Lock()
@@ -402,12 +401,27 @@ def connect_all(hosts: Sequence[tuple[str, str]], options: SshOptions) -> dict[s
     return connections
 
 
-def connect_failure(failures: Sequence[str], hosts: int) -> LaunchError:
+class Unreachable(LaunchError):
+    """Hosts that could not be connected to: one line per host (``failures``), and what that
+    means for the command (``consequence``: nothing was started, nothing was stopped, ...)."""
+
+    def __init__(
+        self, failures: Sequence[str], hosts: int, consequence: str = "nothing was started"
+    ):
+        self.failures, self.hosts = list(failures), hosts
+        super().__init__(
+            f"cannot connect to {len(failures)} of {hosts} hosts; {consequence}.\n  "
+            + "\n  ".join(failures)
+        )
+
+    def because(self, consequence: str) -> Unreachable:
+        """The same failures, saying what they mean for another command."""
+        return Unreachable(self.failures, self.hosts, consequence)
+
+
+def connect_failure(failures: Sequence[str], hosts: int) -> Unreachable:
     """The one error for hosts that could not be connected to."""
-    return LaunchError(
-        f"cannot connect to {len(failures)} of {hosts} hosts; nothing was started.\n  "
-        + "\n  ".join(failures)
-    )
+    return Unreachable(failures, hosts)
 
 
 def close_all(connections: Iterable[Connection]) -> None:

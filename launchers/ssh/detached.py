@@ -21,25 +21,31 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Host, Plan
-from tflaunch.errors import LaunchError, TflaunchError
-from tflaunch.launchers.base import LaunchOptions
-from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
+from tflaunch.launchers.ssh.connect import Connection, Unreachable, parallel, remote_command
 from tflaunch.launchers.ssh.details import SshDetails
+from tflaunch.launchers.ssh.section import SshSection
 from tflaunch.launchers.ssh.session import HostSession, fetch_new_bytes
 from tflaunch.launchers.ssh.trace import fetch_tree
-from tflaunch.runtime import protocol
-from tflaunch.runtime.progress import PROGRESS_FILE
-from tflaunch.runtime.rendezvous import RENDEZVOUS_FILE, Rendezvous
-from tflaunch.runtime.run import Outcome, Run, RunRecord, remote_record_path
-from tflaunch.runtime.runctl import cluster_ready
-from tflaunch.runtime.runfiles import (
+from tflaunch.plugin import (
     CONSOLE_FILE,
     EVENTS_FILE,
+    PROGRESS_FILE,
     SAMPLES_PREFIX,
+    ClusterConfig,
+    Host,
+    LaunchError,
+    LaunchOptions,
+    Outcome,
+    Plan,
+    Run,
+    RunRecord,
+    TflaunchError,
     open_run_file,
+    remote_record_path,
 )
+from tflaunch.runtime import protocol
+from tflaunch.runtime.rendezvous import RENDEZVOUS_FILE, Rendezvous
+from tflaunch.runtime.runctl import cluster_ready
 
 ON_HOST = "tflaunch.launchers.ssh.on_host"
 WATCH = "tflaunch.launchers.ssh.watch"
@@ -115,9 +121,12 @@ def replace_wait(config: ClusterConfig, plan: Plan) -> float:
     """How long a provisioned detached run's coordinator waits for a replaced host's agent: 0
     (none) without a restart policy, else ``ssh.host_wait`` or twice the instances' ready
     timeout (the watcher creates, syncs and sets the instance up in that time)."""
-    if config.ssh.provision is None or not plan.supervision.restart.enabled:
+    if config.section(SshSection).provision is None or not plan.supervision.restart.enabled:
         return 0.0
-    return config.ssh.host_wait or 2 * config.ssh.provision.ready_timeout
+    return (
+        config.section(SshSection).host_wait
+        or 2 * config.section(SshSection).provision.ready_timeout
+    )
 
 
 def start_coordinator(
@@ -162,7 +171,7 @@ def start(
     run, watched by :mod:`tflaunch.launchers.ssh.watch`); 0 for none. ``coordinator_host``: the
     host for the coordinator and why, in words (default: the first host)."""
     session.open(config, plan, run, extra={RENDEZVOUS_FILE: Rendezvous.ahead().to_json()})
-    python = config.ssh.python
+    python = config.section(SshSection).python
     name, why = coordinator_host or (plan.hosts_with_tasks()[0].name, "the first host")
     coordinator = start_coordinator(session, plan.host(name), run, python, replace_wait)
     run.update_part(
@@ -214,23 +223,24 @@ def launch(
 def launch_provisioned(
     session: HostSession, config: ClusterConfig, plan: Plan, run: Run, options: LaunchOptions
 ) -> str:
-    """``up --detach`` of a provisioned cluster: make the instances (they outlive this command),
-    start the run on them, its coordinator on an on-demand instance when there is one, and
-    watch them from here (the hosts have no cloud credentials)."""
-    from tflaunch.launchers.ssh import provision
+    """``up --detach`` of a provisioned cluster: make the instances (they outlive this command;
+    :mod:`tflaunch.launchers.clouds.provisioner`), start the run on them, its coordinator on an
+    on-demand instance when there is one, and watch them from here (the hosts have no cloud
+    credentials)."""
+    from tflaunch.launchers.clouds.provisioner import Provisioning
+    from tflaunch.launchers.ssh import cloud
 
     keep = config.name if options.keep else None
-    on_hosts = provision.on_instances(config, run, keep)
     wait = replace_wait(config, plan)
-
-    def start_on(made: Plan) -> str:
-        where = provision.coordinator_host(config, made, watched=wait > 0)
-        return launch(session, on_hosts, made, run, wait, where)
-
-    return provision.provisioned_run(
-        config, run, start_on, session.say, detach=True, plan=plan, keep=keep,
-        recreate=options.recreate,
+    provisioning = Provisioning(
+        config.section(SshSection).provision, config, run, cloud.reach(config, run.id), session.say, plan=plan,
+        detach=True, keep=keep, recreate=options.recreate,
     )  # fmt: skip
+    with provisioning as made:
+        assert made.plan is not None
+        session.options = cloud.instance_options(config, run, keep)
+        where = cloud.coordinator_host(config, made.plan, watched=wait > 0)
+        return launch(session, config, made.plan, run, wait, where)
 
 
 def _wait_until_ready(session: HostSession, run: Run, timeout: float) -> None:
@@ -344,9 +354,13 @@ def stop_process(
 
 
 def down(session: HostSession, run: Run, grace: float) -> str:
-    """Stop the coordinator (it tears the cluster down), then any agent of the run still left."""
+    """Stop the coordinator (it tears the cluster down), then any agent of the run still left.
+    :class:`Unreachable` when the hosts cannot be reached (see :func:`down_unreachable`)."""
+    try:
+        session.reconnect(run)
+    except Unreachable as err:
+        raise err.because("the run's coordinator and agents were not asked to stop") from None
     stop_watcher(run)  # it would replace the instances 'down' ends
-    session.reconnect(run)
     try:
         refresh(session, run)  # the agents' pids are in the coordinator's events
         details = run.record().part(SshDetails)
@@ -373,3 +387,45 @@ def down(session: HostSession, run: Run, grace: float) -> str:
         return f"run {run.id} is down (state: {run.record().state}); " + "; ".join(what)
     finally:
         session.close()
+
+
+def down_unreachable(run: Run, err: Unreachable, terminate: Callable[[], str]) -> str:
+    """``down`` of a detached run whose hosts cannot be reached (the laptop changed networks,
+    a firewall): ending its instances needs only the cloud account, so ``terminate`` ends them
+    (and the tasks on them) and the run is recorded stopped; what the hosts held since the last
+    refresh cannot be collected, and the result says so. A run on hosts tflaunch did not make,
+    or on a kept cluster (which outlives runs), is refused: nothing can stop it now."""
+    from tflaunch.launchers.clouds.base import CloudDetails
+
+    cloud = run.record().part(CloudDetails)
+    if not cloud.instances:
+        raise err.because(
+            "nothing was stopped: its hosts are not tflaunch's to end; run "
+            f"'tflaunch down {run.id}' again once they can be reached"
+        ) from None
+    if cloud.keep_cluster:
+        raise err.because(
+            f"nothing was stopped: the run's tasks run on kept cluster {cloud.keep_cluster}, "
+            f"which outlives runs; run 'tflaunch down {run.id}' again once its hosts can be "
+            f"reached, or end the cluster with 'tflaunch down --cluster {cloud.keep_cluster}'"
+        ) from None
+    stop_watcher(run)  # it would replace the instances 'down' ends
+    terminated = terminate()
+    lost = (
+        "the coordinator's last events and state, the tasks' last log lines and resource "
+        "samples, and the trace (up --trace), if any"
+    )
+    if not run.ended:
+        run.finish(
+            Outcome(
+                143,
+                "stopped with tflaunch down, which could not reach the hosts: its instances "
+                f"were terminated; not collected: {lost}",
+                interrupted=True,
+            )
+        )
+    return (
+        f"run {run.id} is down (state: {run.record().state}): {terminated}. Its hosts could "
+        f"not be reached ({len(err.failures)} of {err.hosts}), so what they held since the "
+        f"last 'tflaunch status' was not collected: {lost}.\n  " + "\n  ".join(err.failures)
+    )

@@ -1,8 +1,8 @@
 """GPUs that pre-flight found on SSH hosts whose count the cluster file leaves open.
 
 Pre-flight runs ``nvidia-smi`` on every host anyway. A host whose GPU count the file does not give
-(no ``gpus`` on an inline host, no ``ssh.gpus`` for the IP files, no ``ssh.ec2.gpus``, an instance
-type without known GPUs) gets the GPUs found there: the plan is made again with them, the hosts'
+(no ``gpus`` on an inline host, no ``ssh.gpus`` for the IP files, no ``gpus`` in a cloud's discovery
+section such as ``ssh.<cloud>.gpus``, an instance type without known GPUs) gets the GPUs found there: the plan is made again with them, the hosts'
 plan files are rewritten before any agent starts, and the launcher says so. Found GPUs too few for
 a host's workers leave them on CPU, and the line says that instead.
 """
@@ -11,20 +11,30 @@ from __future__ import annotations
 
 import dataclasses
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Host, Plan, gpu_ids, make_plan, unset_gpus
-from tflaunch.errors import LaunchError, PlanError
 from tflaunch.launchers.ssh.preflight import HostReport
+from tflaunch.launchers.ssh.section import SshSection
+from tflaunch.plugin import (
+    ClusterConfig,
+    Host,
+    LaunchError,
+    Plan,
+    PlanError,
+    gpu_ids,
+    make_plan,
+    unset_gpus,
+)
 
 
 def file_gives_gpus(config: ClusterConfig, host: Host) -> bool:
     """Whether the cluster file (or the instance type) fixes ``host``'s GPU count."""
     if config.hosts:
         return not unset_gpus(config, host)
-    if config.ssh.public_ips_file:
-        return config.ssh.gpus is not None
-    if config.ssh.ec2 is not None:
-        return bool(config.ssh.ec2.gpus)
+    if config.section(SshSection).public_ips_file:
+        return config.section(SshSection).gpus is not None
+    for section in config.section(
+        SshSection
+    ).discover.values():  # a cloud's discovery: its section's gpus
+        return bool(getattr(section, "gpus", 0))
     return bool(host.gpu_ids)  # provisioned: the instance type's GPUs
 
 

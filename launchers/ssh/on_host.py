@@ -29,7 +29,7 @@ this one included), and new agents everywhere. ``tflaunch status``, ``logs [-f]`
 capture helper runs there, beside it, in the coordinator's trace directory (the first host's run
 directory's ``trace/``); the agents report their hosts' trace notes over their connections and,
 at their end, send the profiles their tasks saved on their own hosts
-(:mod:`tflaunch.runtime.tracehost`); the merge runs there too. The launcher copies that
+(:mod:`tflaunch.trace.links`); the merge runs there too. The launcher copies that
 directory back with the run's logs (:func:`tflaunch.launchers.ssh.detached.refresh`).
 """
 
@@ -44,17 +44,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tflaunch.cluster.plan import Plan
-from tflaunch.errors import LaunchError, TflaunchError
 from tflaunch.launchers.ssh.details import SshDetails
+from tflaunch.plugin import (
+    PLAN_FILE,
+    LaunchError,
+    Outcome,
+    Plan,
+    Revive,
+    Run,
+    TflaunchError,
+    TraceRequest,
+    TraceSite,
+)
 from tflaunch.runtime import protocol
 from tflaunch.runtime.agent import serve
-from tflaunch.runtime.coordinator import Revive, coordinate
+from tflaunch.runtime.coordinator import coordinate
 from tflaunch.runtime.link import SocketLink, socket_streams
 from tflaunch.runtime.rendezvous import Listener, Rendezvous, connect, publish, read_published
-from tflaunch.runtime.run import Outcome, Run
-from tflaunch.runtime.runfiles import PLAN_FILE
-from tflaunch.runtime.tracehook import TraceRequest, TraceSite, read_verdict
+from tflaunch.trace.files import read_verdict
 
 
 def handed_over(run_dir: Path) -> Rendezvous:

@@ -18,9 +18,8 @@ from typing import Any
 
 import paramiko
 
-from tflaunch.cluster.plan import Plan, render_task
-from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import CommandResult, Connection, remote_command
+from tflaunch.plugin import LaunchError, Plan, render_task
 from tflaunch.text import aligned
 
 # Runs on the host; its only input is one JSON argument, its only output one JSON line.

@@ -11,11 +11,10 @@ import contextlib
 import threading
 from collections.abc import Callable, Sequence
 
-from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
 from tflaunch.launchers.ssh.details import SshDetails
 from tflaunch.launchers.ssh.session import HostSession
-from tflaunch.runtime.run import Run
+from tflaunch.plugin import LaunchError, Run
 
 
 def exec_on_hosts(

@@ -3,21 +3,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
+import types
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from tflaunch.cluster.backends import Fail
-from tflaunch.cluster.config import (
-    MAX_GPUS,
-    MAX_ITEMS,
-    MAX_PORT,
-    MAX_SECONDS,
-    ClusterConfig,
-    Ec2ProvisionSection,
-    Ec2Section,
-)
-from tflaunch.cluster.schema import field
+import tflaunch.launchers.clouds as clouds
+from tflaunch.plugin import MAX_GPUS, MAX_ITEMS, MAX_PORT, MAX_SECONDS, ClusterConfig, Fail, field
 
 
 @dataclass(frozen=True)
@@ -40,7 +34,6 @@ class SshSection:
     private_ips_file: str | None = field(
         None, doc="file of cluster addresses, line i = same host as public line i"
     )
-    ec2: Ec2Section | None = field(None, doc="discover hosts from EC2")
     gpus: int | None = field(
         None,
         minimum=0,
@@ -54,7 +47,12 @@ class SshSection:
     remote_runs_dir: str | None = field(
         None, doc="run directory on the hosts (default: the local runs_dir path)"
     )
-    provision: Ec2ProvisionSection | None = field(None, doc="create EC2 instances for the run")
+    provision: Any = field(
+        None,
+        doc="create the hosts for the run in a cloud: 'cloud' names it (see the clouds "
+        "registered), the rest are that cloud's settings",
+        variants=clouds.PROVISION,
+    )
     sync: str | None = field(
         None,
         doc="local directory copied to every host's workdir before the run (honours .gitignore; "
@@ -80,11 +78,17 @@ class SshSection:
         "the checkpoints (counted in supervision.restart.max_cluster_restarts); 0: a host that "
         "stops answering fails the run",
     )
+    # Host discovery of each cloud that has it (``ssh.ec2:``), keyed by the cloud's name: read
+    # through the cloud registry, present only when written. Set by the loader.
+    discover: Mapping[str, Any] = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({}),
+        metadata={"internal": True, "sections": True, "sections_of": clouds.discovery_sections},
+    )
 
 
 def check(config: ClusterConfig, fail: Fail) -> None:
     """The section's own rules (every file), then those of files that choose SSH."""
-    ssh = config.ssh
+    ssh = config.section(SshSection)
     if ssh.host_wait and not config.supervision.restart.enabled:
         fail(
             ("ssh", "host_wait"),
@@ -96,7 +100,7 @@ def check(config: ClusterConfig, fail: Fail) -> None:
         for path, used in (
             (("hosts",), bool(config.hosts)),
             (("ssh", "public_ips_file"), bool(ssh.public_ips_file)),
-            (("ssh", "ec2"), ssh.ec2 is not None),
+            *((("ssh", name), True) for name in ssh.discover),
         ):
             if used:
                 fail(
@@ -104,6 +108,9 @@ def check(config: ClusterConfig, fail: Fail) -> None:
                     "cannot be combined with ssh.provision, which creates the hosts; "
                     "remove one of the two",
                 )
+        spec = clouds.spec_for_section(ssh.provision)
+        if spec.check is not None:
+            spec.check(config, ssh.provision, fail)
     if ssh.public_ips_file and not ssh.private_ips_file:
         fail(
             ("ssh", "private_ips_file"),
@@ -123,7 +130,7 @@ def host_run_dir(config: ClusterConfig, run_id: str) -> str:
     runs_dir path), relative to the remote home directory unless absolute. Each host keeps its
     own files in a folder of it named after the host; the default checkpoint directory is
     ``checkpoints/`` in it, one path for every host (shared where the hosts share the disk)."""
-    root = config.ssh.remote_runs_dir or config.runs_dir
+    root = config.section(SshSection).remote_runs_dir or config.runs_dir
     if not posixpath.isabs(root) and not root.startswith("~"):
         root = posixpath.join("~", root)  # expanded on the host: relative to the home
     return posixpath.join(root, run_id)

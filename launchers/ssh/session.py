@@ -24,12 +24,10 @@ from typing import IO
 
 import paramiko
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Host, Plan
-from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import (
     Connection,
     SshOptions,
+    Unreachable,
     close_all,
     connect,
     connect_all,
@@ -47,10 +45,19 @@ from tflaunch.launchers.ssh.preflight import (
     start_host_check,
 )
 from tflaunch.launchers.ssh.preflight import warnings as preflight_warnings
+from tflaunch.launchers.ssh.section import SshSection
 from tflaunch.launchers.ssh.setup import prepare_hosts
-from tflaunch.runtime.link import agent_args, agent_argv
-from tflaunch.runtime.run import Run
-from tflaunch.runtime.runfiles import PLAN_FILE, open_run_file
+from tflaunch.plugin import (
+    PLAN_FILE,
+    ClusterConfig,
+    Host,
+    LaunchError,
+    Plan,
+    Run,
+    agent_args,
+    agent_argv,
+    open_run_file,
+)
 
 
 def _safe_name(name: str) -> str:
@@ -96,6 +103,9 @@ class HostSession:
         self._reach_judged = False
         self.paths: dict[str, HostPaths] = {}
         self.out = out or sys.stderr
+        # How to reach the hosts when not as the cluster file's ssh section says (provisioned
+        # instances: a known_hosts file of the run's own; see launchers/ssh/cloud.py).
+        self.options: SshOptions | None = None
 
     def open(
         self,
@@ -119,7 +129,9 @@ class HostSession:
 
         With ``only``, just that host (a replaced instance joining a running cluster); the
         run's own plan.json stays as it is."""
-        options = SshOptions.from_section(config.ssh, config.base_dir)
+        options = self.options or SshOptions.from_section(
+            config.section(SshSection), config.base_dir
+        )
         uploads = _uploads(config)
         hosts = [h for h in plan.hosts_with_tasks() if only is None or h.name == only]
         self.say(f"connecting to {len(hosts)} host(s) as {options.user}")
@@ -166,7 +178,7 @@ class HostSession:
             SshDetails,
             ssh_hosts={name: dataclasses.asdict(p) for name, p in self.paths.items()},
             ssh_options=dataclasses.asdict(options),
-            ssh_python=config.ssh.python,
+            ssh_python=config.section(SshSection).python,
             ssh_timings={o.name: o.seconds for o in opened},
             ssh_open_seconds=round(time.monotonic() - opening, 3),
         )
@@ -282,10 +294,13 @@ class HostSession:
         details = run.record().part(SshDetails)
         plan = run.read_plan()
         self.paths = {name: HostPaths(**p) for name, p in details.ssh_hosts.items()}
-        self.connections = connect_all(
-            [(h.name, h.connect_address) for h in plan.hosts_with_tasks()],
-            SshOptions(**(details.ssh_options or {})),
-        )
+        try:
+            self.connections = connect_all(
+                [(h.name, h.connect_address) for h in plan.hosts_with_tasks()],
+                SshOptions(**(details.ssh_options or {})),
+            )
+        except Unreachable as err:  # not 'nothing was started': the run was, long ago
+            raise err.because(f"run {run.id} on them was not reached") from None
 
     def read_file(self, host: str, path: str) -> str | None:
         """A text file on ``host``; None when it does not exist."""
@@ -339,7 +354,9 @@ _STEPS = ("connect", "upload")  # steps whose failure stops the run before pre-f
 
 def _uploads(config: ClusterConfig) -> list[Path]:
     """The local files of ``ssh.upload``, checked before any host is contacted."""
-    uploads = [Path(config.base_dir) / os.path.expanduser(f) for f in config.ssh.upload]
+    uploads = [
+        Path(config.base_dir) / os.path.expanduser(f) for f in config.section(SshSection).upload
+    ]
     for path in uploads:
         if not path.is_file():
             raise LaunchError(
@@ -387,7 +404,7 @@ class _HostSteps:
     @property
     def setup(self) -> bool:
         """Whether code sync or setup lines run between connecting and pre-flight."""
-        return bool(self.config.ssh.sync or self.config.ssh.setup)
+        return bool(self.config.section(SshSection).sync or self.config.section(SshSection).setup)
 
     def open_host(self, host: Host) -> _Opened:
         """Connect and upload; then, unless setup must run on every host first, pre-flight."""
@@ -410,7 +427,7 @@ class _HostSteps:
         it waits to become the agent."""
         host = opened.host
         python, workdir, run_dir = (
-            self.config.ssh.python, self.config.workdir, self._run_dir(host.name)
+            self.config.section(SshSection).python, self.config.workdir, self._run_dir(host.name)
         )  # fmt: skip
         mode = int(self.config.run_dir_mode, 8)  # plans hold env values
         try:
@@ -440,7 +457,7 @@ class _HostSteps:
 
     def _run_dir(self, host: str) -> str:
         """The host's run directory as written (absolute, ``~/...`` or under the remote home)."""
-        run_base = self.config.ssh.remote_runs_dir or self.config.runs_dir
+        run_base = self.config.section(SshSection).remote_runs_dir or self.config.runs_dir
         return posixpath.join(run_base, self.run.id, _safe_name(host))
 
     def _upload(self, conn: Connection) -> str:

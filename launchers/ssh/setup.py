@@ -22,8 +22,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
+from tflaunch.launchers.ssh.section import SshSection
+from tflaunch.plugin import LaunchError
 
 MARK = "\x1etflaunch-setup-line "
 DONE_FILE = ".tflaunch-setup.sha256"
@@ -154,11 +155,17 @@ def prepare_hosts(
         out.flush()
 
     base = Path(config.base_dir)
-    if config.ssh.sync:
-        sync_all(connections, base / Path(config.ssh.sync).expanduser(), workdirs, say, exclude)
-    if config.ssh.setup:
+    if config.section(SshSection).sync:
+        sync_all(
+            connections,
+            base / Path(config.section(SshSection).sync).expanduser(),
+            workdirs,
+            say,
+            exclude,
+        )
+    if config.section(SshSection).setup:
         digest = None
-        if config.ssh.setup_once:
-            inputs = [base / Path(p).expanduser() for p in config.ssh.setup_inputs]
-            digest = digest_of(config.ssh.setup, inputs)
-        run_setup(connections, config.ssh.setup, workdirs, say, show, digest)
+        if config.section(SshSection).setup_once:
+            inputs = [base / Path(p).expanduser() for p in config.section(SshSection).setup_inputs]
+            digest = digest_of(config.section(SshSection).setup, inputs)
+        run_setup(connections, config.section(SshSection).setup, workdirs, say, show, digest)

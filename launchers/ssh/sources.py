@@ -1,14 +1,16 @@
-"""Where the SSH backend's hosts come from: the cluster file, a pair of IP files, or EC2.
+"""Where the SSH backend's hosts come from: the cluster file, a pair of IP files, or a cloud.
 
 Every source yields plan :class:`~tflaunch.cluster.plan.Host` records in a deterministic order: the address the launcher
-connects to (public) and the address the cluster uses between hosts (private), as on EC2 where a
-laptop reaches instances by their public IPs and training traffic stays inside the VPC.
+connects to (public) and the address the cluster uses between hosts (private), as in a cloud where
+a laptop reaches instances by their public IPs and training traffic stays inside the private
+network.
 
 * inline ``hosts:`` entries, each with ``connect`` and ``address`` (and ``gpus``);
 * the CSCS pair of files (``ssh.public_ips_file`` / ``ssh.private_ips_file``): line i of each is
   the same instance; blank lines, unequal lengths and duplicates are errors naming file:line;
-* EC2 discovery (``ssh.ec2``): running instances matching the filters / instance ids
-  (:mod:`tflaunch.launchers.clouds.ec2.discover`; boto3 is imported only when it is used).
+* a cloud's host discovery (``ssh.<cloud>``): running instances the cloud
+  finds (:meth:`~tflaunch.launchers.clouds.base.ProviderSpec.discover_hosts`; the cloud's
+  client library is imported only when it is used).
 """
 
 from __future__ import annotations
@@ -16,40 +18,41 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Host, gpu_ids, hosts_from_config
-from tflaunch.errors import ConfigError
+import tflaunch.launchers.clouds as clouds
+from tflaunch.launchers.ssh.section import SshSection
+from tflaunch.plugin import ClusterConfig, ConfigError, Host, gpu_ids, hosts_from_config
 
 
 def resolve_hosts(config: ClusterConfig) -> list[Host]:
     """The hosts of an ssh cluster file, from whichever one source it names."""
-    ssh = config.ssh
+    ssh = config.section(SshSection)
     sources = [
         name
         for name, used in (
             ("hosts", bool(config.hosts)),
             ("ssh.public_ips_file", bool(ssh.public_ips_file)),
-            ("ssh.ec2", ssh.ec2 is not None),
+            *((f"ssh.{name}", True) for name in ssh.discover),
         )
         if used
     ]
+    discovery = " or ".join(f"'ssh.{name}'" for name in clouds.discovery_sections())
     if len(sources) > 1:
         raise ConfigError(
             f"{config.source}: hosts come from {' and '.join(sources)}; give exactly one source "
-            "(inline 'hosts:', the public/private IP files, or 'ssh.ec2')."
+            f"(inline 'hosts:', the public/private IP files, or {discovery})."
         )
     if not sources:
         raise ConfigError(
-            f"{config.source}: backend 'ssh' needs hosts: list them under 'hosts:' (with "
+            f"{config.where('ssh') if ('ssh',) in config.positions else config.where('backend')}"
+            ": backend 'ssh' needs hosts: list them under 'hosts:' (with "
             "'connect' and 'address'), name 'ssh.public_ips_file' and 'ssh.private_ips_file', "
-            "or discover them with 'ssh.ec2'."
+            f"or discover them with {discovery}."
         )
     if config.hosts:
         return hosts_from_config(config)
-    if ssh.ec2 is not None:
-        from tflaunch.launchers.clouds.ec2.discover import discover_ec2
-
-        return discover_ec2(ssh.ec2, allow_private_connect=ssh.jump_host is not None)
+    for name, section in ssh.discover.items():
+        spec = clouds.spec_of(name, f"ssh.{name}")
+        return spec.discover_hosts(section, allow_private_connect=ssh.jump_host is not None)
     base = Path(config.base_dir)
     return read_ip_files(
         base / os.path.expanduser(ssh.public_ips_file or ""),

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pathspec
 
-from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.connect import Connection, parallel, remote_command
+from tflaunch.plugin import LaunchError
 
 MANIFEST = ".tflaunch-sync.json"
 

@@ -3,10 +3,10 @@
 The launcher (an attached run's coordinator) reaches the hosts only through SSH: the tasks'
 profiler ports are on the hosts' private network, and each task's hook leaves its notes in its
 own host's trace directory (``<the host's run directory>/trace``). The agents report the notes
-and write the capture window on their hosts over their links (:mod:`tflaunch.runtime.tracehost`,
-as in every run); this trace site (:class:`tflaunch.runtime.tracehook.TraceSite`) then:
+and write the capture window on their hosts over their links (:mod:`tflaunch.trace.links`,
+as in every run); this trace site (:class:`tflaunch.trace.site.TraceSite`) then:
 
-- starts the capture helper (``python -m tflaunch.models.trace_capture``, ``ssh.python``) on the
+- starts the capture helper (``python -m tflaunch.trace.capture``, ``ssh.python``) on the
   host of the leader (the chief, else worker 0), which reaches every task's private address and
   has TensorFlow; its order goes down the channel's input (``"merge": false``: capture only,
   each task's profile under its own host's trace directory) and its output comes back into the
@@ -19,7 +19,7 @@ as in every run); this trace site (:class:`tflaunch.runtime.tracehook.TraceSite`
 Tunnelling every profiler port to the launcher instead would need TensorFlow on the laptop to
 decode and merge, and would pull the raw XPlanes of every task through the launcher's link. A
 detached run's coordinator runs on the first host, which reaches the profiler ports: it uses the
-plain :class:`~tflaunch.runtime.tracehook.TraceSite`, the other agents sending their files over
+plain :class:`~tflaunch.trace.site.TraceSite`, the other agents sending their files over
 their links.
 """
 
@@ -36,20 +36,12 @@ from pathlib import Path
 
 import paramiko
 
-from tflaunch.cluster.plan import Plan
 from tflaunch.launchers.ssh.connect import Connection, remote_command
 from tflaunch.launchers.ssh.session import HostSession, same_file, sftp_makedirs
-from tflaunch.models.trace_format import TRACE_FILE
-from tflaunch.runtime.run import Run
-from tflaunch.runtime.runfiles import is_component, open_run_file
-from tflaunch.runtime.tracehook import (
-    CAPTURE_LOG,
-    CAPTURE_MODULE,
-    HELPER_MARGIN_S,
-    NOTES_DIR,
-    Helper,
-    TraceSite,
-)
+from tflaunch.plugin import Plan, Run, TraceSite, is_component, open_run_file
+from tflaunch.trace.files import CAPTURE_LOG, NOTES_DIR
+from tflaunch.trace.format import TRACE_FILE
+from tflaunch.trace.site import CAPTURE_MODULE, HELPER_MARGIN_S, Helper
 
 POLL_S = 0.1
 

@@ -44,18 +44,29 @@ from typing import Any, TypeVar
 
 import paramiko
 
-from tflaunch.cluster.config import ClusterConfig, load_config
-from tflaunch.cluster.plan import Host
-from tflaunch.errors import TflaunchError
 from tflaunch.launchers.clouds.base import CloudDetails
-from tflaunch.launchers.ssh import detached, provision
+from tflaunch.launchers.clouds.provisioner import fleet_of_run
+from tflaunch.launchers.ssh import cloud, detached
 from tflaunch.launchers.ssh.connect import Connection, SshOptions, connect_all, parallel
 from tflaunch.launchers.ssh.details import SshDetails
+from tflaunch.launchers.ssh.section import SshSection
 from tflaunch.launchers.ssh.session import HostSession, fetch_new_bytes, put_whole, same_file
+from tflaunch.plugin import (
+    CONSOLE_FILE,
+    EVENTS_FILE,
+    SAMPLES_PREFIX,
+    ClusterConfig,
+    Host,
+    Outcome,
+    Run,
+    RunRecord,
+    TflaunchError,
+    load_config,
+    open_run_file,
+    remote_record_path,
+)
 from tflaunch.runtime import protocol
 from tflaunch.runtime.rendezvous import RENDEZVOUS_FILE, Rendezvous
-from tflaunch.runtime.run import Outcome, Run, RunRecord, remote_record_path
-from tflaunch.runtime.runfiles import CONSOLE_FILE, EVENTS_FILE, SAMPLES_PREFIX, open_run_file
 
 WATCH_SECONDS = 3.0  # between asking the provider whether the instances run
 END_SECONDS = 10.0  # between reading whether the run ended
@@ -73,8 +84,11 @@ class Watch:
         record = run.record()
         config = load_config(str(record.cluster_file))
         keep = record.part(CloudDetails).keep_cluster
-        self.on_hosts: ClusterConfig = provision.on_instances(config, run, keep)
-        self.fleet = provision.fleet_of_run(config, run, say)
+        self.config: ClusterConfig = config
+        self.options = cloud.instance_options(config, run, keep)  # the run's known_hosts
+        self.fleet = fleet_of_run(
+            config.section(SshSection).provision, config, run, cloud.reach(config, run.id), say
+        )
         details = record.part(SshDetails)
         self.python = details.ssh_python
         self.coordinator_host = str(details.ssh_coordinator)
@@ -180,14 +194,15 @@ class Watch:
         say(f"{host} was lost ({why}); telling the coordinator, creating a replacement")
         self._tell(record, {"hello": host, "token": record.token, "lost": why})
         # no wait for the old agent: the new one stops what it left running of its tasks
-        deadline = time.monotonic() + 2 * self.fleet.config.ssh.provision.ready_timeout
+        deadline = time.monotonic() + 2 * self.fleet.ready_timeout
         made, old_id, new_id = self.fleet.replace(host, deadline)
         plan = self.run.read_plan().with_hosts(made)
         self.run.write_plan(plan)  # status, logs and down reach the new instance
         session = HostSession(sys.stdout)
+        session.options = self.options
         try:
             extra = {RENDEZVOUS_FILE: Rendezvous(record.token).to_json()}
-            session.open(self.on_hosts, plan, self.run, extra=extra, only=host)
+            session.open(self.config, plan, self.run, extra=extra, only=host)
             conn = session.connections[host]
             detached.start_agent(session, conn, self.python, record, (old_id, new_id))
         finally:
@@ -275,7 +290,7 @@ class CoordinatorRestart:
 
     def restart(self, generation: int) -> None:
         fleet = self.watch.fleet
-        deadline = time.monotonic() + 2 * fleet.config.ssh.provision.ready_timeout
+        deadline = time.monotonic() + 2 * fleet.ready_timeout
         made = {host: fleet.replace(host, deadline) for host in self.lost}  # (host, old, new)
         plan = self.run.read_plan()
         plan = plan.with_hosts(*(host for host, _, _ in made.values()))
@@ -287,9 +302,10 @@ class CoordinatorRestart:
             token = Rendezvous.ahead()  # a new one: no agent of the old cluster may join
             for host in made:  # synced, set up and checked, as at the start
                 opened = HostSession(sys.stdout)
+                opened.options = self.watch.options
                 try:
                     extra = {RENDEZVOUS_FILE: token.to_json()}
-                    opened.open(self.watch.on_hosts, plan, self.run, extra=extra, only=host)
+                    opened.open(self.watch.config, plan, self.run, extra=extra, only=host)
                     session.connections.pop(host).close()
                     session.connections[host] = opened.connections.pop(host)
                     session.paths[host] = opened.paths[host]
@@ -308,7 +324,7 @@ class CoordinatorRestart:
                 for host, (_, old, new) in made.items()
             ]
             self.carry_over(session, [*self.lost_events, restarting.wire(), *replaced])
-            wait = detached.replace_wait(fleet.config, plan)
+            wait = detached.replace_wait(self.watch.config, plan)
             python = self.watch.python
             new_host, old_id, new_id = made[self.host]
             record = detached.start_coordinator(

@@ -20,6 +20,34 @@ OPTIMIZERS = ("sgd", "momentum")
 TRANSFER_ORDERS = ("none", "tic", "tac")
 
 
+def pack_sizes(nbytes: Sequence[int], bytes_per_pack: int) -> list[int]:
+    """How MultiWorkerMirroredStrategy packs dense gradients of these sizes (bytes, in the order
+    given) for one batched all-reduce: it reverses the list (the last layer's gradients come
+    first) and starts a new pack once the current one holds more than ``bytes_per_pack``; 0 puts
+    everything in one pack. Returns the number of tensors in each pack, in launch order
+    (TensorFlow's ``cross_device_utils.group_by_size``, which tests check this against)."""
+    if bytes_per_pack <= 0:
+        return [len(nbytes)] if nbytes else []
+    packs: list[int] = []
+    filled = 0
+    for size in reversed(nbytes):
+        if not packs or filled > bytes_per_pack:
+            packs.append(0)
+            filled = 0
+        packs[-1] += 1
+        filled += size
+    return packs
+
+
+def bytes_per_pack_for(nbytes: Sequence[int], packs: int) -> int:
+    """``--gradient_repacking N``: the ``bytes_per_pack`` that splits these gradients into about
+    N packs (at most N: a pack closes only once it holds more than the total / N); 0 for N < 2,
+    TensorFlow's default, one pack."""
+    if packs < 2:
+        return 0
+    return max(1, -(-sum(nbytes) // packs))
+
+
 class BenchmarkError(Exception):
     """Bad flags or cluster description; the message says what to change."""
 
@@ -107,7 +135,7 @@ def _tracer():
     imports TensorFlow: only a traced run loads it from here."""
     if not os.environ.get("TFLAUNCH_TRACE_STEPS"):
         return None
-    from tflaunch.models import trace
+    from tflaunch.trace import profiler as trace
 
     return trace.active()
 

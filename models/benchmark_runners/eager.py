@@ -4,7 +4,9 @@ Single process (no cluster): variables on ``--local_parameter_device``, plain SG
 updates inside the step. ``collective_all_reduce``: the model, optimizer slots and step run under
 ``MultiWorkerMirroredStrategy`` on the chief and worker tasks (PS tasks, if the cluster has any,
 are left out of its cluster); gradients of all workers are summed by one batched collective
-all-reduce per step and every worker applies the same averaged update (synchronous training).
+all-reduce per step (or ``--gradient_repacking`` packs of it, in float16 with
+``--compact_gradient_transfer``: :func:`reduce_gradients`) and every worker applies the same
+averaged update (synchronous training).
 """
 
 from __future__ import annotations
@@ -14,7 +16,14 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from tflaunch.models.benchmark_runners.common import Timing, images_per_sec, log, timed_loop
+from tflaunch.models.benchmark_runners.common import (
+    Timing,
+    bytes_per_pack_for,
+    images_per_sec,
+    log,
+    pack_sizes,
+    timed_loop,
+)
 from tflaunch.models.cluster import TRAINING_JOBS, ClusterInfo
 from tflaunch.models.cluster_file_resolver import resolver_for
 from tflaunch.models.data.imagenet import list_shards, make_dataset
@@ -106,6 +115,83 @@ def _batches(args: argparse.Namespace, num_shards: int, shard_index: int):
     return lambda: next(iterator)
 
 
+class GradientReduction:
+    """How the gradients cross the wire under MultiWorkerMirroredStrategy: ``packs`` (about that
+    many all-reduces of concatenated gradients; 0 or 1: TensorFlow's default, one) and
+    ``compact`` (float16 on the wire, float32 applied).
+
+    :meth:`wire` runs in each replica (the cast to float16); :meth:`reduce` in cross-replica
+    context (the batched all-reduce with ``bytes_per_pack``, then the mean in the variables'
+    dtype)."""
+
+    def __init__(self, variables: Sequence[tf.Variable], packs: int = 0, compact: bool = False):
+        self.compact = compact
+        wire_size = 2 if compact else None
+        nbytes = [
+            v.shape.num_elements() * (wire_size or v.dtype.size) for v in variables
+        ]  # fmt: skip
+        self.bytes_per_pack = bytes_per_pack_for(nbytes, packs)
+        self.pack_sizes = pack_sizes(nbytes, self.bytes_per_pack)
+        self.wire_bytes = sum(nbytes)
+
+    def describe(self) -> str:
+        dtype = "float16" if self.compact else "float32"
+        return (
+            f"gradient all-reduce: {len(self.pack_sizes)} pack(s) of "
+            f"{'/'.join(str(n) for n in self.pack_sizes)} tensors, {self.wire_bytes / 1e6:.1f} MB "
+            f"as {dtype}, bytes_per_pack {self.bytes_per_pack}"
+        )
+
+    def wire(self, grads: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        if not self.compact:
+            return list(grads)
+        return [tf.cast(g, tf.float16) for g in grads]
+
+    def reduce(
+        self,
+        strategy: tf.distribute.Strategy,
+        grads: Sequence[object],
+        variables: Sequence[tf.Variable],
+    ) -> list[tf.Tensor]:
+        """Per-replica gradients -> every variable's reduced gradient: the mean, or with
+        ``compact`` the float16 sum (:meth:`finish` makes it the mean in the variable's dtype)."""
+        options = tf.distribute.experimental.CommunicationOptions(
+            bytes_per_pack=self.bytes_per_pack
+        )
+        op = tf.distribute.ReduceOp.SUM if self.compact else tf.distribute.ReduceOp.MEAN
+        reduced = strategy.extended.batch_reduce_to(
+            op, list(zip(grads, variables, strict=True)), options=options
+        )
+        return reduced
+
+    def finish(self, grad: tf.Tensor, dtype: tf.DType, replicas: int) -> tf.Tensor:
+        """On each device, before the update: the float16 sum back to the variable's dtype and
+        divided by the replicas (the mean, in float32); an uncompacted mean as it came."""
+        if not self.compact:
+            return grad
+        return tf.cast(grad, dtype) / float(replicas)
+
+
+def reduce_gradients(
+    strategy: tf.distribute.Strategy,
+    reduction: GradientReduction,
+    grads_fn: Callable,
+    inputs: tuple,
+    variables: Sequence[tf.Variable],
+):
+    """One synchronous step's communication: run ``grads_fn(*inputs) -> (loss, grads)`` in each
+    replica, put the gradients on the wire's dtype, all-reduce them as ``reduction`` says.
+    Returns (per-replica loss, reduced gradients for :meth:`GradientReduction.finish`). Call
+    inside a ``tf.function``."""
+
+    def replica_fn(*args):
+        loss, grads = grads_fn(*args)
+        return loss, reduction.wire(grads)
+
+    loss, grads = strategy.run(replica_fn, args=inputs)
+    return loss, reduction.reduce(strategy, grads, variables)
+
+
 def collective_step(
     args: argparse.Namespace, strategy: tf.distribute.Strategy, rank: int, num_workers: int
 ) -> Callable[[], tf.Tensor]:
@@ -117,6 +203,11 @@ def collective_step(
         optimizer = Optimizer(args.optimizer, args.learning_rate, args.momentum, variables)
     next_batch = _batches(args, num_workers, rank)
     extended = strategy.extended
+    reduction = GradientReduction(
+        variables, args.gradient_repacking, args.compact_gradient_transfer
+    )
+    if rank == 0:
+        log(reduction.describe())
 
     def grads_fn(images: tf.Tensor, labels: tf.Tensor):
         with tf.GradientTape() as tape:
@@ -126,14 +217,18 @@ def collective_step(
     @tf.function
     def step() -> tf.Tensor:
         images, labels = next_batch()
-        loss, grads = strategy.run(grads_fn, args=(images, labels))
+        loss, reduced = reduce_gradients(strategy, reduction, grads_fn, (images, labels), variables)
         mean = tf.distribute.ReduceOp.MEAN
-        reduced = extended.batch_reduce_to(mean, list(zip(grads, variables, strict=True)))
         slots = optimizer.slots or [None] * len(variables)
         for var, grad, slot in zip(variables, reduced, slots, strict=True):
             extra = (slot,) if slot is not None else ()
-            extended.update(var, optimizer.update, args=(grad, *extra), group=False)
+            extended.update(var, apply, args=(grad, *extra), group=False)
         return strategy.reduce(mean, loss, axis=None)
+
+    replicas = strategy.num_replicas_in_sync
+
+    def apply(var: tf.Variable, grad: tf.Tensor, slot: tf.Variable | None = None):
+        return optimizer.update(var, reduction.finish(grad, var.dtype, replicas), slot)
 
     return step
 

@@ -6,6 +6,10 @@ tasks; every worker builds the model in the same order, so the graphs agree on n
 Worker 0 (the chief) initialises the PS variables; the others wait for it (bounded), as
 ``tf.compat.v1.train.Supervisor`` did.
 
+With ``--cross_replica_sync`` every step ends at tf_cnn_benchmarks' barrier: one FIFO queue per
+worker on a PS; once its update is applied a worker puts a token into every other worker's queue
+and takes W-1 from its own, so no worker starts step N+1 before all have finished step N.
+
 Coordination state on PS 0: a barrier counter (workers arrive after warm-up and wait for all, so
 the timed windows overlap) and a per-worker vector of measured images/sec (summed for the
 ``total images/sec`` line, which every worker prints).
@@ -229,6 +233,7 @@ class WorkerGraph:
                 with tf.control_dependencies(updates):
                     apply = optimizer.apply_gradients(zip(grads, variables, strict=True))
             self.train_op = tf.group(apply, *scheduled.step_ops) if scheduled.step_ops else apply
+            self.update_op = self.train_op
             if scheduled.prime_ops:
                 self.prime = tf.group(*scheduled.prime_ops, name="transfer_stage_first")
             self.local_init = v1.local_variables_initializer()
@@ -236,6 +241,9 @@ class WorkerGraph:
             self._build_replicated(
                 args, worker_device, spec, master, images, labels, optimizer, measured
             )
+        if args.cross_replica_sync and info.num_training_tasks > 1:
+            barrier = step_end_barrier(info, [self.update_op])
+            self.train_op = tf.group(self.update_op, barrier, name="sync_step")
         self.shared_vars = [v for v in v1.global_variables() if v.device.startswith("/job:ps")]
         self.shared_init = v1.variables_initializer(self.shared_vars)
         self.uninitialized = (
@@ -276,6 +284,7 @@ class WorkerGraph:
             f"{worker_device}/device:{local_device}",
         )
         self.train_op = tf.group(*pulls)
+        self.update_op = self.train_op
         refresh = [
             local.assign(shared)
             for local, shared in zip(replica.variables, master.variables, strict=True)
@@ -283,6 +292,23 @@ class WorkerGraph:
         local_vars = list(replica.variables) + v1.local_variables()
         with tf.control_dependencies([v1.variables_initializer(local_vars)]):
             self.local_init = tf.group(*refresh)
+
+
+def step_end_barrier(info: ClusterInfo, after: list) -> tf.Operation:
+    """tf_cnn_benchmarks' ``add_sync_queues_and_barrier``: one FIFO queue per worker (shared by
+    name, on PS 1 if there is one, as its first barrier's counter picks), a token into every
+    other worker's queue once ``after`` ran, then W-1 tokens out of this worker's own."""
+    workers = info.num_training_tasks
+    with v1.device(f"/job:ps/task:{1 % info.num_ps}/device:CPU:0"):
+        queues = [
+            v1.FIFOQueue(workers, [tf.bool], shapes=[[]], shared_name=f"sync_queues_step_end_{i}")
+            for i in range(workers)
+        ]
+        token = tf.constant(False)
+        with tf.control_dependencies(after):
+            puts = [q.enqueue(token) for i, q in enumerate(queues) if i != info.rank]
+        take = queues[info.rank].dequeue_many(workers - 1)
+    return tf.group(*puts, take, name="sync_step_end")
 
 
 def _wait(condition, what: str) -> None:
@@ -307,7 +333,7 @@ def _describe_transfers(args: argparse.Namespace, info: ClusterInfo, ops: Worker
         )
     if args.staged_vars:
         log("staged variables: each step computes with the values fetched during the step before")
-    from tflaunch.models import trace
+    from tflaunch.trace import profiler as trace
 
     tracer = trace.active() if os.environ.get("TFLAUNCH_TRACE_STEPS") else None
     if tracer is not None and info.rank == 0:
@@ -345,7 +371,8 @@ def run_worker(args: argparse.Namespace, info: ClusterInfo) -> tuple[Timing, flo
             sess.run(ops.prime)  # the values the first step computes with
         log(
             f"{args.variable_update}: worker {info.rank} of {info.num_training_tasks}, "
-            f"{info.num_ps} PS, {len(ops.shared_vars)} variables on PS"
+            f"{info.num_ps} PS, {len(ops.shared_vars)} variables on PS, "
+            f"{'synchronous' if args.cross_replica_sync else 'asynchronous'} steps"
         )
         fetches = [ops.train_op, ops.loss]
 

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from tflaunch.models.trace_transfers import ORDER_FILE, kendall_tau
+from tflaunch.trace.transfers import ORDER_FILE, kendall_tau
 
 v1 = tf.compat.v1
 __all__ = ["ORDER_FILE", "kendall_tau"]  # used by the runner (graph.py) from here
@@ -295,7 +295,7 @@ def write_order(
     mode: dict,
 ) -> None:
     """The consumption order, the reads that carry each variable to the worker and the
-    gradients that go back, for ``tflaunch trace`` (tflaunch.models.trace_transfers) to compare
+    gradients that go back, for ``tflaunch trace`` (tflaunch.trace.transfers) to compare
     with the order the receives finished in."""
     doc = {
         **mode,

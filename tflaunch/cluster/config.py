@@ -20,13 +20,14 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from tflaunch.cluster import backends, schema, yamlfile
 from tflaunch.cluster.schema import field
 from tflaunch.errors import ConfigError
 
 JOBS = ("ps", "chief", "worker", "evaluator")
+S = TypeVar("S")  # a backend's section class (ClusterConfig.section)
 
 # Bounds on every count: far above any real cluster, low enough that no file can make the launcher
 # build huge lists. The plan grows linearly with the tasks (benchmarks/plan_scale.py: 33,280 tasks,
@@ -352,66 +353,6 @@ class Supervision:
 
 
 @dataclass(frozen=True)
-class Ec2Section:
-    """Discover hosts from EC2 (needs the aws extra: boto3)."""
-
-    region: str | None = field(None, doc="AWS region (default: the usual AWS environment)")
-    profile: str | None = field(None, doc="AWS profile")
-    filters: Mapping[str, str] = field(factory=dict, doc="EC2 filters, e.g. {'tag:cluster': 'tf'}")
-    instance_ids: tuple[str, ...] = field((), doc="instance ids", maximum=MAX_ITEMS)
-    endpoint_url: str | None = field(
-        None, doc="EC2 API endpoint (for tests against a local stand-in)"
-    )
-    gpus: int = field(0, minimum=0, maximum=MAX_GPUS, doc="GPUs per discovered instance")
-
-
-@dataclass(frozen=True)
-class Ec2ProvisionSection:
-    """Create EC2 instances for the run (needs the aws extra: boto3). tflaunch owns them: they are
-    tagged with the run and terminated by 'tflaunch down', 'up --down', the runtime limits, or
-    'tflaunch gc'."""
-
-    image: str = field(doc="AMI id; it needs Python 3 and sshd (the setup lines install the rest)")
-    cloud: str = field("ec2", doc="the cloud provider that makes the instances")
-    key_name: str | None = field(None, doc="EC2 key pair; its private key is ssh.identity_file")
-    subnet: str | None = field(None, doc="subnet id (default: the default VPC's default subnet)")
-    region: str | None = field(None, doc="AWS region (default: the usual AWS environment)")
-    profile: str | None = field(None, doc="AWS profile")
-    endpoint_url: str | None = field(
-        None, doc="EC2 API endpoint (for tests against a local stand-in)"
-    )
-    ps_instance_type: str = field("c5.xlarge", doc="instance type of dedicated PS hosts")
-    worker_instance_type: str = field(
-        "p3.2xlarge", doc="instance type of worker hosts (chief, workers, evaluator, co-located PS)"
-    )
-    spot_workers: bool = field(False, doc="request worker hosts as spot instances")
-    ssh_from: str | None = field(
-        None, doc="CIDR allowed to reach port 22 (default: this machine's public address /32)"
-    )
-    prices: Mapping[str, str] = field(
-        factory=dict, doc="USD per hour by instance type, overriding the price list"
-    )
-    pricing_api: bool = field(True, doc="ask AWS's pricing API first (falls back to the list)")
-    idle_timeout: float = field(
-        1800.0,
-        minimum=60,
-        maximum=MAX_SECONDS,
-        doc="an instance that runs no tflaunch process and no SSH session this long terminates "
-        "itself",
-    )
-    terminate_at_end: bool = field(
-        False, doc="terminate the instances when the run ends (as 'up --down')"
-    )
-    ready_timeout: float = field(
-        600.0,
-        minimum=1,
-        maximum=MAX_SECONDS,
-        doc="seconds to wait for the instances to run and accept SSH",
-    )
-    tags: Mapping[str, str] = field(factory=dict, doc="extra tags on every instance")
-
-
-@dataclass(frozen=True)
 class KubernetesSection:
     """For 'tflaunch export --format tfjob', which writes the cluster as a Kubeflow TFJob. Not a
     backend: tflaunch starts nothing on Kubernetes."""
@@ -465,7 +406,8 @@ class ClusterConfig:
         factory=KubernetesSection, doc="image and namespace for 'tflaunch export --format tfjob'"
     )
     # Every backend's own section (``slurm:``, ``ssh:``), keyed by the backend's name: read
-    # through the backend registry, reached as ``config.slurm``. Set by the loader.
+    # through the backend registry, read by type as ``config.section(SlurmSection)``. Set by the
+    # loader.
     sections: Mapping[str, Any] = dataclasses.field(
         default_factory=lambda: types.MappingProxyType(backends.default_sections()),
         metadata={"internal": True, "sections": True},
@@ -473,13 +415,31 @@ class ClusterConfig:
     # Set by the loader, never read from the file.
     source: str = dataclasses.field(default="<string>", compare=False, metadata={"internal": True})
     base_dir: str = dataclasses.field(default=".", compare=False, metadata={"internal": True})
+    # The file names no roles.ps: its PS come from the default (tflaunch plan marks them).
+    ps_by_default: bool = dataclasses.field(
+        default=False, compare=False, metadata={"internal": True}
+    )
+    # The line of every key path of the file, for errors found after loading (the plan's).
+    positions: Mapping[tuple, int] = dataclasses.field(
+        default_factory=dict, compare=False, repr=False, metadata={"internal": True}
+    )
 
-    def __getattr__(self, name: str) -> Any:
-        """A backend's section by its name: ``config.ssh``."""
-        sections = self.__dict__.get("sections")
-        if sections is None or name not in sections:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return sections[name]
+    def where(self, *path: str | int) -> str:
+        """``file:line`` of the key at ``path`` (or the nearest key above it that has one)."""
+        key = tuple(path)
+        while key and key not in self.positions:
+            key = key[:-1]
+        return f"{self.source}:{self.positions[key]}" if key else self.source
+
+    def section(self, cls: type[S]) -> S:
+        """A backend's section, typed: ``config.section(SshSection)`` (as
+        ``RunRecord.part(SshDetails)``). Every file holds every registered backend's section."""
+        for value in self.sections.values():
+            if type(value) is cls:
+                return value
+        raise LookupError(
+            f"no section of type {cls.__name__} in this cluster file: its backend is not registered"
+        )
 
     def with_section(self, name: str, section: Any) -> ClusterConfig:
         """This config with backend ``name``'s section replaced."""
@@ -504,6 +464,11 @@ class ClusterConfig:
 def load_config(path: str | os.PathLike) -> ClusterConfig:
     """Read and validate a cluster file."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(
+            f"{path}: is a directory, not a cluster file; give the YAML file (e.g. "
+            f"{path / 'cluster.yaml'})."
+        )
     try:
         with path.open("rb") as f:
             raw = f.read(yamlfile.MAX_FILE_BYTES + 1)
@@ -530,11 +495,30 @@ def parse_config(text: str, source: str = "<string>", base_dir: str = ".") -> Cl
             f"{source}: the cluster file is empty. It needs at least a 'program:' "
             "(see examples/local.yaml)."
         )
+    if isinstance(data, dict) and "cluster" in data and "program" not in data:
+        raise ConfigError(
+            _located(
+                source,
+                positions,
+                ("cluster",),
+                "this is a sweep file for 'tflaunch bench' (it names its cluster file under "
+                f"'cluster:'), not a cluster file: run 'tflaunch bench {source}' "
+                "(--dry-run lists its grid), or validate the cluster file it names",
+            )
+        )
     try:
         config = schema.read(ClusterConfig, data, sections=backends.sections())
     except schema.SchemaError as err:
         raise ConfigError(_located(source, positions, err.path, err.message)) from None
-    config = dataclasses.replace(config, source=source, base_dir=base_dir)
+    roles = data.get("roles") if isinstance(data, dict) else None
+    ps_by_default = config.roles.ps > 0 and not (isinstance(roles, dict) and "ps" in roles)
+    config = dataclasses.replace(
+        config,
+        source=source,
+        base_dir=base_dir,
+        ps_by_default=ps_by_default,
+        positions=types.MappingProxyType(positions),
+    )
     _check(config, positions)
     return config
 

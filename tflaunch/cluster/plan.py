@@ -668,8 +668,8 @@ def _assign_ports(config: ClusterConfig, placed: list) -> dict[tuple[str, int], 
         resume[(host.cluster_address, job)] = port
         if port > MAX_PORT:
             raise PlanError(
-                f"no free port for {job}:{index} on {host.name}: counting up from "
-                f"ports.{job} passed {MAX_PORT}. Lower ports.{job}."
+                f"{config.where('ports', job)}: no free port for {job}:{index} on "
+                f"{host.name}: counting up from ports.{job} passed {MAX_PORT}. Lower ports.{job}."
             )
         used.add(port)
         ports[(job, index)] = port
@@ -679,7 +679,7 @@ def _assign_ports(config: ClusterConfig, placed: list) -> dict[tuple[str, int], 
 def _check_program(config: ClusterConfig, plan: Plan, placed: list[tuple[str, int, Host]]) -> None:
     """Refuse, before anything starts, placeholders that do not exist and argument or
     environment strings no process could be given (Linux's MAX_ARG_STRLEN)."""
-    templates = [_parse_template(arg, config) for arg in plan.program.argv]
+    templates = [_parse_template(arg, config, i) for i, arg in enumerate(plan.program.argv)]
     # The longest task-specific values any task has: the strings it gets are at most this long.
     widest = {
         "job_name": max(len(job) for job, _, _ in placed),
@@ -726,19 +726,21 @@ def _check_program(config: ClusterConfig, plan: Plan, placed: list[tuple[str, in
             )
 
 
-def _parse_template(arg: str, config: ClusterConfig) -> list[tuple[str, str | None]]:
-    """An argv item as (literal text, placeholder name or None) pieces; errors name the item."""
+def _parse_template(arg: str, config: ClusterConfig, position: int) -> list[tuple[str, str | None]]:
+    """An argv item as (literal text, placeholder name or None) pieces; errors name the item
+    and its line."""
+    where = config.where("program", "argv", position)
     try:
         parsed = list(string.Formatter().parse(arg))
     except ValueError as err:
         raise PlanError(
-            f"{config.source}: program.argv item {arg!r} has unbalanced braces "
+            f"{where}: program.argv item {arg!r} has unbalanced braces "
             f"({err}); write {{{{ and }}}} for literal braces."
         ) from None
     for _, name, spec, conversion in parsed:
         if name is not None and (spec or conversion):
             raise PlanError(
-                f"{config.source}: program.argv item {arg!r}: placeholders are replaced as "
+                f"{where}: program.argv item {arg!r}: placeholders are replaced as "
                 f"they are, without format specs or conversions; write {{{name}}} "
                 f"(or {{{{ and }}}} for literal braces)."
             )
@@ -747,7 +749,7 @@ def _parse_template(arg: str, config: ClusterConfig) -> list[tuple[str, str | No
     unknown = [name for _, name in pieces if name is not None and name not in known]
     if unknown:
         raise PlanError(
-            f"{config.source}: program.argv item {arg!r} uses the unknown placeholder "
+            f"{where}: program.argv item {arg!r} uses the unknown placeholder "
             f"{{{unknown[0]}}}; known ones are {', '.join('{' + k + '}' for k in known)}."
         )
     # a literal "{{" parses to "{": the rendered text is what the bytes count

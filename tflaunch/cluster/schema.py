@@ -13,9 +13,15 @@ returning an error message or None), ``coerce`` (a function applied to the raw v
 e.g. to accept a bare string where a mapping is expected) and ``choices`` (a function returning the
 values a string may take, for a set known only at run time: the backends registered).
 
-A dataclass may also take *sections*: top-level keys whose classes are supplied at run time (each
-backend's own ``slurm:`` or ``ssh:``), read into the dataclass's field marked ``sections`` and
-listed in the JSON Schema after its own fields.
+A dataclass may also take *sections*: keys whose classes are supplied at run time (each
+backend's own ``slurm:`` or ``ssh:`` at the top level; each cloud's host discovery, ``ssh.<cloud>:``,
+in the SSH section), read into the dataclass's field marked ``sections`` and listed in the JSON
+Schema after its own fields. A top-level section left out gets its defaults; a nested one
+(``sections_of`` in the field's metadata names where they come from) is simply absent.
+
+A field may be a *tagged* mapping (``variants``, a :class:`Variants`): one of its keys picks the
+class that reads the rest, e.g. ``ssh.provision: {cloud: NAME, ...}``, where each registered cloud
+brings its own section class. The key's value gets the same did-you-mean as any other choice.
 
 Every count and duration has a maximum, so that no file can make the launcher build huge lists.
 Numbers are finite (``.inf`` and ``.nan`` are refused) and strings hold no NUL character (no
@@ -67,6 +73,7 @@ def field(
     coerce: Callable[[Any], Any] | None = None,
     choices: Callable[[], Sequence[str]] | None = None,
     factory: Callable[[], Any] | None = None,
+    variants: Variants | None = None,
 ):
     """A dataclass field carrying the documentation and checks the reader and schema use."""
     meta = {
@@ -77,6 +84,7 @@ def field(
         "check": check,
         "coerce": coerce,
         "choices": choices,
+        "variants": variants,
     }
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
@@ -92,6 +100,20 @@ class Section:
     doc: str
 
 
+@dataclasses.dataclass(frozen=True)
+class Variants:
+    """A mapping whose class is picked by one of its keys (``tag``): ``options()`` gives each
+    value's :class:`Section`; ``default()`` is the tag's value when the key is left out (None:
+    it is required); ``noun`` names the choice in messages ("unknown cloud 'x'"). The class reads
+    the mapping without the tag key."""
+
+    tag: str
+    options: Callable[[], Mapping[str, Section]]
+    default: Callable[[], str | None] = lambda: None
+    noun: str = "kind"
+
+
+@functools.cache
 def sections_field(cls: type) -> str | None:
     """The name of ``cls``'s field that holds its sections, if it takes any."""
     for f in dataclasses.fields(cls):
@@ -130,17 +152,26 @@ def read(
 
 
 def _read_dataclass(
-    cls: type, data: Any, path: tuple, sections: Mapping[str, Section] | None = None
+    cls: type,
+    data: Any,
+    path: tuple,
+    sections: Mapping[str, Section] | None = None,
+    also: Sequence[str] = (),
 ) -> Any:
+    """``also``: keys read elsewhere (a :class:`Variants` tag), accepted and not passed on."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise SchemaError(path, f"expected a mapping, got {_describe(data)}")
     hints, fields = _class_fields(cls)
+    nested = sections is None and _nested_sections(cls)
+    if nested:
+        sections = nested
     sections = sections or {}
     for key in data:
-        if key not in fields and key not in sections:
-            raise SchemaError(path + (key,), _unknown_key_message(key, [*fields, *sections]))
+        if key not in fields and key not in sections and key not in also:
+            valid = [*fields, *sections, *also]
+            raise SchemaError(path + (key,), _unknown_key_message(key, valid))
     values = {}
     for name, f in fields.items():
         if name in data:
@@ -151,14 +182,58 @@ def _read_dataclass(
             choices = f.metadata.get("choices")
             if choices is not None and raw not in choices():
                 raise SchemaError(path + (name,), _choice_message(raw, choices()))
-            values[name] = _read_value(hints[name], raw, path + (name,))
+            variants = f.metadata.get("variants")
+            if variants is not None:
+                values[name] = _read_variant(variants, raw, path + (name,))
+            else:
+                values[name] = _read_value(hints[name], raw, path + (name,))
             _check_field(f, values[name], path + (name,))
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise SchemaError(path + (name,), f"is required ({f.metadata.get('doc', '')})")
-    if sections:
+    if nested:  # absent unless written
+        read = {
+            k: _read_value(s.cls, data[k], path + (k,))
+            for k, s in sections.items()
+            if data.get(k) is not None
+        }
+        values[sections_field(cls)] = types.MappingProxyType(read)
+    elif sections:
         read = {k: _read_value(s.cls, data.get(k), path + (k,)) for k, s in sections.items()}
         values[sections_field(cls)] = types.MappingProxyType(read)
     return cls(**values)
+
+
+def _nested_sections(cls: type) -> Mapping[str, Section]:
+    """The sections a nested dataclass takes (its sections field's ``sections_of()``)."""
+    name = sections_field(cls)
+    if name is None:
+        return {}
+    (f,) = (f for f in dataclasses.fields(cls) if f.name == name)
+    supply = f.metadata.get("sections_of")
+    return supply() if supply is not None else {}
+
+
+def _read_variant(variants: Variants, value: Any, path: tuple) -> Any:
+    """A tagged mapping: its tag picks the class that reads the rest."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise SchemaError(path, f"expected a mapping, got {_describe(value)}")
+    options = variants.options()
+    tag = value.get(variants.tag, variants.default())
+    if tag is None:
+        raise SchemaError(
+            path + (variants.tag,), f"is required: one of {', '.join(map(repr, options))}"
+        )
+    if tag not in options:
+        close = difflib.get_close_matches(str(tag), list(options), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise SchemaError(
+            path + (variants.tag,),
+            f"unknown {variants.noun} '{tag}'; choose one of {', '.join(options)}{hint}",
+        )
+    rest = {k: v for k, v in value.items() if k != variants.tag}
+    return _read_dataclass(options[tag].cls, rest, path, also=(variants.tag,))
 
 
 def _choice_message(value: Any, choices: Sequence[Any]) -> str:
@@ -337,8 +412,11 @@ def _schema_of(tp: Any) -> dict:
         hints = typing.get_type_hints(tp)
         props, required = {}, []
         for f in _public_fields(tp).values():
-            choices = f.metadata.get("choices")
-            prop = {"enum": list(choices())} if choices else _schema_of(hints[f.name])
+            choices, variants = f.metadata.get("choices"), f.metadata.get("variants")
+            if variants is not None:
+                prop = _variants_schema(variants, nullable=f.default is None)
+            else:
+                prop = {"enum": list(choices())} if choices else _schema_of(hints[f.name])
             if f.metadata.get("doc"):
                 prop["description"] = f.metadata["doc"]
             minimum, maximum = f.metadata.get("minimum"), f.metadata.get("maximum")
@@ -359,6 +437,11 @@ def _schema_of(tp: Any) -> dict:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 required.append(f.name)
             props[f.name] = prop
+        for name, section in _nested_sections(tp).items():
+            props[name] = {
+                "anyOf": [_schema_of(section.cls), {"type": "null"}],
+                "description": section.doc,
+            }
         out = {"type": "object", "properties": props, "additionalProperties": False}
         if tp.__doc__:
             out["description"] = " ".join(tp.__doc__.split())
@@ -369,6 +452,8 @@ def _schema_of(tp: Any) -> dict:
         return {"anyOf": [_schema_of(a) for a in get_args(tp)]}
     if origin is Literal:
         return {"enum": list(get_args(tp))}
+    if tp is Any:
+        return {}
     if origin is tuple:
         item = get_args(tp)[0]
         if dataclasses.is_dataclass(item):
@@ -379,3 +464,18 @@ def _schema_of(tp: Any) -> dict:
     if tp is type(None):
         return {"type": "null"}
     return {"type": {str: "string", int: "integer", float: "number", bool: "boolean"}[tp]}
+
+
+def _variants_schema(variants: Variants, nullable: bool) -> dict:
+    """One object schema per option, each with the tag fixed to its value."""
+    options, default = [], variants.default()
+    for value, section in variants.options().items():
+        schema = _schema_of(section.cls)
+        tag = {"const": value, "description": f"{variants.noun}: {section.doc}"}
+        schema["properties"] = {variants.tag: tag, **schema["properties"]}
+        if value != default:
+            schema["required"] = [variants.tag, *schema.get("required", [])]
+        options.append(schema)
+    if nullable:
+        options.append({"type": "null"})
+    return {"anyOf": options}

@@ -304,6 +304,12 @@ def load(text: str) -> tuple[Any, dict[tuple, int]]:
         problem = " ".join(str(problem).split())
         if isinstance(err, _Refused):
             raise YamlFileError(mark.line + 1 if mark else None, problem) from None
+        if mark is not None and "\t" in _indentation(text, mark.line):
+            raise YamlFileError(
+                mark.line + 1,
+                "a tab in the indentation: YAML indents with spaces only; replace the tab "
+                "with spaces",
+            ) from None
         raise YamlFileError(
             mark.line + 1 if mark else None,
             f"the cluster file is not valid YAML ({problem}); check indentation and quoting "
@@ -315,6 +321,15 @@ def load(text: str) -> tuple[Any, dict[tuple, int]]:
     if node is not None:
         _record_positions(node, positions)
     return data, positions
+
+
+def _indentation(text: str, line: int) -> str:
+    """The leading whitespace of ``text``'s line ``line`` (0-based)."""
+    lines = text.splitlines()
+    if not 0 <= line < len(lines):
+        return ""
+    content = lines[line]
+    return content[: len(content) - len(content.lstrip())]
 
 
 def _record_positions(root: yaml.Node, out: dict[tuple, int]) -> None:

@@ -36,7 +36,6 @@ import dataclasses
 import json
 import os
 import queue
-import shutil
 import signal
 import subprocess
 import sys
@@ -48,14 +47,15 @@ from typing import IO, Any
 
 from tflaunch.cluster.plan import Plan, Task, TaskView, on_this_host, render_task
 from tflaunch.runtime import procs, protocol
+from tflaunch.runtime.diagnose import program_path
 from tflaunch.runtime.link import read_lines
 from tflaunch.runtime.monitor import Sampler
 from tflaunch.runtime.restart import STALLED
 from tflaunch.runtime.run import write_cluster_file
 from tflaunch.runtime.runfiles import make_run_dir, open_run_file
 from tflaunch.runtime.stall import StallWatch
-from tflaunch.runtime.tracehook import with_hook
-from tflaunch.runtime.tracehost import HostTrace, traced
+from tflaunch.trace.files import with_hook
+from tflaunch.trace.links import HostTrace, traced
 
 Emit = Callable[[protocol.Event], None]
 START_ORDER = (("ps",), ("chief", "worker", "evaluator"))
@@ -338,6 +338,7 @@ class Agent:
                 restarts=restarts,
                 generation=self.generation,
                 cpus=cpus or None,
+                executable=program_path(view.argv[0], view.workdir, _task_path(view)),
             )
         )
 
@@ -579,13 +580,7 @@ def preflight(host: str, tasks: list[Task], views: dict[str, TaskView]) -> str |
         if not os.path.isdir(view.workdir):
             return f"{task.name}: the working directory {view.workdir} does not exist on {host}."
         program = view.argv[0]
-        path = view.env.get("PATH", os.environ.get("PATH", ""))
-        found = (
-            os.path.exists(os.path.join(view.workdir, program))
-            if os.sep in program
-            else shutil.which(program, path=path)
-        )
-        if not found:
+        if not program_path(program, view.workdir, _task_path(view)):
             return (
                 f"{task.name}: the program '{program}' was not found on {host} "
                 f"(workdir {view.workdir}). Install it or fix program.argv."
@@ -596,6 +591,27 @@ def preflight(host: str, tasks: list[Task], views: dict[str, TaskView]) -> str |
                 "holds it (a leftover run? see 'tflaunch down') or change ports."
             )
     return None
+
+
+def preflight_here(plan: Plan, hosts: list[str]) -> list[str]:
+    """:func:`preflight` of ``hosts``' tasks, run on this machine before anything starts (for
+    hosts that are this machine: the local backend's, ``tflaunch validate``), and that every
+    host's cluster address resolves here. One sentence per problem."""
+    problems = [
+        f"host {name!r} does not resolve on this machine; fix hosts: or /etc/hosts"
+        for name in procs.unresolved(plan.host(h).cluster_address for h in hosts)
+    ]
+    for host in hosts:
+        tasks = list(plan.tasks_on(host))
+        problem = preflight(host, tasks, {t.name: render_task(plan, t) for t in tasks})
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def _task_path(view: TaskView) -> str:
+    """The PATH a task's program is looked up in (its own environment's, else the agent's)."""
+    return view.env.get("PATH", os.environ.get("PATH", ""))
 
 
 def _usable_cpus() -> list[int]:

@@ -56,9 +56,11 @@ from tflaunch.runtime.revival import HostRevival, Revive
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.signals import Requeue, RequeueTimer, SignalWatch
 from tflaunch.runtime.tasks import TaskBoard, TaskState
-from tflaunch.runtime.tracehook import TraceSite
+from tflaunch.trace.site import TraceSite
 
 __all__ = ["Coordinator", "Requeue", "Revive", "coordinate"]
+
+MAX_PATH = 4096  # an agent's word on where a program is: longer is not a path
 
 
 class Coordinator:
@@ -192,6 +194,8 @@ class Coordinator:
             again = bool(event.restarts + event.generation) or state.state == "restarting"
             self.board.set(state, "started", pid=event.pid)
             state.log = event.log or state.log
+            if isinstance(event.executable, str) and len(event.executable) <= MAX_PATH:
+                state.executable = event.executable
             self.restarter.started(state, again)
             self._check_ready()
         elif isinstance(event, protocol.Ready) and state:
@@ -233,10 +237,9 @@ class Coordinator:
             self.report.trace_event(host, event)
         except OSError as e:
             self.trace_stopped = True
-            self.report.say(
-                f"trace collection stopped: writing {host}'s trace files failed ({e}); "
-                "the run goes on without its trace"
-            )
+            why = f"writing {host}'s trace files failed ({e})"
+            self.report.say(f"trace collection stopped: {why}; the run goes on without its trace")
+            self.report.trace_stopped(why)
         except ValueError as e:
             raise protocol.ProtocolError(f"{event.NAME}: {e}") from e
 

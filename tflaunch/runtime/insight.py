@@ -1,8 +1,8 @@
 """What the coordinator records from its agents besides events: resource samples
 (:class:`tflaunch.runtime.monitor.SampleLog`), progress samples from the tasks' output
 (:mod:`tflaunch.runtime.progress`) and, for ``up --trace``, the capture window
-(:mod:`tflaunch.runtime.tracehook`, opened from the leader's step lines or, from a timer thread
-of its own, by the clock; where the backend says, :class:`~tflaunch.runtime.tracehook.TraceSite`).
+(:mod:`tflaunch.trace.window`, opened from the leader's step lines or, from a timer thread
+of its own, by the clock; where the backend says, :class:`~tflaunch.trace.site.TraceSite`).
 The coordinator hands it samples and output lines, and closes it."""
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from tflaunch.runtime import protocol
 from tflaunch.runtime.monitor import SampleLog
 from tflaunch.runtime.progress import ProgressLog, StepParser
 from tflaunch.runtime.run import Run
-from tflaunch.runtime.tracehook import TraceRequest, TraceSite, TraceTrigger
+from tflaunch.trace.request import TraceRequest
+from tflaunch.trace.site import TraceSite
+from tflaunch.trace.window import TraceTrigger
 
 TICK_S = 0.2
 
@@ -36,6 +38,7 @@ class Insight:
         self.samples = SampleLog(run.dir)  # samples-<host>.jsonl
         self.progress = ProgressLog(run.dir, StepParser(sup.step_pattern, sup.rate_pattern))
         self.trigger: TraceTrigger | None = None
+        self._say = say
         self._lock = threading.Lock()
         self._closed = threading.Event()
         request = TraceRequest.from_env(plan.program.env)
@@ -46,9 +49,8 @@ class Insight:
             for job, items in plan.cluster.items()
             for i, address in enumerate(items)
         }
-        program = plan.program.argv[0] if plan.program.argv else "?"
         self.trigger = TraceTrigger(
-            request, leader, addresses, program, say, time.monotonic(), trace_site
+            request, leader, addresses, plan.program.argv, say, time.monotonic(), trace_site
         )
         if send is not None:
             self.trigger.site.connect(send)
@@ -60,19 +62,27 @@ class Insight:
         """A resource sample from ``host``'s agent."""
         self.samples.write(host, event)
 
-    def output(self, task: str, line: str, at: float | None = None) -> None:
+    def output(self, task: str, line: str, at: float | None = None) -> int | None:
         """A line ``task`` printed, ``at`` the time its agent read it (unix; else now): the step
-        rate is measured on the agent's clock, whatever delays the link adds."""
+        rate is measured on the agent's clock, whatever delays the link adds. The step it holds
+        (added up), if any."""
         at = time.time() if at is None else float(at)
         step = self.progress.output(task, line, at)
         if step is not None and self.trigger is not None:
             with self._lock:
                 self.trigger.step(task, step, at)
+        return step
 
     def trace_event(self, host: str, event: protocol.Event) -> None:
         if self.trigger is not None:
             with self._lock:
                 self.trigger.site.received(host, event)
+
+    def trace_stopped(self, why: str) -> None:
+        """Writing the hosts' trace files failed (a full disk): the verdict says so."""
+        if self.trigger is not None:
+            with self._lock:
+                self.trigger.stop(why)
 
     def trace_drain_s(self) -> float:
         return self.trigger.site.drain_s() if self.trigger is not None else 0.0
@@ -97,4 +107,7 @@ class Insight:
         self.progress.close()
         if self.trigger is not None:
             with self._lock:
-                self.trigger.finish()
+                try:
+                    self.trigger.finish()
+                except Exception as e:  # the trace never keeps the run from ending in its state
+                    self._say(f"trace: ended without a verdict ({type(e).__name__}: {e})")

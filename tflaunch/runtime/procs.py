@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import psutil
 
@@ -221,6 +221,17 @@ def listeners(port: int) -> str:
         except (psutil.Error, ValueError, TypeError):
             found.append("a process this user cannot see")
     return ", ".join(sorted(set(found))) or "a process this user cannot see"
+
+
+def unresolved(names: Iterable[str]) -> list[str]:
+    """The host names (or addresses) among ``names`` that this machine cannot resolve."""
+    missing = []
+    for name in dict.fromkeys(names):
+        try:
+            socket.getaddrinfo(name, None)
+        except (OSError, UnicodeError):
+            missing.append(name)
+    return missing
 
 
 def port_free(port: int, host: str = "") -> bool:

@@ -164,6 +164,7 @@ class Started(Event):
     restarts: int = 0
     generation: int = 0
     cpus: list[int] | None = None
+    executable: str | None = None  # where the program was found on the host (failure reports)
 
 
 @_event("ready", recorded=True)
@@ -289,7 +290,7 @@ class SampleError(Event):
 class TraceNote(Event):
     """``up --trace``: a note the trace hook left in the host's trace directory ``dir`` (its
     file ``name``, e.g. ``worker-1.tf``, and text), so the coordinator sees every host's notes
-    without reaching their disks (:mod:`tflaunch.runtime.tracehost`)."""
+    without reaching their disks (:mod:`tflaunch.trace.links`)."""
 
     name: str = ""
     text: str = ""

@@ -13,12 +13,13 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from tflaunch.cluster.plan import Plan
-from tflaunch.runtime import protocol
+from tflaunch.runtime import diagnose, protocol
 from tflaunch.runtime.insight import Insight
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.runfiles import open_run_file
+from tflaunch.runtime.statusline import ClusterProgress, StatusLine
 from tflaunch.runtime.tasks import TaskBoard, TaskState
-from tflaunch.runtime.tracehook import TraceSite
+from tflaunch.trace.site import TraceSite
 
 
 class Reporter:
@@ -34,11 +35,16 @@ class Reporter:
         self.run, self.board = run, board
         self.out = out or sys.stdout
         self.width = max(len(s.name) for s in board) + 2
+        self.argv = plan.program.argv  # (placeholders unfilled: argv[0] and -m are enough)
         self._events_file = open_run_file(run.events_path, "a")
         # Resource samples (samples-<host>.jsonl, not events), steps, and --trace's window.
         self._samples = Insight(plan, run, board.leader, self.say, trace_site, send)
+        # On a terminal: the cluster's progress on one line under the output.
+        self.progress = ClusterProgress(len(board.trainers))
+        self.console = StatusLine(self.out, self.progress.render)
 
     def close(self) -> None:
+        self.console.stop()
         self._events_file.close()
         self._samples.close()
 
@@ -59,6 +65,10 @@ class Reporter:
         """An agent's trace note or file (``up --trace``)."""
         self._samples.trace_event(host, event)
 
+    def trace_stopped(self, why: str) -> None:
+        """The trace collection stopped (a full disk): the trace's verdict says why."""
+        self._samples.trace_stopped(why)
+
     def trace_drain_s(self) -> float:
         """Extra seconds the teardown gives agents that still send trace files."""
         return self._samples.trace_drain_s()
@@ -72,16 +82,18 @@ class Reporter:
 
     def output(self, task: str, line: str, at: float | None = None) -> None:
         """A line ``task`` printed (``at``: when its agent read it, unix time)."""
-        self._samples.output(task, line, at)  # steps, and --trace's window
+        step = self._samples.output(task, line, at)  # steps, and --trace's window
         state = self.board.get(task)
         if state:
             state.tail.append(line)
-        self.out.write(f"{'[' + task + ']':<{self.width}} {line}\n")
-        self.out.flush()
+        if self.console.active and task in self.board.trainers:
+            self.progress.line(task, line)
+            if step is not None:
+                self.progress.step(task, step, time.time() if at is None else float(at))
+        self.console.write(f"{'[' + task + ']':<{self.width}} {line}")
 
     def say(self, message: str) -> None:
-        self.out.write(f"[tflaunch] {message}\n")
-        self.out.flush()
+        self.console.write(f"[tflaunch] {message}")
 
     def end(self, outcome: Outcome) -> None:
         if outcome.code == 0:
@@ -97,6 +109,10 @@ class Reporter:
     ) -> Outcome:
         """The report of a run failed by one task, its root cause first."""
         lines = [f"{state.name} on {state.host} {what}."]
+        found = diagnose.notes(
+            state.name, state.tail, self.argv, state.executable, state.host, code
+        )
+        lines += found
         traced = self._samples.crash_note(state.name, code)
         if traced:
             lines.append(traced)
@@ -104,7 +120,9 @@ class Reporter:
             lines.append(note)
         if restarts:
             lines.append("restarts: " + "; ".join(restarts))
-        if state.tail:
+        if found and diagnose.is_traceback(state.tail):
+            lines.append("its output ends in that error's traceback, kept in its log")
+        elif state.tail:
             lines.append(f"last {len(state.tail)} lines of its output:")
             lines += [f"    {line}" for line in state.tail]
         lines.append(f"log: {state.log}")

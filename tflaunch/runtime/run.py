@@ -2,8 +2,8 @@
 
 ``<run_dir>/<run-id>/`` holds ``plan.json`` (the resolved plan: the cluster once, one small
 entry per task), ``cluster_spec.json`` (the ClusterSpec alone, for programs that read the
-cluster from a file), ``run.json`` (backend, the
-coordinator's pid, state, exit code, and backend details such as a Slurm job id), ``events.jsonl``
+cluster from a file), ``run.json`` (backend, its
+launcher's identity (:mod:`tflaunch.runtime.identity`), state, exit code, and backend details such as a Slurm job id), ``events.jsonl``
 (task lifecycle events, one JSON object a line), one ``<job>-<index>.log`` per task, and whatever a
 backend adds (``job.sbatch``, ``samples.jsonl``). ``.run.json.lock`` is the lock that writers of
 run.json (several processes: a coordinator, a watcher, ``status``) hold while they rewrite it.
@@ -30,10 +30,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-import psutil
-
 from tflaunch.cluster.plan import Plan, cluster_file_path, cluster_file_text
 from tflaunch.errors import RunNotFoundError
+from tflaunch.runtime.identity import Launcher
 from tflaunch.runtime.runfiles import (
     DEFAULT_DIR_MODE,
     EVENTS_FILE,
@@ -99,8 +98,9 @@ class RunRecord:
     started: float | None = None
     ended: float | None = None
     hosts: list[str] = field(default_factory=list)
-    coordinator_pid: int | None = None  # the process that coordinates the run ...
-    coordinator_started: float | None = None  # ... and its start time (a reused pid differs)
+    # The process that coordinates the run (from Run.start), or before that the one that makes
+    # it (from Run.create): its machine, pid and start time (tflaunch.runtime.identity).
+    launcher: Launcher | None = None
     exit_code: int | None = None
     message: str | None = None
     details: dict[str, Any] = field(default_factory=dict)  # the backend's own
@@ -111,10 +111,10 @@ class RunRecord:
         corrupt file) is left out (:func:`record_problems` names it)."""
         known = _core_fields()
         bad = {name for name, _ in _wrong_types(data)}
-        return cls(
-            **{k: v for k, v in data.items() if k in known and k not in bad},
-            details={k: v for k, v in data.items() if k not in known},
-        )
+        core = {k: v for k, v in data.items() if k in known and k not in bad}
+        if "launcher" in core:
+            core["launcher"] = Launcher.from_dict(core["launcher"])
+        return cls(**core, details={k: v for k, v in data.items() if k not in known})
 
     @classmethod
     def from_json(cls, text: str) -> RunRecord:
@@ -148,8 +148,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "started": _NUMBER,
     "ended": _NUMBER,
     "hosts": (list,),
-    "coordinator_pid": (int,),
-    "coordinator_started": _NUMBER,
+    "launcher": (dict,),
     "exit_code": (int,),
     "message": (str,),
 }
@@ -163,6 +162,8 @@ def _wrong_types(data: dict[str, Any]) -> Iterator[tuple[str, Any]]:
         wrong = not isinstance(value, types) or isinstance(value, bool)
         if name == "hosts" and not wrong:
             wrong = not all(isinstance(h, str) for h in value)
+        if name == "launcher" and not wrong:
+            wrong = Launcher.from_dict(value) is None
         if wrong:
             yield name, value
 
@@ -218,10 +219,31 @@ class Run:
         run_id: str | None = None,
         mode: int = DEFAULT_DIR_MODE,
     ) -> Run:
+        """Make the run's directory and its first record (``created``), naming this process
+        as its launcher from the first moment, before any machine is asked for: a run that
+        waits for its instances is live, not lost. A directory that exists already (an agent
+        beside the launcher on a shared file system, a requeued job) keeps its record."""
         run_id = run_id or new_run_id(name)
         path = Path(root).resolve() / run_id
         make_run_dir(path, mode)
-        return cls(run_id, path)
+        run = cls(run_id, path)
+        if not run.recorded:
+            run.update_meta(
+                run_id=run_id,
+                name=name,
+                state="created",
+                created=time.time(),
+                launcher=Launcher.current(),
+            )
+        return run
+
+    def discard(self) -> None:
+        """Remove the directory of a run that :meth:`create` just made and nothing used (its
+        plan could not be made)."""
+        for name in (META_FILE, META_LOCK_FILE):
+            with contextlib.suppress(FileNotFoundError):
+                (self.dir / name).unlink()
+        self.dir.rmdir()
 
     @classmethod
     def open(cls, root: str | os.PathLike, run_id: str) -> Run:
@@ -339,7 +361,9 @@ class Run:
             raise TypeError(f"run.json: {', '.join(strays)} is not a field of {part}")
         with self._locked():
             meta = self._read_meta()
-            meta.update(values)
+            meta.update(
+                {k: v.to_dict() if isinstance(v, Launcher) else v for k, v in values.items()}
+            )
             _atomic_write(self.meta_path, json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
     @contextlib.contextmanager
@@ -368,15 +392,15 @@ class Run:
     def start(
         self, backend: str, hosts: list[str], part: type | None = None, **values: Any
     ) -> None:
-        """Record that this process coordinates the run from now on (with its start time, so
-        that a later ``down`` can tell it from another process that reused its pid); ``values``
-        are fields of the backend's ``part``, if any."""
+        """Record that this process coordinates the run from now on, as its launcher (machine,
+        pid and start time, so that a later ``down`` or ``rm`` can tell it from another process
+        that reused its pid, or one on another machine); ``values`` are fields of the backend's
+        ``part``, if any."""
         write = self.update_meta if part is None else partial(self.update_part, part)
         write(
             backend=backend,
             state="starting",
-            coordinator_pid=os.getpid(),
-            coordinator_started=psutil.Process().create_time(),
+            launcher=Launcher.current(),
             started=time.time(),
             hosts=hosts,
             **values,

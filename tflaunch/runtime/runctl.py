@@ -84,30 +84,38 @@ def spawn_detached(
 
 
 def coordinator_process(run: Run) -> psutil.Process | None:
-    """The run's coordinator if it still runs: the recorded pid, checked to be the same process
-    (its start time, and a tflaunch command line), never a process that reused the pid."""
+    """The run's coordinator if it still runs on this machine: its recorded launcher, checked
+    to be the same process (machine, start time, and a tflaunch command line), never a process
+    that reused the pid."""
     record = run.record()
-    pid = record.coordinator_pid
-    if not isinstance(pid, int) or record.has_ended:
+    if record.launcher is None or record.has_ended:
         return None
+    proc = record.launcher.process()
     try:
-        proc = psutil.Process(pid)
-        started = record.coordinator_started
-        if started is not None and abs(proc.create_time() - float(started)) > 0.05:
+        if proc is None or not any("tflaunch" in part for part in proc.cmdline()):
             return None
-        if not any("tflaunch" in part for part in proc.cmdline()):
-            return None
-        return proc
-    except (psutil.Error, OSError, ValueError):
+    except (psutil.Error, OSError):
         return None
+    return proc
 
 
-def coordinator_alive(run: Run) -> bool:
+def coordinator_alive(run: Run) -> bool | None:
+    """Whether the run's coordinator still runs; None when it runs on another machine (or the
+    run records none), where only that machine can tell."""
+    record = run.record()
+    if record.launcher is None or not record.launcher.here:
+        return None
     return coordinator_process(run) is not None
 
 
 def stop_local_coordinator(run: Run, grace: float) -> str:
     """SIGTERM the run's coordinator and wait for its teardown; clean up leftovers if it is gone."""
+    launcher = run.record().launcher
+    if not run.ended and launcher is not None and not launcher.here:
+        raise LaunchError(
+            f"run {run.id} is coordinated by {launcher.describe()}, which this machine cannot "
+            f"see; run 'tflaunch down {run.id}' there."
+        )
     proc = coordinator_process(run)
     if proc is not None:
         with contextlib.suppress(psutil.Error):

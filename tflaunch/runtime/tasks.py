@@ -22,6 +22,7 @@ class TaskState:
     pid: int | None = None
     code: int | None = None
     log: str | None = None
+    executable: str | None = None  # where its agent found its program
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
 
 

@@ -50,6 +50,7 @@ import yaml
 
 from tflaunch.errors import ConfigError
 from tflaunch.models.registry import VARIABLE_UPDATES, UnknownModelError, get_model_spec
+from tflaunch.runtime.statusline import StatusLine
 
 DATA_KINDS = ("synthetic", "real")
 SWEEP_KEYS = (
@@ -450,7 +451,15 @@ def run_sweep(
         for point in points:
             done = len(measurements)
             echo(f"[{done + 1}/{total}] {point.label}, repeat {repeat}/{sweep.repeats} ...")
-            m = runner(point, repeat)
+            run_started = time.monotonic()
+            line = StatusLine(
+                sys.stdout,
+                lambda: _sweep_status(started, run_started, done, total),  # noqa: B023
+            )
+            try:
+                m = runner(point, repeat)
+            finally:
+                line.stop()
             measurements.append(m)
             elapsed = time.monotonic() - started
             left = elapsed / (done + 1) * (total - done - 1)
@@ -464,6 +473,20 @@ def run_sweep(
                 f"({_clock(elapsed)} elapsed, ~{_clock(left)} left)"
             )
     return measurements
+
+
+def _sweep_status(started: float, run_started: float, done: int, total: int) -> str:
+    """The status line under a sweep on a terminal: runs done, elapsed, and the time left
+    (the runs so far took on average what each of the others will)."""
+    now = time.monotonic()
+    line = (
+        f"bench: {done} of {total} runs done, run {done + 1} going; {_clock(now - started)} elapsed"
+    )
+    if done:
+        per_run = (run_started - started) / done
+        left = per_run * (total - done) - (now - run_started)
+        line += f", ~{_clock(max(0.0, left))} left"
+    return line
 
 
 def _clock(seconds: float) -> str:
@@ -586,7 +609,7 @@ def echo_predictions(sweep: Sweep, rows: Sequence[Row], inputs, echo) -> None:
 
 
 @click.command("bench")
-@click.argument("sweep_file", type=click.Path(dir_okay=False))
+@click.argument("sweep_file", type=click.Path())
 @click.option(
     "--repeats", type=click.IntRange(min=1), default=None, help="Override the sweep file's repeats."
 )

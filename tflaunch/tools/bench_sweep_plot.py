@@ -12,21 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tflaunch.errors import TflaunchError
-
-
-def pyplot():
-    """matplotlib's pyplot on the Agg backend; a clear error where matplotlib is missing."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise TflaunchError(
-            "plots need matplotlib; install it (pip install 'tflaunch[tf]') or read results.csv."
-        ) from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from tflaunch.plots import pyplot
 
 
 def _kinds(rows: Sequence) -> list[bool]:

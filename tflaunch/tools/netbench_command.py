@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -209,7 +210,7 @@ def plot(result: Mapping, path: Path) -> Path:
 
 
 @click.command("netbench")
-@click.argument("cluster_file", type=click.Path(dir_okay=False))
+@click.argument("cluster_file", type=click.Path())
 @click.option(
     "--sizes",
     default=DEFAULT_SIZES,
@@ -264,13 +265,18 @@ def netbench_command(
         "ps_placement": ps_placement or placement_of(config.program.argv),
         "ps_steps": ps_steps,
     }
-    argv = program_argv(cluster_python(config), parse_sizes(sizes), options)
+    python = cluster_python(config)
+    if python == sys.executable:  # the tasks run under this very Python (the local backend)
+        from tflaunch.tools.placement_command import require_tensorflow
+
+        require_tensorflow("netbench", "runs its tasks under this Python and measures")
+    argv = program_argv(python, parse_sizes(sizes), options)
     config = replace(
         config, name=f"{config.name}-netbench", program=replace(config.program, argv=tuple(argv))
     )
     run, outcome = launch.run_cluster(config, runs_dir)
-    if outcome.code != 0:
-        raise NetbenchError(f"the benchmark cluster failed (exit {outcome.code}); see {run.dir}.")
+    if outcome.code != 0:  # its one failure report is on stderr already
+        raise SystemExit(outcome.code)
     first = "chief-0.log" if config.roles.chief else "worker-0.log"
     result = read_result(run.log_path(first))
     for line in report_lines(result):

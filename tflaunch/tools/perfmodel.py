@@ -38,6 +38,22 @@ Assumptions (printed by ``tflaunch model``):
    ``--overlap``), a worker's communication runs beside its computation once the first of K
    buckets is in: its cycle is ``max(t_compute, fixed + 2 phase) + alpha + max_p B_p / (K beta)``
    instead of ``t_compute + fixed + 2 phase`` (phases as in 4, queueing included).
+9. gRPC's CPU cost per byte (``cpu_s_per_byte``: one unshaped netbench stream is CPU-bound, so
+   its time per byte is that cost) is paid on a host's own cores (``cores_per_host``, 0: not
+   modelled): a worker's CPU per step is ``t_compute + 2 B c / cores`` (pull and push), which
+   computation cannot hide. A loaded PS moves at most ``ps_bytes_per_s`` (in and out together:
+   netbench's PS test with several workers, which goes past one stream) however fast its link.
+10. Synchronous PS (``--cross_replica_sync``: every worker waits for all at the end of each
+   step): per step each PS p moves W B_p out and W B_p in. A phase takes
+   ``max(B / beta, W B_max / beta, W B_max / (ps_bytes_per_s / 2))``; the step is
+   ``cpu + fixed + 2 phase``; with staged variables the next pull runs beside this step's
+   compute and push: ``max(cpu, phase_pull, phase_push, 2 W B_max / ps_bytes_per_s) + fixed``.
+11. The ring's own CPU (``ring_cpu_s_per_byte``): MultiWorkerMirroredStrategy's CPU collectives
+   (receive, add, copy, concatenate and split per pack) cost far more per byte than one gRPC
+   stream; fitted to the default ring at two rates on the many-core lab, it replaces the
+   per-variable round trip of 5 when set: ``comm = 2 (W-1)/W b (1/beta + c_ring)`` with ``b`` the
+   bytes on the wire (half with ``--compact_gradient_transfer``). With ``packs`` > 1 the link part
+   of all but the last pack overlaps the backward pass (two thirds of the compute).
 """
 
 from __future__ import annotations
@@ -53,6 +69,7 @@ import click
 from tflaunch.errors import TflaunchError
 from tflaunch.models.placement_math import STRATEGIES
 from tflaunch.models.registry import VARIABLE_UPDATES as UPDATES
+from tflaunch.models.registry import model_names
 
 ASSUMPTIONS = __doc__.split("Assumptions (printed by ``tflaunch model``):", 1)[1].strip()
 
@@ -84,6 +101,13 @@ class Inputs:
     # (W, compute_s of each of W lone workers computing at once on cores of their own): measured
     # contention for caches and memory bandwidth; between and beyond the points, interpolated.
     compute_at: tuple[tuple[int, float], ...] = ()
+    # Assumption 9: gRPC's CPU seconds per byte moved (one unshaped netbench stream), the cores
+    # of a host (0: CPU not modelled), a loaded PS's bytes/s in and out together.
+    cpu_s_per_byte: float = 0.0
+    cores_per_host: int = 0
+    ps_bytes_per_s: float = 0.0
+    # Assumption 11: the ring's CPU seconds per byte on the wire (0: per-variable round trips).
+    ring_cpu_s_per_byte: float = 0.0
 
     def compute_with(self, workers: int) -> float:
         """A worker's compute per step while ``workers`` workers compute at once."""
@@ -115,6 +139,10 @@ class Inputs:
                 bool(data.get("nic", True)),
                 bool(data.get("shared_cores", False)),
                 tuple((int(w), float(c)) for w, c in data.get("compute_at", ())),
+                float(data.get("cpu_s_per_byte", 0.0)),
+                int(data.get("cores_per_host", 0)),
+                float(data.get("ps_bytes_per_s", 0.0)),
+                float(data.get("ring_cpu_s_per_byte", 0.0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelError(f"model inputs are incomplete or malformed ({exc!r}).") from None
@@ -155,12 +183,18 @@ def predict(
     strategy: str = "round_robin",
     overlap: bool = False,
     buckets: int = 8,
+    sync: bool = False,
+    packs: int = 1,
+    compact: bool = False,
 ) -> Prediction:
+    """Images/sec of one setting. ``sync``: synchronous PS steps (assumption 10); ``packs`` and
+    ``compact``: the all-reduce's ``--gradient_repacking`` and ``--compact_gradient_transfer``
+    (assumption 11)."""
     if workers < 1:
         raise ModelError("at least one worker.")
     link = inputs.link
     if update == "collective_all_reduce":
-        return _ring(inputs, workers)
+        return _ring(inputs, workers, packs, compact)
     if update not in UPDATES:
         raise ModelError(f"unknown variable update {update!r}; choose one of {', '.join(UPDATES)}.")
     if ps < 1:
@@ -168,6 +202,8 @@ def predict(
     loads = bytes_per_ps(inputs, ps, strategy)
     own = inputs.model_bytes / link.bandwidth if inputs.nic else 0.0
     fixed = 2 * link.latency_s + 2 * inputs.per_variable_s * len(inputs.variable_bytes)
+    if sync:
+        return _sync_ps(inputs, workers, ps, update, strategy, loads, own, fixed, overlap, buckets)
     throughput, bound = _mean_value_analysis(
         workers,
         inputs.compute_with(workers),
@@ -195,16 +231,62 @@ def worker_cycle(compute_s: float, comm_s: float, overlap_first_s: float | None 
     return max(compute_s, comm_s) + overlap_first_s
 
 
-def _ring(inputs: Inputs, workers: int) -> Prediction:
-    """Synchronous ring all-reduce (assumption 5)."""
+def worker_cpu_s(inputs: Inputs, workers: int) -> float:
+    """A worker's CPU per step: its compute, plus (assumption 9) gRPC's cost of pulling and
+    pushing the model on its own cores."""
+    compute = inputs.compute_with(workers)
+    if inputs.cores_per_host and inputs.cpu_s_per_byte:
+        compute += 2 * inputs.model_bytes * inputs.cpu_s_per_byte / inputs.cores_per_host
+    return compute
+
+
+def _sync_ps(
+    inputs: Inputs,
+    workers: int,
+    ps: int,
+    update: str,
+    strategy: str,
+    loads: Sequence[int],
+    own_s: float,
+    fixed_s: float,
+    staged: bool,
+    buckets: int,
+) -> Prediction:
+    """Synchronous PS steps (assumption 10)."""
+    link = inputs.link
+    fullest = max(loads)
+    link_s = workers * fullest / link.bandwidth
+    cpu_s = 2 * workers * fullest / inputs.ps_bytes_per_s if inputs.ps_bytes_per_s else 0.0
+    phase = max(own_s, link_s, cpu_s)
+    cpu = worker_cpu_s(inputs, workers)
+    if staged:
+        step = max(cpu, phase, cpu_s) + fixed_s + first_bucket_s(link, fullest, buckets)
+    else:
+        step = cpu + fixed_s + 2 * phase
+    # what sets the communication: the PS (its link or its CPU) or each worker's own NIC
+    bound = "ps" if max(link_s, cpu_s) >= own_s else "workers"
+    return Prediction(
+        workers, ps, update, strategy, workers * inputs.batch_size / step, step, bound
+    )
+
+
+def _ring(inputs: Inputs, workers: int, packs: int = 1, compact: bool = False) -> Prediction:
+    """Synchronous ring all-reduce (assumptions 5 and 11)."""
     w, link = workers, inputs.link
     n_vars = len(inputs.variable_bytes)
-    comm = 0.0
-    if w > 1:
-        comm = 2 * (w - 1) / w * inputs.model_bytes / link.bandwidth + 2 * (w - 1) * link.latency_s
-        comm += (2 * link.latency_s + inputs.per_variable_s) * n_vars
+    wire = inputs.model_bytes / (2 if compact else 1)
     compute = inputs.compute_s * w if inputs.shared_cores else inputs.compute_with(w)
-    step = compute + comm
+    comm = overlapped = 0.0
+    if w > 1:
+        moved = 2 * (w - 1) / w * wire
+        link_s = moved / link.bandwidth + 2 * (w - 1) * link.latency_s
+        if inputs.ring_cpu_s_per_byte:
+            comm = link_s + moved * inputs.ring_cpu_s_per_byte
+        else:
+            comm = link_s + (2 * link.latency_s + inputs.per_variable_s) * n_vars
+        if packs > 1:
+            overlapped = min(link_s * (packs - 1) / packs, 2 * compute / 3)
+    step = compute + comm - overlapped
     return Prediction(
         w, 0, "collective_all_reduce", None, w * inputs.batch_size / step, step, "ring"
     )
@@ -454,7 +536,8 @@ def _model_variables(model: str, num_classes: int) -> tuple[tuple[str, tuple[int
         spec = get_model_spec(model)
     except UnknownModelError as exc:
         raise ModelError(str(exc)) from None
-    return tuple((v.name, tuple(v.shape), v.dtype_size) for v in model_variables(spec, num_classes))
+    variables = model_variables(spec, num_classes, command="model")
+    return tuple((v.name, tuple(v.shape), v.dtype_size) for v in variables)
 
 
 def _workers_rate(text: str) -> tuple[int, float]:
@@ -485,7 +568,14 @@ def _int_list(text: str) -> list[int]:
     help="Instead of --compute-img-s: a traced one-worker run (up --trace) of any program; its "
     "step time less communication is the compute per step of --batch-size images.",
 )
-@click.option("--runs-dir", default="runs", show_default=True, help="Where --from-run's run is.")
+@click.option(
+    "--runs-dir",
+    "--run-dir",
+    "runs_dir",
+    default="runs",
+    show_default=True,
+    help="Where --from-run's run is.",
+)
 @click.option(
     "--link",
     "link_text",
@@ -494,7 +584,14 @@ def _int_list(text: str) -> list[int]:
     help="Instead of --netbench: one link's latency (µs) and bandwidth (MB/s).",
 )
 @click.option("--batch-size", type=int, default=32, show_default=True)
-@click.option("--model", "model_name", default="inception_v3", show_default=True)
+@click.option(
+    "--model",
+    "model_name",
+    type=click.Choice(model_names(aliases=True)),
+    default="inception3",
+    show_default=True,
+    help="A network of tflaunch.models.registry (as 'tflaunch placement --model').",
+)
 @click.option("--num-classes", type=int, default=1001, show_default=True)
 @click.option("--per-variable-us", type=float, default=0.0, show_default=True)
 @click.option(
@@ -560,6 +657,9 @@ def model_command(
                 "worker's images/sec at --batch-size) or --from-run (a traced one-worker run); "
                 "or --inputs FILE."
             )
+        from tflaunch.tools.placement_command import require_tensorflow
+
+        require_tensorflow("model", "builds the model's variables (without --inputs)")
         if from_run:
             from tflaunch.runtime.run import Run
 

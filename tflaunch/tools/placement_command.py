@@ -119,17 +119,39 @@ def _draw_strategy(ax, rows: Sequence[dict]) -> None:
     ax.set_xlim(-1, x - 1)
 
 
+def require_tensorflow(command: str, why: str) -> None:
+    """Refuse ``tflaunch COMMAND`` at once, naming it and the fix, where this Python has no
+    TensorFlow (found without importing it: that costs seconds)."""
+    import importlib.util
+    import sys
+
+    try:
+        found = importlib.util.find_spec("tensorflow") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise PlacementError(
+            f"tflaunch {command} {why} with TensorFlow, which this Python ({sys.executable}) "
+            "does not have; install it here (pip install 'tflaunch[tf]') or run the command "
+            "where TensorFlow is installed."
+        )
+
+
 def model_variables(
-    spec: ModelSpec, num_classes: int = 1000, trainable_only: bool = True
+    spec: ModelSpec,
+    num_classes: int = 1000,
+    trainable_only: bool = True,
+    command: str = "placement",
 ) -> list[VariableSpec]:
     """A model's variables in creation order, from one graph-mode build (nothing computed): what
-    a replica_device_setter would place. Imports TensorFlow."""
+    a replica_device_setter would place. Imports TensorFlow (``tflaunch COMMAND`` says why)."""
+    require_tensorflow(command, "builds the model's variables")
     try:
         from tflaunch.models.placement import graph_variables
     except ImportError as exc:
         raise PlacementError(
-            f"tflaunch placement builds the model with TensorFlow, which cannot be imported "
-            f"here ({exc}); install tflaunch[tf] or run it where TensorFlow is installed."
+            f"tflaunch {command} builds the model's variables with TensorFlow, which cannot be "
+            f"imported here ({exc}); install tflaunch[tf] or run it where TensorFlow is installed."
         ) from None
     classes = spec.default_num_classes if spec.fixed_num_classes else num_classes
     variables = graph_variables(lambda: spec.build(classes, "NHWC"))
@@ -177,6 +199,7 @@ def placement(
     plot: str | None,
 ) -> None:
     """Compare variable placement strategies across PS counts (needs TensorFlow)."""
+    require_tensorflow("placement", "builds the model's variables")
     spec = get_model_spec(model)
     variables = model_variables(spec, num_classes, trainable_only=not all_variables)
     kind = "variables" if all_variables else "trainable variables"

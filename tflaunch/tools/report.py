@@ -30,7 +30,7 @@ from tflaunch.runtime.monitor import NET_FIELDS, read_samples
 from tflaunch.runtime.run import Run
 from tflaunch.runtime.runfiles import file_mode, make_run_dir, replace_run_file
 from tflaunch.text import aligned
-from tflaunch.tools.progress import plot_progress, progress_summary, save_png
+from tflaunch.tools.step_rates import plot_progress, progress_summary, save_png
 
 PLOTS = ("cpu_per_node.png", "packets_per_node.png", "memory_per_task.png", "cpu_per_task.png")
 MIB = 1024 * 1024
@@ -442,6 +442,7 @@ def task_table(run: Run) -> list[str]:
         if sample and sample.get("pid") == states[name]["pid"]:
             usage[name] = sample
     now = time.time()
+    succeeded = run.record().state == "succeeded"
     rows = [("TASK", "HOST", "STATE", "PID", "CPU%", "RSS", "UPTIME", "EXIT", "RESTARTS")]
     for name, s in states.items():
         used = usage.get(name, {})
@@ -455,11 +456,21 @@ def task_table(run: Run) -> list[str]:
                 _num(used.get("cpu_percent")),
                 _mib(used.get("rss")),
                 uptime,
-                "-" if s["code"] is None else str(s["code"]),
+                _exit_text(name, s["code"], succeeded),
                 f"{s['restarts']} (last: {s['cause']})" if s["restarts"] else "-",
             )
         )
     return aligned(rows)
+
+
+def _exit_text(task: str, code: int | None, succeeded: bool) -> str:
+    """A task's exit code; a PS's SIGTERM at the end of a run that succeeded is said to be
+    normal (a PS serves until the launcher stops it)."""
+    if code is None:
+        return "-"
+    if succeeded and task.startswith("ps:") and code in (143, -15):
+        return f"{code} (stopped at the end, as PS are)"
+    return str(code)
 
 
 def watch_status(run: Run, interval: float, show: Callable[[], None]) -> None:

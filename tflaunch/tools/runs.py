@@ -7,7 +7,10 @@ coordinator is gone (a killed ``up``, a vanished Slurm job) is shown as ``lost``
 shows it. A run whose files cannot be read (a corrupt or planted run.json, plan.json or
 events.jsonl: a FIFO, a symlink, garbage, a huge file) is one ``unreadable`` row that says why;
 the others list as usual. Live runs are never removed: stop them with ``tflaunch down`` first;
-nor is a symlinked run directory (its target is not ours to delete).
+nor is a symlinked run directory (its target is not ours to delete). A run whose launcher is on
+another machine (another host, container or PID namespace sharing the runs directory) is
+``unknown``: only that machine can tell whether it runs, so ``prune`` keeps it and ``rm`` asks
+for ``--force``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ DEFAULT_LIMIT = 20
 RESTART_EVENTS = (protocol.Restarting, protocol.ClusterRestarting)
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 UNREADABLE = "unreadable"
+UNKNOWN = "unknown"  # whether it still runs cannot be told here (its launcher is elsewhere)
 # What a run's files can throw at their readers besides RunFileError: an events line or plan
 # entry of the wrong shape (e.g. a string where a number belongs).
 _BAD_DATA = (RunFileError, OSError, ValueError, TypeError, KeyError, AttributeError)
@@ -68,9 +72,9 @@ def _read_row(run: Run, now: float | None) -> RunRow:
     ended = record.ended
     problem = None
     try:
-        state = launch.run_state(run)
+        state, problem = launch.run_liveness(run)
     except TflaunchError as err:  # e.g. a Slurm run listed where squeue is not installed
-        state, problem = "unknown", str(err)
+        state, problem = UNKNOWN, str(err)
     if started is None:
         duration = None
     elif ended is not None:
@@ -162,7 +166,7 @@ def format_rows(rows: list[RunRow], shown_all: bool, total: int) -> list[str]:
 
 def is_live(state: str) -> bool:
     """Whether a run in ``state`` (from :func:`tflaunch.launch.run_state`) may still have tasks
-    running: not ended, and its coordinator not gone."""
+    running: not ended, and its coordinator not gone (an ``unknown`` one may run elsewhere)."""
     return state not in (*ENDED, "lost")
 
 
@@ -178,17 +182,34 @@ def find_removable(runs_dir: str | Path, run_id: str) -> Path:
     return found
 
 
-def remove_run(found: Path) -> str:
-    """Delete the run directory ``found`` (from :func:`find_removable`); refuses a live run."""
+def check_removable(found: Path, force: bool = False) -> None:
+    """Refuse to remove a live run, and one whose liveness only another machine can tell
+    (unless ``force``: the user says it ended there)."""
     run = Run(found.name, found.resolve())
-    state = launch.run_state(run)
+    try:
+        state, why = launch.run_liveness(run)
+    except TflaunchError as err:
+        state, why = UNKNOWN, str(err)
+    if state == UNKNOWN:
+        if force:
+            return
+        raise LaunchError(
+            f"run {run.id} may still be running: {why}. Stop it with 'tflaunch down {run.id}' "
+            "where it runs; if you know it ended, 'tflaunch rm --force' removes its directory "
+            "(its logs, events and plan) even if its tasks still write to it."
+        )
     if is_live(state):
         raise LaunchError(
             f"run {run.id} is still running (state {state}); stop it with "
             f"'tflaunch down {run.id}' first, then remove it."
         )
+
+
+def remove_run(found: Path) -> str:
+    """Delete the run directory ``found`` (from :func:`find_removable`, checked with
+    :func:`check_removable`)."""
     shutil.rmtree(found)  # the directory as found: rmtree refuses a symlink put in its place
-    return f"removed {run.dir}"
+    return f"removed {found.resolve()}"
 
 
 def parse_age(text: str) -> float:
@@ -224,9 +245,14 @@ def prune(
         if now - last < older_than:
             continue
         try:
-            state = launch.run_state(run)
+            state, why = launch.run_liveness(run)
         except TflaunchError as err:
-            say(f"kept {run.id}: cannot tell whether it still runs ({err})")
+            state, why = UNKNOWN, str(err)
+        if state == UNKNOWN:
+            say(
+                f"kept {run.id}: cannot tell whether it still runs ({why}); "
+                f"'tflaunch rm --force {run.id}' removes it if you know it ended"
+            )
             continue
         if is_live(state):
             say(f"kept {run.id}: still running (stop it with 'tflaunch down {run.id}')")

@@ -235,6 +235,12 @@ def _launcher_only(config: ClusterConfig) -> list[str]:
             "supervision.stall_timeout is watched by tflaunch's launcher; the TFJob operator "
             "does not detect stalls (add a livenessProbe to the pod template if you need one)"
         )
+    if ("program", "workdir") in config.positions and not config.kubernetes.workdir:
+        notes.append(
+            f"program.workdir {config.program.workdir!r} (the cluster file's folder) is not in "
+            "the container: the pods start in the image's working directory (set "
+            "kubernetes.workdir to choose it)"
+        )
     restart = sup.restart
     for job in ("ps", "chief"):
         if restart.of(job).policy != "never" and restart.of(job).scope is None:

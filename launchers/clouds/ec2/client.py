@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tflaunch.errors import ConfigError, LaunchError
+from tflaunch.plugin import ConfigError, LaunchError, MissingExtra
 
 
 def ec2_client(section: Any, key: str = "ssh.ec2") -> Any:
@@ -18,8 +18,10 @@ def ec2_client(section: Any, key: str = "ssh.ec2") -> Any:
         import boto3
         import botocore.exceptions
     except ImportError as err:
-        raise ConfigError(
-            f"{key} needs boto3, which is not installed: pip install 'tflaunch[aws]'."
+        raise MissingExtra(
+            f"{key} needs boto3, which is not installed: pip install 'tflaunch[aws]'.",
+            package="boto3",
+            extra="aws",
         ) from err
     try:
         session = boto3.Session(profile_name=section.profile, region_name=section.region)

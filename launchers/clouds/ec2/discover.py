@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tflaunch.cluster.config import Ec2Section
-from tflaunch.cluster.plan import Host, gpu_ids
-from tflaunch.errors import LaunchError
 from tflaunch.launchers.clouds.ec2.client import ec2_client
+from tflaunch.launchers.clouds.ec2.section import Ec2Section
+from tflaunch.plugin import Host, LaunchError, gpu_ids
 
 
 def _ec2_filters(section: Ec2Section) -> list[dict[str, Any]]:

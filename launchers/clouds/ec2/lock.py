@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from tflaunch.launchers.clouds.base import TAG_KEEP, LockHolder
 from tflaunch.launchers.clouds.ec2.client import aws_errors
+from tflaunch.plugin import TAG_KEEP, LockHolder
 
 TAG_WHAT, TAG_LAUNCHER = "tflaunch:lock-holder", "tflaunch:lock-launcher"
 TAG_SINCE, TAG_HEARTBEAT = "tflaunch:lock-since", "tflaunch:lock-heartbeat"

@@ -13,9 +13,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tflaunch.cluster.config import Ec2ProvisionSection
-from tflaunch.errors import ConfigError
-from tflaunch.launchers.clouds.costs import Price
+from tflaunch.launchers.clouds.ec2.section import Ec2ProvisionSection
+from tflaunch.plugin import ConfigError, Price
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,29 +16,34 @@ import dataclasses
 import json
 import math
 import os
+import socket
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tflaunch.cluster.config import ClusterConfig
-from tflaunch.errors import ConfigError, LaunchError
-from tflaunch.launchers.clouds import base
-from tflaunch.launchers.clouds.base import (
+from tflaunch.launchers.clouds.ec2 import lock
+from tflaunch.launchers.clouds.ec2.client import aws_errors, ec2_client
+from tflaunch.launchers.clouds.ec2.pricing import gpus_of, resolve_prices
+from tflaunch.plugin import (
     ALIVE_STATES,
+    POLL_SECONDS,
     TAG_CLUSTER,
+    TAG_HOST,
+    TAG_KEEP,
+    TAG_ROLE,
     TAG_RUN,
+    ClusterConfig,
     Instance,
+    LaunchError,
     LockHolder,
     PlannedInstance,
+    Price,
     Provider,
     Say,
     network_name,
 )
-from tflaunch.launchers.clouds.costs import Price
-from tflaunch.launchers.clouds.ec2 import lock
-from tflaunch.launchers.clouds.ec2.client import aws_errors, ec2_client
-from tflaunch.launchers.clouds.ec2.pricing import gpus_of, resolve_prices
 
 ADDRESS_MAP_ENV = "TFLAUNCH_EC2_ADDRESS_MAP"
 
@@ -67,6 +72,20 @@ def port_ranges(ports: Sequence[int]) -> list[tuple[int, int]]:
     return ranges
 
 
+def my_public_cidr() -> str:
+    """This machine's public address as a /32 (asked of checkip.amazonaws.com)."""
+    try:
+        with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=5) as reply:
+            address = reply.read().decode().strip()
+        socket.inet_aton(address)
+    except (OSError, ValueError) as err:
+        raise LaunchError(
+            f"cannot learn this machine's public address for the SSH rule ({err}); set "
+            "ssh.provision.ssh_from to the CIDR you connect from, e.g. 203.0.113.7/32."
+        ) from err
+    return f"{address}/32"
+
+
 def _address_map() -> dict[str, dict[str, str]] | None:
     path = os.environ.get(ADDRESS_MAP_ENV)
     return json.loads(Path(path).read_text()) if path else None
@@ -76,6 +95,7 @@ class Ec2Provider(Provider):
     """Create, find and terminate tflaunch's EC2 instances and security groups."""
 
     name = "ec2"
+    spot_setting = "ssh.provision.spot_workers"
 
     def __init__(self, section: Any, say: Say):
         super().__init__(section, say)
@@ -101,6 +121,12 @@ class Ec2Provider(Provider):
             "endpoint_url": self.section.endpoint_url,
             "subnet": self.section.subnet,  # its VPC holds the kept cluster's lock
         }
+
+    @classmethod
+    def account(cls, section: Any | None, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The options over the file's region, profile and endpoint, and the file's subnet
+        (its VPC holds a kept cluster's lock)."""
+        return {**super().account(section, options), "subnet": getattr(section, "subnet", None)}
 
     # ---- planning and prices ---------------------------------------------------------------
 
@@ -158,11 +184,12 @@ class Ec2Provider(Provider):
         cluster: str,
         ports: Sequence[int],
         ssh_port: int,
-        ssh_from: str,
+        ssh_from: str | None,
         tags: Mapping[str, str] | None = None,
     ) -> str:
         """A security group admitting the cluster's ports from its members and SSH from
-        ``ssh_from``."""
+        ``ssh_from`` (else ``ssh.provision.ssh_from``, else this machine's public address)."""
+        ssh_from = ssh_from or self.section.ssh_from or my_public_cidr()
         group_tags = self._tags(run_id, cluster, **(tags or {}))
         with aws_errors("creating the security group"):
             group = self.client.create_security_group(
@@ -196,7 +223,7 @@ class Ec2Provider(Provider):
         created: dict[str, str] = {}
         for p in planned:
             instance_tags = self._tags(
-                run_id, cluster, **tags, **{base.TAG_HOST: p.name, base.TAG_ROLE: p.role,
+                run_id, cluster, **tags, **{TAG_HOST: p.name, TAG_ROLE: p.role,
                                             "Name": f"{cluster}-{p.name}"}
             )  # fmt: skip
             kwargs: dict[str, Any] = {
@@ -287,7 +314,7 @@ class Ec2Provider(Provider):
                 alive = self.describe(ids=ids, states=(*ALIVE_STATES, "shutting-down"))
                 if not alive:
                     break
-                time.sleep(base.POLL_SECONDS)
+                time.sleep(POLL_SECONDS)
         if network:
             self.delete_network(network, wait)
 
@@ -311,7 +338,7 @@ class Ec2Provider(Provider):
     def kept_networks(self, name: str) -> list[str]:
         with aws_errors("listing the kept cluster's security groups"):
             groups = self.client.describe_security_groups(
-                Filters=[{"Name": f"tag:{base.TAG_KEEP}", "Values": [name]}]
+                Filters=[{"Name": f"tag:{TAG_KEEP}", "Values": [name]}]
             )["SecurityGroups"]
         return sorted(g["GroupId"] for g in groups if g["GroupName"] != lock.group_name(name))
 
@@ -335,7 +362,7 @@ class Ec2Provider(Provider):
                 if code != "DependencyViolation" or time.monotonic() > deadline:
                     self.say(f"could not delete security group {network}: {err}")
                     return
-            time.sleep(base.POLL_SECONDS)
+            time.sleep(POLL_SECONDS)
 
 
 def _instance(raw: dict[str, Any]) -> Instance:
@@ -352,10 +379,3 @@ def _instance(raw: dict[str, Any]) -> Instance:
         spot=raw.get("InstanceLifecycle") == "spot",
         zone=raw.get("Placement", {}).get("AvailabilityZone"),
     )
-
-
-def section_of(config: ClusterConfig) -> Any:
-    """The cluster file's provisioning section (``ssh.provision``)."""
-    if config.ssh.provision is None:
-        raise ConfigError(f"{config.source}: the cluster file has no ssh.provision section.")
-    return config.ssh.provision

@@ -18,7 +18,7 @@ class InlineSection:
 
 
 def check(config, fail: Fail) -> None:
-    if config.backend == "inline" and not config.inline.greeting.strip():
+    if config.backend == "inline" and not config.section(InlineSection).greeting.strip():
         fail(("inline", "greeting"), "is empty; say something, e.g. 'hello'")
 
 

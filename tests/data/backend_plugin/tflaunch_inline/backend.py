@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from tflaunch.plugin import Backend, ProcessLink, agent_argv, hosts_from_config, spawn
+from tflaunch_inline import InlineSection
 
 
 class InlineBackend(Backend):
@@ -17,7 +18,7 @@ class InlineBackend(Backend):
         return hosts_from_config(config)
 
     def start_agents(self, config, plan, run):
-        section = config.inline
+        section = config.section(InlineSection)
         print(f"[inline] {section.greeting}", flush=True)
         env = {**os.environ, section.agents_env: section.greeting}
         links = []

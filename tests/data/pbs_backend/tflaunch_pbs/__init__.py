@@ -20,7 +20,7 @@ class PbsSection:
 
 
 def check(config, fail: Fail) -> None:
-    pbs = config.pbs
+    pbs = config.section(PbsSection)
     if pbs.walltime and not re.fullmatch(r"\d+(:\d\d){0,2}", pbs.walltime):
         fail(("pbs", "walltime"), f"{pbs.walltime!r} is not [[HH:]MM:]SS, e.g. '01:30:00'")
     if pbs.queue and not re.fullmatch(r"[\w.@-]+", pbs.queue):

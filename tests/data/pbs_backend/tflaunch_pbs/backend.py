@@ -17,6 +17,7 @@ from tflaunch.plugin import (
     LaunchError,
     placeholder_hosts,
 )
+from tflaunch_pbs import PbsSection
 
 PENDING, ENDED = set("QHWT"), set("FC")
 WALLTIME_CODES = (-11, -29)  # Torque's and PBS Pro's "killed at the walltime"
@@ -54,10 +55,10 @@ class PbsBackend(BatchBackend):
             raise ConfigError(
                 f"{config.source}: backend pbs takes its nodes from the job; remove 'hosts:'."
             )
-        return placeholder_hosts("pbs-node", config.pbs.nodes)
+        return placeholder_hosts("pbs-node", config.section(PbsSection).nodes)
 
     def render(self, config, run) -> str:
-        pbs, output = config.pbs, str(run.dir / self.output_file)
+        pbs, output = config.section(PbsSection), str(run.dir / self.output_file)
         if re.search(r"\s", output):
             raise ConfigError(f"PBS cannot write the job's output to {output!r}: it has a space.")
         lines = [
@@ -72,7 +73,7 @@ class PbsBackend(BatchBackend):
         return "\n".join([*lines, *pbs.setup, "pbsdsh -u " + shlex.join(agent), ""])
 
     def python(self, config) -> str:
-        return config.pbs.python
+        return config.section(PbsSection).python
 
     def submit_job(self, script: Path, run) -> str:
         return pbs_command(["qsub", str(script)]).stdout.strip()

@@ -1,0 +1,138 @@
+"""What the cloud tests share: AWS credentials for moto only, a clean stand-in region, cluster
+files that provision (EC2 through moto, instances played by the SSH test hosts), and the
+instances the stand-in holds. ``conftest.py`` re-exports the fixtures; tests import the helpers
+from here (never from another test module)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import FAKE_TASK, ROOT
+from tflaunch.cluster.config import parse_config
+from tflaunch.launchers.clouds import base
+from tflaunch.launchers.clouds import provisioner as provision
+from tflaunch.launchers.clouds.ec2.provider import ADDRESS_MAP_ENV
+
+HEAD = "program: [python, train.py]\nbackend: ssh\n"
+
+
+def provision_config(tmp_path: Path, extra: str = "", endpoint: str | None = None, **over):
+    text = provision_text(extra, endpoint, **over)
+    return parse_config(text, source=str(tmp_path / "c.yaml"), base_dir=str(tmp_path))
+
+
+def provision_text(extra: str = "", endpoint: str | None = None, **over) -> str:
+    lines = [
+        "ssh:",
+        f"  port: {over.get('ssh_port', 22)}",
+        "  provision:",
+        "    image: ami-12c6146b",
+        "    region: us-east-1",
+        "    ssh_from: 198.51.100.7/32",
+        "    ps_instance_type: c5.xlarge",
+        f"    worker_instance_type: {over.get('worker_type', 'p3.2xlarge')}",
+        "    ready_timeout: 20",
+    ]
+    if endpoint:
+        lines.append(f"    endpoint_url: {endpoint}")
+    return over.get("head", HEAD) + extra + "\n".join(lines) + "\n" + over.get("more", "")
+
+
+def uploads_stay_in(tmp_path: Path, data: dict) -> None:
+    """The test hosts share this machine's disk: a file uploaded into a workdir outside the
+    test's folder (the checkout, say) is a stray copy there, left behind after the test."""
+    workdir = Path(data["program"].get("workdir", "."))
+    assert not data["ssh"].get("upload") or workdir.is_relative_to(tmp_path), (
+        f"ssh.upload would copy {data['ssh']['upload']} into {workdir}, outside the test's "
+        "folder; upload nothing there, or keep the workdir under tmp_path"
+    )
+
+
+@pytest.fixture()
+def aws_env(aws_credentials, monkeypatch):
+    """The stand-in's credentials; it answers at once, so poll quickly."""
+    monkeypatch.setattr(base, "POLL_SECONDS", 0.1)
+    monkeypatch.setattr(provision, "POLL_SECONDS", 0.1)
+
+
+def python_here(tmp_path: Path) -> str:
+    """The hosts' interpreter, importing this checkout's tflaunch (the hosts share the disk)."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec env PYTHONPATH={ROOT} {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def cloud_cluster(tmp_path: Path, hosts, endpoint: str, monkeypatch, **overrides) -> Path:
+    """Three provisioned worker instances (PS co-located), mapped onto the three test hosts."""
+    known = tmp_path / "known_hosts"
+    shutil.copy(hosts.known_hosts, known)
+    names = ["worker-1", "worker-2", "worker-3"]
+    mapping = {
+        name: {"connect": h.public_address, "address": h.private_address}
+        for name, h in zip(names, hosts.hosts, strict=True)
+    }
+    (tmp_path / "addresses.json").write_text(json.dumps(mapping))
+    monkeypatch.setenv(ADDRESS_MAP_ENV, str(tmp_path / "addresses.json"))
+    data = {
+        "name": "cloud-test",
+        "backend": "ssh",
+        "program": {
+            "argv": [sys.executable, "fake_task.py"],
+            "workdir": str(tmp_path / "work"),
+            "env": {"TEST_MARKER": str(tmp_path)},
+        },
+        "roles": {"ps": 2, "worker": 3},
+        "supervision": {"grace_period": 2, "heartbeat": 1, "heartbeat_timeout": 6},
+        "runs_dir": str(tmp_path / "runs"),
+        "ssh": {
+            "user": "root",
+            "identity_file": str(hosts.client_key),
+            "known_hosts": str(known),
+            "python": python_here(tmp_path),
+            "remote_runs_dir": str(tmp_path / "remote"),
+            "upload": [str(FAKE_TASK)],
+            "provision": {
+                "image": "ami-12c6146b",
+                "region": "us-east-1",
+                "endpoint_url": endpoint,
+                "worker_instance_type": "c5.xlarge",
+                "ssh_from": "198.18.1.1/32",
+                "ready_timeout": 30,
+            },
+        },
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    uploads_stay_in(tmp_path, data)
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def instances(endpoint: str, states=("pending", "running", "stopping", "stopped")) -> list[dict]:
+    import boto3
+
+    client = boto3.client("ec2", region_name="us-east-1", endpoint_url=endpoint)
+    found = client.describe_instances(
+        Filters=[{"Name": "tag:tflaunch:cluster", "Values": ["cloud-test"]},
+                 {"Name": "instance-state-name", "Values": list(states)}]
+    )  # fmt: skip
+    return [i for r in found["Reservations"] for i in r["Instances"]]
+
+
+@pytest.fixture()
+def clean_region(ec2_endpoint, aws_env):  # noqa: F811 (aws_env is imported)
+    """No instance of an earlier test of this module is left running in the stand-in."""
+    assert instances(ec2_endpoint) == []
+    yield ec2_endpoint
+    assert instances(ec2_endpoint) == []

@@ -1,0 +1,356 @@
+"""The ``lab`` cloud: namespace hosts on this machine as a second provider.
+
+The state directory is untrusted input (unit tests, no root); the provider makes and ends real
+namespace hosts with their sshd (root), and ``tflaunch up`` of examples/lab.yaml trains MNIST on
+four of them at 1 Gb/s, lists them in ``status --cloud`` and leaves no namespace, link or sshd
+behind (one TensorFlow run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import FAKE_TASK, ROOT, checkout_python, tflaunch
+from tflaunch.errors import ConfigError, LaunchError
+from tflaunch.launchers.clouds.base import TAG_RUN, PlannedInstance
+from tflaunch.launchers.clouds.lab import hosts
+from tflaunch.launchers.clouds.lab.provider import LabProvider, authorized_keys
+from tflaunch.launchers.clouds.lab.section import LabProvisionSection
+from tflaunch.launchers.clouds.lab.state import State
+
+# Lab host numbers are shared by the whole machine and reused once freed: the leftover checks
+# below would see another test's new host of the same number, so one xdist worker runs them all.
+pytestmark = pytest.mark.xdist_group("lab-hosts")
+
+GOOD = {
+    "id": "lab-3-0123abcd",
+    "index": 3,
+    "network": "labnet-1-89abcdef",
+    "type": "netns",
+    "state": "running",
+    "tags": {"tflaunch:run": "r1"},
+    "launched": 1.0e9,
+    "terminated": None,
+    "rate": "1gbit",
+}
+
+
+def state_with(tmp_path: Path, files: dict[str, object]) -> tuple[State, list[str]]:
+    said: list[str] = []
+    state = State(tmp_path / "state", said.append)
+    with state.locked():
+        pass
+    for name, content in files.items():
+        path = state.root / "instances" / name
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(json.dumps(content))
+    return state, said
+
+
+# ---- the state directory is untrusted input ---------------------------------------------------
+
+
+def test_a_good_record_is_read(tmp_path):
+    state, said = state_with(tmp_path, {"lab-3-0123abcd.json": GOOD})
+    (record,) = state.instances()
+    assert (record.id, record.index, record.state, record.rate) == (
+        "lab-3-0123abcd",
+        3,
+        "running",
+        "1gbit",
+    )
+    assert said == []
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "why"),
+    [
+        ("lab-3-0123abcd.json", b"{not json", "not JSON"),
+        ("lab-3-0123abcd.json", [1, 2], "not a JSON object"),
+        ("lab-3-0123abcd.json", b" " * (64 * 1024 + 1), "larger than"),
+        ("lab-4-0123abcd.json", GOOD, "not the file's name"),
+        ("lab-3-0123abcd.json", {**GOOD, "index": 7}, "does not match the id"),
+        ("lab-3-0123abcd.json", {**GOOD, "id": "../../etc", "index": 3}, "not a lab instance id"),
+        ("lab-3-0123abcd.json", {**GOOD, "network": "x; rm -rf /"}, "not a lab network id"),
+        ("lab-3-0123abcd.json", {**GOOD, "state": "exploded"}, "not one of"),
+        ("lab-3-0123abcd.json", {**GOOD, "tags": {"k": 1}}, "is not a string"),
+        ("lab-3-0123abcd.json", {**GOOD, "tags": {f"k{i}": "v" for i in range(51)}}, "at most 50"),
+        ("lab-3-0123abcd.json", {**GOOD, "launched": "yesterday"}, "not a time"),
+        ("lab-3-0123abcd.json", {**GOOD, "rate": "1gbit; reboot"}, "not a link rate"),
+    ],
+)
+def test_a_bad_record_is_skipped_with_a_warning(tmp_path, name, content, why):
+    state, said = state_with(tmp_path, {name: content})
+    assert state.instances() == []
+    assert len(said) == 1 and why in said[0], said
+
+
+def test_a_record_through_a_link_is_not_followed(tmp_path):
+    target = tmp_path / "elsewhere.json"
+    target.write_text(json.dumps(GOOD))
+    state, said = state_with(tmp_path, {})
+    (state.root / "instances" / "lab-3-0123abcd.json").symlink_to(target)
+    assert state.instances() == []
+    assert "skipping" in said[0]
+
+
+def test_a_state_directory_others_may_write_is_refused(tmp_path):
+    state, _ = state_with(tmp_path, {})
+    state.root.chmod(0o777)
+    with pytest.raises(LaunchError, match="may be written by others"):
+        state.instances()
+
+
+def test_host_numbers_are_taken_once(tmp_path):
+    state, _ = state_with(tmp_path, {"lab-3-0123abcd.json": GOOD})
+    with state.locked():
+        new_id, index = state.new_instance_id()
+        assert index == 1 and new_id.startswith("lab-1-")
+        with pytest.raises(LaunchError, match="in use"):
+            state.new_instance_id(wanted=3)
+
+
+def test_authorized_key_must_be_a_public_key(tmp_path):
+    private = tmp_path / "id"
+    private.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbn...\n")
+    with pytest.raises(ConfigError, match="not an OpenSSH public key"):
+        authorized_keys(str(private))
+    with pytest.raises(ConfigError, match="no public key found"):
+        authorized_keys(str(tmp_path / "missing.pub"))
+    public = tmp_path / "id.pub"
+    public.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA me@laptop\n")
+    assert authorized_keys(str(public)) == "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA me@laptop\n"
+
+
+def test_a_state_directory_must_be_a_plain_absolute_path(tmp_path):
+    from tflaunch.cluster.config import parse_config
+
+    text = "backend: ssh\nprogram: [x]\nssh:\n  provision: {cloud: lab, state_dir: %s}\n"
+    for bad in ("relative/dir", "'/tmp/a b'", '"/tmp/x\\nForceCommand id"'):
+        with pytest.raises(ConfigError, match="not an absolute path of letters"):
+            parse_config(text % bad, source=str(tmp_path / "c.yaml"), base_dir=str(tmp_path))
+    with pytest.raises(LaunchError, match="state directory recorded for the run"):
+        LabProvider.from_access({"state_dir": "/tmp/x\nHostKey /etc/shadow"}, print)
+
+
+def test_rates_read_as_tc_writes_them():
+    assert hosts.parse_rate("1gbit") == 10**9
+    assert hosts.parse_rate("500mbit") == 5 * 10**8
+    with pytest.raises(ValueError, match="a number and a unit"):
+        hosts.parse_rate("fast")
+
+
+# ---- real namespace hosts (root) --------------------------------------------------------------
+
+
+def lab_leftovers(ids: set[str]) -> list[str]:
+    """Namespaces, links and sshd processes of the lab instances ``ids`` that still exist, from
+    ``ip netns``, ``ip link`` and the process table."""
+    numbers = {i.split("-")[1] for i in ids}
+    names = {f"tfl-lab{n}" for n in numbers}
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    left = [
+        f"namespace {line.split()[0]}" for line in netns.splitlines() if line.split()[0] in names
+    ]
+    for line in links.splitlines():
+        link = line.split(":")[1].strip().split("@")[0]
+        if any(link in (f"tfl-lp{n}", f"tfl-lv{n}") for n in numbers):
+            left.append(f"link {link}")
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if "sshd" in cmdline and any(f"/hosts/{i}/" in cmdline for i in ids):
+                left.append(f"process {pid} {cmdline.strip()}")
+    return left
+
+
+@pytest.fixture()
+def lab_root():
+    """Root with ip, tc and sshd, or a skip (a failure under CI)."""
+    from tests.conftest import skip_or_fail
+
+    problem = hosts.missing_requirements()
+    if problem:
+        skip_or_fail(problem)
+
+
+def client_key(tmp_path: Path) -> Path:
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    return key
+
+
+def ssh(key: Path, address: str, command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["ssh", "-i", str(key), "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes",
+         "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5", f"root@{address}",
+         command],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
+@pytest.mark.ssh
+def test_provider_makes_shaped_hosts_and_ends_them(lab_root, tmp_path):
+    key = client_key(tmp_path)
+    section = LabProvisionSection(
+        state_dir=str(tmp_path / "state"), authorized_key=f"{key}.pub", rate="100mbit"
+    )
+    said: list[str] = []
+    provider = LabProvider(section, said.append)
+    network = provider.open_network("lab-t1", "c", [2220], 22, "0.0.0.0/0")
+    planned = [PlannedInstance(f"worker-{i}", "worker", "netns", 0, False) for i in (1, 2)]
+    ids = provider.create(planned, "lab-t1", "c", network, {}, "")
+    try:
+        # A later command finds them from their tags alone, through the state directory.
+        again = LabProvider.from_access(provider.access(), said.append)
+        found = sorted(again.describe(tags={TAG_RUN: "lab-t1"}), key=lambda i: i.host)
+        assert [(i.host, i.state) for i in found] == [
+            ("worker-1", "running"),
+            ("worker-2", "running"),
+        ]
+        assert {i.id for i in found} == set(ids.values())
+        one, two = found
+        # Public address from here; the private one only between the hosts.
+        reach = f"python3 -c \"import socket; socket.create_connection(('{two.cluster_address}', 22), 3)\""
+        done = ssh(key, one.connect_address, reach)
+        assert done.returncode == 0, done.stderr
+        with pytest.raises(OSError):
+            import socket
+
+            socket.create_connection((two.cluster_address, 22), timeout=2)
+        host = hosts.NamespaceHost(int(one.id.split("-")[1]), int(network.split("-")[1]), Path("."))
+        assert set(hosts.shaped_rates(host).values()) == {100 * 10**6}
+        assert lab_leftovers(set(ids.values())) != []
+        # Another state directory (another user's lab, say) shares the machine's numbers and
+        # bridges: its host takes a number of its own and outlives this run's hosts.
+        other = LabProvider(
+            LabProvisionSection(state_dir=str(tmp_path / "other"), authorized_key=f"{key}.pub"),
+            said.append,
+        )
+        other_network = other.open_network("lab-t2", "c", [2220], 22, None)
+        other_ids = other.create(planned[:1], "lab-t2", "c", other_network, {}, "")
+    finally:
+        provider.terminate(list(ids.values()), network)
+    try:
+        assert lab_leftovers(set(ids.values())) == []
+        (survivor,) = other.describe()
+        assert survivor.state == "running" and survivor.connect_address not in {
+            i.connect_address for i in found
+        }
+        assert ssh(key, survivor.connect_address, "true").returncode == 0
+    finally:
+        other.terminate(list(other_ids.values()), other_network)
+    assert lab_leftovers(set(other_ids.values())) == []
+    assert hosts.PUBLIC_BRIDGE not in hosts.links() or hosts.numbers_in_use() != (set(), set())
+    gone = provider.describe(ids=list(ids.values()), states=("terminated",))
+    assert {i.state for i in gone} == {"terminated"}
+    assert provider.describe(tags={TAG_RUN: "lab-t1"}) == []
+
+
+EXAMPLE = ROOT / "examples" / "lab.yaml"
+
+
+def lab_file(tmp_path: Path, key: Path, **program) -> Path:
+    """examples/lab.yaml with this test's key, folders and interpreter (the hosts share the
+    disk; sshd's PATH has no TensorFlow)."""
+    data = yaml.safe_load(EXAMPLE.read_text())
+    python = checkout_python(tmp_path)
+    data["program"]["argv"] = [python, *data["program"]["argv"][1:], "--train_steps", "20"]
+    data["program"].update(program)
+    data["runs_dir"] = str(tmp_path / "runs")
+    data["ssh"].update(
+        identity_file=str(key), python=python, remote_runs_dir=str(tmp_path / "remote")
+    )
+    data["ssh"]["provision"].update(authorized_key=f"{key}.pub", state_dir=str(tmp_path / "state"))
+    path = tmp_path / "lab.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_ids(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in (tmp_path / "runs").iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.ssh
+def test_up_trains_mnist_on_four_lab_hosts_at_1gbit(lab_root, tmp_path):
+    key = client_key(tmp_path)
+    cluster = lab_file(tmp_path, key)
+    state = tmp_path / "state"
+    up = tflaunch("up", str(cluster), timeout=400)
+    assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+    assert "test accuracy:" in up.stdout
+    assert "estimated cost: USD 0.0000 per hour for 4 instance(s)" in up.stderr
+    (run_id,) = run_ids(tmp_path)
+    provider = LabProvider(LabProvisionSection(state_dir=str(state)), print)
+    found = provider.describe(tags={TAG_RUN: run_id})
+    ids = {i.id for i in found}
+    try:
+        # Not asked to end them: the four hosts stay, each link shaped to 1 Gb/s both ways.
+        assert sorted(i.host for i in found) == ["ps-1", "worker-1", "worker-2", "worker-3"]
+        for instance in found:
+            host = hosts.NamespaceHost(int(instance.id.split("-")[1]), 1, Path("."))
+            assert set(hosts.shaped_rates(host).values()) == {10**9}, instance
+        status = tflaunch("status", "--cloud", "--runs-dir", str(tmp_path / "runs"))
+        assert status.returncode == 0, status.stderr
+        rows = [line.split() for line in status.stdout.splitlines() if run_id in line]
+        assert sorted((r[1], r[4]) for r in rows) == [
+            ("ps-1", "running"), ("worker-1", "running"), ("worker-2", "running"),
+            ("worker-3", "running"),
+        ]  # fmt: skip
+        assert lab_leftovers(ids) != []
+        down = tflaunch("down", run_id, "--runs-dir", str(tmp_path / "runs"))
+        assert down.returncode == 0, down.stderr
+        assert f"terminated 4 instance(s) of run {run_id}" in down.stdout + down.stderr
+    finally:
+        provider.terminate(list(ids))  # a failed assertion leaves nothing either
+    assert lab_leftovers(ids) == []
+
+    # A run that asks for it (up --down) ends its hosts itself; no TensorFlow this time.
+    quick = lab_file(
+        tmp_path, key, argv=[sys.executable, str(FAKE_TASK)], env={"WORK_SECONDS": "0.2"}
+    )
+    up = tflaunch("up", str(quick), "--down", timeout=120)
+    assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+    assert "terminating 4 instance(s)" in up.stderr
+    (second,) = set(run_ids(tmp_path)) - {run_id}
+    ended = provider.describe(tags={TAG_RUN: second}, states=("terminated",))
+    assert len(ended) == 4
+    assert lab_leftovers({i.id for i in ended}) == []
+    assert provider.describe() == []  # and nothing else of this state directory lives
+
+
+@pytest.mark.ssh
+def test_gc_ends_hosts_whose_launcher_is_gone(lab_root, tmp_path):
+    import socket
+
+    from tflaunch.launchers.clouds.base import TAG_LAUNCHER
+
+    key = client_key(tmp_path)
+    state = str(tmp_path / "state")
+    provider = LabProvider(LabProvisionSection(state_dir=state, authorized_key=f"{key}.pub"), print)
+    network = provider.open_network("lab-gc1", "c", [2220], 22, None)
+    gone = f"{socket.gethostname()}:{2**22 + 1}:0"  # no such process: a launcher that was killed
+    planned = [PlannedInstance("worker-1", "worker", "netns", 0, False)]
+    ids = provider.create(planned, "lab-gc1", "c", network, {TAG_LAUNCHER: gone}, "")
+    try:
+        swept = tflaunch("gc", "--cloud", "lab", "--state-dir", state)
+        assert swept.returncode == 0, swept.stderr
+        assert "lab-gc1: 1 instance(s) terminated (its launcher is gone)" in swept.stdout
+        assert lab_leftovers(set(ids.values())) == []
+        assert provider.state.networks() == []  # the run's network went with its last instance
+    finally:
+        provider.terminate(list(ids.values()), network)
