@@ -235,29 +235,25 @@ class Calibrator:
         """Any program: one worker traced; its step time less communication."""
         from tflaunch.launchers.base import LaunchOptions
         from tflaunch.runtime.run import new_run_id
-        from tflaunch.tools import trace_command as trace_tools
         from tflaunch.tools.placement_command import model_variables
+        from tflaunch.trace.request import TraceRequest, trace_dir
 
         roles = replace(self.config.roles, worker=1, chief=0, evaluator=0)
-        run_id = new_run_id(f"{self.config.name}-traced")
-        config = trace_tools.any_program_config(
-            replace(self.config, name=f"{self.config.name}-traced", roles=roles),
-            self.runs_dir,
-            run_id,
-            self.options.trace_steps,
-            None,
-            None,
-            trace_tools.DEFAULT_PORT_OFFSET,
+        config = replace(self.config, name=f"{self.config.name}-traced", roles=roles)
+        run_id = new_run_id(config.name)
+        on_hosts = launch.backend_for(config.backend).host_run_dir(config, run_id)
+        request = TraceRequest.from_options(
+            trace_dir(self.runs_dir, run_id, on_hosts), self.options.trace_steps, None, None
         )
+        config = request.applied(config)
         log = self.run.dir / "traced.log"
-        trace = ("--trace", self.options.trace_steps)
         with log.open("w", encoding="utf-8") as out, contextlib.redirect_stdout(out):
             outcome = launch.up(
                 config,
                 self.config.source,
                 self.runs_dir,
                 run_id,
-                options=LaunchOptions(trace=trace),
+                options=LaunchOptions(trace=request),
             )
         self.cal.runs["traced"] = run_id
         if isinstance(outcome, str) or outcome.code != 0:
