@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import FAKE_TASK, ROOT, checkout_python, tflaunch
+from tests.helpers import FAKE_TASK, ROOT, checkout_python, gone_launcher, tflaunch
 from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.launchers.clouds.base import TAG_RUN, PlannedInstance
 from tflaunch.launchers.clouds.lab import hosts
@@ -335,15 +335,13 @@ def test_up_trains_mnist_on_four_lab_hosts_at_1gbit(lab_root, tmp_path):
 
 @pytest.mark.ssh
 def test_gc_ends_hosts_whose_launcher_is_gone(lab_root, tmp_path):
-    import socket
-
     from tflaunch.launchers.clouds.base import TAG_LAUNCHER
 
     key = client_key(tmp_path)
     state = str(tmp_path / "state")
     provider = LabProvider(LabProvisionSection(state_dir=state, authorized_key=f"{key}.pub"), print)
     network = provider.open_network("lab-gc1", "c", [2220], 22, None)
-    gone = f"{socket.gethostname()}:{2**22 + 1}:0"  # no such process: a launcher that was killed
+    gone = gone_launcher().tag()  # a launcher of this machine that was killed
     planned = [PlannedInstance("worker-1", "worker", "netns", 0, False)]
     ids = provider.create(planned, "lab-gc1", "c", network, {TAG_LAUNCHER: gone}, "")
     try:
