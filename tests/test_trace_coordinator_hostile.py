@@ -11,15 +11,14 @@ from __future__ import annotations
 import base64
 import io
 import os
-import queue
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.coordinator_fakes import FakeLink
 from tflaunch.cluster.config import parse_config
 from tflaunch.cluster.plan import Host, make_plan
 from tflaunch.runtime.coordinator import coordinate
@@ -27,41 +26,6 @@ from tflaunch.runtime.run import Run
 from tflaunch.trace import files as trace_files
 from tflaunch.trace.request import TraceRequest, parse_window
 from tflaunch.trace.site import Helper, TraceSite
-
-
-class FakeLink:
-    """An agent that sends a script of events and, told to stop, ends its tasks and closes."""
-
-    def __init__(self, host: str, tasks: list[str], script: list[dict]):
-        self.host, self.tasks, self.script = host, tasks, script
-        self.closed = False
-        self._sink: queue.Queue | None = None
-        self._running = set(tasks)
-        self._lock = threading.Lock()
-        self._done = False
-
-    def start_reader(self, sink: queue.Queue) -> None:
-        self._sink = sink
-        for event in self.script:
-            self._emit(event)
-
-    def _emit(self, event: dict) -> None:
-        if event.get("event") == "exited":
-            self._running.discard(event["task"])
-        assert self._sink is not None
-        self._sink.put((self.host, event))
-
-    def send(self, command: dict) -> None:
-        with self._lock:
-            if command.get("cmd") != "stop" or self._done:
-                return
-            self._done = True
-        for task in sorted(self._running):
-            self._emit({"event": "exited", "task": task, "code": 143})
-        self._emit({"event": "link_closed"})
-
-    def close(self, timeout: float) -> None:
-        self.closed = True
 
 
 class NoCaptureSite(TraceSite):
