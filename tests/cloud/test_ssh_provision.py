@@ -740,8 +740,11 @@ def test_a_kept_clusters_lock_holds_across_machines_and_a_stale_one_is_broken(
         "idle (a detached run, or a launcher that was killed)" in " ".join(said)
     )
     gone = gone_launcher()
-    now = time.time()  # its heartbeat two periods old: younger, it would never be broken
-    dead = LockHolder("run killed-1", gone.tag(), now - 1, now - 2 * kept.HEARTBEAT_SECONDS)
+    # Its heartbeat ten periods old (younger than two, it would never be broken; the tag keeps
+    # whole seconds, so a heartbeat 0.4 s old can read as 0 s) and far from STALE_SECONDS: only
+    # its gone process breaks it.
+    now = time.time()
+    dead = LockHolder("run killed-1", gone.tag(), now - 3, now - 10 * kept.HEARTBEAT_SECONDS)
     assert provider.take_lock("tflaunch", dead) is None
     said = up(tmp_path / "laptop-a")
     assert any(
