@@ -192,7 +192,7 @@ def model_variables(model: str) -> tuple:
     )
 
 
-def prediction(args, compute_s: float, overlap: bool) -> float:
+def prediction(args, compute_s: float, overlap: bool, staged: bool = False) -> float:
     """tflaunch model's img/s for the cluster with this compute per step and the shaped link."""
     from tflaunch.tools import perfmodel
 
@@ -203,7 +203,7 @@ def prediction(args, compute_s: float, overlap: bool) -> float:
         perfmodel.Link(args.link_latency_us * 1e-6, _rate_bits(args.rate) / 8),
     )
     return perfmodel.predict(
-        inputs, WORKERS, args.ps, "parameter_server", args.placement, overlap=overlap
+        inputs, WORKERS, args.ps, "parameter_server", args.placement, overlap=overlap, staged=staged
     ).images_per_sec
 
 
@@ -310,8 +310,11 @@ def report(args, runs: dict[str, list[dict]], traced: dict[str, dict]) -> None:
         if name == args.settings[0] and t.get("compute_ms"):
             # profiling slows every kernel: scale the traced compute by untraced/traced step
             compute_s = t["compute_ms"] / t["traced_step_ms"] * f["step_s"]
-        overlapped = name != "none"
-        model = prediction(args, compute_s, overlapped) if compute_s else None
+        # staged (alone or with tic: staged values are for the next step, their order is
+        # free): assumption 8's staged cycle; tic alone: communication beside computation.
+        staged = name.startswith("staged")
+        overlapped = name != "none" and not staged
+        model = prediction(args, compute_s, overlapped, staged) if compute_s else None
         cells = (
             name,
             f"{f['step_s']:.2f}",

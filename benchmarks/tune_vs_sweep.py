@@ -260,7 +260,13 @@ def repredict(out: Path, given_loopback=None) -> None:
             setting = ts.Setting(**{k: point[k] for k in FIELDS})
             strategy = setting.strategy if setting.update != ts.ALL_REDUCE else "round_robin"
             p = tune_model.predict(
-                inputs, layout, setting.update, strategy, setting.overlap, loopback=loopback
+                inputs,
+                layout,
+                setting.update,
+                strategy,
+                overlap=setting.transfer == "tic",
+                loopback=loopback,
+                staged=setting.transfer == "staged",
             )
             rows.append(
                 ts.Ranked(setting, p.images_per_sec, p.step_s, p.bound, measured=point["measured"])

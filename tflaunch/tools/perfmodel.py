@@ -34,10 +34,14 @@ Assumptions (printed by ``tflaunch model``):
 7. Without ``--shared-cores``, a worker's compute per step is the lone worker's, or, with
    ``--compute-img-s-at W=R`` (W lone workers at once, each on cores of its own), the measured
    figure interpolated at W: contention for caches and memory bandwidth on one many-core host.
-8. With ordered transfers or staged variables (``--transfer_order tic|tac``, ``--staged_vars``:
-   ``--overlap``), a worker's communication runs beside its computation once the first of K
-   buckets is in: its cycle is ``max(t_compute, fixed + 2 phase) + alpha + max_p B_p / (K beta)``
-   instead of ``t_compute + fixed + 2 phase`` (phases as in 4, queueing included).
+8. With ordered transfers (``--transfer_order tic|tac``: ``--overlap``), a worker's
+   communication runs beside its computation once the first of K buckets is in: its cycle is
+   ``max(t_compute, fixed + 2 phase) + alpha + max_p B_p / (K beta)`` instead of
+   ``t_compute + fixed + 2 phase`` (phases as in 4, queueing included). With staged variables
+   (``--staged_vars``: ``--staged``) a step computes on the values the step before fetched, and
+   its own fetch for the next step starts with it: the pull crosses the link (PS to worker)
+   while the step computes and pushes its gradients the other way, so the cycle is
+   ``fixed + max(t_compute + phase, phase)``: one phase, not two (queueing as in 4).
 9. gRPC's CPU cost per byte (``cpu_s_per_byte``: one unshaped netbench stream is CPU-bound, so
    its time per byte is that cost) is paid on a host's own cores (``cores_per_host``, 0: not
    modelled): a worker's CPU per step is ``t_compute + 2 B c / cores`` (pull and push), which
@@ -186,10 +190,12 @@ def predict(
     sync: bool = False,
     packs: int = 1,
     compact: bool = False,
+    staged: bool = False,
 ) -> Prediction:
-    """Images/sec of one setting. ``sync``: synchronous PS steps (assumption 10); ``packs`` and
-    ``compact``: the all-reduce's ``--gradient_repacking`` and ``--compact_gradient_transfer``
-    (assumption 11)."""
+    """Images/sec of one setting. ``overlap``: ordered transfers, ``staged``: staged variables
+    (assumption 8; asynchronous PS modes); ``sync``: synchronous PS steps (assumption 10, where
+    ``overlap`` or ``staged`` means staged); ``packs`` and ``compact``: the all-reduce's
+    ``--gradient_repacking`` and ``--compact_gradient_transfer`` (assumption 11)."""
     if workers < 1:
         raise ModelError("at least one worker.")
     link = inputs.link
@@ -203,7 +209,10 @@ def predict(
     own = inputs.model_bytes / link.bandwidth if inputs.nic else 0.0
     fixed = 2 * link.latency_s + 2 * inputs.per_variable_s * len(inputs.variable_bytes)
     if sync:
-        return _sync_ps(inputs, workers, ps, update, strategy, loads, own, fixed, overlap, buckets)
+        staged_sync = overlap or staged
+        return _sync_ps(
+            inputs, workers, ps, update, strategy, loads, own, fixed, staged_sync, buckets
+        )
     throughput, bound = _mean_value_analysis(
         workers,
         inputs.compute_with(workers),
@@ -211,7 +220,8 @@ def predict(
         fixed,
         own,
         [b / link.bandwidth for b in loads],
-        first_bucket_s(link, max(loads), buckets) if overlap else None,
+        first_bucket_s(link, max(loads), buckets) if overlap and not staged else None,
+        staged,
     )
     return Prediction(
         workers, ps, update, strategy, throughput * inputs.batch_size, workers / throughput, bound
@@ -229,6 +239,13 @@ def worker_cycle(compute_s: float, comm_s: float, overlap_first_s: float | None 
     if overlap_first_s is None:
         return compute_s + comm_s
     return max(compute_s, comm_s) + overlap_first_s
+
+
+def staged_cycle(compute_s: float, fixed_s: float, phase_s: float) -> float:
+    """A worker's step with staged variables (assumption 8): the pull for the next step runs
+    beside this step's compute and push (the other direction of a full-duplex link), so only
+    the push phase follows the compute."""
+    return fixed_s + max(compute_s + phase_s, phase_s)
 
 
 def worker_cpu_s(inputs: Inputs, workers: int) -> float:
@@ -300,6 +317,7 @@ def _mean_value_analysis(
     own_link_s: float,
     ps_demand_s: Sequence[float],
     overlap_first_s: float | None = None,
+    staged: bool = False,
 ) -> tuple[float, str]:
     """Steps/s of ``workers`` asynchronous workers (assumption 4) and what binds them: "workers"
     (their own step, their own link included), "ps" (a PS's link) or "cores" (shared compute).
@@ -317,7 +335,11 @@ def _mean_value_analysis(
     for n in range(1, workers + 1):
         phase = max(own_link_s, fullest * (1 + fork * in_phase))
         compute = compute_s * (1 + queued_cores) if shared_cores else compute_s
-        throughput = n / worker_cycle(compute, fixed_s + 2 * phase, overlap_first_s)
+        if staged:
+            cycle = staged_cycle(compute, fixed_s, phase)
+        else:
+            cycle = worker_cycle(compute, fixed_s + 2 * phase, overlap_first_s)
+        throughput = n / cycle
         in_phase = throughput * phase
         queued_cores = throughput * compute
     # What binds: the shared cores near saturation, else the PS where queueing there stretches
@@ -343,7 +365,9 @@ def grid(
     updates: Sequence[str] = UPDATES,
     strategies: Sequence[str] = STRATEGIES,
     overlap: bool = False,
+    staged: bool = False,
 ) -> list[Prediction]:
+    """Every setting; ``staged`` applies to ``parameter_server`` alone (``--staged_vars``)."""
     out = []
     ps_counts = list(ps_counts)
     for w in workers:
@@ -353,7 +377,8 @@ def grid(
                 continue
             for p in ps_counts:
                 for s in strategies:
-                    out.append(predict(inputs, w, p, update, s, overlap=overlap))
+                    stage = staged and update == "parameter_server"
+                    out.append(predict(inputs, w, p, update, s, overlap=overlap, staged=stage))
     return out
 
 
@@ -620,8 +645,14 @@ def _int_list(text: str) -> list[int]:
 @click.option(
     "--overlap",
     is_flag=True,
-    help="PS modes run with --transfer_order tic|tac or --staged_vars: communication beside "
-    "computation (assumption 8).",
+    help="PS modes run with --transfer_order tic|tac: communication beside computation "
+    "(assumption 8).",
+)
+@click.option(
+    "--staged",
+    is_flag=True,
+    help="parameter_server runs with --staged_vars: the next step's pull beside this step's "
+    "compute and push (assumption 8).",
 )
 def model_command(
     netbench_path: str | None,
@@ -642,6 +673,7 @@ def model_command(
     ps_text: str,
     show_all: bool,
     overlap: bool,
+    staged: bool,
 ) -> None:
     """Predict images/sec for W workers x P PS per variable update; recommend P and placement."""
     compute_at = tuple(
@@ -700,7 +732,9 @@ def model_command(
         f"{', cores shared by all tasks' if inputs.shared_cores else ''}"
         + "".join(f", compute {c * 1e3:.0f} ms at {w} workers" for w, c in inputs.compute_at)
     )
-    predictions = grid(inputs, _int_list(workers), _int_list(ps_text), overlap=overlap)
+    predictions = grid(
+        inputs, _int_list(workers), _int_list(ps_text), overlap=overlap, staged=staged
+    )
     if show_all:
         for line in prediction_lines(predictions):
             click.echo(line)

@@ -146,7 +146,13 @@ class Session(Calibrator):
             layout = layouts[(st.ps, st.ps_hosts)]
             strategy = st.strategy if st.update != ts.ALL_REDUCE else "round_robin"
             p = tune_model.predict(
-                inputs, layout, st.update, strategy, overlap=st.overlap, loopback=loopback
+                inputs,
+                layout,
+                st.update,
+                strategy,
+                overlap=st.transfer == "tic",
+                loopback=loopback,
+                staged=st.transfer == "staged",
             )
             row = Ranked(st, p.images_per_sec, p.step_s, p.bound)
             rows.append(replace(row, notes=ts.caveats(row, ctx)))

@@ -20,7 +20,8 @@ recursion over the population):
   of the others' transfers on that NIC); the phase ends with its slowest transfer, the queueing
   part of its fullest remote PS stretched by H(P_eff) as in assumption 4;
 - compute is perfmodel's (shared cores a queue, contention measured at W), and the cycle is
-  perfmodel's ``worker_cycle`` (with ``--overlap``, the first bucket's wait).
+  perfmodel's ``worker_cycle`` (with ordered transfers, the first bucket's wait) or, with staged
+  variables, its ``staged_cycle`` (the next pull beside this step's compute and push).
 
 With every worker alike (PS on hosts of their own, or one host and no NIC) it gives what the
 exact recursion gives to within a few per cent; the tests check it against perfmodel.
@@ -60,12 +61,15 @@ def predict(
     overlap: bool = False,
     buckets: int = 8,
     loopback: pm.Link | None = None,
+    staged: bool = False,
 ) -> LayoutPrediction:
     """images/sec of a PS setting on ``layout`` (all-reduce and one host without a NIC: as
-    perfmodel predicts them)."""
+    perfmodel predicts them). ``overlap``: ordered transfers; ``staged``: staged variables."""
     workers = len(layout.worker_hosts)
     if update == "collective_all_reduce" or not inputs.nic or not layout.ps_hosts:
-        p = pm.predict(inputs, workers, len(layout.ps_hosts), update, strategy, overlap, buckets)
+        p = pm.predict(
+            inputs, workers, len(layout.ps_hosts), update, strategy, overlap, buckets, staged=staged
+        )
         return LayoutPrediction(p.images_per_sec, p.step_s, p.bound, (p.step_s,) * workers)
     loads = pm.bytes_per_ps(inputs, len(layout.ps_hosts), strategy)
     beta = inputs.link.bandwidth
@@ -91,9 +95,11 @@ def predict(
     compute_s = inputs.compute_with(workers)
     fixed = 2 * inputs.link.latency_s + 2 * inputs.per_variable_s * len(inputs.variable_bytes)
     first = pm.first_bucket_s(inputs.link, max(loads), buckets) if overlap else None
+    if staged:
+        first = None
     own_links = [f"nic:{h}" for h in layout.worker_hosts]
     return _solve(workers, compute_s, inputs.shared_cores, fixed, demands, own_links, remote_ps,
-                  first, inputs.batch_size)  # fmt: skip
+                  first, inputs.batch_size, staged)  # fmt: skip
 
 
 def _solve(
@@ -106,6 +112,7 @@ def _solve(
     remote_ps: Sequence[Sequence[float]],
     first: float | None,
     batch: int,
+    staged: bool = False,
 ) -> LayoutPrediction:
     rates = [1.0 / (compute_s + fixed)] * workers
     computes = [compute_s] * workers
@@ -125,7 +132,10 @@ def _solve(
             if shared_cores:
                 busy = sum(rates[v] * computes[v] for v in range(workers) if v != w)
                 computes[w] = compute_s * (1 + busy)
-            cycle = pm.worker_cycle(computes[w], fixed + 2 * phases[w], first)
+            if staged:
+                cycle = pm.staged_cycle(computes[w], fixed, phases[w])
+            else:
+                cycle = pm.worker_cycle(computes[w], fixed + 2 * phases[w], first)
             new_rates.append(1.0 / cycle)
         rates = [0.5 * a + 0.5 * b for a, b in zip(rates, new_rates, strict=True)]
     steps = tuple(1.0 / r for r in rates)
