@@ -1,24 +1,38 @@
-"""``tflaunch tune``'s pick and wall time against a full sweep of the same grid, on shaped links.
+"""``tflaunch tune``'s pick and wall time against a full sweep of the same grid, on shaped links
+(SSH test hosts) or on one many-core machine (the local backend, tasks bound to cores).
 
-    sudo python benchmarks/tune_vs_sweep.py --out DIR [--hosts 4]
+    sudo python benchmarks/tune_vs_sweep.py --out DIR [--backend ssh|local] [--hosts 4]
         [--cases 2:1gbit:resnet50,3:1gbit:inception3,...] [--max-ps 2]
         [--updates parameter_server,collective_all_reduce] [--placements round_robin,lpt]
-        [--transfers none] [--batch 2] [--image 75] [--steps 6] [--warmup 2] [--phase run|report]
+        [--transfers none] [--batch 2] [--image 75] [--steps 6] [--warmup 2]
+        [--verify K] [--verify-steps 3] [--cpus-per-task C] [--budget S]
+        [--phase run|report|repredict]
 
-Per case (workers : link rate : model), on N SSH test hosts (tests/hosts/ssh_hosts.py, its lock
-held for the whole run) whose private links are shaped to the rate, with a cluster file of W
-workers and 1 PS (backend ssh, ``tflaunch.models.benchmark`` at a small batch of small images):
+Per case (workers : link rate : model), a cluster file of W workers and 1 PS running
+``tflaunch.models.benchmark`` at a small batch of small images:
+
+* ``--backend ssh``: on N SSH test hosts (tests/hosts/ssh_hosts.py, its lock held for the whole
+  run) whose private links are shaped to the rate (``1gbit``, ``10gbit``);
+* ``--backend local``: on this machine, every task bound to ``--cpus-per-task`` cores of its own
+  (``placement.cpus_per_task``, as the real run binds them); the rate is ``loopback`` (tasks of
+  one host talk over it, unshaped; the model's ``--no-nic`` case). For the lent many-core
+  machine, where TensorFlow is carried (docs/performance.md, "tune against a full sweep").
 
 1. tune: ``tflaunch tune FILE`` over the grid (``--max-ps``, ``--updates``, ``--placements``,
-   ``--transfers``), timed end to end; its pick is the top of ``tune.json``'s ranking.
+   ``--transfers``; ``--verify K``: its top K run for ``--verify-steps`` timed steps each, and
+   its pick is the measured best of them), timed end to end, verification included; its pick is
+   ``tune.json``'s ``pick``.
 2. sweep: every setting tune ranked (the same grid, the same settings that plan on the hosts),
    each run once through ``tflaunch up`` of that setting's cluster file (what tune writes as
    ``tuned.yaml``), timed; a run's figure is worker 0's ``total images/sec``.
 3. the table: the sweep's best, tune's pick and its rate measured in the sweep, whether it is
    within 5 % of the best, both wall times and their ratio.
 
-Results are appended to ``DIR/results.json`` per case as they come; ``--phase report`` prints
-the table from it (no hosts needed).
+Resumable: each case's progress (tune's result, each sweep point) is kept in ``DIR/CASE/
+case.json`` as it comes, and a finished case is appended to ``DIR/results.json``; a later call
+with the same arguments goes on where the last stopped and skips finished cases. ``--budget S``
+starts no new run (tune or a sweep point) once S seconds are spent, so that a call fits a time
+limit. ``--phase report`` prints the table from ``results.json`` (no hosts needed).
 """
 
 from __future__ import annotations
@@ -48,35 +62,52 @@ FIELDS = ("ps", "update", "strategy", "transfer", "ps_hosts")
 
 
 def cluster_file(a: argparse.Namespace, hosts, path: Path, workers: int, model: str) -> Path:
-    python = checkout_python(a.out, ROOT)
+    python = local_python(a.out) if a.backend == "local" else checkout_python(a.out, ROOT)
     argv = [
         python, "-m", "tflaunch.models.benchmark", "--model", model,
         "--batch_size", str(a.batch), "--image_size", str(a.image), "--num_batches", str(a.steps),
         "--num_warmup_batches", str(a.warmup), "--data_format", "NHWC",
         "--display_every", str(a.steps),
     ]  # fmt: skip
-    data = {
+    if a.intra:
+        argv += ["--num_intra_threads", str(a.intra)]
+    data: dict = {
         "name": path.stem,
-        "backend": "ssh",
+        "backend": a.backend,
         "program": {"argv": argv, "workdir": str(ROOT)},
         "roles": {"ps": 1, "worker": workers},
         "ports": {"ps": 23000, "worker": 23100},
         "supervision": {"grace_period": 2, "ready_timeout": 300, "finish_timeout": 900},
         "runs_dir": str(a.out / "runs"),
-        "hosts": [
+    }
+    if a.backend == "local":
+        if a.cpus_per_task:
+            data["placement"] = {"cpus_per_task": a.cpus_per_task}
+    else:
+        data["hosts"] = [
             {"name": h.name, "connect": h.public_address, "address": h.private_address}
             for h in hosts.hosts
-        ],
-        "ssh": {
+        ]
+        data["ssh"] = {
             "user": "root",
             "identity_file": str(hosts.client_key),
             "known_hosts": str(hosts.known_hosts),
             "python": python,
             "remote_runs_dir": str(a.out / "remote"),
-        },
-    }
+        }
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def local_python(folder: Path) -> str:
+    """An interpreter that imports this checkout's tflaunch and keeps the caller's PYTHONPATH
+    (where carried wheels, TensorFlow's among them, are)."""
+    path = folder / f"python-{ROOT.name}-local"
+    path.write_text(
+        f'#!/bin/sh\nPYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n'
+    )
+    path.chmod(0o755)
+    return str(path)
 
 
 def tflaunch(*args: str, log: Path) -> tuple[int, str, float]:
@@ -95,38 +126,79 @@ def grid_args(a: argparse.Namespace) -> list[str]:
     for flag in ("updates", "placements", "transfers"):
         if getattr(a, flag):
             out += [f"--{flag}", getattr(a, flag)]
+    if a.verify:
+        out += ["--verify", str(a.verify), "--verify-steps", str(a.verify_steps)]
     return out
 
 
-def run_case(a: argparse.Namespace, hosts, workers: int, rate: str, model: str) -> dict:
+class OutOfBudget(Exception):
+    """``--budget`` is spent: the case goes on in a later call."""
+
+
+class Budget:
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.started = seconds, time.monotonic()
+
+    def check(self) -> None:
+        if self.seconds and time.monotonic() - self.started >= self.seconds:
+            raise OutOfBudget
+
+
+def pick_index(document: dict, settings: list[ts.Setting]) -> int:
+    """Tune's pick among the ranked settings: ``tune.json``'s ``pick`` (after ``--verify``, the
+    measured best of the top K), else the top of the ranking."""
+    pick = document.get("pick")
+    if not pick:
+        return 0
+    return settings.index(ts.Setting(**{k: pick[k] for k in FIELDS}))
+
+
+def run_case(
+    a: argparse.Namespace, hosts, workers: int, rate: str, model: str, budget: Budget
+) -> dict:
+    """One case, resumed from ``case.json``; raises OutOfBudget when the budget ends it early."""
     name = f"w{workers}-{rate}-{model}"
     folder = a.out / name
     folder.mkdir(parents=True, exist_ok=True)
-    ssh_hosts.shape(hosts, rate)
-    path = cluster_file(a, hosts, folder / "cluster.yaml", workers, model)
-    print(f"== {name}: tune", flush=True)
-    tune_args = ["--steps", str(a.steps), "--warmup", str(a.warmup), *grid_args(a)]
-    code, out, tune_s = tflaunch("tune", str(path), *tune_args, log=folder / "tune.log")
-    if code != 0:
-        raise SystemExit(f"tune failed ({code}); see {folder / 'tune.log'}")
-    print("\n".join(line for line in out.splitlines() if not line.startswith("[")), flush=True)
-    tune_dir = max((a.out / "runs").glob(f"{path.stem}-tune-*"), key=lambda p: p.stat().st_mtime)
+    state_path = folder / "case.json"
+    state = json.loads(state_path.read_text()) if state_path.exists() else {}
+
+    def save() -> None:
+        state_path.write_text(json.dumps(state, indent=1))
+
+    if hosts is not None:
+        ssh_hosts.shape(hosts, rate)
+    path = folder / "cluster.yaml"
+    if "tune" not in state:
+        budget.check()
+        cluster_file(a, hosts, path, workers, model)
+        print(f"== {name}: tune", flush=True)
+        tune_args = ["--steps", str(a.steps), "--warmup", str(a.warmup), *grid_args(a)]
+        code, out, tune_s = tflaunch("tune", str(path), *tune_args, log=folder / "tune.log")
+        if code != 0:
+            raise SystemExit(f"tune failed ({code}); see {folder / 'tune.log'}")
+        print("\n".join(line for line in out.splitlines() if not line.startswith("[")), flush=True)
+        tune_dir = Path(_tune_dir_of(folder / "tune.log"))
+        state["tune"] = {"seconds": tune_s, "dir": str(tune_dir)}
+        save()
+    tune_dir = Path(state["tune"]["dir"])
     document = json.loads((tune_dir / "tune.json").read_text())
     ranked = document["ranked"]
-    fields = ("ps", "update", "strategy", "transfer", "ps_hosts")
-    settings = [ts.Setting(**{k: r[k] for k in fields}) for r in ranked]
+    settings = [ts.Setting(**{k: r[k] for k in FIELDS}) for r in ranked]
     raw = yaml.safe_load(path.read_text())
     knobs = ts.Knobs.of(raw["program"]["argv"])
     spread = workers_per_host(load_config(path))
-    sweep, sweep_s = [], 0.0
+    sweep = state.setdefault("sweep", [])
     for i, (setting, row) in enumerate(zip(settings, ranked, strict=True), 1):
+        if i <= len(sweep):
+            continue
+        budget.check()
         argv = ts.setting_argv(raw["program"]["argv"], setting, knobs)
         point = folder / f"point{i}.yaml"
         doc = ts.tuned_document(raw, setting, argv, spread)
         point.write_text(yaml.safe_dump(doc))
         print(f"== {name}: sweep {i}/{len(settings)} {setting.label}", flush=True)
         code, out, seconds = tflaunch("up", str(point), log=folder / f"point{i}.log")
-        sweep_s += seconds
         measured = bench.parse_total(out) if code == 0 else None
         print(
             f"   {measured if measured is not None else 'FAILED'} img/s "
@@ -137,23 +209,30 @@ def run_case(a: argparse.Namespace, hosts, workers: int, rate: str, model: str) 
             {
                 **setting.to_dict(),
                 "predicted": row["images_per_sec"],
+                "verified": row.get("measured"),
                 "measured": measured,
                 "seconds": seconds,
             }
         )
+        save()
     full = ts.enumerate_settings(a.max_ps, knobs)
-    full = [s for s in full if s.ps_hosts != "dedicated" or s.ps + workers / spread <= a.hosts]
+    if a.backend == "ssh":
+        full = [s for s in full if s.ps_hosts != "dedicated" or s.ps + workers / spread <= a.hosts]
+    else:  # one host: no PS host of its own
+        full = [s for s in full if s.ps_hosts != "dedicated"]
     return {
         "case": name,
+        "backend": a.backend,
         "full_grid_points": len(full),  # every setting tune ranks when the grid is not narrowed
         "workers": workers,
         "rate": rate,
         "model": model,
-        "tune_s": tune_s,
+        "verify": a.verify,
+        "tune_s": state["tune"]["seconds"],
         "tune_dir": str(tune_dir),
         "tune_phases_s": document["calibration"]["phases_s"],
-        "sweep_s": sweep_s,
-        "pick": 0,  # tune's pick: the top of its ranking, the sweep's first point
+        "sweep_s": sum(p["seconds"] for p in sweep),
+        "pick": pick_index(document, settings),
         "sweep": sweep,
     }
 
@@ -168,44 +247,64 @@ def report(out: Path) -> None:
     results = (
         json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else []
     )
+    print("\n".join(table_lines(results)))
+    verify_lines([r for r in results if not r.get("verify")])
+
+
+def table_lines(results: list[dict]) -> list[str]:
+    """The table, one row per case: the sweep's best, tune's pick (after ``--verify K`` when it
+    ran with it) and the pick's rate measured in the sweep, both wall times and their ratio; then
+    the count of picks within 5 % and of cases at most 1/5 of the sweep's time, and the model's
+    error over every point."""
     header = (
-        "| case | points | sweep best | img/s | tune's pick | its img/s | within 5 % | tune s "
-        "| sweep s | ratio | full grid: points, sweep s (estimate), ratio |"
+        "| setting | points | sweep best | img/s | tune's pick | its img/s (sweep) | of best "
+        "| tune s | sweep s | ratio | full grid: points, est. sweep s, ratio |"
     )
     lines = [header, "|---" * 11 + "|"]
-    hits = 0
+    hits = fast = rows = 0
     for r in results:
         measured = [p for p in r["sweep"] if p["measured"] is not None]
         if not measured:
             continue
+        rows += 1
         best = max(measured, key=lambda p: p["measured"])
         pick = r["sweep"][r["pick"]]
         pick_rate = pick["measured"]
-        within = pick_rate is not None and pick_rate >= (1 - WITHIN) * best["measured"]
+        share = pick_rate / best["measured"] if pick_rate is not None else None
+        within = share is not None and share >= 1 - WITHIN
         hits += within
+        ratio = r["tune_s"] / r["sweep_s"]
+        fast += ratio <= 0.2
         # The full grid's sweep, estimated: the measured points' mean time x its points.
         full_s = r["sweep_s"] / len(r["sweep"]) * r["full_grid_points"]
+        how = f" (verify {r['verify']})" if r.get("verify") else " (model)"
+        setting = f"{r['workers']} workers, {r['rate']}, {r['model']}"
         lines.append(
-            f"| {r['case']} | {len(measured)}/{len(r['sweep'])} | {label(best)} | "
-            f"{best['measured']:.2f} | {label(pick)} | "
-            f"{pick_rate if pick_rate is None else f'{pick_rate:.2f}'} | {'yes' if within else 'no'} | "
-            f"{r['tune_s']:.0f} | {r['sweep_s']:.0f} | {r['tune_s'] / r['sweep_s']:.2f} | "
+            f"| {setting} | {len(measured)}/{len(r['sweep'])} | {label(best)} | "
+            f"{best['measured']:.2f} | {label(pick)}{how} | "
+            f"{'failed' if pick_rate is None else f'{pick_rate:.2f}'} | "
+            f"{'-' if share is None else f'{100 * share:.0f} %'} | "
+            f"{r['tune_s']:.0f} | {r['sweep_s']:.0f} | {ratio:.2f} | "
             f"{r['full_grid_points']}, {full_s:.0f}, {r['tune_s'] / full_s:.2f} |"
         )
-    print("\n".join(lines))
-    verify_lines(results)
     errors = [
         abs(p["predicted"] / p["measured"] - 1)
         for r in results
         for p in r["sweep"]
         if p["measured"]
     ]
+    if rows:
+        lines += [
+            "",
+            f"tune's pick within {100 * WITHIN:.0f} % of the sweep's best in {hits} of {rows} "
+            f"settings; tune's time at most 1/5 of the sweep's in {fast} of {rows}",
+        ]
     if errors:
-        print(
-            f"\ntune's pick within {100 * WITHIN:.0f} % of the sweep's best in {hits} of "
-            f"{len(results)} cases; model error over every point: median "
-            f"{100 * statistics.median(errors):.1f} %, largest {100 * max(errors):.1f} %"
+        lines.append(
+            f"model error over every point: median {100 * statistics.median(errors):.1f} %, "
+            f"largest {100 * max(errors):.1f} %"
         )
+    return lines
 
 
 def verify_lines(results: list[dict], k: int = 2) -> None:
@@ -290,7 +389,9 @@ def repredict(out: Path, given_loopback=None) -> None:
 
 
 def _tune_dir_of(log: Path) -> str:
-    first = log.read_text().splitlines()[0]  # "tune FILE: W worker(s), backend B, run ID"
+    """The tune run's directory, from its first line ("tune FILE: W worker(s), backend B, run
+    ID"; the runs are in the output folder's ``runs``)."""
+    first = next(line for line in log.read_text().splitlines() if line.startswith("tune "))
     run_id = first.rsplit(" run ", 1)[1].strip()
     return str(log.parent.parent / "runs" / run_id)
 
@@ -298,7 +399,8 @@ def _tune_dir_of(log: Path) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--hosts", type=int, default=4)
+    p.add_argument("--backend", choices=("ssh", "local"), default="ssh")
+    p.add_argument("--hosts", type=int, default=4, help="ssh: how many test hosts")
     p.add_argument("--cases", default="2:1gbit:resnet50", help="W:RATE:MODEL,...")
     p.add_argument("--max-ps", type=int, default=2)
     p.add_argument("--updates", default="parameter_server,collective_all_reduce")
@@ -308,6 +410,22 @@ def main() -> int:
     p.add_argument("--image", type=int, default=75)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--intra", type=int, default=0, help="--num_intra_threads (0: TF's default)")
+    p.add_argument(
+        "--cpus-per-task",
+        type=int,
+        default=0,
+        help="local: cores bound to each task (placement.cpus_per_task; 0: unbound)",
+    )
+    p.add_argument("--verify", type=int, default=0, metavar="K", help="tune --verify K")
+    p.add_argument("--verify-steps", type=int, default=3)
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=0,
+        metavar="S",
+        help="start no run once S seconds are spent (0: no limit); the next call goes on",
+    )
     p.add_argument("--phase", choices=("run", "report", "repredict"), default="run")
     p.add_argument(
         "--loopback",
@@ -318,23 +436,29 @@ def main() -> int:
     a = p.parse_args()
     a.out = a.out.resolve()
     a.out.mkdir(parents=True, exist_ok=True)
-    cases = [(int(w), rate, model) for w, rate, model in (c.split(":") for c in a.cases.split(","))]
+    try:
+        cases = parse_cases(a.cases, a.backend)
+    except ValueError as err:
+        print(f"--cases {a.cases!r}: {err}", file=sys.stderr)
+        return 2
     if a.phase == "run":
-        problem = ssh_hosts.missing_requirements()
-        if problem:
-            print(problem, file=sys.stderr)
-            return 2
         store = a.out / "results.json"
-        with ssh_hosts.exclusive():
-            hosts = ssh_hosts.setup(a.hosts)
-            try:
-                for workers, rate, model in cases:
-                    result = run_case(a, hosts, workers, rate, model)
-                    done = json.loads(store.read_text()) if store.exists() else []
-                    store.write_text(json.dumps([*done, result], indent=1))
-                    report(a.out)
-            finally:
-                ssh_hosts.teardown()
+        done = {r["case"] for r in json.loads(store.read_text())} if store.exists() else set()
+        todo = [c for c in cases if f"w{c[0]}-{c[1]}-{c[2]}" not in done]
+        budget = Budget(a.budget)
+        if a.backend == "ssh":
+            problem = ssh_hosts.missing_requirements()
+            if problem:
+                print(problem, file=sys.stderr)
+                return 2
+            with ssh_hosts.exclusive():
+                hosts = ssh_hosts.setup(a.hosts)
+                try:
+                    run_cases(a, hosts, todo, budget, store)
+                finally:
+                    ssh_hosts.teardown()
+        else:
+            run_cases(a, None, todo, budget, store)
     if a.phase == "repredict":
         from tflaunch.tools.perfmodel import parse_link
 
@@ -342,6 +466,36 @@ def main() -> int:
         return 0
     report(a.out)
     return 0
+
+
+def parse_cases(text: str, backend: str) -> list[tuple[int, str, str]]:
+    """``W:RATE:MODEL,...``; the local backend's rate is ``loopback`` (one host, unshaped)."""
+    cases = []
+    for item in text.split(","):
+        parts = item.split(":")
+        if len(parts) != 3 or not parts[0].isdigit() or int(parts[0]) < 1:
+            raise ValueError(f"{item!r} is not W:RATE:MODEL (e.g. 8:1gbit:inception3)")
+        workers, rate, model = int(parts[0]), parts[1], parts[2]
+        if backend == "local" and rate != "loopback":
+            raise ValueError(
+                f"{item!r}: the local backend's tasks talk over loopback: RATE is loopback"
+            )
+        if backend == "ssh" and rate == "loopback":
+            raise ValueError(f"{item!r}: the SSH hosts' links are shaped: give a rate (1gbit)")
+        cases.append((workers, rate, model))
+    return cases
+
+
+def run_cases(a: argparse.Namespace, hosts, todo, budget: Budget, store: Path) -> None:
+    for workers, rate, model in todo:
+        try:
+            result = run_case(a, hosts, workers, rate, model, budget)
+        except OutOfBudget:
+            print(f"budget of {a.budget:.0f} s spent: run the same command again to go on")
+            return
+        done = json.loads(store.read_text()) if store.exists() else []
+        store.write_text(json.dumps([*done, result], indent=1))
+        report(a.out)
 
 
 if __name__ == "__main__":

@@ -93,6 +93,7 @@ def tune(cluster_file: str, options: TuneOptions, echo: Echo) -> int:
             winner, lines = ts.pick_by_measurement(ranked[: options.verify])
             for line in lines:
                 say(line)
+        session.pick = winner
         path = session.write_tuned(cluster_file, raw, winner)
         say(f"total {sum(cal.phases_s.values()):.1f} s; everything measured is in {run.dir}")
         state, code = "succeeded", 0
@@ -124,6 +125,7 @@ class Session(Calibrator):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.ranked: list[Ranked] = []
+        self.pick: Ranked | None = None  # what tuned.yaml holds (after --verify, by measurement)
         self.workers_per_host = workers_per_host(self.config)
 
     def model(self, inputs: pm.Inputs, workers: int) -> list[Ranked]:
@@ -275,4 +277,5 @@ class Session(Calibrator):
                 }
                 for r in self.ranked
             ],
+            "pick": self.pick.setting.to_dict() if self.pick else None,
         }
