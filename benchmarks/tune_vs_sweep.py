@@ -8,7 +8,7 @@
         [--verify K] [--verify-steps 3] [--cpus-per-task C] [--budget S]
         [--phase run|report|repredict]
 
-Per case (workers : link rate : model), a cluster file of W workers and 1 PS running
+Per case (workers : link rate : model, ``inception3@32`` for a batch other than ``--batch``), a cluster file of W workers and 1 PS running
 ``tflaunch.models.benchmark`` at a small batch of small images:
 
 * ``--backend ssh``: on N SSH test hosts (tests/hosts/ssh_hosts.py, its lock held for the whole
@@ -63,9 +63,10 @@ FIELDS = ("ps", "update", "strategy", "transfer", "ps_hosts")
 
 def cluster_file(a: argparse.Namespace, hosts, path: Path, workers: int, model: str) -> Path:
     python = local_python(a.out) if a.backend == "local" else checkout_python(a.out, ROOT)
+    network, batch = model_batch(model, a.batch)
     argv = [
-        python, "-m", "tflaunch.models.benchmark", "--model", model,
-        "--batch_size", str(a.batch), "--image_size", str(a.image), "--num_batches", str(a.steps),
+        python, "-m", "tflaunch.models.benchmark", "--model", network,
+        "--batch_size", str(batch), "--image_size", str(a.image), "--num_batches", str(a.steps),
         "--num_warmup_batches", str(a.warmup), "--data_format", "NHWC",
         "--display_every", str(a.steps),
     ]  # fmt: skip
@@ -97,6 +98,12 @@ def cluster_file(a: argparse.Namespace, hosts, path: Path, workers: int, model: 
         }
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def model_batch(model: str, batch: int) -> tuple[str, int]:
+    """``inception3@32``: the network and its batch per worker (``--batch`` without ``@``)."""
+    network, _, given = model.partition("@")
+    return network, int(given) if given else batch
 
 
 def local_python(folder: Path) -> str:
@@ -278,7 +285,8 @@ def table_lines(results: list[dict]) -> list[str]:
         # The full grid's sweep, estimated: the measured points' mean time x its points.
         full_s = r["sweep_s"] / len(r["sweep"]) * r["full_grid_points"]
         how = f" (verify {r['verify']})" if r.get("verify") else " (model)"
-        setting = f"{r['workers']} workers, {r['rate']}, {r['model']}"
+        network, at, batch = r["model"].partition("@")
+        setting = f"{r['workers']} workers, {r['rate']}, {network}{f' batch {batch}' if at else ''}"
         lines.append(
             f"| {setting} | {len(measured)}/{len(r['sweep'])} | {label(best)} | "
             f"{best['measured']:.2f} | {label(pick)}{how} | "
@@ -401,7 +409,9 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--backend", choices=("ssh", "local"), default="ssh")
     p.add_argument("--hosts", type=int, default=4, help="ssh: how many test hosts")
-    p.add_argument("--cases", default="2:1gbit:resnet50", help="W:RATE:MODEL,...")
+    p.add_argument(
+        "--cases", default="2:1gbit:resnet50", help="W:RATE:MODEL[@BATCH],... (batch: --batch)"
+    )
     p.add_argument("--max-ps", type=int, default=2)
     p.add_argument("--updates", default="parameter_server,collective_all_reduce")
     p.add_argument("--placements", default="round_robin,lpt")
@@ -474,8 +484,11 @@ def parse_cases(text: str, backend: str) -> list[tuple[int, str, str]]:
     for item in text.split(","):
         parts = item.split(":")
         if len(parts) != 3 or not parts[0].isdigit() or int(parts[0]) < 1:
-            raise ValueError(f"{item!r} is not W:RATE:MODEL (e.g. 8:1gbit:inception3)")
+            raise ValueError(f"{item!r} is not W:RATE:MODEL (e.g. 8:1gbit:inception3@32)")
         workers, rate, model = int(parts[0]), parts[1], parts[2]
+        network, _, batch = model.partition("@")
+        if not network or (batch and (not batch.isdigit() or int(batch) < 1)):
+            raise ValueError(f"{item!r}: MODEL is a network, or NETWORK@BATCH (inception3@32)")
         if backend == "local" and rate != "loopback":
             raise ValueError(
                 f"{item!r}: the local backend's tasks talk over loopback: RATE is loopback"

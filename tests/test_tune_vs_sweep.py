@@ -33,6 +33,14 @@ def test_cases_per_backend() -> None:
     for bad in ("8:1gbit", "x:1gbit:mnist", "0:1gbit:mnist"):
         with pytest.raises(ValueError, match="W:RATE:MODEL"):
             tvs.parse_cases(bad, "ssh")
+    assert tvs.parse_cases("4:loopback:inception3@32", "local") == [
+        (4, "loopback", "inception3@32")
+    ]
+    assert tvs.model_batch("inception3@32", 2) == ("inception3", 32)
+    assert tvs.model_batch("resnet50", 2) == ("resnet50", 2)
+    for bad in ("4:1gbit:inception3@x", "4:1gbit:inception3@0", "4:1gbit:@8"):
+        with pytest.raises(ValueError, match="NETWORK@BATCH"):
+            tvs.parse_cases(bad, "ssh")
 
 
 def test_the_pick_is_tune_json_s_after_verify() -> None:
@@ -82,13 +90,16 @@ def test_the_table_counts_picks_within_5_percent_and_time_ratios() -> None:
         _case(16, 2, [10.0, 9.6, 8.0, None, 6.0], 30.0),  # 80 %, a failed point
         _case(16, 0, [None, 10.0, 8.0, 7.0, 6.0], 20.0),  # the pick failed
     ]
+    results[3]["model"] = "inception3@32"
     lines = tvs.table_lines(results)
     rows = [line for line in lines if line.startswith("| ") and "workers" in line]
     assert len(rows) == 4
     assert "| 4 workers, loopback, inception3 | 5/5 |" in rows[0] and "| 100 % |" in rows[0]
     assert "(verify 2)" in rows[1] and "| 96 % |" in rows[1] and "| 0.24 |" in rows[1]
     assert "| 4/5 |" in rows[2] and "| 80 % |" in rows[2] and "(model)" in rows[2]
-    assert "| failed | - |" in rows[3]
+    assert (
+        "| failed | - |" in rows[3] and "| 16 workers, loopback, inception3 batch 32 |" in rows[3]
+    )
     summary = "\n".join(lines)
     assert "within 5 % of the sweep's best in 2 of 4 settings" in summary
     assert "at most 1/5 of the sweep's in 3 of 4" in summary
