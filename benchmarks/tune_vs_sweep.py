@@ -446,12 +446,12 @@ def main() -> int:
     a = p.parse_args()
     a.out = a.out.resolve()
     a.out.mkdir(parents=True, exist_ok=True)
-    try:
-        cases = parse_cases(a.cases, a.backend)
-    except ValueError as err:
-        print(f"--cases {a.cases!r}: {err}", file=sys.stderr)
-        return 2
     if a.phase == "run":
+        try:
+            cases = parse_cases(a.cases, a.backend)
+        except ValueError as err:
+            print(f"--cases {a.cases!r}: {err}", file=sys.stderr)
+            return 2
         store = a.out / "results.json"
         done = {r["case"] for r in json.loads(store.read_text())} if store.exists() else set()
         todo = [c for c in cases if f"w{c[0]}-{c[1]}-{c[2]}" not in done]
