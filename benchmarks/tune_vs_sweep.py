@@ -5,7 +5,7 @@
         [--cases 2:1gbit:resnet50,3:1gbit:inception3,...] [--max-ps 2]
         [--updates parameter_server,collective_all_reduce] [--placements round_robin,lpt]
         [--transfers none] [--batch 2] [--image 75] [--steps 6] [--warmup 2]
-        [--verify K] [--verify-steps 3] [--cpus-per-task C] [--budget S]
+        [--verify K] [--verify-steps 3] [--cpus-per-task C] [--repeats R] [--budget S]
         [--phase run|report|repredict]
 
 Per case (workers : link rate : model, ``inception3@32`` for a batch other than ``--batch``), a cluster file of W workers and 1 PS running
@@ -23,8 +23,9 @@ Per case (workers : link rate : model, ``inception3@32`` for a batch other than 
    its pick is the measured best of them), timed end to end, verification included; its pick is
    ``tune.json``'s ``pick``.
 2. sweep: every setting tune ranked (the same grid, the same settings that plan on the hosts),
-   each run once through ``tflaunch up`` of that setting's cluster file (what tune writes as
-   ``tuned.yaml``), timed; a run's figure is worker 0's ``total images/sec``.
+   each run once (``--repeats R``: R times, the mean) through ``tflaunch up`` of that setting's
+   cluster file (what tune writes as ``tuned.yaml``), timed; a run's figure is worker 0's
+   ``total images/sec``.
 3. the table: the sweep's best, tune's pick and its rate measured in the sweep, whether it is
    within 5 % of the best, both wall times and their ratio.
 
@@ -151,6 +152,14 @@ class Budget:
             raise OutOfBudget
 
 
+def mean_rate(runs: list[float | None]) -> float | None:
+    """A point's figure: the mean of its runs, or None when any failed (a setting that fails
+    now and then is not one to pick)."""
+    if not runs or any(r is None for r in runs):
+        return None
+    return round(statistics.fmean(runs), 2)
+
+
 def pick_index(document: dict, settings: list[ts.Setting]) -> int:
     """Tune's pick among the ranked settings: ``tune.json``'s ``pick`` (after ``--verify``, the
     measured best of the top K), else the top of the ranking."""
@@ -205,10 +214,16 @@ def run_case(
         doc = ts.tuned_document(raw, setting, argv, spread)
         point.write_text(yaml.safe_dump(doc))
         print(f"== {name}: sweep {i}/{len(settings)} {setting.label}", flush=True)
-        code, out, seconds = tflaunch("up", str(point), log=folder / f"point{i}.log")
-        measured = bench.parse_total(out) if code == 0 else None
+        runs, seconds = [], 0.0
+        for r in range(a.repeats):
+            log = folder / (f"point{i}.log" if r == 0 else f"point{i}-{r + 1}.log")
+            code, out, took = tflaunch("up", str(point), log=log)
+            seconds += took
+            runs.append(bench.parse_total(out) if code == 0 else None)
+        measured = mean_rate(runs)
         print(
             f"   {measured if measured is not None else 'FAILED'} img/s "
+            f"{'(runs ' + ', '.join(str(x) for x in runs) + ') ' if len(runs) > 1 else ''}"
             f"(predicted {row['images_per_sec']:.2f}) in {seconds:.0f} s",
             flush=True,
         )
@@ -218,6 +233,7 @@ def run_case(
                 "predicted": row["images_per_sec"],
                 "verified": row.get("measured"),
                 "measured": measured,
+                "runs": runs,
                 "seconds": seconds,
             }
         )
@@ -426,6 +442,9 @@ def main() -> int:
         type=int,
         default=0,
         help="local: cores bound to each task (placement.cpus_per_task; 0: unbound)",
+    )
+    p.add_argument(
+        "--repeats", type=int, default=1, help="runs of each sweep point (its figure: their mean)"
     )
     p.add_argument("--verify", type=int, default=0, metavar="K", help="tune --verify K")
     p.add_argument("--verify-steps", type=int, default=3)

@@ -287,6 +287,8 @@ def test_tune_verify_apply_on_the_local_backend(tmp_path) -> None:
     document = json.loads((tune_dir / "tune.json").read_text())
     assert document["calibration"]["lone_img_s"] > 0 and document["ranked"]
     assert document["ranked"][0]["measured"] is not None
+    pick = document["pick"]  # what tuned.yaml holds: the verified top setting
+    assert pick == {k: document["ranked"][0][k] for k in pick}
     assert {"netbench.json", "inputs.json", "tuned.yaml", "tune.txt"} <= {
         p.name for p in tune_dir.iterdir()
     }

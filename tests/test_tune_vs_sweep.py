@@ -62,6 +62,13 @@ def test_the_budget_stops_before_a_new_run() -> None:
         spent.check()
 
 
+def test_a_point_s_figure_is_its_runs_mean_and_none_if_one_failed() -> None:
+    assert tvs.mean_rate([5.0]) == 5.0
+    assert tvs.mean_rate([5.0, 6.0, 7.3]) == 6.1
+    assert tvs.mean_rate([5.0, None]) is None
+    assert tvs.mean_rate([]) is None
+
+
 def _point(setting: ts.Setting, measured: float | None, seconds: float) -> dict:
     return {**setting.to_dict(), "predicted": 1.0, "measured": measured, "seconds": seconds}
 
