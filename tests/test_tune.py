@@ -104,6 +104,13 @@ def test_the_model_says_when_it_is_out_of_its_depth() -> None:
     assert any("extrapolated" in n for n in ts.caveats(slow, beyond))
     noted = replace_rate(fast)
     assert any("out of its depth" in line for line in ts.verdict([noted]))
+    # One host, loopback: staging and ordering hide gRPC's CPU only where cores are free.
+    alone = ts.Context(8, 64, 1.3e9, 100_000_000, False, contention_measured_at=(8,), nic=False)
+    staged = Ranked(Setting(1, PS, transfer="staged"), 100.0, 0.16, "workers")
+    assert any("staged on one host" in n for n in ts.caveats(staged, alone))
+    assert not any("on one host" in n for n in ts.caveats(staged, beyond))  # a NIC per host
+    plain = Ranked(Setting(1, PS), 100.0, 0.16, "workers")
+    assert not any("on one host" in n for n in ts.caveats(plain, alone))
 
 
 def replace_rate(row: Ranked) -> Ranked:

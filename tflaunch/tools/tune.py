@@ -140,6 +140,7 @@ class Session(Calibrator):
             inputs.model_bytes,
             self.cal.shared_cores,
             tuple(w for w, _ in self.cal.compute_at),
+            nic=inputs.nic,
         )
         loop = self.cal.loopback
         loopback = pm.Link(loop["latency_s"], loop["bandwidth"]) if loop else None

@@ -265,6 +265,7 @@ class Context:
     shared_cores: bool
     contention_measured_at: tuple[int, ...] = ()
     traffic_notes: Mapping[str, Any] = field(default_factory=dict)
+    nic: bool = True  # False: every task on one host, talking over loopback
 
 
 def caveats(row: Ranked, ctx: Context) -> tuple[str, ...]:
@@ -289,6 +290,11 @@ def caveats(row: Ranked, ctx: Context) -> tuple[str, ...]:
         notes.append("co-located PS: their CPU on the workers' hosts is taken as free")
     if row.bound == "cores":
         notes.append("shared cores bind: the PS's own CPU is not in the model")
+    if not ctx.nic and s.overlap and s.update != ALL_REDUCE:
+        notes.append(
+            f"{s.transfer} on one host: the transfers are gRPC's CPU over loopback, partly on "
+            "the workers' own cores; the model takes them as running beside the compute"
+        )
     if ctx.contention_measured_at and ctx.workers > max(ctx.contention_measured_at):
         notes.append(
             f"compute contention extrapolated past {max(ctx.contention_measured_at)} workers"
