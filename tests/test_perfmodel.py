@@ -141,6 +141,20 @@ def test_inputs_round_trip_and_cli(tmp_path) -> None:
     assert result.exit_code == 0, result.output
     assert "Assumptions:" in result.output and "Recommended per worker count:" in result.output
     assert "latency 1000 µs, bandwidth 100 MB/s, a NIC per host" in result.output
+    rows = {}
+    for flag in ((), ("--staged",), ("--overlap",)):
+        args = ["model", "--inputs", str(path), "--workers", "2", "--ps", "1", "--all", *flag]
+        out = CliRunner().invoke(cli, args)
+        assert out.exit_code == 0, out.output
+        rows[flag] = out.output
+    inputs = _inputs()
+    staged = pm.predict(inputs, 2, 1, "parameter_server", staged=True).images_per_sec
+    replicated = pm.predict(inputs, 2, 1, "distributed_replicated").images_per_sec
+    assert staged > pm.predict(inputs, 2, 1, "parameter_server").images_per_sec
+    # --staged stages parameter_server alone; distributed_replicated keeps its figure
+    assert f"parameter_server        round_robin  {staged:.1f}" in rows[("--staged",)]
+    assert f"distributed_replicated  round_robin  {replicated:.1f}" in rows[("--staged",)]
+    assert f"parameter_server        round_robin  {staged:.1f}" not in rows[("--overlap",)]
     missing = CliRunner().invoke(cli, ["model"])
     assert missing.exit_code == 2 and "--compute-img-s" in missing.output
     (tmp_path / "bad.json").write_text("{}")
