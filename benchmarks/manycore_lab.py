@@ -527,7 +527,7 @@ def predicted(inputs, r: dict) -> float:
         r["ps"],
         update,
         placement,
-        overlap="--staged_vars" in opts,
+        staged="--staged_vars" in opts,  # (synchronous steps: the same as overlap)
         sync=r["sync"],
         packs=packs,
         compact="--compact_gradient_transfer" in opts,
