@@ -110,9 +110,12 @@ def test_report_without_an_order_file_keeps_overlap_and_spread(tmp_path) -> None
 
 
 def test_model_overlap_term() -> None:
-    assert perfmodel.worker_cycle(1.0, 0.6) == pytest.approx(1.6)
-    assert perfmodel.worker_cycle(1.0, 0.6, 0.05) == pytest.approx(1.05)
-    assert perfmodel.worker_cycle(0.5, 0.8, 0.05) == pytest.approx(0.85)
+    # pull, compute, push; ordered: the forward third beside the pull once the first bucket is
+    # in; staged: the next pull beside compute and push
+    assert perfmodel.worker_cycle(1.0, 0.01, 0.3) == pytest.approx(1.61)
+    assert perfmodel.worker_cycle(0.9, 0.01, 0.3, 0.05) == pytest.approx(0.01 + 0.35 + 0.6 + 0.3)
+    assert perfmodel.worker_cycle(0.3, 0.01, 0.8, 0.05) == pytest.approx(0.01 + 0.8 + 0.2 + 0.8)
+    assert perfmodel.worker_cycle(1.0, 0.01, 0.3, staged=True) == pytest.approx(1.31)
     link = perfmodel.Link(1e-4, 1e7)
     assert perfmodel.first_bucket_s(link, 8_000_000, 4) == pytest.approx(1e-4 + 0.2)
     inputs = perfmodel.Inputs(
@@ -122,7 +125,8 @@ def test_model_overlap_term() -> None:
     overlapped = perfmodel.predict(inputs, 1, 1, "parameter_server", overlap=True, buckets=4)
     comm = 2 * 1e-4 + 2 * 8e6 / 1e7  # one worker, one PS: no queueing
     assert plain.step_s == pytest.approx(1.0 + comm)
-    assert overlapped.step_s == pytest.approx(comm + 1e-4 + 2e6 / 1e7)
+    first = 1e-4 + 2e6 / 1e7
+    assert overlapped.step_s == pytest.approx(2e-4 + max(0.8, first + 1 / 3) + 2 / 3 + 0.8)
 
 
 # --- graphs ------------------------------------------------------------------------------------

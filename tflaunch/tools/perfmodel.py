@@ -34,14 +34,16 @@ Assumptions (printed by ``tflaunch model``):
 7. Without ``--shared-cores``, a worker's compute per step is the lone worker's, or, with
    ``--compute-img-s-at W=R`` (W lone workers at once, each on cores of its own), the measured
    figure interpolated at W: contention for caches and memory bandwidth on one many-core host.
-8. With ordered transfers (``--transfer_order tic|tac``: ``--overlap``), a worker's
-   communication runs beside its computation once the first of K buckets is in: its cycle is
-   ``max(t_compute, fixed + 2 phase) + alpha + max_p B_p / (K beta)`` instead of
-   ``t_compute + fixed + 2 phase`` (phases as in 4, queueing included). With staged variables
-   (``--staged_vars``: ``--staged``) a step computes on the values the step before fetched, and
-   its own fetch for the next step starts with it: the pull crosses the link (PS to worker)
-   while the step computes and pushes its gradients the other way, so the cycle is
-   ``fixed + max(t_compute + phase, phase)``: one phase, not two (queueing as in 4).
+8. With ordered transfers (``--transfer_order tic|tac``: ``--overlap``) the variables come in K
+   buckets in the order the forward pass uses them, so the forward pass (a third of the
+   compute; the backward pass is two thirds, as in 11) starts once the first bucket is in and
+   runs beside the rest of the pull; the backward pass and the push follow: the cycle is
+   ``fixed + max(phase, first + t_compute / 3) + 2/3 t_compute + phase``, ``first = alpha +
+   max_p B_p / (K beta)``, instead of ``fixed + phase + t_compute + phase`` (phases as in 4,
+   queueing included). With staged variables (``--staged_vars``: ``--staged``) a step computes
+   on the values the step before fetched, and its own fetch for the next step starts with it:
+   the pull crosses the link (PS to worker) while the step computes and pushes its gradients
+   the other way, so the cycle is ``fixed + t_compute + phase``: one phase, not two.
 9. gRPC's CPU cost per byte (``cpu_s_per_byte``: one unshaped netbench stream is CPU-bound, so
    its time per byte is that cost) is paid on a host's own cores (``cores_per_host``, 0: not
    modelled): a worker's CPU per step is ``t_compute + 2 B c / cores`` (pull and push), which
@@ -233,19 +235,26 @@ def first_bucket_s(link: Link, fullest_bytes: int, buckets: int) -> float:
     return link.latency_s + fullest_bytes / max(1, buckets) / link.bandwidth
 
 
-def worker_cycle(compute_s: float, comm_s: float, overlap_first_s: float | None = None) -> float:
-    """A worker's step: compute then communication, or (assumption 8) side by side after the
-    first bucket's wait."""
-    if overlap_first_s is None:
-        return compute_s + comm_s
-    return max(compute_s, comm_s) + overlap_first_s
+# The backward pass's share of a step's compute (assumptions 8 and 11).
+BACKWARD_SHARE = 2 / 3
 
 
-def staged_cycle(compute_s: float, fixed_s: float, phase_s: float) -> float:
-    """A worker's step with staged variables (assumption 8): the pull for the next step runs
-    beside this step's compute and push (the other direction of a full-duplex link), so only
-    the push phase follows the compute."""
-    return fixed_s + max(compute_s + phase_s, phase_s)
+def worker_cycle(
+    compute_s: float,
+    fixed_s: float,
+    phase_s: float,
+    first_s: float | None = None,
+    staged: bool = False,
+) -> float:
+    """A worker's step (assumptions 1 and 8): pull, compute, push; with ordered reads
+    (``first_s``: the first bucket's wait) the forward pass beside the rest of the pull; with
+    staged variables the next step's pull beside this step's compute and push."""
+    if staged:
+        return fixed_s + compute_s + phase_s
+    if first_s is not None:
+        forward = compute_s * (1 - BACKWARD_SHARE)
+        return fixed_s + max(phase_s, first_s + forward) + BACKWARD_SHARE * compute_s + phase_s
+    return fixed_s + compute_s + 2 * phase_s
 
 
 def worker_cpu_s(inputs: Inputs, workers: int) -> float:
@@ -302,7 +311,7 @@ def _ring(inputs: Inputs, workers: int, packs: int = 1, compact: bool = False) -
         else:
             comm = link_s + (2 * link.latency_s + inputs.per_variable_s) * n_vars
         if packs > 1:
-            overlapped = min(link_s * (packs - 1) / packs, 2 * compute / 3)
+            overlapped = min(link_s * (packs - 1) / packs, BACKWARD_SHARE * compute)
     step = compute + comm - overlapped
     return Prediction(
         w, 0, "collective_all_reduce", None, w * inputs.batch_size / step, step, "ring"
@@ -335,11 +344,7 @@ def _mean_value_analysis(
     for n in range(1, workers + 1):
         phase = max(own_link_s, fullest * (1 + fork * in_phase))
         compute = compute_s * (1 + queued_cores) if shared_cores else compute_s
-        if staged:
-            cycle = staged_cycle(compute, fixed_s, phase)
-        else:
-            cycle = worker_cycle(compute, fixed_s + 2 * phase, overlap_first_s)
-        throughput = n / cycle
+        throughput = n / worker_cycle(compute, fixed_s, phase, overlap_first_s, staged)
         in_phase = throughput * phase
         queued_cores = throughput * compute
     # What binds: the shared cores near saturation, else the PS where queueing there stretches

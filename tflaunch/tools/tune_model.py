@@ -20,8 +20,8 @@ recursion over the population):
   of the others' transfers on that NIC); the phase ends with its slowest transfer, the queueing
   part of its fullest remote PS stretched by H(P_eff) as in assumption 4;
 - compute is perfmodel's (shared cores a queue, contention measured at W), and the cycle is
-  perfmodel's ``worker_cycle`` (with ordered transfers, the first bucket's wait) or, with staged
-  variables, its ``staged_cycle`` (the next pull beside this step's compute and push).
+  perfmodel's ``worker_cycle`` (assumption 8: with ordered transfers the forward pass beside
+  the pull after the first bucket, with staged variables the next pull beside compute and push).
 
 With every worker alike (PS on hosts of their own, or one host and no NIC) it gives what the
 exact recursion gives to within a few per cent; the tests check it against perfmodel.
@@ -132,10 +132,7 @@ def _solve(
             if shared_cores:
                 busy = sum(rates[v] * computes[v] for v in range(workers) if v != w)
                 computes[w] = compute_s * (1 + busy)
-            if staged:
-                cycle = pm.staged_cycle(computes[w], fixed, phases[w])
-            else:
-                cycle = pm.worker_cycle(computes[w], fixed + 2 * phases[w], first)
+            cycle = pm.worker_cycle(computes[w], fixed, phases[w], first, staged)
             new_rates.append(1.0 / cycle)
         rates = [0.5 * a + 0.5 * b for a, b in zip(rates, new_rates, strict=True)]
     steps = tuple(1.0 / r for r in rates)
