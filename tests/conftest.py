@@ -87,6 +87,7 @@ def _fixture_group(item: pytest.Item) -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
     groups: dict[object, str | None] = {}
     for item in items:  # a module's group: its own imports, or a fixture one of its tests asks for
@@ -97,3 +98,15 @@ def pytest_collection_modifyitems(config, items):
         group = groups.get(getattr(item, "module", None))
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist (3.8) marks a test's group by rewriting its node id, which pytest 9 no longer
+    lets it do: the grouped tests would spread over the workers, and one worker would wait on
+    another's test-host lock until it timed out. Refuse that pair before anything runs."""
+    if config.getoption("dist", "no") == "loadgroup" and pytest.version_tuple >= (9,):
+        raise pytest.UsageError(
+            f"--dist loadgroup does not group tests under pytest {pytest.__version__} (pytest-xdist "
+            "cannot mark groups there): install the versions in constraints.txt (scripts/test.sh "
+            "does), or run with TEST_WORKERS=0."
+        )
