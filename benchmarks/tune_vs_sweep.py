@@ -52,7 +52,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.helpers import checkout_python  # noqa: E402
-from tests.hosts import ssh_hosts  # noqa: E402
 from tflaunch.cluster.config import load_config  # noqa: E402
 from tflaunch.tools import bench_sweep as bench  # noqa: E402
 from tflaunch.tools import tune_settings as ts  # noqa: E402
@@ -183,6 +182,8 @@ def run_case(
         state_path.write_text(json.dumps(state, indent=1))
 
     if hosts is not None:
+        from tests.hosts import ssh_hosts  # the SSH hosts' module needs pytest: here only
+
         ssh_hosts.shape(hosts, rate)
     path = folder / "cluster.yaml"
     if "tune" not in state:
@@ -476,6 +477,8 @@ def main() -> int:
         todo = [c for c in cases if f"w{c[0]}-{c[1]}-{c[2]}" not in done]
         budget = Budget(a.budget)
         if a.backend == "ssh":
+            from tests.hosts import ssh_hosts
+
             problem = ssh_hosts.missing_requirements()
             if problem:
                 print(problem, file=sys.stderr)
