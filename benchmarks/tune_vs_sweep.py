@@ -335,7 +335,9 @@ def table_lines(results: list[dict]) -> list[str]:
 def verify_lines(results: list[dict], k: int = 2) -> None:
     """What ``tune --verify K`` would have picked: the best measured of its top K, taken from
     the sweep's own runs of those settings (not runs of their own), at the cost of those runs'
-    time on top of tune's."""
+    time on top of tune's (cases run without ``--verify``)."""
+    if not results:
+        return
     print(f"\nwith --verify {k} (the sweep's runs of tune's top {k} stand in for verify's):")
     for r in results:
         top = [p for p in r["sweep"][:k] if p["measured"] is not None]
