@@ -62,8 +62,10 @@ def test_cli_refuses_a_bad_rate_before_building_anything(capsys) -> None:
 @pytest.mark.slow
 @pytest.mark.ssh
 def test_netbench_measures_the_shaped_rate(ssh_test_hosts, tmp_path) -> None:
-    """Between two hosts shaped to 1 Gb/s, TensorFlow's gRPC moves a 64 MB tensor at 125 MB/s
-    within 10 % (TCP/IP headers take about 5 % of the wire)."""
+    """Between two hosts shaped to 200 Mb/s, TensorFlow's gRPC moves a 16 MiB tensor at 25 MB/s
+    within 10 % (TCP/IP headers take about 5 % of the wire). Not 1 Gb/s: there gRPC's own CPU
+    binds first on a busy 2-core machine (110 MB/s under two busy loops), and the test would
+    measure the CPU, not the shaping."""
     pytest.importorskip("tensorflow")
     hosts = ssh_test_hosts
     base = random.randint(20000, 32000)
@@ -91,16 +93,16 @@ def test_netbench_measures_the_shaped_rate(ssh_test_hosts, tmp_path) -> None:
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(cluster))
     try:
-        ssh_hosts.shape(hosts.hosts[:2], "1gbit")
-        args = ["netbench", str(path), "--sizes", "1K,16M,64M", "--ps-model", "none"]
+        ssh_hosts.shape(hosts.hosts[:2], "200mbit")
+        args = ["netbench", str(path), "--sizes", "1K,4M,16M", "--ps-model", "none"]
         result = tflaunch(*args, "--max-seconds", "1", cwd=ROOT, timeout=400)
     finally:
         ssh_hosts.unshape(hosts.hosts[:2])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     run = next((tmp_path / "runs").iterdir())
     rows = json.loads((run / "netbench.json").read_text())["point_to_point"]
-    biggest = [r for r in rows if r["bytes"] == 64 * 1024**2]
+    biggest = [r for r in rows if r["bytes"] == 16 * 1024**2]
     assert len(biggest) == 2  # both directions between the two hosts
     for row in biggest:
         rate = row["bytes"] / row["median_s"]
-        assert 0.9 * 125e6 <= rate <= 1.1 * 125e6, (row, result.stdout[-2000:])
+        assert 0.9 * 25e6 <= rate <= 1.1 * 25e6, (row, result.stdout[-2000:])
