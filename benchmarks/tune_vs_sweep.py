@@ -384,16 +384,7 @@ def repredict(out: Path, given_loopback=None) -> None:
                 tuple(t.host for t in plan.tasks if t.job == "ps"),
             )
             setting = ts.Setting(**{k: point[k] for k in FIELDS})
-            strategy = setting.strategy if setting.update != ts.ALL_REDUCE else "round_robin"
-            p = tune_model.predict(
-                inputs,
-                layout,
-                setting.update,
-                strategy,
-                overlap=setting.transfer == "tic",
-                loopback=loopback,
-                staged=setting.transfer == "staged",
-            )
+            p = tune_model.predict_setting(inputs, layout, setting, loopback)
             rows.append(
                 ts.Ranked(setting, p.images_per_sec, p.step_s, p.bound, measured=point["measured"])
             )

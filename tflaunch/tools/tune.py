@@ -147,16 +147,7 @@ class Session(Calibrator):
         rows = []
         for st in feasible:
             layout = layouts[(st.ps, st.ps_hosts)]
-            strategy = st.strategy if st.update != ts.ALL_REDUCE else "round_robin"
-            p = tune_model.predict(
-                inputs,
-                layout,
-                st.update,
-                strategy,
-                overlap=st.transfer == "tic",
-                loopback=loopback,
-                staged=st.transfer == "staged",
-            )
+            p = tune_model.predict_setting(inputs, layout, st, loopback)
             row = Ranked(st, p.images_per_sec, p.step_s, p.bound)
             rows.append(replace(row, notes=ts.caveats(row, ctx)))
         self.ranked = ts.rank(rows)

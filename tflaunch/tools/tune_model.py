@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tflaunch.tools import perfmodel as pm
+from tflaunch.tools import tune_settings as ts
 
 ITERATIONS = 200
 
@@ -51,6 +52,23 @@ class LayoutPrediction:
     step_s: float  # the mean worker step
     bound: str
     worker_steps_s: tuple[float, ...]
+
+
+def predict_setting(
+    inputs: pm.Inputs, layout: Layout, setting: ts.Setting, loopback: pm.Link | None = None
+) -> LayoutPrediction:
+    """:func:`predict` for one of tune's settings: its update, placement (all-reduce has none:
+    round robin) and transfer order (``tic`` ordered, ``staged`` staged variables)."""
+    strategy = setting.strategy if setting.update != ts.ALL_REDUCE else "round_robin"
+    return predict(
+        inputs,
+        layout,
+        setting.update,
+        strategy,
+        overlap=setting.transfer == "tic",
+        loopback=loopback,
+        staged=setting.transfer == "staged",
+    )
 
 
 def predict(
