@@ -331,7 +331,8 @@ def plot(usage: Usage, out_dir: Path, title: str, perms: int | None = None) -> l
             ax.grid(alpha=0.3)
             if subtitles:
                 ax.set_title(subtitles[i], fontsize=10)
-            ax.legend(fontsize=8, loc="best")
+            if lines:  # a run with no samples of this kind: an empty plot, no empty legend
+                ax.legend(fontsize=8, loc="best")
         axes[-1, 0].set_xlabel("seconds since the run's first sample")
         fig.suptitle(f"{what} — {title}", fontsize=11)
         fig.tight_layout()
