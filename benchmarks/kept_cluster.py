@@ -116,27 +116,23 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="kept-bench-"))
     making, reusing = [], []
     try:
-        with ssh_hosts.exclusive():  # no test session tears the hosts down under the benchmark
-            hosts = ssh_hosts.setup(3)
-            try:
-                cluster = cluster_file(work, hosts, endpoint, args.setup_seconds)
-                os.environ[ADDRESS_MAP_ENV] = str(work / "addresses.json")
-                runs = str(work / "runs")
-                for repeat in range(args.repeats):
-                    # A new instance's disk is empty; the test host standing in keeps its files.
-                    shutil.rmtree(work / "work", ignore_errors=True)
-                    first, made = tflaunch("up", str(cluster), "--keep")
-                    assert "creating 1 instance(s)" in made.stderr, made.stderr
-                    (work / "src" / "notes.txt").write_text(f"{repeat + 1}\n")
-                    second, reused = tflaunch("up", str(cluster), "--keep")
-                    assert "none created" in reused.stderr, reused.stderr
-                    assert "instances accepting SSH" not in reused.stderr
-                    tflaunch("down", "--cluster", "kept-bench", "--run-dir", runs)
-                    making.append(first)
-                    reusing.append(second)
-                    print(f"repeat {repeat + 1}: making {first:.2f} s, reusing {second:.2f} s")
-            finally:
-                ssh_hosts.teardown()
+        with ssh_hosts.session(3) as hosts:  # no test session tears them down meanwhile
+            cluster = cluster_file(work, hosts, endpoint, args.setup_seconds)
+            os.environ[ADDRESS_MAP_ENV] = str(work / "addresses.json")
+            runs = str(work / "runs")
+            for repeat in range(args.repeats):
+                # A new instance's disk is empty; the test host standing in keeps its files.
+                shutil.rmtree(work / "work", ignore_errors=True)
+                first, made = tflaunch("up", str(cluster), "--keep")
+                assert "creating 1 instance(s)" in made.stderr, made.stderr
+                (work / "src" / "notes.txt").write_text(f"{repeat + 1}\n")
+                second, reused = tflaunch("up", str(cluster), "--keep")
+                assert "none created" in reused.stderr, reused.stderr
+                assert "instances accepting SSH" not in reused.stderr
+                tflaunch("down", "--cluster", "kept-bench", "--run-dir", runs)
+                making.append(first)
+                reusing.append(second)
+                print(f"repeat {repeat + 1}: making {first:.2f} s, reusing {second:.2f} s")
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)

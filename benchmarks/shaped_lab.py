@@ -427,15 +427,11 @@ def main() -> int:
         if problem:
             print(problem, file=sys.stderr)
             return 2
-        with ssh_hosts.exclusive():
-            hosts = ssh_hosts.setup(a.hosts)
-            try:
-                if a.phase in ("calibrate", "all"):
-                    calibrate(a, hosts)
-                if a.phase in ("sweep", "all"):
-                    sweep(a, hosts)
-            finally:
-                ssh_hosts.teardown()
+        with ssh_hosts.session(a.hosts) as hosts:
+            if a.phase in ("calibrate", "all"):
+                calibrate(a, hosts)
+            if a.phase in ("sweep", "all"):
+                sweep(a, hosts)
     if a.phase in ("report", "all"):
         report(a)
     return 0

@@ -172,12 +172,11 @@ def main() -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
-    with ssh_hosts.exclusive():  # no test session tears the hosts down under the benchmark
-        return _measure(args)
+    with ssh_hosts.session(max(args.hosts)) as hosts:  # no test session tears them down
+        return _measure(args, hosts)
 
 
-def _measure(args: argparse.Namespace) -> int:
-    hosts = ssh_hosts.setup(max(args.hosts))
+def _measure(args: argparse.Namespace, hosts: ssh_hosts.TestHosts) -> int:
     work = Path(tempfile.mkdtemp(prefix="tfl-ssh-bench-"))
     try:
         tf_import = tf_import_seconds(args.repeats) if "mnist" in args.programs else float("nan")
@@ -207,7 +206,6 @@ def _measure(args: argparse.Namespace) -> int:
                     where = {k: statistics.median(s[k] for s in steps) for k in steps[0]}
                     print("       " + ", ".join(f"{k} {v:.2f} s" for k, v in where.items()))
     finally:
-        ssh_hosts.teardown()
         shutil.rmtree(work, ignore_errors=True)
     return 0
 

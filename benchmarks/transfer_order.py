@@ -263,22 +263,19 @@ def main() -> int:
     traced: dict[str, dict] = {}
     rounds = args.repeats + (0 if args.no_trace else 1)
     trace_round = min(1, args.repeats)  # after the first timed round: early, in case of trouble
-    with ssh_hosts.exclusive(timeout=3 * 3600):  # the whole measurement, same hosts
-        hosts = ssh_hosts.setup(WORKERS + args.ps)
-        try:
-            shape(hosts, args.rate)
-            for round_ in range(rounds):
-                for name in args.settings:
-                    is_trace = not args.no_trace and round_ == trace_round
-                    result = _measure(work, hosts, args, name, is_trace)
-                    if is_trace:
-                        traced[name] = result
-                    else:
-                        runs[name].append(result)
-                    kind = "traced" if is_trace else f"repeat {len(runs[name])}"
-                    print(f"{name:<12} {kind:<9} {_run_line(result, args)}", flush=True)
-        finally:
-            ssh_hosts.teardown()
+    # the whole measurement on the same hosts
+    with ssh_hosts.session(WORKERS + args.ps, timeout=3 * 3600) as hosts:
+        shape(hosts, args.rate)
+        for round_ in range(rounds):
+            for name in args.settings:
+                is_trace = not args.no_trace and round_ == trace_round
+                result = _measure(work, hosts, args, name, is_trace)
+                if is_trace:
+                    traced[name] = result
+                else:
+                    runs[name].append(result)
+                kind = "traced" if is_trace else f"repeat {len(runs[name])}"
+                print(f"{name:<12} {kind:<9} {_run_line(result, args)}", flush=True)
     report(args, runs, traced)
     return 0
 

@@ -304,8 +304,10 @@ def table_lines(results: list[dict]) -> list[str]:
         how = f" (verify {r['verify']})" if r.get("verify") else " (model)"
         network, at, batch = r["model"].partition("@")
         setting = f"{r['workers']} workers, {r['rate']}, {network}{f' batch {batch}' if at else ''}"
+        runs = max(len(p.get("runs") or [None]) for p in r["sweep"])  # --repeats
+        points = f"{len(measured)}/{len(r['sweep'])}{f', {runs} runs each' if runs > 1 else ''}"
         lines.append(
-            f"| {setting} | {len(measured)}/{len(r['sweep'])} | {label(best)} | "
+            f"| {setting} | {points} | {label(best)} | "
             f"{best['measured']:.2f} | {label(pick)}{how} | "
             f"{'failed' if pick_rate is None else f'{pick_rate:.2f}'} | "
             f"{'-' if share is None else f'{100 * share:.0f} %'} | "
@@ -476,12 +478,8 @@ def main() -> int:
             if problem:
                 print(problem, file=sys.stderr)
                 return 2
-            with ssh_hosts.exclusive():
-                hosts = ssh_hosts.setup(a.hosts)
-                try:
-                    run_cases(a, hosts, todo, budget, store)
-                finally:
-                    ssh_hosts.teardown()
+            with ssh_hosts.session(a.hosts) as hosts:
+                run_cases(a, hosts, todo, budget, store)
         else:
             run_cases(a, None, todo, budget, store)
     if a.phase == "repredict":

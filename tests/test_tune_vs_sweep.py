@@ -98,10 +98,13 @@ def test_the_table_counts_picks_within_5_percent_and_time_ratios() -> None:
         _case(16, 0, [None, 10.0, 8.0, 7.0, 6.0], 20.0),  # the pick failed
     ]
     results[3]["model"] = "inception3@32"
+    for point in results[1]["sweep"]:  # --repeats 2: a point's figure is the mean of its runs
+        point["runs"] = [point["measured"], point["measured"]]
     lines = tvs.table_lines(results)
     rows = [line for line in lines if line.startswith("| ") and "workers" in line]
     assert len(rows) == 4
     assert "| 4 workers, loopback, inception3 | 5/5 |" in rows[0] and "| 100 % |" in rows[0]
+    assert "| 5/5, 2 runs each |" in rows[1]
     assert "(verify 2)" in rows[1] and "| 96 % |" in rows[1] and "| 0.24 |" in rows[1]
     assert "| 4/5 |" in rows[2] and "| 80 % |" in rows[2] and "(model)" in rows[2]
     assert (

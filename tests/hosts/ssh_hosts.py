@@ -562,6 +562,19 @@ def exclusive(timeout: float = 1800.0) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def session(count: int, timeout: float = 1800.0) -> Iterator[TestHosts]:
+    """``count`` test hosts for a test session or a benchmark: the hosts' lock held throughout
+    (no other session tears them down meanwhile), set up on entry and torn down on exit,
+    however it exits."""
+    with exclusive(timeout):
+        hosts = setup(count)
+        try:
+            yield hosts
+        finally:
+            teardown()
+
+
 _session_hosts: list[TestHosts] = []
 
 
@@ -579,13 +592,12 @@ def ssh_test_hosts() -> Iterator[TestHosts]:
     problem = missing_requirements()
     if problem:
         skip_or_fail(problem)
-    with exclusive():
-        _session_hosts.append(setup(3))
+    with session(3) as hosts:
+        _session_hosts.append(hosts)
         try:
-            yield _session_hosts[0]
+            yield hosts
         finally:
             _session_hosts.clear()
-            teardown()
 
 
 if __name__ == "__main__":
