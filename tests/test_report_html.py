@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import skip_or_fail
-from tests.helpers import left_behind_run
+from tests.helpers import free_port_base, left_behind_run
 from tflaunch.cli import cli
 from tflaunch.runtime.run import Run
 from tflaunch.tools.report_html import write_html_report
@@ -29,11 +29,12 @@ SECTIONS = ("Run", "Tasks", "Timeline", "Plots", "Resources", "Files")
 def _run_cluster(tmp_path: Path, fail: bool) -> Path:
     """A real local run of stand-in tasks: worker 1 fails once and is restarted, or for good."""
     restart = "" if fail else "  restart: {worker: on-failure}\n"
+    base = free_port_base()  # not fixed ports: the other pytest worker's runs may hold them
     (tmp_path / "c.yaml").write_text(
         "name: html\nbackend: local\n"
         f"program:\n  argv: [{sys.executable}, {FAKE}]\n"
         '  env: {WORK_SECONDS: "1", FAIL_INDEX: "1", FAIL_CODE: "3", FAIL_RUNS: "1"}\n'
-        "roles: {ps: 1, worker: 2}\nports: {ps: 24230, worker: 24220}\n"
+        f"roles: {{ps: 1, worker: 2}}\nports: {{ps: {base + 10}, worker: {base}}}\n"
         f"supervision:\n  sample_interval: 0.3\n{restart}"
     )
     done = subprocess.run(
