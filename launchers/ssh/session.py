@@ -16,6 +16,8 @@ import json
 import os
 import posixpath
 import re
+import secrets
+import stat
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -83,7 +85,11 @@ def sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
         try:
             sftp.stat(current)
         except OSError:
-            sftp.mkdir(current)
+            try:
+                sftp.mkdir(current)
+            except OSError:  # another host sharing this disk (NFS) made it meanwhile
+                if not stat.S_ISDIR(sftp.stat(current).st_mode or 0):
+                    raise
 
 
 @dataclasses.dataclass
@@ -475,16 +481,23 @@ def put_whole(sftp: paramiko.SFTPClient, local: Path, target: str) -> None:
     """Copy ``local`` to ``target`` under a temporary name, then rename it over ``target``.
     Where the host shares this machine's disk and ``target`` is ``local`` itself (a workdir
     that is the file's own folder), a plain put would truncate the file before reading it and
-    leave it empty; this way it is replaced by a whole copy."""
-    temporary = f"{target}.tflaunch-upload"
-    sftp.put(str(local), temporary)
-    sftp.chmod(temporary, local.stat().st_mode & 0o777)
+    leave it empty; this way it is replaced by a whole copy. The temporary name is this
+    upload's own: hosts sharing one disk (an NFS home) upload into the same workdir at once,
+    and one host's rename must not take another's half-written copy away."""
+    temporary = f"{target}.tflaunch-upload-{secrets.token_hex(6)}"
     try:
-        sftp.posix_rename(temporary, target)
-    except OSError:  # a server without OpenSSH's posix-rename: rename refuses an existing name
-        with contextlib.suppress(FileNotFoundError):
-            sftp.remove(target)
-        sftp.rename(temporary, target)
+        sftp.put(str(local), temporary)
+        sftp.chmod(temporary, local.stat().st_mode & 0o777)
+        try:
+            sftp.posix_rename(temporary, target)
+        except OSError:  # a server without OpenSSH's posix-rename: rename refuses an existing name
+            with contextlib.suppress(FileNotFoundError):
+                sftp.remove(target)
+            sftp.rename(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            sftp.remove(temporary)
+        raise
 
 
 def _done(opened: _Opened, step: str) -> None:

@@ -130,6 +130,43 @@ def instances(endpoint: str, states=("pending", "running", "stopping", "stopped"
     return [i for r in found["Reservations"] for i in r["Instances"]]
 
 
+@pytest.fixture(autouse=True)
+def region_left_clean(request):
+    """The stand-in serves a whole module: whatever a test left in it (a test that failed
+    half-way through an 'up --keep', say) is ended after it, so that the next test does not find
+    a kept cluster or a lock of this one's. Only instances and lock groups: what tests look for."""
+    endpoint = (
+        request.getfixturevalue("ec2_endpoint") if "ec2_endpoint" in request.fixturenames else None
+    )
+    yield
+    if endpoint is not None:
+        sweep_region(endpoint)
+
+
+def sweep_region(endpoint: str) -> None:
+    """Terminate every instance of the stand-in and delete every kept-cluster lock group."""
+    import boto3
+
+    client = boto3.client(
+        "ec2",
+        region_name="us-east-1",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",  # the test's credentials may be undone by now
+        aws_secret_access_key="testing",
+    )
+    live = client.describe_instances(
+        Filters=[
+            {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]}
+        ]
+    )["Reservations"]
+    ids = [i["InstanceId"] for r in live for i in r["Instances"]]
+    if ids:
+        client.terminate_instances(InstanceIds=ids)
+    for group in client.describe_security_groups()["SecurityGroups"]:
+        if group["GroupName"].startswith("tflaunch-lock-"):
+            client.delete_security_group(GroupId=group["GroupId"])
+
+
 @pytest.fixture()
 def clean_region(ec2_endpoint, aws_env):  # noqa: F811 (aws_env is imported)
     """No instance of an earlier test of this module is left running in the stand-in."""
