@@ -134,11 +134,15 @@ def setns_net(fd: int) -> None:
 class Lab:
     """Namespace hosts on one bridge, each with its own cores."""
 
-    def __init__(self, count: int, tools: Path | None) -> None:
+    def __init__(self, count: int, tools: Path | None, per: int | None = None) -> None:
         self.count = count
         self.tools = tools
         cores = sorted(os.sched_getaffinity(0))
-        per = max(1, len(cores) // count)
+        per = per or max(1, len(cores) // count)
+        if per * count > len(cores):
+            raise SystemExit(
+                f"{count} hosts of {per} core(s) need {per * count} cores; {len(cores)} here"
+            )
         self.cores = [cores[i * per : (i + 1) * per] or cores for i in range(count)]
         self.holders: list[subprocess.Popen] = []
 
@@ -594,6 +598,9 @@ def main() -> int:
     p.add_argument("--logs", type=Path, default=Path("/tmp/manycore-lab-logs"))
     p.add_argument("--hosts", type=int, default=18, help="16 workers and 2 PS")
     p.add_argument("--ps-count", type=int, default=2, help="PS hosts in the PS rows")
+    p.add_argument(
+        "--cores-per-host", type=int, default=None, help="default: this machine's cores // hosts"
+    )
     p.add_argument("--models", default="inception3,resnet50")
     p.add_argument("--rates", default="1gbit,10gbit")
     p.add_argument("--repeats", type=int, default=2)
@@ -625,7 +632,16 @@ def main() -> int:
         return 2
     a.peer = a.peer.resolve()
     a.logs.mkdir(parents=True, exist_ok=True)
-    lab = Lab(a.hosts, a.tools.resolve() if a.tools else None)
+    lab = Lab(a.hosts, a.tools.resolve() if a.tools else None, a.cores_per_host)
+    cal = store.get("calibration", {})
+    if cal and (cal.get("cores_per_host"), cal.get("hosts")) != (len(lab.cores[0]), lab.count):
+        print(
+            f"error: {a.results} was calibrated with {cal.get('hosts')} hosts of "
+            f"{cal.get('cores_per_host')} core(s); this lab has {lab.count} of "
+            f"{len(lab.cores[0])}. Pass --hosts/--cores-per-host to match, or another --results.",
+            file=sys.stderr,
+        )
+        return 2
     try:
         lab.setup()
         if a.phase in ("calibrate", "all"):

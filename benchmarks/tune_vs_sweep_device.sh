@@ -1,6 +1,7 @@
 #!/bin/bash
-# benchmarks/tune_vs_sweep.py --backend local on the lent many-core machine (no TensorFlow, no
-# tflaunch there; nothing can be fetched there), in calls of at most 10 minutes.
+# benchmarks/tune_vs_sweep.py --backend local, and benchmarks/manycore_lab.py (`lab`, below), on
+# the lent many-core machine (no TensorFlow, no tflaunch there; nothing can be fetched there), in
+# calls of at most 10 minutes.
 #
 # Here, once (CHECKOUT is the checkout the device tool sends, e.g. /work/main; TF is the folder
 # with tf0 tf1 tf2 = tensorflow-cpu 2.21 cp312 as a zstd tar of site/ split in three, and tools =
@@ -34,6 +35,10 @@ prepare)
     for piece in tf0 tf1 tf2 tools; do
         [ -e "$dest/$piece" ] || cp -r "$tf/$piece" "$dest/$piece"
     done
+    if [ -n "${4:-}" ]; then  # the peer, for 'lab'
+        mkdir -p "$dest/peer" && rm -rf "$dest/peer/tf_cnn_benchmarks"
+        cp -r "$4" "$dest/peer/tf_cnn_benchmarks"
+    fi
     # What the local backend imports that the device's Python may lack (the versions tested
     # here; rich only on a terminal, paramiko/pathspec/hostlist only for SSH and Slurm)
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
@@ -68,8 +73,28 @@ run)
         -o -name tune.json -o -name '*.log' -path './w*' | tar -czf "${OUT:-/tmp}/tvs.tgz" -T -)
     exit "$code"
     ;;
+lab)
+    # benchmarks/manycore_lab.py on the staged TensorFlow: carry .device/peer too (prepare's
+    # PEER: tf_cnn_benchmarks' scripts/tf_cnn_benchmarks folder, fetched, never committed).
+    # ARGS go to manycore_lab.py; --results NAME is kept in $work/lab (seeded from the carried
+    # code's benchmarks/results/NAME), so a call goes on where the last stopped on this machine,
+    # and every run's store is written back under $OUT as it ends.
+    shift
+    [ -d "$work/site/tensorflow" ] || { echo "stage all three pieces and tools first" >&2; exit 2; }
+    name="${LAB_RESULTS:-manycore_lab.json}"
+    mkdir -p "$work/lab"
+    [ -e "$work/lab/$name" ] || cp "$here/code/benchmarks/results/$name" "$work/lab/$name" 2>/dev/null || true
+    export PYTHONPATH="$work/site" PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
+    nproc
+    (cd "$here/code" && python3 benchmarks/manycore_lab.py --peer "$(cd "$here/../peer/tf_cnn_benchmarks" && pwd)" \
+        --tools "$work/tools" --results "$work/lab/$name" --logs "$work/lab/logs" "$@") \
+        2>&1 | tee "${OUT:-/tmp}/lab.log"
+    code=${PIPESTATUS[0]}
+    (cd "$work/lab" && tar -czf "${OUT:-/tmp}/lab-logs.tgz" --exclude='*netbench*' logs 2>/dev/null) || true
+    exit "$code"
+    ;;
 *)
-    echo "usage: $0 prepare DEVICE_DIR TF_DIR | stage | run ARGS..." >&2
+    echo "usage: $0 prepare DEVICE_DIR TF_DIR [PEER] | stage | run ARGS... | lab ARGS..." >&2
     exit 2
     ;;
 esac
