@@ -414,6 +414,14 @@ def calibrate(a, lab: Lab, store: dict, logs: Path) -> None:
         lab.shape(None)
         cal["netbench_unshaped"] = netbench(a, lab, 4, "inception_v3", logs, "unshaped")
         save(a, store)
+    # A PS's capacity grows with the streams it serves (its cores share them), so the PS test
+    # also runs at the grid's largest worker count that fits: the model takes the load nearest
+    # each row's (loaded_ps_rate).
+    fanin = min(max(pt.workers for pt in headline_grid(a.ps_count)), lab.count - 1)
+    if fanin > 4 and f"netbench_fanin_{fanin}" not in cal:
+        lab.shape(None)
+        cal[f"netbench_fanin_{fanin}"] = netbench(a, lab, fanin, "inception_v3", logs, "fanin")
+        save(a, store)
     for rate in a.rates:
         if f"netbench_{rate}" not in cal:
             lab.shape(rate)
@@ -486,8 +494,6 @@ def model_inputs(store: dict, model: str, rate: str):
         (v.name, tuple(v.shape), v.dtype_size) for v in model_variables(get_model_spec(model), 1001)
     )
     unshaped = pm.link_from_netbench(cal["netbench_unshaped"])
-    ps = cal["netbench_unshaped"]["ps"]
-    ps_rate = sum(ps["steps_per_s"]) * ps["total_bytes"] * 2 / ps["num_ps"]
     base = pm.Inputs(
         pm.compute_from_single(cal[f"lone_{model}"], batch),
         batch,
@@ -495,7 +501,7 @@ def model_inputs(store: dict, model: str, rate: str):
         pm.link_from_netbench(cal[f"netbench_{rate}"]),
         cpu_s_per_byte=1 / unshaped.bandwidth,
         cores_per_host=cal["cores_per_host"],
-        ps_bytes_per_s=ps_rate,
+        ps_bytes_per_s=loaded_ps_rate(cal, 4),
     )
     fits = []
     for r in store.get("runs", []):
@@ -513,8 +519,30 @@ def model_inputs(store: dict, model: str, rate: str):
     return dataclasses.replace(base, ring_cpu_s_per_byte=max(0.0, ring_cpu))
 
 
-def predicted(inputs, r: dict) -> float:
+def loaded_ps_rate(cal: dict, workers: int) -> float:
+    """Bytes a second one PS moved in and out together, from netbench's PS test at the load
+    nearest ``workers`` (4 workers, and the fan-in load where calibrated): a measurement, never
+    extrapolated; between two loads, linear in the workers."""
+    loads = {}
+    for key, value in cal.items():
+        if key == "netbench_unshaped" or key.startswith("netbench_fanin_"):
+            ps = value["ps"]
+            loads[ps["num_workers"]] = sum(ps["steps_per_s"]) * ps["total_bytes"] * 2 / ps["num_ps"]
+    below = [w for w in loads if w <= workers]
+    above = [w for w in loads if w >= workers]
+    if not below or not above:
+        return loads[min(loads, key=lambda w: abs(w - workers))]
+    lo, hi = max(below), min(above)
+    if lo == hi:
+        return loads[lo]
+    return loads[lo] + (loads[hi] - loads[lo]) * (workers - lo) / (hi - lo)
+
+
+def predicted(inputs, r: dict, cal: dict | None = None) -> float:
     from tflaunch.tools import perfmodel as pm
+
+    if cal is not None:
+        inputs = dataclasses.replace(inputs, ps_bytes_per_s=loaded_ps_rate(cal, r["workers"]))
 
     opts = r["options"]
     # The peer's round robin follows its own variables' order, which spreads InceptionV3's
@@ -578,7 +606,7 @@ def report(a, store: dict) -> None:
         sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
         model = err = ""
         if (r0["model"], r0["rate"]) in inputs and r0["update"] != DAR:
-            pred = predicted(inputs[r0["model"], r0["rate"]], r0)
+            pred = predicted(inputs[r0["model"], r0["rate"]], r0, store["calibration"])
             e = 100 * (pred - mean) / mean
             errors.setdefault(r0["rate"], []).append(abs(e))
             model, err = f"{pred:.2f}", f"{e:+.1f} %"

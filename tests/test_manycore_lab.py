@@ -1,0 +1,53 @@
+"""benchmarks/manycore_lab.py's pure parts: a loaded PS's measured capacity for a row's worker
+count (the fan-in netbench load nearest it, never extrapolated), and the committed results'
+model errors as docs/performance.md quotes them."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("manycore_lab", ROOT / "benchmarks/manycore_lab.py")
+lab = importlib.util.module_from_spec(spec)
+sys.modules["manycore_lab"] = lab  # (its dataclasses look their module up)
+spec.loader.exec_module(lab)
+
+
+def _ps_test(workers: int, steps_per_s: float) -> dict:
+    """netbench's PS test: one PS of 100 bytes, every worker at ``steps_per_s``."""
+    return {
+        "ps": {"num_ps": 1, "num_workers": workers, "total_bytes": 100,
+               "steps_per_s": [steps_per_s] * workers}
+    }  # fmt: skip
+
+
+def test_the_loaded_ps_is_the_measured_load_nearest_the_row():
+    cal = {"netbench_unshaped": _ps_test(4, 10.0), "netbench_1gbit": {}}
+    four = 4 * 10.0 * 100 * 2  # in and out together
+    assert lab.loaded_ps_rate(cal, 16) == four  # only 4 measured: no extrapolation
+    cal["netbench_fanin_16"] = _ps_test(16, 5.0)
+    sixteen = 16 * 5.0 * 100 * 2
+    assert lab.loaded_ps_rate(cal, 16) == sixteen
+    assert lab.loaded_ps_rate(cal, 2) == four
+    assert lab.loaded_ps_rate(cal, 32) == sixteen
+    assert lab.loaded_ps_rate(cal, 8) == pytest.approx(four + (sixteen - four) * 4 / 12)
+
+
+@pytest.mark.parametrize(
+    ("results", "medians"),
+    [("manycore_lab.json", {"1gbit": 20.5, "10gbit": 25.7}),
+     ("manycore_lab_3cores.json", {"1gbit": 9.0, "10gbit": 19.0})],
+)  # fmt: skip
+def test_the_committed_rounds_model_errors_are_the_documented_ones(results, medians, capsys):
+    pytest.importorskip("tensorflow")  # the models' variables come from the registry
+    store = json.loads((ROOT / "benchmarks/results" / results).read_text())
+
+    lab.report(None, store)
+    out = capsys.readouterr().out
+    for rate, median in medians.items():
+        assert f"model at {rate}: median absolute error {median:.1f} %" in out
