@@ -212,6 +212,14 @@ def test_synchronous_ps_moves_every_workers_bytes_through_the_fullest_ps() -> No
     staged = pm.predict(inputs, 4, 2, "parameter_server", "lpt", overlap=True, sync=True)
     first = pm.first_bucket_s(LINK, 4 * MB, 8)
     assert staged.step_s == pytest.approx(max(0.5, phase) + 2 * LINK.latency_s + first)
+    # where the PS's link binds, the pull runs beside the push only in part (the barrier: a
+    # variable's new value leaves once every worker's gradient for it is in)
+    quick = pm.predict(
+        _inputs(compute_s=0.05), 4, 2, "parameter_server", "lpt", staged=True, sync=True
+    )
+    bound = (2 - pm.SYNC_STAGED_OVERLAP) * phase
+    assert quick.step_s == pytest.approx(bound + 2 * LINK.latency_s + first)
+    assert phase < quick.step_s < 2 * phase
     # a loaded PS that moves only 100 MB/s in and out together binds harder than its link
     slow = pm.predict(_inputs(ps_bytes_per_s=100 * MB), 4, 2, "parameter_server", "lpt", sync=True)
     assert slow.step_s == pytest.approx(0.5 + 2 * LINK.latency_s + 2 * (2 * 4 * 4 * MB / 100e6))
