@@ -1,7 +1,10 @@
 """A TF1 between-graph replicated trainer on parameter servers, written against plain
 TensorFlow (``tf.compat.v1``) the way such scripts were: ``--job_name/--task_index/--ps_hosts/
 --worker_hosts`` flags, ``tf.train.Server``, ``replica_device_setter``, the chief initialising the variables on
-the PS, and a ``Session.run`` loop that logs ``global_step``. It knows nothing of tflaunch."""
+the PS, and a ``Session.run`` loop that logs ``global_step``. It knows nothing of tflaunch.
+Every worker counts itself in on the PS and waits for the others before its first step (as
+SyncReplicasOptimizer's scripts did), so that no worker trains alone: a worker slow to start
+(a loaded machine) otherwise finds the steps all taken, and a trace window misses it."""
 
 import argparse
 import sys
@@ -43,6 +46,10 @@ def main() -> int:
         loss = v1.losses.sparse_softmax_cross_entropy(y, logits)
         global_step = v1.train.get_or_create_global_step()
         train_op = v1.train.AdamOptimizer(1e-3).minimize(loss, global_step=global_step)
+        joined = v1.get_variable(
+            "workers_joined", [], tf.int64, initializer=v1.zeros_initializer(), trainable=False
+        )
+        join = v1.assign_add(joined, 1)
         init = v1.global_variables_initializer()
         uninitialized = v1.report_uninitialized_variables()
     rng = np.random.default_rng(args.task_index)
@@ -53,6 +60,9 @@ def main() -> int:
             sess.run(init)
         while len(sess.run(uninitialized)):  # the chief initialises the variables on the PS
             time.sleep(0.2)
+        sess.run(join)
+        while sess.run(joined) < len(cluster.job_tasks("worker")):
+            time.sleep(0.1)
         step = sess.run(global_step)
         while step < args.train_steps:
             xs = rng.normal(size=(64, 64)).astype("float32")
