@@ -119,7 +119,10 @@ def cloud_cluster(tmp_path: Path, hosts, endpoint: str, monkeypatch, **overrides
     return path
 
 
-def instances(endpoint: str, states=("pending", "running", "stopping", "stopped")) -> list[dict]:
+LIVE_STATES = ("pending", "running", "stopping", "stopped")  # an instance that may still bill
+
+
+def instances(endpoint: str, states=LIVE_STATES) -> list[dict]:
     import boto3
 
     client = boto3.client("ec2", region_name="us-east-1", endpoint_url=endpoint)
@@ -155,9 +158,7 @@ def sweep_region(endpoint: str) -> None:
         aws_secret_access_key="testing",
     )
     live = client.describe_instances(
-        Filters=[
-            {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]}
-        ]
+        Filters=[{"Name": "instance-state-name", "Values": list(LIVE_STATES)}]
     )["Reservations"]
     ids = [i["InstanceId"] for r in live for i in r["Instances"]]
     if ids:
