@@ -6,12 +6,14 @@ import json
 import os
 import queue
 import random
+import resource
 import socket
 import subprocess
 import sys
 import threading
 import time
 import weakref
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -40,6 +42,26 @@ def _free(port: int) -> bool:
             return True
         except OSError:
             return False
+
+
+@contextmanager
+def cpu_bounded(seconds: float, children: bool = False):
+    """Asserts that the block's work stays under ``seconds`` of CPU time: this process's, and
+    with ``children`` that of the processes it waited for. That is the bound a test of a bomb or
+    a 400 MB file means.
+
+    Wall time is no such bound on a shared machine: a suite run saw a config parse that takes
+    5 ms take 35 s of wall time, the pytest worker descheduled, and fail a `< 2 s` check."""
+    before = cpu_seconds(children)
+    yield
+    used = cpu_seconds(children) - before
+    assert used < seconds, f"the block used {used:.2f} s of CPU, more than {seconds} s"
+
+
+def cpu_seconds(children: bool = True) -> float:
+    """User and system CPU time of this process, and of the children it has waited for."""
+    who = [resource.RUSAGE_SELF] + ([resource.RUSAGE_CHILDREN] if children else [])
+    return sum(resource.getrusage(w).ru_utime + resource.getrusage(w).ru_stime for w in who)
 
 
 def checkout_python(folder: Path, checkout: Path = ROOT) -> str:
