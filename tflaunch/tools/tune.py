@@ -141,17 +141,19 @@ class Session(Calibrator):
             self.cal.shared_cores,
             tuple(w for w, _ in self.cal.compute_at),
             nic=inputs.nic,
+            sync=self.program.knobs.sync,
         )
         loop = self.cal.loopback
         loopback = pm.Link(loop["latency_s"], loop["bandwidth"]) if loop else None
         rows = []
         for st in feasible:
             layout = layouts[(st.ps, st.ps_hosts)]
-            p = tune_model.predict_setting(inputs, layout, st, loopback)
+            p = tune_model.predict_setting(inputs, layout, st, loopback, ctx.sync)
             row = Ranked(st, p.images_per_sec, p.step_s, p.bound)
             rows.append(replace(row, notes=ts.caveats(row, ctx)))
         self.ranked = ts.rank(rows)
         skipped = len(settings) - len(feasible)
+        self.say(f"mode: {self.program.knobs.mode}")
         self.say(
             f"{len(feasible)} settings ranked"
             + (f" ({skipped} left out: their plan does not fit the hosts)" if skipped else "")
@@ -270,4 +272,5 @@ class Session(Calibrator):
                 for r in self.ranked
             ],
             "pick": self.pick.setting.to_dict() if self.pick else None,
+            "sync": self.program.knobs.sync,
         }

@@ -89,7 +89,9 @@ def _ps_hosts(text: str) -> tuple[str, ...]:
     "--transfers",
     default="",
     metavar="LIST",
-    help="Narrow the grid: none, staged (--staged_vars: values one step staler), tic.",
+    help="Narrow the grid: none, staged (--staged_vars: values one step staler), tic; for "
+    "all-reduce packed (--gradient_repacking 4), float16 (--compact_gradient_transfer: gradients "
+    "float16 on the wire), packed_float16.",
 )
 @click.option(
     "--ps-hosts",

@@ -55,16 +55,34 @@ class LayoutPrediction:
 
 
 def predict_setting(
-    inputs: pm.Inputs, layout: Layout, setting: ts.Setting, loopback: pm.Link | None = None
+    inputs: pm.Inputs,
+    layout: Layout,
+    setting: ts.Setting,
+    loopback: pm.Link | None = None,
+    sync: bool = False,
 ) -> LayoutPrediction:
     """:func:`predict` for one of tune's settings: its update, placement (all-reduce has none:
-    round robin) and transfer order (``tic`` ordered, ``staged`` staged variables)."""
-    strategy = setting.strategy if setting.update != ts.ALL_REDUCE else "round_robin"
+    round robin) and transfer (``tic`` ordered, ``staged`` staged variables; the all-reduce's
+    packs and float16). ``sync``: the PS settings run synchronous steps, which perfmodel's
+    assumption 10 predicts for PS on hosts of their own (tune notes where they are not)."""
+    workers = len(layout.worker_hosts)
+    if setting.update == ts.ALL_REDUCE:
+        p = pm.predict(
+            inputs, workers, 0, ts.ALL_REDUCE, packs=setting.packs, compact=setting.compact
+        )
+        return LayoutPrediction(p.images_per_sec, p.step_s, p.bound, (p.step_s,) * workers)
+    if sync:
+        staged = setting.transfer == "staged"
+        p = pm.predict(
+            inputs, workers, len(layout.ps_hosts), setting.update, setting.strategy,
+            sync=True, staged=staged,
+        )  # fmt: skip
+        return LayoutPrediction(p.images_per_sec, p.step_s, p.bound, (p.step_s,) * workers)
     return predict(
         inputs,
         layout,
         setting.update,
-        strategy,
+        setting.strategy,
         overlap=setting.transfer == "tic",
         loopback=loopback,
         staged=setting.transfer == "staged",

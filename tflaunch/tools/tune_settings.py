@@ -5,7 +5,10 @@ A :class:`Setting` is what tune may change in a cluster file: the PS count (``ro
 the PS go (``placement.ps``: co-located on worker hosts or dedicated hosts), and for a program that
 takes tf_cnn_benchmarks' flags (``tflaunch.models.benchmark``, or any program whose argv already
 passes them) the variable update, the variable placement and how variables cross the link
-(``--staged_vars``, ``--transfer_order tic``). Nothing here runs anything or imports TensorFlow.
+(``--staged_vars``, ``--transfer_order tic``; for all-reduce ``--gradient_repacking`` and
+``--compact_gradient_transfer``). The program's training mode (``--cross_replica_sync``) is not
+a knob: tune keeps it and ranks the PS settings in it. Nothing here runs anything or imports
+TensorFlow.
 """
 
 from __future__ import annotations
@@ -22,11 +25,20 @@ from tflaunch.text import aligned
 PS_UPDATES = ("parameter_server", "distributed_replicated")
 ALL_REDUCE = "collective_all_reduce"
 # How variables cross the link: as they come, staged one step ahead (parameter_server only),
-# or read in consumption order in buckets (TicTac; both PS modes).
+# or read in consumption order in buckets (TicTac; both PS modes). The all-reduce's gradients:
+# as TensorFlow sends them (one pack after the backward pass), in ALL_REDUCE_PACKS packs whose
+# first cross during the backward pass, as float16 (half the bytes; applied in float32), or both.
 TRANSFERS = {
     "parameter_server": ("none", "staged", "tic"),
     "distributed_replicated": ("none", "tic"),
+    ALL_REDUCE: ("none", "packed", "float16", "packed_float16"),
 }
+ALL_TRANSFERS = tuple(dict.fromkeys(t for ts in TRANSFERS.values() for t in ts))
+# --gradient_repacking for "packed": the many-core lab's best (docs/performance.md)
+ALL_REDUCE_PACKS = 4
+# absl's spellings of a boolean flag's value, as tflaunch.models.benchmark reads them
+TRUE_WORDS = ("1", "true", "t", "yes", "y")
+FALSE_WORDS = ("0", "false", "f", "no", "n")
 PS_HOSTS = ("colocated", "dedicated")
 BENCHMARK_MODULE = "tflaunch.models.benchmark"
 # The model's median error where it holds (shaped lab 4.0 %, 64 cores 4.7 %): a lead smaller
@@ -56,7 +68,7 @@ class Setting:
     @property
     def label(self) -> str:
         if self.update == ALL_REDUCE:
-            return "all-reduce"
+            return "all-reduce" + ("" if self.transfer == "none" else f" {self.transfer}")
         update = "ps" if self.update == "parameter_server" else "replicated"
         transfer = "" if self.transfer == "none" else f" {self.transfer}"
         return f"{self.ps} PS {self.ps_hosts} {self.strategy} {update}{transfer}"
@@ -64,6 +76,16 @@ class Setting:
     @property
     def overlap(self) -> bool:
         return self.transfer != "none"
+
+    @property
+    def packs(self) -> int:
+        """The all-reduce's packs (1: TensorFlow's default, one after the backward pass)."""
+        return ALL_REDUCE_PACKS if self.transfer.startswith("packed") else 1
+
+    @property
+    def compact(self) -> bool:
+        """The all-reduce's gradients cross the wire as float16."""
+        return self.transfer.endswith("float16")
 
     def to_dict(self) -> dict:
         return {
@@ -81,8 +103,10 @@ class Knobs:
 
     updates: tuple[str, ...]
     strategies: tuple[str, ...]
-    transfers: bool  # the program takes --staged_vars and --transfer_order
-    transfer_choices: tuple[str, ...] = ("none", "staged", "tic")
+    transfers: bool  # the program takes --staged_vars, --transfer_order and the all-reduce's
+    transfer_choices: tuple[str, ...] = ALL_TRANSFERS
+    # Not a knob: the program's PS training mode (--cross_replica_sync), which tune keeps.
+    sync: bool = False
 
     @classmethod
     def of(cls, argv: Sequence[str]) -> Knobs:
@@ -96,6 +120,7 @@ class Knobs:
             updates or ("parameter_server",),
             strategies or (flag_value(argv, "--variable_placement") or "round_robin",),
             benchmark,
+            sync=cross_replica_sync(argv),
         )
 
     def limited(
@@ -121,7 +146,17 @@ class Knobs:
             pick(strategies, self.strategies, "placements"),
             self.transfers,
             pick(transfers, allowed_transfers, "transfers"),
+            self.sync,
         )
+
+    @property
+    def mode(self) -> str:
+        """The training mode the PS settings are ranked in, for tune's output."""
+        if self.sync:
+            return "synchronous PS steps (the program's --cross_replica_sync), as all-reduce's"
+        if ALL_REDUCE in self.updates:
+            return "asynchronous PS (the program's default); all-reduce is synchronous"
+        return "asynchronous PS (the program's default)"
 
 
 def flag_value(argv: Sequence[str], flag: str) -> str | None:
@@ -135,9 +170,23 @@ def flag_value(argv: Sequence[str], flag: str) -> str | None:
     return value
 
 
+def cross_replica_sync(argv: Sequence[str]) -> bool:
+    """Whether the program runs synchronous PS steps: ``--cross_replica_sync`` alone, or with a
+    true value (``=true``, `` 1``); the last one counts, as in tflaunch.models.benchmark."""
+    sync = False
+    for i, arg in enumerate(argv):
+        if arg == "--cross_replica_sync":
+            following = argv[i + 1].lower() if i + 1 < len(argv) else ""
+            sync = following not in FALSE_WORDS
+        elif arg.startswith("--cross_replica_sync="):
+            sync = arg.split("=", 1)[1].lower() in TRUE_WORDS
+    return sync
+
+
 def with_flag(argv: Sequence[str], flag: str, value: str | None, switch: bool = False) -> list[str]:
     """``argv`` with ``flag`` set to ``value`` (appended if absent), or removed when ``value``
-    is None; a ``switch`` (``--staged_vars``) takes no value: any ``value`` but None sets it."""
+    is None; a ``switch`` (``--staged_vars``) takes no value: any ``value`` but None sets it. A
+    switch's own spelled-out value (``--compact_gradient_transfer false``) goes with it."""
     out: list[str] = []
     skip = False
     for i, arg in enumerate(argv):
@@ -145,7 +194,8 @@ def with_flag(argv: Sequence[str], flag: str, value: str | None, switch: bool = 
             skip = False
             continue
         if arg == flag:
-            skip = not switch and i + 1 < len(argv)
+            following = argv[i + 1].lower() if i + 1 < len(argv) else None
+            skip = following is not None and (not switch or following in TRUE_WORDS + FALSE_WORDS)
             continue
         if arg.startswith(flag + "="):
             continue
@@ -167,6 +217,11 @@ def setting_argv(argv: Sequence[str], setting: Setting, knobs: Knobs) -> list[st
         out = with_flag(out, "--staged_vars", staged, switch=True)
         tic = "tic" if setting.transfer == "tic" else None
         out = with_flag(out, "--transfer_order", tic)
+        ring = setting.update == ALL_REDUCE
+        packs = str(setting.packs) if ring and setting.packs > 1 else None
+        out = with_flag(out, "--gradient_repacking", packs)
+        compact = "" if ring and setting.compact else None
+        out = with_flag(out, "--compact_gradient_transfer", compact, switch=True)
     return out
 
 
@@ -174,17 +229,17 @@ def enumerate_settings(
     max_ps: int, knobs: Knobs, ps_hosts: Sequence[str] = PS_HOSTS
 ) -> list[Setting]:
     """Every setting: P = 1..max_ps x PS hosts x placement x update x transfer, and all-reduce
-    once. One PS makes every placement the same: round robin only."""
+    once per way its gradients cross. One PS makes every placement the same: round robin only."""
     out = []
     for update in knobs.updates:
-        if update == ALL_REDUCE:
-            out.append(Setting(0, ALL_REDUCE, "-", "none", "-"))
-            continue
         transfers = (
             tuple(t for t in TRANSFERS[update] if t in knobs.transfer_choices)
             if knobs.transfers
             else ("none",)
         )
+        if update == ALL_REDUCE:
+            out += [Setting(0, ALL_REDUCE, "-", transfer, "-") for transfer in transfers]
+            continue
         for p in range(1, max_ps + 1):
             strategies = knobs.strategies if p > 1 else knobs.strategies[:1]
             for hosts in ps_hosts:
@@ -207,11 +262,11 @@ class Ranked:
 
 
 # Simpler first, among settings the model cannot tell apart: fewer PS, co-located, the default
-# update, no transfer change, the simplest placement.
+# update, no transfer change (and full-precision gradients), the simplest placement.
 def _simplicity(s: Setting) -> tuple:
     strategies = {name: i for i, name in enumerate(STRATEGIES)}
     updates = {"parameter_server": 0, "distributed_replicated": 1, ALL_REDUCE: 2}
-    transfers = {"none": 0, "staged": 1, "tic": 2}
+    transfers = {"none": 0, "staged": 1, "packed": 1, "tic": 2, "float16": 2, "packed_float16": 3}
     return (
         s.ps,
         0 if s.ps_hosts in ("colocated", "-") else 1,
@@ -266,6 +321,7 @@ class Context:
     contention_measured_at: tuple[int, ...] = ()
     traffic_notes: Mapping[str, Any] = field(default_factory=dict)
     nic: bool = True  # False: every task on one host, talking over loopback
+    sync: bool = False  # the PS settings run synchronous steps (--cross_replica_sync)
 
 
 def caveats(row: Ranked, ctx: Context) -> tuple[str, ...]:
@@ -290,6 +346,17 @@ def caveats(row: Ranked, ctx: Context) -> tuple[str, ...]:
         notes.append("co-located PS: their CPU on the workers' hosts is taken as free")
     if row.bound == "cores":
         notes.append("shared cores bind: the PS's own CPU is not in the model")
+    if ctx.sync and s.update != ALL_REDUCE:
+        if s.ps_hosts == "colocated" and ctx.nic:
+            notes.append(
+                "synchronous PS on the workers' hosts: the model of synchronous steps takes "
+                "each PS's link as its own"
+            )
+        if s.transfer == "tic":
+            notes.append(
+                "ordered reads under the synchronous barrier are not in the model: predicted "
+                "as without them"
+            )
     if not ctx.nic and s.overlap and s.update != ALL_REDUCE:
         notes.append(
             f"{s.transfer} on one host: the transfers are gRPC's CPU over loopback, partly on "
