@@ -96,6 +96,20 @@ def test_a_phase_waits_for_its_last_ps() -> None:
     assert two.step_s == pytest.approx(0.502 + 2 * 0.04 * (1 + 1.5 * in_phase))
 
 
+def test_staged_phases_are_not_stretched_and_saturate_the_ps_links() -> None:
+    """Staged pulls and pushes keep both directions of a PS's link busy: no H(P_eff) stretch.
+    20 workers on two 4 MB PS: each PS moves 4 MB per worker-step each way at 100 MB/s, 25
+    steps/s at most; the unstaged steps, stretched, stay near 2/3 of that (1/H(2))."""
+    assert pm.fork_stretch([0.04, 0.04], staged=True) == 1.0
+    assert pm.fork_stretch([0.04, 0.04]) == 1.5 and pm.fork_stretch([]) == 1.0
+    inputs = _inputs(nic=False, compute_s=0.05)
+    bound = 2 * 100 * MB / (8 * MB)  # worker-steps a second through the two PS
+    staged = pm.predict(inputs, 20, 2, "parameter_server", "lpt", staged=True)
+    assert 0.9 * bound < 20 / staged.step_s <= bound and staged.bound == "ps"
+    unstaged = pm.predict(inputs, 20, 2, "parameter_server", "lpt")
+    assert 20 / unstaged.step_s < bound / 1.5
+
+
 def test_bad_requests() -> None:
     with pytest.raises(pm.ModelError, match="at least one PS"):
         pm.predict(_inputs(), 2, 0, "parameter_server")

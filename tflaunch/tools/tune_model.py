@@ -164,7 +164,7 @@ def _solve(
                 )
                 for link in demands[w]
             }
-            phases[w] = _phase(demands[w], queued, own_links[w], remote_ps[w])
+            phases[w] = _phase(demands[w], queued, own_links[w], remote_ps[w], staged)
             if shared_cores:
                 busy = sum(rates[v] * computes[v] for v in range(workers) if v != w)
                 computes[w] = compute_s * (1 + busy)
@@ -178,15 +178,18 @@ def _solve(
 
 
 def _phase(
-    demand: dict[str, float], queued: dict[str, float], own: str, remote: Sequence[float]
+    demand: dict[str, float],
+    queued: dict[str, float],
+    own: str,
+    remote: Sequence[float],
+    staged: bool = False,
 ) -> float:
     """The phase ends with its slowest transfer: through the worker's own NIC (shared with the
     others' transfers to a PS on its host), or from its fullest remote PS, whose queueing part is
-    stretched by H(P_eff) (perfmodel's assumption 4)."""
+    stretched by H(P_eff), unless staged (perfmodel's assumption 4, :func:`pm.fork_stretch`)."""
     if not demand:
         return 0.0
-    fullest = max(remote, default=0.0)
-    fork = pm.harmonic(sum(remote) / fullest) if fullest else 1.0
+    fork = pm.fork_stretch(remote, staged)
     mine = [k for k in demand if k == own or k.startswith("loop:")]
     own_s = max((demand[k] * (1 + queued[k]) for k in mine), default=0.0)
     ps_s = max(
