@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import re
 import shlex
@@ -52,10 +51,11 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from tests.hosts import hostlock
-except ModuleNotFoundError:  # run as a script: python tests/hosts/<this file>.py
-    import hostlock  # type: ignore[no-redef]
+if not __package__:  # run as a script (python tests/hosts/ssh_hosts.py): from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.hosts import hostlock  # noqa: E402
+from tflaunch.launchers.clouds.lab import hosts as lab_hosts  # noqa: E402
 
 STATE_DIR = Path(os.environ.get("TFL_SSH_STATE_DIR", "/tmp/tfl-ssh-hosts"))
 LOCK_FILE = Path("/tmp/tfl-ssh-hosts.lock")
@@ -68,9 +68,10 @@ LAUNCHER_ADDRESS = "198.18.1.1"
 PRIVATE_NETWORK = "198.18.2.0/24"
 MAX_HOSTS = 64  # addresses .11 to .74 of each /24 (host N at .10+N: hosts 1-9 at .11-.19)
 SSHD = "/usr/sbin/sshd"
-RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}  # tc's decimal bit units
-SHAPER_LATENCY = "50ms"  # tbf's queue: how long a packet may wait for tokens before it is dropped
-SEGMENT_BYTES = 65536  # largest GSO/GRO super-packet on a shaped veth (tbf's bucket holds it)
+# Shaping is the lab cloud's (tflaunch.launchers.clouds.lab.hosts): the same tbf at both ends
+RATE_UNITS = lab_hosts.RATE_UNITS
+parse_rate = lab_hosts.parse_rate
+shaped_rates = lab_hosts.shaped_rates
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 
 
@@ -95,6 +96,11 @@ class TestHost:
     @property
     def private_address(self) -> str:
         return f"198.18.2.{10 + self.index}"
+
+    @property
+    def private_veth(self) -> str:
+        """The root namespace's end of the host's private link."""
+        return f"tfl-sv{self.index}"
 
     @property
     def host_key(self) -> Path:
@@ -180,20 +186,6 @@ def _kill_and_wait(pid: int, grace: float = 3.0) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def _kill_all(pids: list[int], grace: float = 2.0) -> None:
-    """SIGTERM every pid, wait up to ``grace`` seconds for all of them, SIGKILL the rest."""
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while pids and time.monotonic() < deadline:
-        pids = [p for p in pids if os.path.exists(f"/proc/{p}")]
-        time.sleep(0.05)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
 def _namespace_pids(namespace: str) -> list[int]:
     out = _ip("netns", "pids", namespace, check=False).stdout
     return [int(p) for p in out.split() if p.isdigit()]
@@ -206,7 +198,7 @@ def teardown() -> None:
             _kill_pid_file(pid_file)
     for namespace in _existing_namespaces():
         # Anything still running in the namespace (sshd children, stray tasks) goes with it.
-        _kill_all(_namespace_pids(namespace))
+        lab_hosts.kill_all(_namespace_pids(namespace))
         _ip("netns", "delete", namespace, check=False)
     _ip("route", "delete", "unreachable", PRIVATE_NETWORK, check=False)
     for link in (LAUNCHER_VETH, PUBLIC_BRIDGE, PRIVATE_BRIDGE):
@@ -254,7 +246,7 @@ def _make_namespace(host: TestHost) -> None:
     _ns(ns, "ip", "link", "set", "lo", "up")
     for root_side, inner, bridge, address in (
         (f"tfl-sp{host.index}", "eth0", PUBLIC_BRIDGE, host.public_address),
-        (f"tfl-sv{host.index}", "eth1", PRIVATE_BRIDGE, host.private_address),
+        (host.private_veth, "eth1", PRIVATE_BRIDGE, host.private_address),
     ):
         _ip("link", "add", root_side, "type", "veth", "peer", "name", f"{root_side}x")
         _ip("link", "set", f"{root_side}x", "netns", ns)
@@ -352,63 +344,19 @@ def write_known_hosts(hosts: tuple[TestHost, ...], path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def parse_rate(text: str) -> int:
-    """A link rate as tc writes it (``1gbit``, ``500mbit``, ``100kbit``) in bits per second."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg]?bit)\s*", text.lower())
-    if not match or float(match.group(1)) <= 0:
-        raise ValueError(
-            f"a link rate is a number and a unit ({', '.join(RATE_UNITS)}), not {text!r}"
-        )
-    return int(float(match.group(1)) * RATE_UNITS[match.group(2)])
-
-
-def _private_ends(host: TestHost) -> tuple[tuple[str | None, str], ...]:
-    """The two ends of a host's private link: (namespace or None for the root one, device)."""
-    return ((host.namespace, "eth1"), (None, f"tfl-sv{host.index}"))
-
-
-def _link_cmd(namespace: str | None, *argv: str) -> list[str]:
-    return ["ip", "netns", "exec", namespace, *argv] if namespace else list(argv)
-
-
 def shape(hosts: TestHosts | tuple[TestHost, ...], rate: str) -> int:
     """Limit every host's private link to ``rate`` each way (tbf at both ends); returns the rate
     in bits/s. Replaces any earlier shaping, so hosts can be re-shaped between measurements."""
     bits = parse_rate(rate)
-    # The bucket: at least one super-packet, at least 1 ms at the rate (tbf's timer resolution
-    # then never starves a fast link), at most what tc's 32-bit burst field takes.
-    burst = min(max(2 * SEGMENT_BYTES, bits // 8 // 1000), 2**31 // 8)
     for host in hosts.hosts if isinstance(hosts, TestHosts) else hosts:
-        for namespace, device in _private_ends(host):
-            for limit in ("gso_max_size", "gro_max_size"):
-                _run(_link_cmd(namespace, "ip", "link", "set", device, limit, str(SEGMENT_BYTES)))
-            _run(
-                _link_cmd(
-                    namespace,
-                    "tc", "qdisc", "replace", "dev", device, "root", "tbf",
-                    "rate", f"{bits}bit", "burst", str(burst), "latency", SHAPER_LATENCY,
-                )
-            )  # fmt: skip
+        lab_hosts.shape(host, rate)
     return bits
 
 
 def unshape(hosts: TestHosts | tuple[TestHost, ...]) -> None:
     """Remove the shaping of every host's private link (no error where there is none)."""
     for host in hosts.hosts if isinstance(hosts, TestHosts) else hosts:
-        for namespace, device in _private_ends(host):
-            _run(_link_cmd(namespace, "tc", "qdisc", "del", "dev", device, "root"), check=False)
-
-
-def shaped_rates(host: TestHost) -> dict[str, int | None]:
-    """Each end of a host's private link -> its tbf rate in bits/s (None: unshaped), as tc
-    reports it (``tc -j qdisc show``)."""
-    rates: dict[str, int | None] = {}
-    for namespace, device in _private_ends(host):
-        out = _run(_link_cmd(namespace, "tc", "-j", "qdisc", "show", "dev", device)).stdout
-        tbf = [q for q in json.loads(out or "[]") if q.get("kind") == "tbf" and q.get("root")]
-        label = f"{namespace}:{device}" if namespace else device
-        rates[label] = int(tbf[0]["options"]["rate"]) * 8 if tbf else None
-    return rates
+        lab_hosts.unshape(host)
 
 
 def setup(count: int = 3, rate: str | None = None) -> TestHosts:

@@ -39,6 +39,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Protocol
 
 from tflaunch.plugin import LaunchError
 
@@ -397,7 +398,18 @@ def parse_rate(text: str) -> int:
     return int(float(match.group(1)) * RATE_UNITS[match.group(2)])
 
 
-def _private_ends(host: NamespaceHost) -> tuple[tuple[str | None, str], ...]:
+class PrivateLink(Protocol):
+    """What shaping needs of a host (a lab host, or one of the tests' SSH hosts): its namespace,
+    whose ``eth1`` is its private end, and the root namespace's end of that link."""
+
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def private_veth(self) -> str: ...
+
+
+def _private_ends(host: PrivateLink) -> tuple[tuple[str | None, str], ...]:
     """The two ends of a host's private link: (namespace or None for the root one, device)."""
     return ((host.namespace, "eth1"), (None, host.private_veth))
 
@@ -406,7 +418,7 @@ def _at(namespace: str | None, *argv: str) -> list[str]:
     return ["ip", "netns", "exec", namespace, *argv] if namespace else list(argv)
 
 
-def shape(host: NamespaceHost, rate: str) -> int:
+def shape(host: PrivateLink, rate: str) -> int:
     """Limit the host's private link to ``rate`` each way (tbf at both ends); the rate in
     bits/s. The bucket holds at least one super-packet and 1 ms at the rate (tbf's timer then
     never starves a fast link), at most what tc's 32-bit burst field takes."""
@@ -425,7 +437,13 @@ def shape(host: NamespaceHost, rate: str) -> int:
     return bits
 
 
-def shaped_rates(host: NamespaceHost) -> dict[str, int | None]:
+def unshape(host: PrivateLink) -> None:
+    """Remove the shaping of the host's private link (no error where there is none)."""
+    for namespace, device in _private_ends(host):
+        _run(_at(namespace, "tc", "qdisc", "del", "dev", device, "root"), check=False)
+
+
+def shaped_rates(host: PrivateLink) -> dict[str, int | None]:
     """Each end of the host's private link -> its tbf rate in bits/s (None: unshaped)."""
     rates: dict[str, int | None] = {}
     for namespace, device in _private_ends(host):
