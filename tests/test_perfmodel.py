@@ -147,6 +147,32 @@ def test_link_from_netbench() -> None:
         pm.link_from_netbench({"sizes": [1024], "point_to_point": rows[:1]})
 
 
+def test_cli_predicts_synchronous_ps_and_the_all_reduces_options(tmp_path) -> None:
+    path = tmp_path / "inputs.json"
+    path.write_text(json.dumps(_inputs().to_dict()))
+    base = ["model", "--inputs", str(path), "--workers", "4", "--ps", "2", "--all"]
+
+    def rates(*flags: str) -> dict[tuple[str, str], str]:
+        out = CliRunner().invoke(cli, [*base, *flags])
+        assert out.exit_code == 0, out.output
+        rows = [line.split() for line in out.output.splitlines() if line.startswith("4 ")]
+        return {(r[2], r[3]): r[4] for r in rows}
+
+    inputs = _inputs()
+    sync = rates("--sync", "--staged")
+    expected = pm.predict(inputs, 4, 2, "parameter_server", "lpt", sync=True, staged=True)
+    assert sync[("parameter_server", "lpt")] == f"{expected.images_per_sec:.1f}"
+    ring = rates("--gradient-repacking", "4", "--compact-gradient-transfer")
+    packed = pm.predict(inputs, 4, 0, "collective_all_reduce", packs=4, compact=True)
+    assert ring[("collective_all_reduce", "-")] == f"{packed.images_per_sec:.1f}"
+    plain = pm.predict(inputs, 4, 0, "collective_all_reduce").images_per_sec
+    assert packed.images_per_sec > plain
+    refused = CliRunner().invoke(cli, [*base, "--sync", "--overlap"])
+    assert refused.exit_code == 2 and "ordered reads under the synchronous barrier" in (
+        refused.output
+    )
+
+
 def test_inputs_round_trip_and_cli(tmp_path) -> None:
     path = tmp_path / "inputs.json"
     path.write_text(json.dumps(_inputs().to_dict()))

@@ -398,19 +398,25 @@ def grid(
     strategies: Sequence[str] = STRATEGIES,
     overlap: bool = False,
     staged: bool = False,
+    sync: bool = False,
+    packs: int = 1,
+    compact: bool = False,
 ) -> list[Prediction]:
-    """Every setting; ``staged`` applies to ``parameter_server`` alone (``--staged_vars``)."""
+    """Every setting; ``staged`` applies to ``parameter_server`` alone (``--staged_vars``),
+    ``sync`` to the PS modes, ``packs`` and ``compact`` to the all-reduce (as :func:`predict`)."""
     out = []
     ps_counts = list(ps_counts)
     for w in workers:
         for update in updates:
             if update == "collective_all_reduce":
-                out.append(predict(inputs, w, 0, update))
+                out.append(predict(inputs, w, 0, update, packs=packs, compact=compact))
                 continue
             for p in ps_counts:
                 for s in strategies:
                     stage = staged and update == "parameter_server"
-                    out.append(predict(inputs, w, p, update, s, overlap=overlap, staged=stage))
+                    out.append(
+                        predict(inputs, w, p, update, s, overlap=overlap, sync=sync, staged=stage)
+                    )
     return out
 
 
@@ -686,6 +692,28 @@ def _int_list(text: str) -> list[int]:
     help="parameter_server runs with --staged_vars: the next step's pull beside this step's "
     "compute and push (assumption 8).",
 )
+@click.option(
+    "--sync",
+    is_flag=True,
+    help="PS modes run synchronous steps, as --cross_replica_sync does (assumption 10); "
+    "all-reduce always does.",
+)
+@click.option(
+    "--gradient-repacking",
+    "packs",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="All-reduce in N packs, the first beside the backward pass (the benchmark's "
+    "--gradient_repacking; assumption 11; 0: one pack).",
+)
+@click.option(
+    "--compact-gradient-transfer",
+    "compact",
+    is_flag=True,
+    help="All-reduce's gradients cross as float16, half the bytes (assumption 11).",
+)
 def model_command(
     netbench_path: str | None,
     compute_img_s: float | None,
@@ -706,8 +734,16 @@ def model_command(
     show_all: bool,
     overlap: bool,
     staged: bool,
+    sync: bool,
+    packs: int,
+    compact: bool,
 ) -> None:
     """Predict images/sec for W workers x P PS per variable update; recommend P and placement."""
+    if sync and overlap:
+        raise ModelError(
+            "--sync with --overlap: ordered reads under the synchronous barrier are not in the "
+            "model; give --staged (staged variables) or leave --overlap out."
+        )
     compute_at = tuple(
         (w, compute_from_single(rate, batch_size))
         for w, rate in (_workers_rate(t) for t in compute_at_text)
@@ -764,9 +800,16 @@ def model_command(
         f"{', cores shared by all tasks' if inputs.shared_cores else ''}"
         + "".join(f", compute {c * 1e3:.0f} ms at {w} workers" for w, c in inputs.compute_at)
     )
-    predictions = grid(
-        inputs, _int_list(workers), _int_list(ps_text), overlap=overlap, staged=staged
+    click.echo(
+        "PS steps: "
+        + ("synchronous (assumption 10)" if sync else "asynchronous")
+        + f"; all-reduce: {max(1, packs)} pack(s), "
+        + ("float16 on the wire" if compact else "float32")
     )
+    predictions = grid(
+        inputs, _int_list(workers), _int_list(ps_text), overlap=overlap, staged=staged,
+        sync=sync, packs=max(1, packs), compact=compact,
+    )  # fmt: skip
     if show_all:
         for line in prediction_lines(predictions):
             click.echo(line)
