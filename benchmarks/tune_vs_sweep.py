@@ -5,7 +5,7 @@
         [--cases 2:1gbit:resnet50,3:1gbit:inception3,...] [--max-ps 2]
         [--updates parameter_server,collective_all_reduce] [--placements round_robin,lpt]
         [--transfers none] [--batch 2] [--image 75] [--steps 6] [--warmup 2]
-        [--verify K] [--verify-steps 3] [--cpus-per-task C] [--repeats R] [--budget S]
+        [--verify K] [--verify-steps 3] [--cpus-per-task C] [--repeats R] [--budget S] [--sync]
         [--phase run|report|repredict]
 
 Per case (workers : link rate : model, ``inception3@32`` for a batch other than ``--batch``), a cluster file of W workers and 1 PS running
@@ -72,6 +72,8 @@ def cluster_file(a: argparse.Namespace, hosts, path: Path, workers: int, model: 
     ]  # fmt: skip
     if a.intra:
         argv += ["--num_intra_threads", str(a.intra)]
+    if a.sync:
+        argv += ["--cross_replica_sync"]
     data: dict = {
         "name": path.stem,
         "backend": a.backend,
@@ -98,6 +100,10 @@ def cluster_file(a: argparse.Namespace, hosts, path: Path, workers: int, model: 
         }
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def case_name(a: argparse.Namespace, workers: int, rate: str, model: str) -> str:
+    return f"w{workers}-{rate}-{model}" + ("-sync" if a.sync else "")
 
 
 def model_batch(model: str, batch: int) -> tuple[str, int]:
@@ -172,7 +178,7 @@ def run_case(
     a: argparse.Namespace, hosts, workers: int, rate: str, model: str, budget: Budget
 ) -> dict:
     """One case, resumed from ``case.json``; raises OutOfBudget when the budget ends it early."""
-    name = f"w{workers}-{rate}-{model}"
+    name = case_name(a, workers, rate, model)
     folder = a.out / name
     folder.mkdir(parents=True, exist_ok=True)
     state_path = folder / "case.json"
@@ -434,6 +440,11 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--intra", type=int, default=0, help="--num_intra_threads (0: TF's default)")
     p.add_argument(
+        "--sync",
+        action="store_true",
+        help="the program runs synchronous PS steps (--cross_replica_sync), which tune keeps",
+    )
+    p.add_argument(
         "--cpus-per-task",
         type=int,
         default=0,
@@ -469,7 +480,7 @@ def main() -> int:
             return 2
         store = a.out / "results.json"
         done = {r["case"] for r in json.loads(store.read_text())} if store.exists() else set()
-        todo = [c for c in cases if f"w{c[0]}-{c[1]}-{c[2]}" not in done]
+        todo = [c for c in cases if case_name(a, *c) not in done]
         budget = Budget(a.budget)
         if a.backend == "ssh":
             from tests.hosts import ssh_hosts
