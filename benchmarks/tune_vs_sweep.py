@@ -377,7 +377,11 @@ def repredict(out: Path, given_loopback=None) -> None:
     for r in results:
         folder = out / r["case"]
         tune_dir = Path(r.get("tune_dir") or _tune_dir_of(folder / "tune.log"))
+        if not tune_dir.exists():  # a results folder kept elsewhere: its runs/ID beside it
+            tune_dir = out / "runs" / tune_dir.name
         inputs = pm.load_inputs(tune_dir / "inputs.json")
+        # the program's mode, which tune kept (tune.json's "sync"; older runs: asynchronous)
+        sync = json.loads((tune_dir / "tune.json").read_text()).get("sync", False)
         loopback = None
         if (tune_dir / "netbench.json").exists():
             _, loopback = split_links(json.loads((tune_dir / "netbench.json").read_text()))
@@ -392,7 +396,7 @@ def repredict(out: Path, given_loopback=None) -> None:
                 tuple(t.host for t in plan.tasks if t.job == "ps"),
             )
             setting = ts.Setting(**{k: point[k] for k in FIELDS})
-            p = tune_model.predict_setting(inputs, layout, setting, loopback)
+            p = tune_model.predict_setting(inputs, layout, setting, loopback, sync)
             rows.append(
                 ts.Ranked(setting, p.images_per_sec, p.step_s, p.bound, measured=point["measured"])
             )
