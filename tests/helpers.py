@@ -61,7 +61,8 @@ def cpu_bounded(seconds: float, children: bool = False):
 def cpu_seconds(children: bool = True) -> float:
     """User and system CPU time of this process, and of the children it has waited for."""
     who = [resource.RUSAGE_SELF] + ([resource.RUSAGE_CHILDREN] if children else [])
-    return sum(resource.getrusage(w).ru_utime + resource.getrusage(w).ru_stime for w in who)
+    usages = [resource.getrusage(w) for w in who]
+    return sum(u.ru_utime + u.ru_stime for u in usages)
 
 
 def checkout_python(folder: Path, checkout: Path = ROOT) -> str:

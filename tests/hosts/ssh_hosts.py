@@ -186,11 +186,6 @@ def _kill_and_wait(pid: int, grace: float = 3.0) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def _namespace_pids(namespace: str) -> list[int]:
-    out = _ip("netns", "pids", namespace, check=False).stdout
-    return [int(p) for p in out.split() if p.isdigit()]
-
-
 def teardown() -> None:
     """Remove every test host, bridge and veth, and the state directory; safe to call anytime."""
     if STATE_DIR.is_dir():
@@ -198,7 +193,7 @@ def teardown() -> None:
             _kill_pid_file(pid_file)
     for namespace in _existing_namespaces():
         # Anything still running in the namespace (sshd children, stray tasks) goes with it.
-        lab_hosts.kill_all(_namespace_pids(namespace))
+        lab_hosts.kill_all(lab_hosts.namespace_pids(namespace))
         _ip("netns", "delete", namespace, check=False)
     _ip("route", "delete", "unreachable", PRIVATE_NETWORK, check=False)
     for link in (LAUNCHER_VETH, PUBLIC_BRIDGE, PRIVATE_BRIDGE):
@@ -426,7 +421,7 @@ def restore_host_link(host: TestHost) -> None:
 def processes_in(host: TestHost, exclude_sshd: bool = True) -> list[str]:
     """Command lines of the processes running in a host's namespace (sshd itself left out)."""
     found = []
-    for pid in _namespace_pids(host.namespace):
+    for pid in lab_hosts.namespace_pids(host.namespace):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:

@@ -739,6 +739,7 @@ def model_command(
     compact: bool,
 ) -> None:
     """Predict images/sec for W workers x P PS per variable update; recommend P and placement."""
+    packs = max(1, packs)  # 0 and 1 both mean one pack
     if sync and overlap:
         raise ModelError(
             "--sync with --overlap: ordered reads under the synchronous barrier are not in the "
@@ -803,12 +804,12 @@ def model_command(
     click.echo(
         "PS steps: "
         + ("synchronous (assumption 10)" if sync else "asynchronous")
-        + f"; all-reduce: {max(1, packs)} pack(s), "
+        + f"; all-reduce: {packs} pack(s), "
         + ("float16 on the wire" if compact else "float32")
     )
     predictions = grid(
         inputs, _int_list(workers), _int_list(ps_text), overlap=overlap, staged=staged,
-        sync=sync, packs=max(1, packs), compact=compact,
+        sync=sync, packs=packs, compact=compact,
     )  # fmt: skip
     if show_all:
         for line in prediction_lines(predictions):

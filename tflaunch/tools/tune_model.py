@@ -65,19 +65,6 @@ def predict_setting(
     round robin) and transfer (``tic`` ordered, ``staged`` staged variables; the all-reduce's
     packs and float16). ``sync``: the PS settings run synchronous steps, which perfmodel's
     assumption 10 predicts for PS on hosts of their own (tune notes where they are not)."""
-    workers = len(layout.worker_hosts)
-    if setting.update == ts.ALL_REDUCE:
-        p = pm.predict(
-            inputs, workers, 0, ts.ALL_REDUCE, packs=setting.packs, compact=setting.compact
-        )
-        return LayoutPrediction(p.images_per_sec, p.step_s, p.bound, (p.step_s,) * workers)
-    if sync:
-        staged = setting.transfer == "staged"
-        p = pm.predict(
-            inputs, workers, len(layout.ps_hosts), setting.update, setting.strategy,
-            sync=True, staged=staged,
-        )  # fmt: skip
-        return LayoutPrediction(p.images_per_sec, p.step_s, p.bound, (p.step_s,) * workers)
     return predict(
         inputs,
         layout,
@@ -86,6 +73,9 @@ def predict_setting(
         overlap=setting.transfer == "tic",
         loopback=loopback,
         staged=setting.transfer == "staged",
+        sync=sync,
+        packs=setting.packs,
+        compact=setting.compact,
     )
 
 
@@ -98,14 +88,20 @@ def predict(
     buckets: int = 8,
     loopback: pm.Link | None = None,
     staged: bool = False,
+    sync: bool = False,
+    packs: int = 1,
+    compact: bool = False,
 ) -> LayoutPrediction:
-    """images/sec of a PS setting on ``layout`` (all-reduce and one host without a NIC: as
-    perfmodel predicts them). ``overlap``: ordered transfers; ``staged``: staged variables."""
+    """images/sec of a setting on ``layout`` (all-reduce, synchronous PS steps and one host
+    without a NIC: as perfmodel predicts them). ``overlap``: ordered transfers; ``staged``:
+    staged variables; ``sync``: synchronous PS steps, without a term for ordered reads under
+    the barrier (predicted as without them); ``packs``, ``compact``: the all-reduce's."""
     workers = len(layout.worker_hosts)
-    if update == "collective_all_reduce" or not inputs.nic or not layout.ps_hosts:
+    if update == ts.ALL_REDUCE or sync or not inputs.nic or not layout.ps_hosts:
         p = pm.predict(
-            inputs, workers, len(layout.ps_hosts), update, strategy, overlap, buckets, staged=staged
-        )
+            inputs, workers, len(layout.ps_hosts), update, strategy, overlap and not sync,
+            buckets, sync=sync, packs=packs, compact=compact, staged=staged,
+        )  # fmt: skip
         return LayoutPrediction(p.images_per_sec, p.step_s, p.bound, (p.step_s,) * workers)
     loads = pm.bytes_per_ps(inputs, len(layout.ps_hosts), strategy)
     beta = inputs.link.bandwidth

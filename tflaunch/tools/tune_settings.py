@@ -39,6 +39,7 @@ ALL_REDUCE_PACKS = 4
 # absl's spellings of a boolean flag's value, as tflaunch.models.benchmark reads them
 TRUE_WORDS = ("1", "true", "t", "yes", "y")
 FALSE_WORDS = ("0", "false", "f", "no", "n")
+BOOLEAN_WORDS = TRUE_WORDS + FALSE_WORDS
 PS_HOSTS = ("colocated", "dedicated")
 BENCHMARK_MODULE = "tflaunch.models.benchmark"
 # The model's median error where it holds (shaped lab 4.0 %, 64 cores 4.7 %): a lead smaller
@@ -195,7 +196,7 @@ def with_flag(argv: Sequence[str], flag: str, value: str | None, switch: bool = 
             continue
         if arg == flag:
             following = argv[i + 1].lower() if i + 1 < len(argv) else None
-            skip = following is not None and (not switch or following in TRUE_WORDS + FALSE_WORDS)
+            skip = following is not None and (not switch or following in BOOLEAN_WORDS)
             continue
         if arg.startswith(flag + "="):
             continue
