@@ -18,12 +18,14 @@ import pytest
 import yaml
 
 from tests.helpers import FAKE_TASK, ROOT, checkout_python, gone_launcher, tflaunch
+from tflaunch.cluster.config import parse_config
 from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.launchers.clouds.base import TAG_RUN, PlannedInstance
 from tflaunch.launchers.clouds.lab import hosts
 from tflaunch.launchers.clouds.lab.provider import LabProvider, authorized_keys
 from tflaunch.launchers.clouds.lab.section import LabProvisionSection
-from tflaunch.launchers.clouds.lab.state import State
+from tflaunch.launchers.clouds.lab.state import InstanceRecord, State
+from tflaunch.launchers.ssh.section import SshSection
 
 # Lab host numbers are shared by the whole machine and reused once freed: the leftover checks
 # below would see another test's new host of the same number, so one xdist worker runs them all.
@@ -66,9 +68,9 @@ def test_a_good_record_is_read(tmp_path):
         "lab-3-0123abcd",
         3,
         "running",
-        "1gbit",
+        "1000000000bit",  # an earlier version's spelling, read in the normal form
     )
-    assert said == []
+    assert said == [] and not record.damaged
 
 
 @pytest.mark.parametrize(
@@ -77,6 +79,18 @@ def test_a_good_record_is_read(tmp_path):
         ("lab-3-0123abcd.json", b"{not json", "not JSON"),
         ("lab-3-0123abcd.json", [1, 2], "not a JSON object"),
         ("lab-3-0123abcd.json", b" " * (64 * 1024 + 1), "larger than"),
+        ("evil.json", GOOD, "not the file's name"),
+    ],
+)
+def test_an_unreadable_record_is_skipped_with_a_warning(tmp_path, name, content, why):
+    state, said = state_with(tmp_path, {name: content})
+    assert state.instances() == []
+    assert len(said) == 1 and why in said[0], said
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "why"),
+    [
         ("lab-4-0123abcd.json", GOOD, "not the file's name"),
         ("lab-3-0123abcd.json", {**GOOD, "index": 7}, "does not match the id"),
         ("lab-3-0123abcd.json", {**GOOD, "id": "../../etc", "index": 3}, "not a lab instance id"),
@@ -88,10 +102,17 @@ def test_a_good_record_is_read(tmp_path):
         ("lab-3-0123abcd.json", {**GOOD, "rate": "1gbit; reboot"}, "not a link rate"),
     ],
 )
-def test_a_bad_record_is_skipped_with_a_warning(tmp_path, name, content, why):
+def test_a_bad_record_named_by_an_instance_id_is_kept_for_down_and_gc(tmp_path, name, content, why):
+    """Skipping it would hide a host that may be live (issue 39: a rate spelt '1Gbit' left a
+    root sshd nobody could list or end): what passes its own check is read, the rest is a
+    neutral value, and the warning says why and that the host is still listed."""
     state, said = state_with(tmp_path, {name: content})
-    assert state.instances() == []
-    assert len(said) == 1 and why in said[0], said
+    (record,) = state.instances()
+    assert record.damaged and record.id == name[: -len(".json")]
+    assert record.index == int(name.split("-")[1])
+    assert record.network == (content["network"] if "labnet" in content["network"] else "")
+    assert record.tags == ({} if content["tags"] != GOOD["tags"] else GOOD["tags"])
+    assert len(said) == 1 and why in said[0] and "still listed" in said[0], said
 
 
 def test_a_record_through_a_link_is_not_followed(tmp_path):
@@ -140,6 +161,41 @@ def test_a_state_directory_must_be_a_plain_absolute_path(tmp_path):
             parse_config(text % bad, source=str(tmp_path / "c.yaml"), base_dir=str(tmp_path))
     with pytest.raises(LaunchError, match="state directory recorded for the run"):
         LabProvider.from_access({"state_dir": "/tmp/x\nHostKey /etc/shadow"}, print)
+
+
+ACCEPTED_RATES = ["1gbit", "1Gbit", " 1gbit", "1GBIT", "1000mbit", "1000000 kbit", "1.0gbit"]
+
+
+@pytest.mark.parametrize("spelling", ACCEPTED_RATES)
+def test_every_accepted_rate_round_trips_through_the_record(tmp_path, spelling):
+    """What validate accepts is kept in one form, and the record holds and reads back exactly
+    that form: no spelling makes a record every later read refuses."""
+    text = yaml.safe_dump(
+        {
+            "name": "r", "backend": "ssh", "program": {"argv": ["python3", "t.py"]},
+            "roles": {"ps": 1, "worker": 1}, "ssh": {"provision": {"cloud": "lab", "rate": spelling}},
+        }
+    )  # fmt: skip
+    section = parse_config(text).section(SshSection).provision
+    assert section.rate == "1000000000bit"
+    state, said = state_with(tmp_path, {})
+    record = InstanceRecord(**{**GOOD, "rate": section.rate})
+    with state.locked():
+        state.save_instance(record)
+    assert state.instances() == [record] and said == []
+
+
+def test_a_rate_validate_refuses_is_named():
+    with pytest.raises(ConfigError, match="not a link rate|a link rate is a number"):
+        parse_config(
+            yaml.safe_dump(
+                {
+                    "name": "r", "backend": "ssh", "program": {"argv": ["python3", "t.py"]},
+                    "roles": {"ps": 1, "worker": 1},
+                    "ssh": {"provision": {"cloud": "lab", "rate": "1gbit; reboot"}},
+                }
+            )
+        )  # fmt: skip
 
 
 def test_rates_read_as_tc_writes_them():
@@ -258,6 +314,65 @@ def test_provider_makes_shaped_hosts_and_ends_them(lab_root, tmp_path):
     gone = provider.describe(ids=list(ids.values()), states=("terminated",))
     assert {i.state for i in gone} == {"terminated"}
     assert provider.describe(tags={TAG_RUN: "lab-t1"}) == []
+
+
+@pytest.mark.ssh
+def test_a_host_made_with_any_rate_spelling_is_found_and_ended(lab_root, tmp_path):
+    """Issue 39's high finding: 'rate: 1GBIT' passed validate, but the record held it as
+    written and every later read refused it, so up, down and gc could not see a live host."""
+    key = client_key(tmp_path)
+    text = yaml.safe_dump(
+        {
+            "name": "r", "backend": "ssh", "program": {"argv": ["python3", "t.py"]},
+            "roles": {"ps": 1, "worker": 1},
+            "ssh": {"provision": {
+                "cloud": "lab", "rate": " 1GBIT", "authorized_key": f"{key}.pub",
+                "state_dir": str(tmp_path / "state"),
+            }},
+        }
+    )  # fmt: skip
+    said: list[str] = []
+    provider = LabProvider(parse_config(text).section(SshSection).provision, said.append)
+    network = provider.open_network("lab-t3", "c", [2220], 22, None)
+    planned = [PlannedInstance("worker-1", "worker", "netns", 0, False)]
+    ids = provider.create(planned, "lab-t3", "c", network, {}, "")
+    try:
+        again = LabProvider.from_access(provider.access(), said.append)
+        (found,) = again.describe(tags={TAG_RUN: "lab-t3"})
+        assert found.state == "running" and found.id in ids.values()
+        host = hosts.NamespaceHost(
+            int(found.id.split("-")[1]), int(network.split("-")[1]), Path(".")
+        )
+        assert set(hosts.shaped_rates(host).values()) == {10**9}
+    finally:
+        LabProvider.from_access(provider.access(), said.append).terminate(
+            list(ids.values()), network
+        )
+    assert lab_leftovers(set(ids.values())) == []
+    assert not any("skipping" in line for line in said), said
+
+
+@pytest.mark.ssh
+def test_a_network_whose_bridge_still_has_ports_is_kept(lab_root, tmp_path):
+    """delete_network never pulls a bridge from under a host its records do not show."""
+    section = LabProvisionSection(state_dir=str(tmp_path / "state"))
+    said: list[str] = []
+    provider = LabProvider(section, said.append)
+    network = provider.open_network("lab-t4", "c", [2220], 22, None)
+    index = int(network.split("-")[1])
+    stray = f"tfl-tst{index}"
+    subprocess.run(
+        ["ip", "link", "add", stray, "type", "veth", "peer", "name", f"{stray}x"], check=True
+    )
+    try:
+        subprocess.run(["ip", "link", "set", stray, "master", hosts.bridge_of(index)], check=True)
+        provider.delete_network(network, wait=1)
+        assert hosts.bridge_of(index) in hosts.links()
+        assert any(stray in line and "kept" in line for line in said), said
+    finally:
+        subprocess.run(["ip", "link", "delete", stray], check=False)
+    provider.delete_network(network, wait=1)
+    assert hosts.bridge_of(index) not in hosts.links()
 
 
 EXAMPLE = ROOT / "examples" / "lab.yaml"

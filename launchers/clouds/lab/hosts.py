@@ -262,8 +262,24 @@ def make_network(network: int) -> str:
     return bridge
 
 
-def remove_network(network: int) -> None:
-    _ip("link", "delete", bridge_of(network), check=False)
+def bridge_ports(network: int) -> list[str]:
+    """The links attached to network ``network``'s bridge (none when it does not exist)."""
+    listed = _ip("-j", "link", "show", "master", bridge_of(network), check=False)
+    if listed.returncode != 0:
+        return []
+    try:
+        return [str(link["ifname"]) for link in json.loads(listed.stdout or "[]")]
+    except (ValueError, KeyError, TypeError) as err:
+        raise LaunchError(f"lab: cannot read {bridge_of(network)}'s ports ({err}).") from err
+
+
+def remove_network(network: int) -> list[str]:
+    """Remove network ``network``'s bridge, unless links are still attached to it (a host that
+    lives on it, whatever the records say): then it is kept and those links are returned."""
+    ports = bridge_ports(network)
+    if not ports:
+        _ip("link", "delete", bridge_of(network), check=False)
+    return ports
 
 
 # ---- hosts ---------------------------------------------------------------------------------
@@ -396,6 +412,18 @@ def parse_rate(text: str) -> int:
             f"{text!r}"
         )
     return int(float(match.group(1)) * RATE_UNITS[match.group(2)])
+
+
+def canonical_rate(text: object) -> object:
+    """The one form a rate is kept in once read: bits per second as tc writes them
+    (``" 1Gbit"`` -> ``"1000000000bit"``). What :func:`parse_rate` refuses is returned as given,
+    for the caller's check to name."""
+    if not isinstance(text, str):
+        return text
+    try:
+        return f"{parse_rate(text)}bit"
+    except ValueError:
+        return text
 
 
 class PrivateLink(Protocol):

@@ -301,7 +301,13 @@ class LabProvider(Provider):
             if users:
                 self.say(f"lab: network {network} is still used by {', '.join(users)}; kept")
                 return
-            hosts.remove_network(index)
+            attached = hosts.remove_network(index)
+            if attached:  # a host its records do not show: never pull the bridge from under it
+                self.say(
+                    f"lab: network {network} still has {', '.join(attached)} attached; kept "
+                    "('tflaunch gc --cloud lab' ends what is left)"
+                )
+                return
             self.state.forget_network(network)
         self._tidy()
 

@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tflaunch.launchers.clouds.lab.hosts import parse_rate
+from tflaunch.launchers.clouds.lab.hosts import canonical_rate, parse_rate
 from tflaunch.plugin import ProvisionSection, field
 
 DEFAULT_STATE_DIR = "/run/tflaunch-lab"
@@ -43,8 +43,10 @@ class LabProvisionSection(ProvisionSection):
     rate: str | None = field(
         None,
         doc="each host's private link, both ways, as tc writes it (1gbit, 500mbit); "
-        "absent: unshaped",
+        "absent: unshaped. Kept as bits per second (1gbit: 1000000000bit), the form the "
+        "instance records hold",
         check=_rate_problem,
+        coerce=canonical_rate,
     )
     authorized_key: str | None = field(
         None,

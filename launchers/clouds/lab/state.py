@@ -15,7 +15,13 @@ directory must be owned by this user and writable by no one else, files are open
 following links and bounded in size, every field is checked for type and range, a record's id
 must match its file's name, and what tflaunch then acts on (namespace, links, addresses) derives
 from the checked numbers, never from free text. A record that fails a check is skipped with a
-warning, never acted on.
+warning, never acted on; except that a record whose file is named by an instance id (its
+number, hence its namespace) but whose content fails a check is read for what it can still say
+(its tags, network and state where those pass) and kept in the list with a warning, so that
+``down`` and ``gc`` end the host it names instead of leaving a live namespace nobody can see.
+Values are written in one normal form (a rate as bits per second, ``1000000000bit``) and read
+back in exactly that form; records of earlier versions (a rate as the user spelt it) are
+normalised on reading.
 """
 
 from __future__ import annotations
@@ -36,11 +42,14 @@ from tflaunch.launchers.clouds.lab.hosts import (
     MAX_HOSTS,
     MAX_NETWORKS,
     NamespaceHost,
+    canonical_rate,
     link_aliases,
     numbers_in_use,
     owner,
 )
 from tflaunch.plugin import LaunchError
+
+RATE = re.compile(r"[1-9][0-9]{0,15}bit")  # the one form a rate is written in: bits per second
 
 MACHINE_LOCK = Path("/run/tflaunch-lab.lock")
 MAX_FILE_BYTES = 64 * 1024
@@ -62,7 +71,8 @@ class InstanceRecord:
     tags: Mapping[str, str]
     launched: float
     terminated: float | None = None
-    rate: str | None = None
+    rate: str | None = None  # bits per second (RATE), the section's canonical form
+    damaged: bool = dataclasses.field(default=False, compare=False)  # salvaged, see the module
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,10 +186,19 @@ class State:
             data = self._read(path)
             if data is None:
                 continue
+            file_id = path.name[: -len(".json")]
             try:
-                found.append(_instance_record(data, path.name[: -len(".json")]))
+                found.append(_instance_record(data, file_id))
             except ValueError as err:
-                self.say(f"lab: skipping {path}: {err}")
+                salvaged = _salvaged_record(data, file_id)
+                if salvaged is None:
+                    self.say(f"lab: skipping {path}: {err}")
+                    continue
+                self.say(
+                    f"lab: {path}: {err}; its host {file_id} is still listed (state "
+                    f"{salvaged.state}) so that 'tflaunch down' and 'tflaunch gc' can end it"
+                )
+                found.append(salvaged)
         return sorted(found, key=lambda r: r.index)
 
     def networks(self) -> list[NetworkRecord]:
@@ -207,7 +226,9 @@ class State:
         os.replace(temporary, path)
 
     def save_instance(self, record: InstanceRecord) -> None:
-        self._write(self.root / "instances" / f"{record.id}.json", dataclasses.asdict(record))
+        data = dataclasses.asdict(record)
+        del data["damaged"]
+        self._write(self.root / "instances" / f"{record.id}.json", data)
 
     def save_network(self, record: NetworkRecord) -> None:
         self._write(self.root / "networks" / f"{record.id}.json", dataclasses.asdict(record))
@@ -318,11 +339,6 @@ def _instance_record(data: Mapping[str, Any], file_id: str) -> InstanceRecord:
     state = _text(data, "state", 16)
     if state not in STATES:
         raise ValueError(f"state {state!r} is not one of {', '.join(STATES)}")
-    rate = data.get("rate")
-    if rate is not None and (
-        not isinstance(rate, str) or not re.fullmatch(r"[0-9.]+[kmg]?bit", rate)
-    ):
-        raise ValueError(f"rate {str(rate)[:40]!r} is not a link rate")
     return InstanceRecord(
         id=instance_id,
         index=index,
@@ -332,7 +348,50 @@ def _instance_record(data: Mapping[str, Any], file_id: str) -> InstanceRecord:
         tags=check_tags(data.get("tags")),
         launched=_number(data, "launched") or 0.0,
         terminated=_number(data, "terminated", optional=True),
-        rate=rate,
+        rate=_rate(data),
+    )
+
+
+def _rate(data: Mapping[str, Any]) -> str | None:
+    """The record's rate in its normal form. Earlier versions stored it as the user spelt it
+    (``1Gbit``, `` 500mbit``): any spelling the section accepts is read and normalised."""
+    rate = data.get("rate")
+    if rate is None:
+        return None
+    rate = canonical_rate(rate[:40] if isinstance(rate, str) else rate)
+    if not isinstance(rate, str) or not RATE.fullmatch(rate):
+        raise ValueError(f"rate {str(data.get('rate'))[:40]!r} is not a link rate")
+    return rate
+
+
+def _salvaged_record(data: Mapping[str, Any], file_id: str) -> InstanceRecord | None:
+    """What can be read of a record that fails a check, when its file's name is an instance id
+    (so its number, namespace and links are known): each field that passes its own check, a
+    neutral value for the others. Its state is kept when readable, else ``running``: the host
+    is taken to be there until its links say otherwise (the provider checks its owner)."""
+    match = INSTANCE_ID.fullmatch(file_id)
+    if not match:
+        return None
+
+    def lenient(read: Callable[[], Any], default: Any) -> Any:
+        try:
+            return read()
+        except (ValueError, TypeError, AttributeError):
+            return default
+
+    network = data.get("network")
+    state = data.get("state")
+    return InstanceRecord(
+        id=file_id,
+        index=int(match.group(1)),
+        network=network if isinstance(network, str) and NETWORK_ID.fullmatch(network) else "",
+        type=lenient(lambda: _text(data, "type", 64), "unknown"),
+        state=state if state in STATES else "running",
+        tags=lenient(lambda: check_tags(data.get("tags")), {}),
+        launched=lenient(lambda: _number(data, "launched"), 0.0) or 0.0,
+        terminated=lenient(lambda: _number(data, "terminated", optional=True), None),
+        rate=lenient(lambda: _rate(data), None),
+        damaged=True,
     )
 
 
