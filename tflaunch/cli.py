@@ -137,6 +137,9 @@ def validate(cluster_file: str, offline: bool) -> None:
         f"{cluster_file}: ok ({len(plan.tasks)} tasks on "
         f"{len(plan.hosts_with_tasks())} host(s), backend {config.backend})"
     )
+    note = config.ps_default_note()
+    if note:
+        click.echo(f"note: {note}")
 
 
 @cli.command()
@@ -182,11 +185,7 @@ def plan(cluster_file: str, as_json: bool, expand: bool) -> None:
     for line in aligned(rows):
         click.echo(line)
     if by_default:
-        click.echo(
-            f"* a PS by default: {cluster_file} names no roles.ps, and a cluster gets "
-            f"{config.roles.ps} unless told; an all-reduce program (Keras "
-            "MultiWorkerMirroredStrategy, Horovod) has no PS role: write roles.ps: 0"
-        )
+        click.echo(f"* a PS by default: {config.ps_default_note()}")
     checkpoints = launch.checkpoints_line(config, the_plan)
     if checkpoints:
         click.echo(checkpoints)

@@ -197,6 +197,9 @@ def up(
         run = Run.open(runs_dir, run_id or "")
         plan = run.read_plan()
     else:
+        note = config.ps_default_note()
+        if note:
+            print(f"[tflaunch] note: {note}", file=sys.stderr, flush=True)
         plan, run = prepare(config, runs_dir, run_id, cluster_file)
         for notice in gpu_notices(plan):
             print(f"[tflaunch] {notice}", file=sys.stderr, flush=True)

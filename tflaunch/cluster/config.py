@@ -431,6 +431,18 @@ class ClusterConfig:
             key = key[:-1]
         return f"{self.source}:{self.positions[key]}" if key else self.source
 
+    def ps_default_note(self) -> str | None:
+        """What ``validate``, ``up``'s first line and ``plan`` say of a PS the file got by
+        default (it names no ``roles.ps``); None when the file names its PS count."""
+        if not self.ps_by_default:
+            return None
+        count = self.roles.ps
+        return (
+            f"{self.source} names no roles.ps, so the cluster gets {count} PS by default; an "
+            "all-reduce program (Keras MultiWorkerMirroredStrategy, Horovod) has no PS role: "
+            f"write roles.ps: 0 (or roles.ps: {count} to keep {'it' if count == 1 else 'them'})"
+        )
+
     def section(self, cls: type[S]) -> S:
         """A backend's section, typed: ``config.section(SshSection)`` (as
         ``RunRecord.part(SshDetails)``). Every file holds every registered backend's section."""

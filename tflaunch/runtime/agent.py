@@ -45,8 +45,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from tflaunch.cluster.config import LEGACY_KERAS_ENV
 from tflaunch.cluster.plan import Plan, Task, TaskView, on_this_host, render_task
-from tflaunch.runtime import procs, protocol
+from tflaunch.runtime import procs, programcheck, protocol
 from tflaunch.runtime.diagnose import program_path
 from tflaunch.runtime.link import read_lines
 from tflaunch.runtime.monitor import Sampler
@@ -595,17 +596,27 @@ def preflight(host: str, tasks: list[Task], views: dict[str, TaskView]) -> str |
 
 def preflight_here(plan: Plan, hosts: list[str]) -> list[str]:
     """:func:`preflight` of ``hosts``' tasks, run on this machine before anything starts (for
-    hosts that are this machine: the local backend's, ``tflaunch validate``), and that every
-    host's cluster address resolves here. One sentence per problem."""
+    hosts that are this machine: the local backend's, ``tflaunch validate``), that every
+    host's cluster address resolves here, that a Python's script exists and, under
+    ``program.keras: legacy``, that the tasks' Python has tf_keras
+    (:mod:`~tflaunch.runtime.programcheck`). One sentence per problem."""
     problems = [
         f"host {name!r} does not resolve on this machine; fix hosts: or /etc/hosts"
         for name in procs.unresolved(plan.host(h).cluster_address for h in hosts)
     ]
+    views = {}
     for host in hosts:
         tasks = list(plan.tasks_on(host))
-        problem = preflight(host, tasks, {t.name: render_task(plan, t) for t in tasks})
+        views.update({t.name: render_task(plan, t) for t in tasks})
+        problem = preflight(host, tasks, {t.name: views[t.name] for t in tasks})
         if problem:
             problems.append(problem)
+        scripts = (programcheck.missing_script(t.name, views[t.name], host) for t in tasks)
+        problems += [s for s in scripts if s][:1]  # one task per host says it
+    if plan.program.env.get(LEGACY_KERAS_ENV) == "1":  # program.keras: legacy
+        keras = programcheck.missing_tf_keras(views.values())
+        if keras:
+            problems.append(keras)
     return problems
 
 
