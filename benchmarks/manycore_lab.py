@@ -485,6 +485,7 @@ def model_inputs(store: dict, model: str, rate: str):
     ring rows (one value over both rates)."""
     sys.path.insert(0, str(ROOT))
     from tflaunch.tools import perfmodel as pm
+    from tflaunch.tools import perfmodel_inputs as pi
 
     cal = store["calibration"]
     batch = store["settings"]["batch"]
@@ -494,12 +495,12 @@ def model_inputs(store: dict, model: str, rate: str):
     variables = tuple(
         (v.name, tuple(v.shape), v.dtype_size) for v in model_variables(get_model_spec(model), 1001)
     )
-    unshaped = pm.link_from_netbench(cal["netbench_unshaped"])
+    unshaped = pi.link_from_netbench(cal["netbench_unshaped"])
     base = pm.Inputs(
-        pm.compute_from_single(cal[f"lone_{model}"], batch),
+        pi.compute_from_single(cal[f"lone_{model}"], batch),
         batch,
         variables,
-        pm.link_from_netbench(cal[f"netbench_{rate}"]),
+        pi.link_from_netbench(cal[f"netbench_{rate}"]),
         cpu_s_per_byte=1 / unshaped.bandwidth,
         cores_per_host=cal["cores_per_host"],
         ps_bytes_per_s=loaded_ps_rate(cal, 4),
@@ -510,7 +511,7 @@ def model_inputs(store: dict, model: str, rate: str):
             continue
         if "img_s" not in r:
             continue
-        inputs = dataclasses.replace(base, link=pm.link_from_netbench(cal[f"netbench_{r['rate']}"]))
+        inputs = dataclasses.replace(base, link=pi.link_from_netbench(cal[f"netbench_{r['rate']}"]))
         w = r["workers"]
         moved = 2 * (w - 1) / w * inputs.model_bytes
         link_s = moved / inputs.link.bandwidth + 2 * (w - 1) * inputs.link.latency_s

@@ -49,6 +49,8 @@ from tests.helpers import checkout_python  # noqa: E402
 from tests.hosts import ssh_hosts  # noqa: E402
 from tflaunch.tools import bench_sweep as bench  # noqa: E402
 from tflaunch.tools import perfmodel as pm  # noqa: E402
+from tflaunch.tools.perfmodel_inputs import load_inputs  # noqa: E402
+from tflaunch.tools.perfmodel_text import error_pct  # noqa: E402
 
 PS, DR, CAR = "parameter_server", "distributed_replicated", "collective_all_reduce"
 # (workers, PS, variable update, placement): the grid that completes on 2 shared cores. Cut from
@@ -269,7 +271,7 @@ def report(a: argparse.Namespace) -> None:
             )
             if not points or not path.exists():
                 continue
-            inputs = pm.load_inputs(path)
+            inputs = load_inputs(path)
             print(
                 f"\n## {model} at {rate}: compute {inputs.compute_s * 1e3:.0f} ms/step of "
                 f"{inputs.batch_size}, link {inputs.link.bandwidth / 1e6:.0f} MB/s "
@@ -288,7 +290,7 @@ def report(a: argparse.Namespace) -> None:
                     continue
                 mean = statistics.fmean(values)
                 sd = statistics.stdev(values) if len(values) > 1 else 0.0
-                err = pm.error_pct(pred.images_per_sec, mean)
+                err = error_pct(pred.images_per_sec, mean)
                 errors.append(abs(err))
                 print(
                     f"| {lp.workers} | {lp.ps or '-'} | {lp.update} | {lp.placement} | "
@@ -341,7 +343,7 @@ def plot(a: argparse.Namespace, model: str, measured) -> None:
     fig, axes = plt.subplots(1, len(rates), figsize=(5.5 * len(rates), 4), squeeze=False)
     for ax, rate in zip(axes[0], rates, strict=True):
         inputs_path = a.out / f"inputs-{model}-{rate}.json"
-        inputs = pm.load_inputs(inputs_path) if inputs_path.exists() else None
+        inputs = load_inputs(inputs_path) if inputs_path.exists() else None
         for update, colour in ((PS, "C0"), (DR, "C1"), (CAR, "C2")):
             here = [lp for lp in measured if lp.model == model and lp.rate == rate]
             here = [lp for lp in here if lp.update == update and measured[lp]]

@@ -369,8 +369,8 @@ def repredict(out: Path, given_loopback=None) -> None:
     calibration (its tune run's inputs.json) for the same settings, each placed by its point's
     plan: for a model changed after the sweep was measured. Needs no hosts."""
     from tflaunch import launch
-    from tflaunch.tools import perfmodel as pm
     from tflaunch.tools import tune_model
+    from tflaunch.tools.perfmodel_inputs import load_inputs
     from tflaunch.tools.tune_calibrate import split_links
 
     results = json.loads((out / "results.json").read_text())
@@ -379,7 +379,7 @@ def repredict(out: Path, given_loopback=None) -> None:
         tune_dir = Path(r.get("tune_dir") or _tune_dir_of(folder / "tune.log"))
         if not tune_dir.exists():  # a results folder kept elsewhere: its runs/ID beside it
             tune_dir = out / "runs" / tune_dir.name
-        inputs = pm.load_inputs(tune_dir / "inputs.json")
+        inputs = load_inputs(tune_dir / "inputs.json")
         # the program's mode, which tune kept (tune.json's "sync"; older runs: asynchronous)
         sync = json.loads((tune_dir / "tune.json").read_text()).get("sync", False)
         loopback = None
@@ -498,7 +498,7 @@ def main() -> int:
         else:
             run_cases(a, None, todo, budget, store)
     if a.phase == "repredict":
-        from tflaunch.tools.perfmodel import parse_link
+        from tflaunch.tools.perfmodel_inputs import parse_link
 
         repredict(a.out, parse_link(a.loopback) if a.loopback else None)
         return 0

@@ -11,7 +11,9 @@ from click.testing import CliRunner
 
 from tflaunch.cli import cli
 from tflaunch.tools import perfmodel as pm
+from tflaunch.tools import perfmodel_inputs as pi
 from tflaunch.tools.bench_sweep import Point, Row
+from tflaunch.tools.perfmodel_text import measured_lines
 
 MB = 1_000_000
 # Four float32 variables: 4, 2, 1 and 1 MB (shape (n,), 4 bytes each), in creation order.
@@ -140,11 +142,11 @@ def test_link_from_netbench() -> None:
         {"src": "b", "dst": "a", "bytes": 16 * MB, "median_s": 0.0204},
         {"src": "b", "dst": "a", "bytes": 64 * MB, "median_s": 0.0804},
     ]
-    link = pm.link_from_netbench({"sizes": [1024, 16 * MB, 64 * MB], "point_to_point": rows})
+    link = pi.link_from_netbench({"sizes": [1024, 16 * MB, 64 * MB], "point_to_point": rows})
     assert link.latency_s == pytest.approx(0.0003)
     assert link.bandwidth == pytest.approx(statistics.median([48 * MB / 0.03, 48 * MB / 0.06]))
     with pytest.raises(pm.ModelError):
-        pm.link_from_netbench({"sizes": [1024], "point_to_point": rows[:1]})
+        pi.link_from_netbench({"sizes": [1024], "point_to_point": rows[:1]})
 
 
 def test_cli_predicts_synchronous_ps_and_the_all_reduces_options(tmp_path) -> None:
@@ -176,7 +178,7 @@ def test_cli_predicts_synchronous_ps_and_the_all_reduces_options(tmp_path) -> No
 def test_inputs_round_trip_and_cli(tmp_path) -> None:
     path = tmp_path / "inputs.json"
     path.write_text(json.dumps(_inputs().to_dict()))
-    assert pm.load_inputs(path) == _inputs()
+    assert pi.load_inputs(path) == _inputs()
     result = CliRunner().invoke(cli, ["model", "--inputs", str(path), "--workers", "1,8"])
     assert result.exit_code == 0, result.output
     assert "Assumptions:" in result.output and "Recommended per worker count:" in result.output
@@ -209,7 +211,7 @@ def test_prediction_beside_measurement() -> None:
         Row(Point(2, 1, "parameter_server", False), measured, None, 1, 0),
         Row(Point(4, 1, "parameter_server", False), None, None, 1, 1),  # failed: left out
     ]
-    lines, median = pm.measured_lines(inputs, rows, "round_robin")
+    lines, median = measured_lines(inputs, rows, "round_robin")
     assert median == pytest.approx(20.0)  # predicted / measured = 0.8
     assert lines[1].split()[-1] == "-20.0"
     assert lines[-1] == "median absolute error: 20.0 % over 1 rows"

@@ -772,7 +772,8 @@ def test_example_mnist_traced_with_status_while_running_and_a_steps_plot(tmp_pat
 
 
 def test_compute_from_a_traced_one_worker_run(tmp_path) -> None:
-    from tflaunch.tools.perfmodel import ModelError, compute_from_trace
+    from tflaunch.tools.perfmodel import ModelError
+    from tflaunch.tools.perfmodel_inputs import compute_from_trace
 
     trace = tmp_path / "trace"
     trace.mkdir()

@@ -32,8 +32,8 @@ from tflaunch.errors import ConfigError, MissingExtra, TflaunchError
 from tflaunch.runtime.run import Run, new_run_id
 from tflaunch.text import aligned
 from tflaunch.tools.bench_sweep import bench_command
+from tflaunch.tools.model_command import model_command
 from tflaunch.tools.netbench_command import netbench_command
-from tflaunch.tools.perfmodel import model_command
 from tflaunch.tools.placement_command import placement
 from tflaunch.tools.tensorboard_command import tensorboard_command
 from tflaunch.tools.tune_command import tune_command

@@ -589,7 +589,7 @@ def run_bench(
 def _load_model_inputs(path: str | None):
     if path is None:
         return None
-    from tflaunch.tools.perfmodel import load_inputs
+    from tflaunch.tools.perfmodel_inputs import load_inputs
 
     return load_inputs(Path(path))
 
@@ -598,7 +598,7 @@ def echo_predictions(sweep: Sweep, rows: Sequence[Row], inputs, echo) -> None:
     """The performance model's prediction beside each measured row, with the error."""
     from tflaunch.cluster.config import load_config
     from tflaunch.tools.netbench_command import placement_of
-    from tflaunch.tools.perfmodel import measured_lines
+    from tflaunch.tools.perfmodel_text import measured_lines
 
     strategy = placement_of(load_config(sweep.cluster).program.argv)
     echo(f"Predicted (tflaunch model, variable placement {strategy}) beside measured")

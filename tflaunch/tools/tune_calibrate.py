@@ -23,6 +23,7 @@ from tflaunch.errors import PlanError
 from tflaunch.runtime.run import Run
 from tflaunch.tools import perfmodel as pm
 from tflaunch.tools import tune_settings as ts
+from tflaunch.tools.perfmodel_inputs import compute_from_trace, link_from_netbench
 from tflaunch.tools.tune_settings import TuneError
 
 PROBE_MODULE = "tflaunch.models.tune_probe"
@@ -259,7 +260,7 @@ class Calibrator:
         if isinstance(outcome, str) or outcome.code != 0:
             raise TuneError(f"the traced one-worker run failed; see {log}.")
         sub = Run.open(self.runs_dir, run_id)
-        compute_s, worker, steps = pm.compute_from_trace(sub.dir / "trace")
+        compute_s, worker, steps = compute_from_trace(sub.dir / "trace")
         self.cal.compute_s = compute_s
         self.cal.lone_img_s = self.program.batch_size / compute_s
         self.cal.shared_cores = bool(
@@ -363,12 +364,12 @@ def split_links(result: dict) -> tuple[pm.Link, pm.Link | None]:
     rows = result.get("point_to_point") or []
     across = [r for r in rows if r["src_host"] != r["dst_host"]]
     within = [r for r in rows if r["src_host"] == r["dst_host"]]
-    loopback = pm.link_from_netbench({**result, "point_to_point": within}) if within else None
+    loopback = link_from_netbench({**result, "point_to_point": within}) if within else None
     if not across:
         if loopback is None:
             raise TuneError("netbench measured no pair of tasks.")
         return loopback, loopback
-    return pm.link_from_netbench({**result, "point_to_point": across}), loopback
+    return link_from_netbench({**result, "point_to_point": across}), loopback
 
 
 def core_sharing(probes: Sequence[dict]) -> str:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from tflaunch.tools import perfmodel as pm
 from tflaunch.tools import tune_settings as ts
+from tflaunch.tools.perfmodel_inputs import parse_link
 from tflaunch.tools.tune import tune
 from tflaunch.tools.tune_calibrate import TuneOptions
 from tflaunch.tools.tune_settings import TuneError
@@ -138,7 +138,7 @@ def tune_command(
         verify=verify,
         verify_steps=verify_steps,
         apply=apply_,
-        link=pm.parse_link(link_text) if link_text else None,
+        link=parse_link(link_text) if link_text else None,
         model=model_name,
         batch_size=batch_size,
         trace_steps=trace_steps,
