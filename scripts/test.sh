@@ -6,7 +6,8 @@
 #   scripts/test.sh [pytest arguments]           the locked versions (constraints.txt): reproducible
 #   scripts/test.sh --latest [pytest arguments]  the newest releases pyproject.toml allows: drift
 #
-# It runs ruff, the architecture checks (scripts/check_imports.sh) and pytest (all of it; pass
+# It runs ruff, the architecture checks (scripts/check_imports.sh), the tests' clock-and-port
+# check (scripts/check_test_clock.py) and pytest (all of it; pass
 # -m "not slow" for the quick subset), each from that venv. As root on Debian it also installs the
 # system packages the Slurm and SSH test hosts need (.ci/apt-packages.txt); elsewhere those tests
 # skip with a reason. Set PYTHON to build the venv from another interpreter (default: python3).
@@ -53,6 +54,7 @@ fi
 ruff check .
 ruff format --check .
 bash scripts/check_imports.sh
+python3 scripts/check_test_clock.py  # no verdict from the wall clock, no literal port in tests/
 # Two workers (TEST_WORKERS): the SSH test hosts' and the Slurm cluster's tests each stay on one
 # worker (tests/conftest.py groups them), the rest spread. TEST_WORKERS=0 runs in this process.
 python3 -m pytest -n "${TEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -32,10 +32,8 @@ def events(tmp_path):
 
 def test_success_stops_ps_and_exits_zero(tmp_path):
     cluster = fake_cluster(tmp_path, env={"PS_DELAY": "1"})
-    started = time.monotonic()
-    result = tflaunch("up", str(cluster))
+    result = tflaunch("up", str(cluster))  # returns at all: a PS never exits by itself
     assert result.returncode == 0, result.stderr
-    assert time.monotonic() - started < 15  # the PS did not keep the finished run alive
     assert "[worker:1] all ps reachable at start: True" in result.stdout
     assert "[ps:0]     ps:0 CUDA_VISIBLE_DEVICES=''" in result.stdout
     assert "succeeded: 3 tasks" in result.stdout

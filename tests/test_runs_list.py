@@ -182,7 +182,7 @@ def test_status_as_a_process_lists_broken_runs_dir_within_2s(broken_runs, tmp_pa
     start_up = cpu_seconds() - begun
     begun = cpu_seconds()
     listed = tflaunch("status", "--runs-dir", str(broken_runs), timeout=30)
-    took = cpu_seconds() - begun
+    used = cpu_seconds() - begun
     assert empty.returncode == 0 and listed.returncode == 0, listed.stderr
-    assert took - start_up < 2.0, f"status used {took:.1f} s of CPU, {start_up:.1f} s to start"
+    assert used - start_up < 2.0, f"status used {used:.1f} s of CPU, {start_up:.1f} s to start"
     assert listed.stdout.count(": unreadable: ") == len(UNREADABLE_WHY)

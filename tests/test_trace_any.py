@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import tflaunch, wait_until_gone, write_cluster
+from tests.helpers import free_port_base, tflaunch, wait_until_gone, write_cluster
 from tflaunch.runtime import protocol
 from tflaunch.runtime.progress import ProgressLog, StepParser, read_progress, straggler_figures
 from tflaunch.runtime.run import Run
@@ -34,9 +34,15 @@ PROGRAMS = Path(__file__).resolve().parent / "programs"
 # -- the hook ---------------------------------------------------------------------------------
 
 
+def _profiler_port(tmp_path: Path) -> int:
+    """The port the hook gives worker:0's profiler: its cluster port + the offset 7."""
+    cluster = json.loads((tmp_path / "cluster_spec.json").read_text())["cluster"]
+    return int(cluster["worker"][0].rsplit(":", 1)[1]) + 7
+
+
 def _hook_env(tmp_path: Path, *extra_path: Path) -> dict[str, str]:
     cluster = tmp_path / "cluster_spec.json"
-    cluster.write_text(json.dumps({"cluster": {"worker": ["127.0.0.1:21000"]}}))
+    cluster.write_text(json.dumps({"cluster": {"worker": [f"127.0.0.1:{free_port_base(8)}"]}}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFLAUNCH_")}
     env.update(
         TFLAUNCH_TRACE_HOOK="1",
@@ -90,9 +96,10 @@ def test_hook_starts_the_profiler_once_tensorflow_has_imported(tmp_path) -> None
         "subprocess.run([sys.executable, '-c', 'import tensorflow'], check=True)\n"
     )
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
-    assert (tmp_path / "started").read_text() == "21007\n"  # the child left it to its parent
+    # the child left the port to its parent
+    assert (tmp_path / "started").read_text() == f"{_profiler_port(tmp_path)}\n"
     notes = trace_files.read_notes(tmp_path / "trace")
-    assert notes.tf_ports == {"worker:0": 21007}
+    assert notes.tf_ports == {"worker:0": _profiler_port(tmp_path)}
 
 
 _FAKE_HEADER = """#include <cstdint>
@@ -302,7 +309,8 @@ def test_a_stray_step_before_training_adds_no_time_to_the_mean_rate(tmp_path) ->
 
 def _trigger(tmp_path: Path, said: list[str], **window) -> trace_window.TraceTrigger:
     request = TraceRequest(tmp_path / "trace", 10000, **window)
-    addresses = {"worker:0": "127.0.0.1:2220", "ps:0": "127.0.0.1:2230"}
+    base = free_port_base()
+    addresses = {"worker:0": f"127.0.0.1:{base}", "ps:0": f"127.0.0.1:{base + 10}"}
     return trace_window.TraceTrigger(request, "worker:0", addresses, ["sleep"], said.append, 0.0)
 
 
@@ -562,7 +570,12 @@ def test_a_traced_task_dead_by_a_signal_in_the_capture_is_blamed_on_the_profiler
     said: list[str] = []
     site = _WaitingSite(tmp_path / "trace")
     request = TraceRequest(tmp_path / "trace", 10000, at_s=1.0, for_s=2.0)
-    addresses = {"worker:0": "127.0.0.1:2220", "ps:0": "127.0.0.1:2230", "worker:1": "h:1"}
+    base = free_port_base()
+    addresses = {
+        "worker:0": f"127.0.0.1:{base}",
+        "ps:0": f"127.0.0.1:{base + 10}",
+        "worker:1": "h:1",
+    }
     trigger = trace_window.TraceTrigger(
         request, "worker:0", addresses, ["python"], said.append, 0.0, site
     )

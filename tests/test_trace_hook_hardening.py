@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, cpu_bounded, tflaunch, write_cluster
+from tests.helpers import ROOT, cpu_bounded, free_port_base, tflaunch, write_cluster
 from tflaunch.trace import files as trace_files
 
 PYENV = Path("/root/.pyenv/versions")
@@ -30,9 +30,15 @@ _FAKE_TF = (
 )
 
 
+def _profiler_port(tmp_path: Path) -> int:
+    """The port the hook gives worker:0's profiler: its cluster port + the offset 7."""
+    cluster = json.loads((tmp_path / "cluster_spec.json").read_text())["cluster"]
+    return int(cluster["worker"][0].rsplit(":", 1)[1]) + 7
+
+
 def _hook_env(tmp_path: Path, *extra_path: Path) -> dict[str, str]:
     cluster = tmp_path / "cluster_spec.json"
-    cluster.write_text(json.dumps({"cluster": {"worker": ["127.0.0.1:21000"]}}))
+    cluster.write_text(json.dumps({"cluster": {"worker": [f"127.0.0.1:{free_port_base(8)}"]}}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFLAUNCH_")}
     env.update(
         TFLAUNCH_TRACE_HOOK="1",
@@ -79,8 +85,10 @@ def test_a_find_spec_probe_before_the_import_is_still_traced(tmp_path) -> None:
         "print(os.getpid())\n"
     )
     pid = int(_python(tmp_path, code, env).stdout)
-    assert _started(tmp_path) == [(pid, 21007)]
-    assert trace_files.read_notes(tmp_path / "trace").tf_ports == {"worker:0": 21007}
+    assert _started(tmp_path) == [(pid, _profiler_port(tmp_path))]
+    assert trace_files.read_notes(tmp_path / "trace").tf_ports == {
+        "worker:0": _profiler_port(tmp_path)
+    }
 
 
 def test_a_child_that_imports_tensorflow_first_leaves_the_port_to_its_task(tmp_path) -> None:
@@ -94,9 +102,9 @@ def test_a_child_that_imports_tensorflow_first_leaves_the_port_to_its_task(tmp_p
         "print(os.getpid())\n"
     )
     pid = int(_python(tmp_path, code, env).stdout)
-    assert _started(tmp_path) == [(pid, 21007)]
+    assert _started(tmp_path) == [(pid, _profiler_port(tmp_path))]
     notes = trace_files.read_notes(tmp_path / "trace")
-    assert notes.tf_ports == {"worker:0": 21007}
+    assert notes.tf_ports == {"worker:0": _profiler_port(tmp_path)}
     assert notes.tf_children["worker:0"]["claimant"] == str(pid)
 
     (tmp_path / "started").unlink()
@@ -111,7 +119,7 @@ def test_a_child_that_imports_tensorflow_first_leaves_the_port_to_its_task(tmp_p
     while not _started(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.1)
     time.sleep(0.2)
-    assert _started(tmp_path) == [(int(out.read_text()), 21007)]
+    assert _started(tmp_path) == [(int(out.read_text()), _profiler_port(tmp_path))]
 
 
 def test_the_hook_folder_twice_on_the_path_registers_once(tmp_path) -> None:
