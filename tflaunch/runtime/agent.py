@@ -587,9 +587,12 @@ def preflight(host: str, tasks: list[Task], views: dict[str, TaskView]) -> str |
                 f"(workdir {view.workdir}). Install it or fix program.argv."
             )
         if task.port is not None and not procs.port_free(task.port):
+            holder = procs.port_holder(task.port)
             return (
-                f"{task.name}: port {task.port} on {host} is already in use. Stop what "
-                "holds it (a leftover run? see 'tflaunch down') or change ports."
+                f"{task.name}: port {task.port} on {host} is already in use"
+                f"{f' by {holder}' if holder else ''}. Stop that process (a leftover run? "
+                "'tflaunch status' lists this runs dir's) or change ports (a local file "
+                "without ports: gets free ones)."
             )
     return None
 

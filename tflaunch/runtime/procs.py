@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -246,6 +247,44 @@ def port_free(port: int, host: str = "") -> bool:
         except OSError:
             return False
     return True
+
+
+def port_holder(port: int, address: str = "") -> str | None:
+    """Who listens on ``port`` of this machine: ``pid 123 (python3 -m x ...)``; None when
+    nobody does, ``address`` is not this machine's, or the system does not say (another
+    user's process, without the rights to see it)."""
+    if address and not is_this_machine(address):
+        return None
+    try:
+        listening = [
+            c.pid
+            for c in psutil.net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+        ]
+    except (psutil.Error, OSError):
+        return None
+    for pid in listening:
+        if pid is None:
+            continue
+        try:
+            command = shlex.join(psutil.Process(pid).cmdline())
+        except psutil.Error:
+            command = "?"
+        shown = command if len(command) <= 200 else command[:197] + "..."
+        return f"pid {pid} ({shown})"
+    return "a process of another user" if listening else None
+
+
+def is_this_machine(address: str) -> bool:
+    """Whether ``address`` (a name or an IP) is one of this machine's interfaces."""
+    try:
+        ips = {info[4][0] for info in socket.getaddrinfo(address, None)}
+    except (OSError, UnicodeError):
+        return False
+    if any(ip.startswith("127.") or ip == "::1" for ip in ips):
+        return True
+    mine = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
+    return bool(ips & mine)
 
 
 def exit_code(returncode: int) -> int:

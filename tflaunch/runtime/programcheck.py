@@ -15,9 +15,8 @@ import subprocess
 from collections.abc import Iterable, Sequence
 
 from tflaunch.cluster.plan import TaskView
-from tflaunch.runtime.diagnose import program_path
+from tflaunch.runtime.diagnose import KERAS2_EXTRA, program_path
 
-KERAS2_EXTRA = "pip install 'tflaunch[keras2]'"
 _PYTHON = re.compile(r"^python[\d.]*$")
 # Python options that take the next argument as their value.
 _WITH_VALUE = ("-W", "-X", "-Q")

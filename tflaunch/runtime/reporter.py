@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from tflaunch.cluster.plan import Plan
-from tflaunch.runtime import diagnose, protocol
+from tflaunch.runtime import diagnose, procs, protocol
 from tflaunch.runtime.insight import Insight
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.runfiles import open_run_file
@@ -35,6 +35,7 @@ class Reporter:
         self.run, self.board = run, board
         self.out = out or sys.stdout
         self.width = max(len(s.name) for s in board) + 2
+        self.plan = plan
         self.argv = plan.program.argv  # (placeholders unfilled: argv[0] and -m are enough)
         self._events_file = open_run_file(run.events_path, "a")
         # Resource samples (samples-<host>.jsonl, not events), steps, and --trace's window.
@@ -107,12 +108,26 @@ class Reporter:
     def task_failed(
         self, state: TaskState, code: int, what: str, note: str, restarts: list[str]
     ) -> Outcome:
-        """The report of a run failed by one task, its root cause first."""
-        lines = [f"{state.name} on {state.host} {what}."]
+        """The report of a run failed by one task, its root cause first: a known cause
+        (:func:`tflaunch.runtime.diagnose.notes`) with its fix, then which task ended how,
+        then the lines around its error (else its last lines) and its log."""
+        context = state.tail.context()
+        task = self.plan.task(state.name)
+        holder = None
+        if task.port is not None and diagnose.port_taken_note(context, None, None):
+            holder = procs.port_holder(task.port, task.cluster_address)
         found = diagnose.notes(
-            state.name, state.tail, self.argv, state.executable, state.host, code
+            state.name,
+            context,
+            self.argv,
+            state.executable,
+            state.host,
+            code,
+            env=self.plan.program.env,
+            address=task.address,
+            holder=holder,
         )
-        lines += found
+        lines = [*found, f"{state.name} on {state.host} {what}."]
         traced = self._samples.crash_note(state.name, code)
         if traced:
             lines.append(traced)
@@ -120,11 +135,17 @@ class Reporter:
             lines.append(note)
         if restarts:
             lines.append("restarts: " + "; ".join(restarts))
-        if found and diagnose.is_traceback(state.tail):
+        if found and diagnose.is_traceback(context):
             lines.append("its output ends in that error's traceback, kept in its log")
-        elif state.tail:
-            lines.append(f"last {len(state.tail)} lines of its output:")
-            lines += [f"    {line}" for line in state.tail]
+        elif state.tail.error_scrolled_out:
+            last = list(state.tail)[-2:]
+            lines.append("its output around its last error, and its last lines:")
+            lines += [f"    {line}" for line in context]
+            lines.append(f"    ... ({state.tail.hidden_after_window - len(last)} lines) ...")
+            lines += [f"    {line}" for line in last]
+        elif context:
+            lines.append(f"last {len(context)} lines of its output:")
+            lines += [f"    {line}" for line in context]
         lines.append(f"log: {state.log}")
         self.record(protocol.Failed(task=state.name, code=code))
         return Outcome(code, "\n".join(lines))

@@ -9,9 +9,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from tflaunch.cluster.plan import Plan
+from tflaunch.runtime.diagnose import OutputTail
 from tflaunch.runtime.run import Run
-
-TAIL_LINES = 20
 
 
 @dataclass
@@ -23,7 +22,7 @@ class TaskState:
     code: int | None = None
     log: str | None = None
     executable: str | None = None  # where its agent found its program
-    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    tail: OutputTail = field(default_factory=OutputTail)  # its last lines, and its error's
 
 
 class TaskBoard:
