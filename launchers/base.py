@@ -127,6 +127,12 @@ class Backend(ABC):
                 f"'{self.name}'. Follow the tasks with 'tflaunch logs RUN -f' instead."
             )
 
+    def choose_ports(self, config: ClusterConfig, plan: Plan) -> Plan:
+        """The plan a run starts (and ``validate`` checks) with its ports settled: the local
+        backend gives the jobs whose base port the file leaves out free ports of this machine.
+        Default: the plan's ports, counted up from the bases."""
+        return plan
+
     def check_environment(self, config: ClusterConfig, environ: Mapping[str, str]) -> None:
         """Refuse to start where this environment would keep the run from working."""
         return None

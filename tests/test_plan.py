@@ -52,7 +52,7 @@ def test_plan_table_shows_every_task():
     lines = result.output.splitlines()
     assert lines[0].split() == ["TASK", "HOST", "ADDRESS", "GPU_IDS", "COMMAND"]
     assert any(line.startswith("worker:4  cpu-only") for line in lines)
-    assert len(lines) == 1 + 2 + 5 + 3
+    assert len(lines) == 1 + 2 + 5 + 3 + 1  # and the line that says 'up' picks free ports
     assert lines[-3:] == [  # where each host's GPU count came from
         "GPUs: 4 on gpu4 (hosts[0].gpus)",
         "GPUs: 2 on gpu2 (hosts[1].gpus)",

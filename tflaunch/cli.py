@@ -186,6 +186,9 @@ def plan(cluster_file: str, as_json: bool, expand: bool) -> None:
         click.echo(line)
     if by_default:
         click.echo(f"* a PS by default: {config.ps_default_note()}")
+    ports = launch.ports_line(config, the_plan)
+    if ports:
+        click.echo(ports)
     checkpoints = launch.checkpoints_line(config, the_plan)
     if checkpoints:
         click.echo(checkpoints)

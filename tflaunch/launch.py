@@ -92,6 +92,19 @@ def tasks_run_dir(config: ClusterConfig, run: Run | None) -> str | None:
     return None if run is None else str(run.dir)
 
 
+def ports_line(config: ClusterConfig, plan: Plan) -> str | None:
+    """``tflaunch plan``'s line when ``up`` settles ports the plan shows by their defaults (the
+    local backend's free ports for the jobs the file gives no base)."""
+    chosen = backend_for(config.backend).choose_ports(config, plan)
+    moved = sorted({t.job for t, c in zip(plan.tasks, chosen.tasks, strict=True) if t != c})
+    if not moved:
+        return None
+    return (
+        f"ports: the {', '.join(moved)} tasks get free ports of this machine at each 'up' (the "
+        "file's ports: names no base for them); shown above are the defaults"
+    )
+
+
 def checkpoints_line(config: ClusterConfig, plan: Plan) -> str | None:
     """``tflaunch plan``'s line saying where the tasks' checkpoint directory is when it is on
     the hosts' own disks (ssh); None where it is on this machine's (or a shared) file system."""
@@ -119,7 +132,7 @@ def prepare(
     hosts = backend.hosts(config)
     run = Run.create(runs_dir or config.runs_dir, config.name, run_id, int(config.run_dir_mode, 8))
     try:
-        plan = make_plan(config, hosts, tasks_run_dir(config, run))
+        plan = backend.choose_ports(config, make_plan(config, hosts, tasks_run_dir(config, run)))
     except PlanError:
         run.discard()  # a plan that cannot be made leaves no run behind
         raise
@@ -150,7 +163,8 @@ def check_here(config: ClusterConfig, plan: Plan) -> None:
     what the backend can see from here (local: the program on PATH, free ports, hosts that
     resolve; ssh: hosts that resolve). LaunchError (exit 2) listing every problem."""
     check_env_from(config)
-    problems = backend_for(config.backend).check_here(config, plan)
+    backend = backend_for(config.backend)
+    problems = backend.check_here(config, backend.choose_ports(config, plan))
     if problems:
         raise LaunchError(
             f"{config.source}: the file is valid, but the cluster cannot start from here: "
@@ -197,10 +211,10 @@ def up(
         run = Run.open(runs_dir, run_id or "")
         plan = run.read_plan()
     else:
-        note = config.ps_default_note()
-        if note:
-            print(f"[tflaunch] note: {note}", file=sys.stderr, flush=True)
         plan, run = prepare(config, runs_dir, run_id, cluster_file)
+        note = config.ps_default_note()
+        if note:  # the first line of a run that starts
+            print(f"[tflaunch] note: {note}", file=sys.stderr, flush=True)
         for notice in gpu_notices(plan):
             print(f"[tflaunch] {notice}", file=sys.stderr, flush=True)
     try:

@@ -84,6 +84,7 @@ _SOURCES: dict[str, str] = {
     "StreamLink": "tflaunch.runtime.link",  # an agent over a pair of text streams (SSH channel)
     "spawn": "tflaunch.runtime.procs",  # a process group of its own, optionally tied to us
     "terminate_group": "tflaunch.runtime.procs",  # SIGTERM, bounded wait, SIGKILL
+    "free_ports": "tflaunch.runtime.procs",  # ports of this machine nobody listens on
     # Tracing: the request up --trace makes, and where a backend's capture runs (Backend.trace_site)
     "TraceRequest": "tflaunch.trace.request",
     "TraceSite": "tflaunch.trace.site",
@@ -191,7 +192,7 @@ if TYPE_CHECKING:
     from tflaunch.launchers.clouds.costs import Price
     from tflaunch.runtime.agent import preflight_here
     from tflaunch.runtime.link import ProcessLink, StreamLink, agent_args, agent_argv, agent_output
-    from tflaunch.runtime.procs import spawn, terminate_group
+    from tflaunch.runtime.procs import free_ports, spawn, terminate_group
     from tflaunch.runtime.progress import PROGRESS_FILE
     from tflaunch.runtime.revival import Revive
     from tflaunch.runtime.run import INTERRUPT_CODES, Outcome, Run, RunRecord, remote_record_path

@@ -30,6 +30,7 @@ from tflaunch.plugin import (
     Plan,
     ProcessLink,
     Run,
+    free_ports,
     hosts_from_config,
     preflight_here,
     spawn_agent,
@@ -81,6 +82,17 @@ class LocalBackend(Backend):
                 for h in open_hosts
             }
         return [found.get(h.name, h) for h in hosts]
+
+    def choose_ports(self, config: ClusterConfig, plan: Plan) -> Plan:
+        """Free ports of this machine for the jobs whose base port the file leaves out, so that
+        two runs at once (of one file, or of two on their defaults) do not collide; a port the
+        file pins stays, and a busy one is refused at the start naming its holder."""
+        tasks = [t for t in plan.tasks if t.port is not None and t.job not in config.ports_pinned]
+        if not tasks:
+            return plan
+        return plan.with_ports(
+            dict(zip((t.name for t in tasks), free_ports(len(tasks)), strict=True))
+        )
 
     def check_here(self, config: ClusterConfig, plan: Plan) -> list[str]:
         """What each host's agent checks first (workdir, program on PATH, free ports, cores),

@@ -198,7 +198,10 @@ class Placement:
 
 @dataclass(frozen=True)
 class Ports:
-    """Base port of each job on each host; tasks on one host count up from it, skipping taken ports."""
+    """Base port of each job on each host; tasks on one host count up from it, skipping taken ports.
+    Where the file names no base for a job, the local backend picks free ports at each ``up``
+    instead (two runs of one file at once do not collide); other backends count up from these
+    defaults."""
 
     ps: int = field(2230, minimum=1, maximum=MAX_PORT, doc="first PS port on a host")
     worker: int = field(2220, minimum=1, maximum=MAX_PORT, doc="first worker port on a host")
@@ -419,6 +422,10 @@ class ClusterConfig:
     ps_by_default: bool = dataclasses.field(
         default=False, compare=False, metadata={"internal": True}
     )
+    # The jobs whose base port the file names (ports:): the local backend picks the others' ports.
+    ports_pinned: frozenset[str] = dataclasses.field(
+        default=frozenset(), compare=False, metadata={"internal": True}
+    )
     # The line of every key path of the file, for errors found after loading (the plan's).
     positions: Mapping[tuple, int] = dataclasses.field(
         default_factory=dict, compare=False, repr=False, metadata={"internal": True}
@@ -524,11 +531,13 @@ def parse_config(text: str, source: str = "<string>", base_dir: str = ".") -> Cl
         raise ConfigError(_located(source, positions, err.path, err.message)) from None
     roles = data.get("roles") if isinstance(data, dict) else None
     ps_by_default = config.roles.ps > 0 and not (isinstance(roles, dict) and "ps" in roles)
+    ports = data.get("ports") if isinstance(data, dict) else None
     config = dataclasses.replace(
         config,
         source=source,
         base_dir=base_dir,
         ps_by_default=ps_by_default,
+        ports_pinned=frozenset(ports) if isinstance(ports, dict) else frozenset(),
         positions=types.MappingProxyType(positions),
     )
     _check(config, positions)

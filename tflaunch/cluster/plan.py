@@ -162,6 +162,15 @@ class Plan:
         new = {h.name: h for h in replacements}
         return replace(self, hosts=tuple(new.get(h.name, h) for h in self.hosts))
 
+    def with_ports(self, ports: Mapping[str, int]) -> Plan:
+        """This plan with the tasks named in ``ports`` on those ports (the cluster with them)."""
+        tasks = tuple(replace(t, port=ports[t.name]) if t.name in ports else t for t in self.tasks)
+        cluster = {job: list(addresses) for job, addresses in self.cluster.items()}
+        for task in tasks:
+            if task.name in ports and task.address is not None:
+                cluster[task.job][task.index] = task.address
+        return replace(self, tasks=tasks, cluster={job: tuple(a) for job, a in cluster.items()})
+
     def ps_addresses(self) -> tuple[str, ...]:
         return tuple(self.cluster.get("ps", ()))
 

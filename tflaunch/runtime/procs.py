@@ -249,6 +249,26 @@ def port_free(port: int, host: str = "") -> bool:
     return True
 
 
+FREE_PORTS = (20000, 32700)  # below Linux's ephemeral range, where outgoing connections take theirs
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports of this machine that nobody listens on now, at random in
+    FREE_PORTS: two runs that pick at once rarely meet, and a busy port is skipped."""
+    import random
+
+    chosen: list[int] = []
+    for _ in range(count * 50):
+        if len(chosen) == count:
+            break
+        port = random.randrange(*FREE_PORTS)
+        if port not in chosen and port_free(port):
+            chosen.append(port)
+    if len(chosen) < count:
+        raise OSError(f"found {len(chosen)} of {count} free ports in {FREE_PORTS}")
+    return chosen
+
+
 def port_holder(port: int, address: str = "") -> str | None:
     """Who listens on ``port`` of this machine: ``pid 123 (python3 -m x ...)``; None when
     nobody does, ``address`` is not this machine's, or the system does not say (another
