@@ -55,7 +55,7 @@ from tests.helpers import checkout_python  # noqa: E402
 from tflaunch.cluster.config import load_config  # noqa: E402
 from tflaunch.tools import bench_sweep as bench  # noqa: E402
 from tflaunch.tools import tune_settings as ts  # noqa: E402
-from tflaunch.tools.tune import workers_per_host  # noqa: E402
+from tflaunch.tools.tune_file import ClusterFile  # noqa: E402
 
 WITHIN = 0.05
 FIELDS = ("ps", "update", "strategy", "transfer", "ps_hosts")
@@ -208,18 +208,16 @@ def run_case(
     document = json.loads((tune_dir / "tune.json").read_text())
     ranked = document["ranked"]
     settings = [ts.Setting(**{k: r[k] for k in FIELDS}) for r in ranked]
-    raw = yaml.safe_load(path.read_text())
-    knobs = ts.Knobs.of(raw["program"]["argv"])
-    spread = workers_per_host(load_config(path))
+    file = ClusterFile.read(path)
+    knobs = ts.Knobs.of(file.config.program.argv)
     sweep = state.setdefault("sweep", [])
     for i, (setting, row) in enumerate(zip(settings, ranked, strict=True), 1):
         if i <= len(sweep):
             continue
         budget.check()
-        argv = ts.setting_argv(raw["program"]["argv"], setting, knobs)
+        argv = ts.setting_argv(file.config.program.argv, setting, knobs)
         point = folder / f"point{i}.yaml"
-        doc = ts.tuned_document(raw, setting, argv, spread)
-        point.write_text(yaml.safe_dump(doc))
+        point.write_text(yaml.safe_dump(file.document_with(setting, argv)))
         print(f"== {name}: sweep {i}/{len(settings)} {setting.label}", flush=True)
         runs, seconds = [], 0.0
         for r in range(a.repeats):
@@ -247,7 +245,11 @@ def run_case(
         save()
     full = ts.enumerate_settings(a.max_ps, knobs)
     if a.backend == "ssh":
-        full = [s for s in full if s.ps_hosts != "dedicated" or s.ps + workers / spread <= a.hosts]
+        full = [
+            s
+            for s in full
+            if s.ps_hosts != "dedicated" or s.ps + workers / file.workers_per_host <= a.hosts
+        ]
     else:  # one host: no PS host of its own
         full = [s for s in full if s.ps_hosts != "dedicated"]
     return {

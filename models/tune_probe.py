@@ -14,11 +14,19 @@ place of the program, so that calibration is bound exactly as the real run binds
   N = W: W lone workers at once, the contention input of the performance model.
 * The other training tasks exit 0 at once.
 
+* ``--report``: every task runs the program as the cluster file has it (TF_CONFIG and flags
+  kept): ``tune --verify``'s runs of a setting, whose figures come back as below.
+
 Every task first prints ``tune-probe: {"task": ..., "cores": C, "cpus": [...], "host": H,
-"kernel": boot id}``: the cores it may use and the machine it is on;
-with ``--variables``, the first training task prints ``tune-variables: [[name, shape, dtype
-size], ...]`` after the program ended (the model built once in a graph, nothing computed), so
-that the launcher needs no TensorFlow to size the model's variables.
+"kernel": boot id, "host_cores": N}``: the cores it may use, those its host lets tasks use (its
+agent's), and the machine it is on. A training task that ran the program (``tflaunch.models.
+benchmark``) prints ``tune-result: {"images_per_sec": {...}, "step_times": [...]}``: the
+benchmark's own ``--result_json`` document (the figures and the timed steps), read back from a
+file of the task's host and relayed on the one channel every backend brings back, the task's
+output. With ``--variables``, the first training task prints ``tune-variables: [[name, shape,
+dtype size], ...]`` after the program ended (the model built once in a graph, nothing computed),
+so that the launcher needs no TensorFlow to size the model's variables;
+``--print-variables MODEL:CLASSES`` alone prints that line and nothing else.
 """
 
 from __future__ import annotations
@@ -30,11 +38,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 
 PROBE_PREFIX = "tune-probe: "
 VARIABLES_PREFIX = "tune-variables: "
+RESULT_PREFIX = "tune-result: "
 CLUSTER_ENV = ("TF_CONFIG", "TFLAUNCH_CLUSTER_FILE", "TFLAUNCH_TASK")
 # Flags of models.cluster.add_cluster_flags: each takes a value.
 CLUSTER_FLAGS = (
@@ -101,13 +111,39 @@ def where(task: str) -> dict:
     except OSError:
         kernel = socket.gethostname()
     cpus = sorted(os.sched_getaffinity(0))
+    try:  # the agent that started this task: the cores its host lets tasks use
+        host_cores = len(os.sched_getaffinity(os.getppid()))
+    except OSError:
+        host_cores = os.cpu_count() or len(cpus)
     return {
         "task": task,
         "cores": len(cpus),
         "cpus": cpus,
         "host": socket.gethostname(),
         "kernel": kernel,
+        "host_cores": host_cores,
     }
+
+
+def run_reporting(argv: Sequence[str], env: dict[str, str] | None = None) -> int:
+    """Run the benchmark with ``--result_json`` to a file of this host and print its figures
+    and timed steps as one ``tune-result:`` line."""
+    fd, path = tempfile.mkstemp(prefix="tune-result-", suffix=".json")
+    os.close(fd)
+    try:
+        code = subprocess.call([*argv, "--result_json", path], env=env)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if code == 0 and text:
+            document = json.loads(text)
+            result = {
+                "images_per_sec": document["images_per_sec"],
+                "step_times": document["timing"]["step_times"],
+            }
+            print(RESULT_PREFIX + json.dumps(result), flush=True)
+        return code
+    finally:
+        os.unlink(path)
 
 
 def print_variables(spec_text: str) -> None:
@@ -125,26 +161,33 @@ def print_variables(spec_text: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tflaunch.models.tune_probe")
-    p.add_argument("--job", required=True)
-    p.add_argument("--index", type=int, required=True)
-    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--print-variables", default=None, metavar="MODEL:CLASSES")
+    p.add_argument("--job")
+    p.add_argument("--index", type=int)
+    p.add_argument("--port", type=int)
     p.add_argument("--chief", type=int, default=0, help="1 when the cluster has a chief")
     p.add_argument("--run", type=int, default=1, help="training tasks that run the program")
+    p.add_argument("--report", action="store_true", help="every task runs the program as is")
     p.add_argument("--variables", default=None, metavar="MODEL:CLASSES")
     p.add_argument("program", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
+    if args.print_variables:
+        print_variables(args.print_variables)
+        return 0
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
-    if not program:
-        p.error("give the program after --")
+    if not program or args.job is None or args.index is None:
+        p.error("give --job, --index and the program after --")
     print(PROBE_PREFIX + json.dumps(where(f"{args.job}:{args.index}")), flush=True)
     r = rank(args.job, args.index, args.chief)
+    if args.report:  # a setting's real run: every task as the file has it
+        return subprocess.call(program) if r is None else run_reporting(program)
     if r is None:
         hold_port(args.port)
         return 0
     if r >= args.run:
         return 0
     env = {k: v for k, v in os.environ.items() if k not in CLUSTER_ENV}
-    code = subprocess.call(lone_argv(program), env=env)
+    code = run_reporting(lone_argv(program), env=env)
     if code == 0 and r == 0 and args.variables:
         print_variables(args.variables)
     return code

@@ -483,6 +483,11 @@ class ClusterConfig:
 def load_config(path: str | os.PathLike) -> ClusterConfig:
     """Read and validate a cluster file."""
     path = Path(path)
+    return parse_config(read_config_text(path), str(path), str(path.resolve().parent))
+
+
+def read_config_text(path: Path) -> str:
+    """A cluster file's text, read once with the bounds every reader keeps (size, encoding)."""
     if path.is_dir():
         raise ConfigError(
             f"{path}: is a directory, not a cluster file; give the YAML file (e.g. "
@@ -497,10 +502,9 @@ def load_config(path: str | os.PathLike) -> ClusterConfig:
             "Check the path and its permissions."
         ) from err
     try:
-        text = yamlfile.decode(raw)
+        return yamlfile.decode(raw)
     except yamlfile.YamlFileError as err:
         raise ConfigError(_file_error(str(path), err)) from None
-    return parse_config(text, source=str(path), base_dir=str(path.resolve().parent))
 
 
 def parse_config(text: str, source: str = "<string>", base_dir: str = ".") -> ClusterConfig:

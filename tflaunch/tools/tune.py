@@ -27,8 +27,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
-
 from tflaunch import launch
 from tflaunch.cluster.config import ClusterConfig, load_config
 from tflaunch.errors import PlanError
@@ -37,27 +35,28 @@ from tflaunch.tools import perfmodel as pm
 from tflaunch.tools import tune_model
 from tflaunch.tools import tune_settings as ts
 from tflaunch.tools.tune_calibrate import (
-    TOTAL_RATE,
     Calibration,
     Calibrator,
     Echo,
     Program,
     TuneOptions,
+    benchmark_result,
+    timed_argv,
     write_json,
 )
+from tflaunch.tools.tune_file import ClusterFile, write_tuned
 from tflaunch.tools.tune_model import Layout
 from tflaunch.tools.tune_settings import Ranked, Setting, TuneError
 
 
 def tune(cluster_file: str, options: TuneOptions, echo: Echo) -> int:
     """The whole command; returns the exit code (the applied run's, or 0)."""
-    config = load_config(cluster_file)
-    raw = yaml.safe_load(Path(cluster_file).read_text(encoding="utf-8"))
+    file = ClusterFile.read(cluster_file)
+    config = file.config
     program = Program.of(config, options)
     workers = config.roles.worker + config.roles.chief
     if workers < 1:
         raise TuneError(f"{config.source}: roles has no worker to tune for.")
-    launch.plan_cluster(config)  # a file whose own plan fails is refused before anything runs
     run = Run.create(
         options.runs_dir or config.runs_dir,
         f"{config.name}-tune",
@@ -80,21 +79,24 @@ def tune(cluster_file: str, options: TuneOptions, echo: Echo) -> int:
         echo(line)
 
     cal = Calibration()
-    session = Session(config, program, options, run, cal, say)
+    calibrator = Calibrator(config, program, options, run, cal, say)
+    session = Session(file, calibrator)
     state, code = "failed", 1
     try:
-        variables = session.timed("compute", session.compute)
-        inputs = session.timed("network", lambda: session.network(variables))
-        ranked = session.timed("model", lambda: session.model(inputs, workers))
+        variables = calibrator.timed("compute", calibrator.compute)
+        inputs = calibrator.timed("network", lambda: calibrator.network(variables))
+        ranked = calibrator.timed("model", lambda: session.model(inputs, workers))
         if options.verify:
-            ranked = session.timed("verify", lambda: session.verify(ranked))
+            ranked = calibrator.timed("verify", lambda: session.verify(ranked))
         winner = ranked[0]
         if options.verify:
             winner, lines = ts.pick_by_measurement(ranked[: options.verify])
             for line in lines:
                 say(line)
         session.pick = winner
-        path = session.write_tuned(cluster_file, raw, winner)
+        argv = ts.setting_argv(program.argv, winner.setting, program.knobs)
+        path = write_tuned(file, winner, argv, run.id, run.dir, options.out)
+        say(f"wrote {path} (and {run.dir / 'tuned.yaml'})")
         say(f"total {sum(cal.phases_s.values()):.1f} s; everything measured is in {run.dir}")
         state, code = "succeeded", 0
     finally:
@@ -110,23 +112,15 @@ def tune(cluster_file: str, options: TuneOptions, echo: Echo) -> int:
     return 0 if isinstance(outcome, str) else outcome.code
 
 
-def workers_per_host(config: ClusterConfig) -> int:
-    """The most training tasks the file's own plan puts on one host."""
-    counts: dict[str, int] = {}
-    for task in launch.plan_cluster(config).tasks:
-        if task.job in ("chief", "worker"):
-            counts[task.host] = counts.get(task.host, 0) + 1
-    return max(counts.values(), default=1)
+class Session:
+    """One tune after its measurements: the model's ranking, the verification, tune.json."""
 
-
-class Session(Calibrator):
-    """One tune: the measurements, then the model, the verification and the tuned file."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, file: ClusterFile, calibrator: Calibrator) -> None:
+        self.file, self.calibrator = file, calibrator
+        self.config, self.program = file.config, calibrator.program
+        self.options, self.cal, self.say = calibrator.options, calibrator.cal, calibrator.say
         self.ranked: list[Ranked] = []
         self.pick: Ranked | None = None  # what tuned.yaml holds (after --verify, by measurement)
-        self.workers_per_host = workers_per_host(self.config)
 
     def model(self, inputs: pm.Inputs, workers: int) -> list[Ranked]:
         max_ps = self.options.max_ps or max(self.config.roles.ps, workers)
@@ -183,22 +177,9 @@ class Session(Calibrator):
             out[key] = Layout(tuple(training), tuple(t.host for t in plan.tasks if t.job == "ps"))
         return out
 
-    def setting_config(self, s: Setting, argv: Sequence[str]) -> ClusterConfig:
-        placement = self.config.placement
-        if s.update != ts.ALL_REDUCE and s.ps_hosts == "dedicated":
-            spread = placement.workers_per_host or self.workers_per_host
-            placement = replace(
-                placement, ps="dedicated", ps_per_host=None, workers_per_host=spread
-            )
-        elif s.update != ts.ALL_REDUCE:
-            placement = replace(placement, ps="colocated")
-        argv = ts.setting_argv(argv, s, self.program.knobs)
-        return replace(
-            self.config,
-            roles=replace(self.config.roles, ps=s.ps),
-            placement=placement,
-            program=replace(self.config.program, argv=tuple(argv)),
-        )
+    def setting_config(self, s: Setting, argv: Sequence[str], name: str = "") -> ClusterConfig:
+        """The file with ``s`` applied (as tuned.yaml applies it) to the program's ``argv``."""
+        return self.file.config_with(s, ts.setting_argv(argv, s, self.program.knobs), name)
 
     # -- phase 4: verify, write ---------------------------------------------------------------
 
@@ -208,21 +189,18 @@ class Session(Calibrator):
             self.say("--verify measures tflaunch.models.benchmark's images/sec; skipped")
             return ranked
         out = list(ranked)
+        calibrator = self.calibrator
+        argv = timed_argv(self.program.argv, self.options.verify_steps, self.options.warmup)
         for i, row in enumerate(ranked[: self.options.verify]):
-            argv = list(self.program.argv)
-            for flag, value in (
-                ("--num_batches", self.options.verify_steps),
-                ("--num_warmup_batches", self.options.warmup),
-                ("--display_every", self.options.verify_steps),
-            ):
-                argv = ts.with_flag(argv, flag, str(value))
-            config = self.setting_config(row.setting, argv)
-            config = replace(config, name=f"{self.config.name}-verify{i + 1}")
+            label = f"verify{i + 1}"
+            config = self.setting_config(row.setting, argv, f"{self.config.name}-{label}")
+            probe = calibrator.probe_argv(config.program.argv, ["--report"])
+            config = replace(config, program=replace(config.program, argv=tuple(probe)))
             measured = None
             try:
-                sub = self.launch(f"verify{i + 1}", config)
-                totals = TOTAL_RATE.findall(self.training_logs(sub, 1)[0])
-                measured = float(totals[-1]) if totals else None
+                sub = calibrator.launch(label, config)
+                text = calibrator.training_logs(sub, 1)[0]
+                measured = benchmark_result(text, f"the {label} run", sub).total
             except TuneError as err:
                 self.say(f"verify {row.setting.label}: {err}")
             out[i] = replace(row, measured=measured)
@@ -236,30 +214,10 @@ class Session(Calibrator):
             self.say(line)
         return out
 
-    def write_tuned(self, cluster_file: str, raw: dict, winner: Ranked) -> Path:
-        """tuned.yaml in the run directory, and the runnable copy beside the cluster file (its
-        relative paths, such as ssh.identity_file or program.workdir, stay right there)."""
-        argv = ts.setting_argv(self.program.argv, winner.setting, self.program.knobs)
-        doc = ts.tuned_document(raw, winner.setting, argv, self.workers_per_host)
-        measured = f", measured {winner.measured:.2f}" if winner.measured is not None else ""
-        header = (
-            f"# tflaunch tune {Path(cluster_file).name} (run {self.run.id}): "
-            f"{winner.setting.label}, predicted {winner.images_per_sec:.2f} img/s{measured}\n"
-        )
-        text = header + yaml.safe_dump(doc, sort_keys=False, width=100)
-        source = Path(cluster_file)
-        path = self.options.out or source.with_name(f"{source.stem}.tuned.yaml")
-        path.write_text(text, encoding="utf-8")
-        (self.run.dir / "tuned.yaml").write_text(text, encoding="utf-8")
-        tuned = load_config(path)  # it must validate and plan, or tune has a bug to show
-        launch.plan_cluster(tuned)
-        self.say(f"wrote {path} (and {self.run.dir / 'tuned.yaml'})")
-        return path
-
     def document(self) -> dict:
         return {
             "calibration": dataclasses.asdict(self.cal),
-            "inputs": self.inputs.to_dict() if self.inputs else None,
+            "inputs": self.calibrator.inputs.to_dict() if self.calibrator.inputs else None,
             "ranked": [
                 {
                     **r.setting.to_dict(),

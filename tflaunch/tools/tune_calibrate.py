@@ -11,6 +11,8 @@ import math
 import os
 import re
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -29,8 +31,7 @@ from tflaunch.tools.tune_settings import TuneError
 PROBE_MODULE = "tflaunch.models.tune_probe"
 PROBE_LINE = re.compile(r"^tune-probe: (\{.*\})\s*$", re.M)
 VARIABLES_LINE = re.compile(r"^tune-variables: (\[.*\])\s*$", re.M)
-WORKER_RATE = re.compile(r"^worker images/sec: ([0-9.]+)\s*$", re.M)
-TOTAL_RATE = re.compile(r"^total images/sec: ([0-9.]+)\s*$", re.M)
+RESULT_LINE = re.compile(r"^tune-result: (\{.*\})\s*$", re.M)
 NETBENCH_CAP = 64 * 1024**2  # the largest netbench message
 Echo = Callable[[str], None]
 Variables = tuple[tuple[str, tuple[int, ...], int], ...]
@@ -196,38 +197,38 @@ class Calibrator:
 
     def probe_run(self, label: str, count: int) -> dict:
         """The file's plan with every task a probe and the first ``count`` workers computing."""
-        argv = list(self.program.argv)
-        for flag, value in (
-            ("--num_batches", self.options.steps),
-            ("--num_warmup_batches", self.options.warmup),
-            ("--display_every", self.options.steps),
-        ):
-            argv = ts.with_flag(argv, flag, str(value))
-        python = argv[0] if argv[1:2] == ["-m"] else self.python()
-        probe = [python, "-m", PROBE_MODULE, "--job", "{job_name}", "--index", "{task_index}"]
-        probe += ["--port", "{port}", "--chief", str(self.config.roles.chief), "--run", str(count)]
-        probe += ["--variables", f"{self.program.model}:{self.program.num_classes}", "--", *argv]
+        argv = timed_argv(self.program.argv, self.options.steps, self.options.warmup)
+        variables_of = f"{self.program.model}:{self.program.num_classes}"
+        flags = ["--port", "{port}", "--run", str(count), "--variables", variables_of]
         config = replace(
             self.config,
             name=f"{self.config.name}-{label}",
-            program=replace(self.config.program, argv=tuple(probe)),
+            program=replace(self.config.program, argv=tuple(self.probe_argv(argv, flags))),
         )
         sub = self.launch(label, config)
         texts = self.training_logs(sub, self.config.roles.worker + self.config.roles.chief)
-        rates, probes, variables = [], [], None
+        rates, probes, variables, steps = [], [], None, []
         for i, text in enumerate(texts):
             probes += [json.loads(m) for m in PROBE_LINE.findall(text)]
             if i >= count:
                 continue
-            rate = WORKER_RATE.findall(text)
-            if not rate:
-                raise TuneError(f"a {label} worker printed no 'worker images/sec'; see {sub.dir}.")
-            rates.append(float(rate[-1]))
+            result = benchmark_result(text, f"a {label} worker", sub)
+            rates.append(result.worker)
+            steps.append(result.step_times)
             found = VARIABLES_LINE.findall(text)
             if found:
                 variables = tuple((n, tuple(s), int(d)) for n, s, d in json.loads(found[-1]))
         cores = min((int(p.get("cores", 0)) for p in probes), default=0)
-        return {"rates": rates, "cores": cores, "variables": variables, "probes": probes}
+        return {
+            "rates": rates, "cores": cores, "variables": variables, "probes": probes,
+            "step_times": steps,
+        }  # fmt: skip
+
+    def probe_argv(self, argv: Sequence[str], flags: Sequence[str]) -> list[str]:
+        """Every task of the plan runs :mod:`tflaunch.models.tune_probe` around ``argv``."""
+        python = argv[0] if list(argv[1:2]) == ["-m"] else self.python()
+        probe = [python, "-m", PROBE_MODULE, "--job", "{job_name}", "--index", "{task_index}"]
+        return [*probe, "--chief", str(self.config.roles.chief), *flags, "--", *argv]
 
     def python(self) -> str:
         return launch.backend_for(self.config.backend).python(self.config)
@@ -236,7 +237,6 @@ class Calibrator:
         """Any program: one worker traced; its step time less communication."""
         from tflaunch.launchers.base import LaunchOptions
         from tflaunch.runtime.run import new_run_id
-        from tflaunch.tools.placement_command import model_variables
         from tflaunch.trace.request import TraceRequest, trace_dir
 
         roles = replace(self.config.roles, worker=1, chief=0, evaluator=0)
@@ -271,12 +271,7 @@ class Calibrator:
             f"{worker}'s {steps} traced steps: {compute_s * 1e3:.0f} ms each without "
             f"communication ({self.cal.lone_img_s:.2f} img/s at batch {self.program.batch_size})"
         )
-        spec = _model_spec(self.program.model)
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # the graph build's C++ chatter
-        return tuple(
-            (v.name, tuple(v.shape), v.dtype_size)
-            for v in model_variables(spec, self.program.num_classes)
-        )
+        return model_variables(self.program.model, self.program.num_classes)
 
     # -- phase 2: network ---------------------------------------------------------------------
 
@@ -399,13 +394,64 @@ def netbench_sizes(variables: Sequence[tuple[str, tuple[int, ...], int]]) -> lis
     return sorted({1024, max(largest, 64 * 1024), max(total, 256 * 1024)})
 
 
-def _model_spec(name: str):
+def model_variables(model: str, num_classes: int) -> Variables:
+    """The network's trainable variables, built once by the probe in a process of its own on
+    this machine (TensorFlow's, and its log level, stay out of tune's process)."""
     from tflaunch.models.registry import UnknownModelError, get_model_spec
+    from tflaunch.tools.placement_command import require_tensorflow
 
     try:
-        return get_model_spec(name)
+        get_model_spec(model)
     except UnknownModelError as exc:
         raise TuneError(str(exc)) from None
+    require_tensorflow("tune", "builds the model's variables")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}  # the graph build's C++ chatter
+    argv = [sys.executable, "-m", PROBE_MODULE, "--print-variables", f"{model}:{num_classes}"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    found = VARIABLES_LINE.findall(done.stdout)
+    if done.returncode != 0 or not found:
+        raise TuneError(
+            f"building {model}'s variables failed (exit {done.returncode}): "
+            + (done.stderr.strip().splitlines() or ["no output"])[-1]
+        )
+    return tuple((n, tuple(s), int(d)) for n, s, d in json.loads(found[-1]))
+
+
+def timed_argv(argv: Sequence[str], steps: int, warmup: int) -> list[str]:
+    """The benchmark's ``argv`` for ``steps`` timed steps after ``warmup``, one report."""
+    out = list(argv)
+    for flag, value in (
+        ("--num_batches", steps),
+        ("--num_warmup_batches", warmup),
+        ("--display_every", steps),
+    ):
+        out = ts.with_flag(out, flag, str(value))
+    return out
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """What one training task of the benchmark measured: its own images/sec, the cluster's
+    (the sum over the workers, on the chief or worker 0) and its timed steps' seconds."""
+
+    worker: float
+    total: float
+    step_times: tuple[float, ...]
+
+
+def benchmark_result(text: str, who: str, sub: Run) -> BenchResult:
+    """The benchmark's ``--result_json`` figures a probe relayed (``tune-result:``) in a task's
+    output."""
+    found = RESULT_LINE.findall(text)
+    if not found:
+        raise TuneError(f"{who} reported no benchmark result; see {sub.dir}.")
+    try:
+        data = json.loads(found[-1])
+        rates = data["images_per_sec"]
+        steps = tuple(float(s) for s in data["step_times"])
+        return BenchResult(float(rates["worker"]), float(rates["total"]), steps)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise TuneError(f"{who} reported a malformed result ({exc!r}); see {sub.dir}.") from None
 
 
 def write_json(path: Path, data: Any) -> None:
