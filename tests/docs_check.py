@@ -112,6 +112,8 @@ def check_text(text: str, page: Path, root: Path = ROOT) -> list[Problem]:
         if not m.group(1) and m.group(2).startswith("tflaunch/"):
             for why in tree_problems(m.group(2), root):
                 note(m.start(), why)
+    for pos, why in _run_module_problems(text, root):
+        note(pos, why)
     asserted = _asserted_codes(root)
     for pos, code in _claimed_codes(text):
         if code not in asserted:
@@ -267,6 +269,64 @@ def _cited_test_problems(snippet: str, root: Path) -> list[str]:
         elif m.group(3) not in _test_names(root):
             problems.append(f"no test '{m.group(3)}' under tests/")
     return problems
+
+
+# ---- python -m MODULE, and the list of programs ------------------------------------------------
+
+_RUN_MODULE = re.compile(r"\bpython[\d.]* -m ([A-Za-z_][\w.]*)(?![\w.<])")
+_PROGRAMS_LIST = re.compile(r"`python -m tflaunch\.models\.<name>`:(.*?)(?:;|\n\n|$)", re.S)
+_BARE_NAME = re.compile(r"`([a-z_][a-z0-9_]*)`")
+
+
+def _run_module_problems(text: str, root: Path) -> list[tuple[int, str]]:
+    """``python -m X`` must run a module that exists (tflaunch's are located in the checkout,
+    others where this Python finds them). A list of programs introduced as
+    ``python -m tflaunch.models.<name>``: its bare names must be modules of models/, and every
+    program there (a module that runs as ``__main__``) must be in it."""
+    problems = []
+    for m in _RUN_MODULE.finditer(text):
+        if _run_module_missing(m.group(1), root):
+            problems.append((m.start(), f"'python -m {m.group(1)}': no such module"))
+    for m in _PROGRAMS_LIST.finditer(text):
+        named = set(_BARE_NAME.findall(m.group(1)))
+        for name in sorted(named):
+            if not (root / "models" / f"{name}.py").exists():
+                problems.append(
+                    (
+                        m.start(),
+                        f"the programs list names 'tflaunch.models.{name}', which does not exist",
+                    )
+                )
+        for program in sorted(_programs(root) - named):
+            problems.append(
+                (m.start(), f"the programs list leaves out 'tflaunch.models.{program}'")
+            )
+    return problems
+
+
+def _run_module_missing(module: str, root: Path) -> bool:
+    parts = module.split(".")
+    if parts[0] == "tflaunch":
+        folder = {"models": "models", "launchers": "launchers"}.get(
+            parts[1] if len(parts) > 1 else ""
+        )
+        base = root / folder if folder else root / "tflaunch"
+        rest = parts[2:] if folder else parts[1:]
+        path = base.joinpath(*rest) if rest else base
+        return not (path.with_suffix(".py").exists() or (path / "__main__.py").exists())
+    try:
+        return importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):
+        return True
+
+
+def _programs(root: Path) -> set[str]:
+    """The modules of models/ that run as programs (``if __name__ == "__main__"``)."""
+    return {
+        path.stem
+        for path in (root / "models").glob("*.py")
+        if 'if __name__ == "__main__"' in path.read_text()
+    }
 
 
 # ---- copies of example files -------------------------------------------------------------------

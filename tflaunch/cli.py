@@ -269,7 +269,12 @@ def export(
 
 @cli.command()
 @click.argument("cluster_file", type=click.Path())
-@click.option("--detach", is_flag=True, help="Return once the cluster is ready; print the run id.")
+@click.option(
+    "--detach",
+    is_flag=True,
+    help="Return once the cluster is ready (batch backends such as Slurm: once the job is "
+    "submitted); print the run id.",
+)
 @click.option(
     "--runs-dir",
     "--run-dir",
@@ -489,6 +494,12 @@ def _show_run(runs_dir: str, run_id: str, as_json: bool) -> None:
 
         record = {**asdict(run_row(run)), "tasks": list(task_states(run).values())}
         click.echo(json.dumps(record, indent=2))
+        return
+    try:
+        run.checked_record()
+    except OSError as err:  # missing, not JSON, or not a record: say so, not "backend None"
+        click.echo(f"run {run.id}: unreadable: {err}")
+        click.echo("its run.json cannot say its state; 'tflaunch logs' still reads its logs")
         return
     state, why = launch.run_liveness(run)
     record = run.record()

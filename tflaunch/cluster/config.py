@@ -384,7 +384,14 @@ class ClusterConfig:
 
     program: Program = field(doc="what every task runs", coerce=_program_entry)
     name: str = field("tflaunch", doc="cluster name; prefixes run ids", line=True)
-    backend: str = field("local", doc="how tasks are started", choices=lambda: backends.names())
+    backend: str = field(
+        "local",
+        doc="how tasks are started",
+        choices=lambda: backends.names(),
+        unknown_choice="backends are those of the packages installed here (tflaunch's own and "
+        "plugins registering the entry point group tflaunch.backends, docs/plugins.md): install "
+        "the package that provides it into this Python",
+    )
     roles: Roles = field(factory=Roles, doc="task counts")
     hosts: tuple[HostEntry, ...] = field(
         (),

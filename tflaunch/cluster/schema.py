@@ -72,10 +72,13 @@ def field(
     check: Callable[[Any], str | None] | None = None,
     coerce: Callable[[Any], Any] | None = None,
     choices: Callable[[], Sequence[str]] | None = None,
+    unknown_choice: str = "",
     factory: Callable[[], Any] | None = None,
     variants: Variants | None = None,
 ):
-    """A dataclass field carrying the documentation and checks the reader and schema use."""
+    """A dataclass field carrying the documentation and checks the reader and schema use.
+    ``unknown_choice``: what to add to the error for a value not among ``choices`` (where the
+    choices come from)."""
     meta = {
         "doc": doc,
         "minimum": minimum,
@@ -84,6 +87,7 @@ def field(
         "check": check,
         "coerce": coerce,
         "choices": choices,
+        "unknown_choice": unknown_choice,
         "variants": variants,
     }
     if factory is not None:
@@ -181,7 +185,9 @@ def _read_dataclass(
                 raw = coerce(raw)
             choices = f.metadata.get("choices")
             if choices is not None and raw not in choices():
-                raise SchemaError(path + (name,), _choice_message(raw, choices()))
+                more = f.metadata.get("unknown_choice")
+                message = _choice_message(raw, choices()) + (f"; {more}" if more else "")
+                raise SchemaError(path + (name,), message)
             variants = f.metadata.get("variants")
             if variants is not None:
                 values[name] = _read_variant(variants, raw, path + (name,))

@@ -91,7 +91,7 @@ class Reporter:
             self.progress.line(task, line)
             if step is not None:
                 self.progress.step(task, step, time.time() if at is None else float(at))
-        self.console.write(f"{'[' + task + ']':<{self.width}} {line}")
+        self.console.write(f"{'[' + task + ']':<{self.width}} {line}", redraw=step is not None)
 
     def say(self, message: str) -> None:
         self.console.write(f"[tflaunch] {message}")

@@ -275,8 +275,15 @@ class Run:
             matches = sorted(p for p in list_runs(root) if p.name.startswith(run_id))
         if len(matches) == 1:
             return matches[0]
+        if matches:
+            shown = ", ".join(p.name for p in matches[:10])
+            more = f" and {len(matches) - 10} more" if len(matches) > 10 else ""
+            raise RunNotFoundError(
+                f"run '{run_id}' is ambiguous under {root}/: it starts {len(matches)} run ids "
+                f"({shown}{more}). Give more of the id."
+            )
         known = ", ".join(p.name for p in list_runs(root)[-5:]) or "none"
-        what = "is ambiguous" if matches else "was not found"
+        what = "was not found"
         raise RunNotFoundError(
             f"run '{run_id}' {what} under {root}/ (recent runs: {known}). "
             "Give the full run id, or --runs-dir where the runs are kept."

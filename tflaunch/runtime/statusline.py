@@ -24,6 +24,7 @@ from typing import IO, Any
 
 WINDOW_S = 10.0  # steps/s over this many seconds of step lines
 SHOWN_WORKERS = 4  # workers named one by one; past that, their count and the slowest
+REDRAW_S = 0.1  # a step line redraws the status line at once, at most this often
 _FRAME_BREAK = re.compile(r"[\r\x08]+")
 _TOTALS = (
     re.compile(r"\bstep[ :=]+\d+\s*(?:/|of)\s*(\d+)"),
@@ -56,6 +57,7 @@ class StatusLine:
         self.out, self.render = out, render
         self._live: Any = None
         self._lock = threading.Lock()
+        self._redrawn = 0.0  # when a written line last redrew the status line
         if not wants_status_line(out):
             return
         from rich.console import Console
@@ -85,8 +87,10 @@ class StatusLine:
             text = f"(status line: {err})"
         return Text(text, no_wrap=True, overflow="ellipsis", style="bold")
 
-    def write(self, line: str) -> None:
-        """One line of output, above the status line."""
+    def write(self, line: str, redraw: bool = False) -> None:
+        """One line of output, above the status line; ``redraw``: the line changed what the
+        status line says (a step), so it is drawn anew under it at once (at most every
+        REDRAW_S), not with the last periodic refresh's text, a step behind."""
         if self._live is None:
             self.out.write(line + "\n")
             self.out.flush()
@@ -97,6 +101,10 @@ class StatusLine:
         frames = [f for f in _FRAME_BREAK.split(line) if f.strip()]
         with self._lock:
             self._console.print(Text.from_ansi(frames[-1] if frames else ""), soft_wrap=True)
+            now = time.monotonic()
+            if redraw and now - self._redrawn >= REDRAW_S:
+                self._redrawn = now
+                self._live.refresh()
 
     def stop(self) -> None:
         if self._live is not None:

@@ -84,18 +84,20 @@ def write_html_report(run: Run, out_dir: Path | None = None) -> Path:
     from tflaunch.tools.report import make_report, report_dir
 
     out = report_dir(run, out_dir)
+    no_plots = None
     try:
         make_report(run, out)
-    except TflaunchError:
-        pass  # no samples: the page says so in its resources section
-    page = render_page(run, out)
+    except TflaunchError as err:  # no samples, or no matplotlib to draw them: the page says which
+        no_plots = str(err)
+    page = render_page(run, out, no_plots)
     path = out / "report.html"
     replace_run_file(path, page, file_mode(run.dir))
     return path
 
 
-def render_page(run: Run, out: Path) -> str:
-    """The page's HTML, from the run directory and the report files in ``out``."""
+def render_page(run: Run, out: Path, no_plots: str | None = None) -> str:
+    """The page's HTML, from the run directory and the report files in ``out``; ``no_plots``:
+    why the resource plots could not be drawn (no samples, no matplotlib)."""
     problems: list[str] = []
     try:
         record = run.checked_record()
@@ -107,7 +109,7 @@ def render_page(run: Run, out: Path) -> str:
         _state_section(run, record, problems),
         _tasks_section(run, events),
         _timeline_section(events, record),
-        _plots_section(run.dir, out),
+        _plots_section(run.dir, out, no_plots),
         *_text_sections(run.dir, out),
         _files_section(run.dir, out),
     ]
@@ -308,7 +310,7 @@ def _event_table(events: list[dict[str, Any]], start: float) -> str:
     )
 
 
-def _plots_section(run_dir: Path, out: Path) -> Section:
+def _plots_section(run_dir: Path, out: Path, no_plots: str | None = None) -> Section:
     found = {png: out for png in out.glob("*.png")}
     for png in [*run_dir.glob("*.png"), *run_dir.glob("*/*.png")]:
         found.setdefault(png, run_dir)
@@ -318,14 +320,10 @@ def _plots_section(run_dir: Path, out: Path) -> Section:
             pngs[png] = read_run_bytes(png, root=found[png])
         except OSError:
             continue
+    why = f"<p>No resource plots: {_esc(no_plots)}</p>" if no_plots else ""
     if not pngs:
-        return Section(
-            "plots",
-            "Plots",
-            "<p>No plots: the run has no resource samples (supervision.sample_interval: 0) "
-            "and no trace or netbench results.</p>",
-        )
-    figures = []
+        return Section("plots", "Plots", why or "<p>No plots: no trace or netbench results.</p>")
+    figures = [why] if why else []
     for png, content in pngs.items():
         data = base64.b64encode(content).decode("ascii")
         name = _relative(png, run_dir, out)

@@ -11,6 +11,10 @@ PROVIDER = ProviderSpec(
     section=LabProvisionSection,
     section_doc="make namespace hosts on this machine for the run (root)",
     admin_options=(
-        AdminOption("state_dir", "lab: its state directory (default: /run/tflaunch-lab)."),
+        AdminOption(
+            "state_dir",
+            "lab (the cloud of namespace hosts on this machine, examples/lab.yaml): its state "
+            "directory (default: /run/tflaunch-lab).",
+        ),
     ),
 )
