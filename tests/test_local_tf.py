@@ -1,4 +1,5 @@
-"""End to end with real TensorFlow processes on the local backend (slow: each task imports TF)."""
+"""End to end on the local backend where TensorFlow is the subject: the README's MNIST example
+(real TensorFlow tasks, slow), and TensorFlow's own reading of the TF_CONFIG every task gets."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import yaml
 
 from tests.helpers import (
+    FAKE_TASK,
     assert_kill_ends_cluster,
     read_until,
     start_tflaunch,
@@ -17,19 +19,30 @@ from tests.helpers import (
     wait_until_gone,
     write_cluster,
 )
+from tflaunch.tools.report import PLOTS
 
-pytest.importorskip("tensorflow")
+tf = pytest.importorskip("tensorflow")
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
-RESOLVE = Path(__file__).resolve().parent / "programs" / "resolve_tf_config.py"
+REPORT_ENV = Path(__file__).resolve().parent / "programs" / "report_env.py"
+MIB = 1024 * 1024
 
 
-def test_example_local_trains_to_90_percent_and_leaves_nothing(tmp_path):
-    """The README's first command: examples/local.yaml, here on free ports."""
+def test_example_local_trains_to_90_percent_leaves_samples_and_a_report_and_nothing_else(
+    tmp_path,
+):
+    """The README's first command: examples/local.yaml, here on free ports. The local backend's
+    one MNIST run also carries the resource report's check (it was tests/test_report.py's own
+    MNIST run): every task is sampled with TensorFlow's memory and threads, and the report has
+    its plots and totals."""
     example = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())
     example["program"]["env"] = {"TEST_MARKER": str(tmp_path)}
     cluster = write_cluster(
-        tmp_path / "local.yaml", example["program"], name=example["name"], roles=example["roles"]
+        tmp_path / "local.yaml",
+        example["program"],
+        name=example["name"],
+        roles=example["roles"],
+        supervision={"sample_interval": 0.5},
     )
     result = tflaunch("up", str(cluster), cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
@@ -40,35 +53,52 @@ def test_example_local_trains_to_90_percent_and_leaves_nothing(tmp_path):
     ]
     assert accuracy and accuracy[0] > 0.9, result.stdout[-2000:]
     assert "[worker:1] train accuracy:" in result.stdout
+
+    (run,) = (tmp_path / "runs").iterdir()
+    report = tflaunch("report", str(run))
+    assert report.returncode == 0, report.stderr
+    data = json.loads((run / "summary.json").read_text())
+    assert set(data["tasks"]) == {"ps:0", "worker:0", "worker:1"}
+    for name, task in data["tasks"].items():
+        assert task["rss_peak"] > 200 * MIB, name  # TensorFlow is loaded
+        assert task["threads_peak"] > 10, name
+        assert task["cpu_percent_peak"] > 10, name
+    assert data["nodes"]["localhost"]["interfaces"]["lo"]["packets_sent"] > 0
+    assert all((run / name).stat().st_size > 10_000 for name in PLOTS)
     assert wait_until_gone(str(tmp_path)) == []
 
 
-def test_tf_config_resolves_to_the_plan_and_a_killed_worker_ends_the_cluster(tmp_path):
+def test_tf_config_resolves_to_the_plan_and_a_killed_worker_ends_the_cluster(tmp_path, monkeypatch):
+    """Every task's TF_CONFIG as the task received it (report_env.py in front of the stand-in
+    task) is read by TensorFlow's own TFConfigClusterResolver as the plan says: in this process,
+    one TensorFlow import instead of one per task. Then a killed worker ends the cluster."""
+    argv = [sys.executable, str(REPORT_ENV), sys.executable, str(FAKE_TASK)]
     cluster = write_cluster(
         tmp_path / "cluster.yaml",
-        {
-            "argv": [sys.executable, str(RESOLVE)],
-            "env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "120"},
-        },
+        {"argv": argv, "env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "120"}},
         roles={"ps": 1, "worker": 2, "chief": 1},
     )
     plan = json.loads(tflaunch("plan", "--json", str(cluster)).stdout)
     proc = start_tflaunch("up", str(cluster))
     try:
         seen = ""
-        while seen.count("resolved: ") < 4:
-            seen += read_until(proc.stdout, "resolved: ", timeout=60)
-        resolved = {}
+        while seen.count("REPORT_ENV CUDA_VISIBLE_DEVICES=") < 4:
+            seen += read_until(proc.stdout, "REPORT_ENV CUDA_VISIBLE_DEVICES=", timeout=60)
+        received: dict[str, dict[str, str]] = {}
         for line in seen.splitlines():
-            if "resolved: " in line:
-                task = line.split("]", 1)[0].lstrip("[")
-                resolved[task] = json.loads(line.split("resolved: ", 1)[1])
+            task, _, said = line.partition("]")
+            if said.strip().startswith("REPORT_ENV "):
+                key, _, value = said.strip().removeprefix("REPORT_ENV ").partition("=")
+                received.setdefault(task.lstrip("["), {})[key] = value
         for task in plan["tasks"]:
-            got = resolved[f"{task['job']}:{task['index']}"]
-            assert got["cluster"] == {j: list(a) for j, a in plan["cluster"].items()}
-            assert (got["task_type"], got["task_id"]) == (task["job"], task["index"])
-        assert resolved["ps:0"]["cuda_visible_devices"] == ""  # exported, and empty
-        assert resolved["ps:0"]["gpus_seen"] == 0
+            got = received[f"{task['job']}:{task['index']}"]
+            monkeypatch.setenv("TF_CONFIG", got["TF_CONFIG"])
+            resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+            assert resolver.cluster_spec().as_dict() == {
+                j: list(a) for j, a in plan["cluster"].items()
+            }
+            assert (resolver.task_type, resolver.task_id) == (task["job"], task["index"])
+        assert received["ps:0"]["CUDA_VISIBLE_DEVICES"] == "''"  # exported, and empty
 
         assert_kill_ends_cluster(proc, str(tmp_path))
     finally:

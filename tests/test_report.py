@@ -8,10 +8,8 @@ import subprocess
 import sys
 
 import psutil
-import pytest
-import yaml
 
-from tests.helpers import ROOT, tflaunch, traffic_cluster, wait_until_gone, write_cluster
+from tests.helpers import tflaunch, traffic_cluster, wait_until_gone
 from tflaunch.tools.report import PLOTS, format_summary, net_steps, summary, usage_from_samples
 
 MIB = 1024 * 1024
@@ -177,37 +175,3 @@ def test_cli_and_report_module_do_not_import_matplotlib():
 def test_report_of_an_unknown_run_is_bad_input(tmp_path):
     result = tflaunch("report", "nope", "--run-dir", str(tmp_path))
     assert result.returncode == 2 and "run 'nope' was not found" in result.stderr
-
-
-@pytest.mark.slow
-def test_mnist_run_leaves_samples_of_tensorflow_tasks_and_a_report(tmp_path):
-    """One small real TensorFlow run (examples/local.yaml, few steps): every task is sampled
-    with TensorFlow's memory and threads, and the report has its plots and totals."""
-    pytest.importorskip("tensorflow")
-    example = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())
-    program = {
-        **example["program"],
-        "argv": [*example["program"]["argv"], "--train_steps", "60"],
-        "env": {"TEST_MARKER": str(tmp_path)},
-    }
-    cluster = write_cluster(
-        tmp_path / "local.yaml",
-        program,
-        name=example["name"],
-        roles=example["roles"],
-        supervision={"sample_interval": 0.5},
-    )
-    result = tflaunch("up", str(cluster), cwd=ROOT, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
-    (run,) = (tmp_path / "runs").iterdir()
-    report = tflaunch("report", str(run))
-    assert report.returncode == 0, report.stderr
-    data = json.loads((run / "summary.json").read_text())
-    assert set(data["tasks"]) == {"ps:0", "worker:0", "worker:1"}
-    for name, task in data["tasks"].items():
-        assert task["rss_peak"] > 200 * MIB, name  # TensorFlow is loaded
-        assert task["threads_peak"] > 10, name
-        assert task["cpu_percent_peak"] > 10, name
-    assert data["nodes"]["localhost"]["interfaces"]["lo"]["packets_sent"] > 0
-    assert all((run / name).stat().st_size > 10_000 for name in PLOTS)
-    assert wait_until_gone(str(tmp_path)) == []
