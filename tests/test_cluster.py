@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import tflaunch, wait_until_gone, write_cluster
 from tflaunch.models import registry
 from tflaunch.models.cluster import (
     ClusterError,
@@ -151,6 +152,27 @@ def test_resolution_imports_no_tensorflow():
         [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True
     )
     assert result.stdout.strip() == "False"
+
+
+def test_cluster_file_run_of_1_ps_and_2_workers_through_tflaunch_up(tmp_path):
+    """Each task's cluster comes from the cluster file tflaunch writes (--cluster_file
+    {cluster_file}, no TF_CONFIG) and its task from $TFLAUNCH_TASK: issue 11 end to end. The
+    program is the stand-in tflaunch.models.smoke, which resolves its cluster through this module
+    as mnist.py and pss.py do (MNIST's own training is tests/test_mnist.py's)."""
+    argv = [sys.executable, "-m", "tflaunch.models.smoke", "--cluster_file", "{cluster_file}"]
+    argv += ["--steps", "3", "--step-seconds", "0.1"]
+    program = {"argv": argv, "env": {"TEST_MARKER": str(tmp_path)}, "tf_config": False}
+    config = write_cluster(tmp_path / "cluster.yaml", program)
+    result = tflaunch("up", str(config), cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    cluster_file = re.escape(str(run / "cluster_spec.json"))
+    for task in ("ps:0", "worker:0", "worker:1"):
+        line = rf"^\[{task}\]\s+{task}: cluster from the cluster file {cluster_file} \(ps 1, worker 2\)"
+        assert re.search(line, result.stdout, re.M), result.stdout[-3000:]
+    assert "[worker:0] worker:0: reached all 1 PS" in result.stdout
+    assert "[worker:1] worker:1 done" in result.stdout
+    assert wait_until_gone(str(tmp_path)) == []
 
 
 # --- the model registry --------------------------------------------------------------------------

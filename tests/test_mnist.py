@@ -28,11 +28,6 @@ from tflaunch.models.cluster import ClusterInfo
 from tflaunch.models.data import digits
 
 tf = pytest.importorskip("tensorflow")
-from tests.helpers import (  # noqa: E402
-    tflaunch,
-    wait_until_gone,
-    write_cluster,
-)
 from tflaunch.models import mnist  # noqa: E402  (imports tensorflow)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -465,25 +460,3 @@ def test_tf_config_cluster_with_chief_evaluator_and_a_worker_that_starts_after_t
         assert f"MNIST IDX files in {data_dir}: 1497 train / 300 test images" in tasks.log("chief")
     finally:
         tasks.stop()
-
-
-@pytest.mark.slow
-def test_cluster_file_run_of_1_ps_and_2_workers_through_tflaunch_up(tmp_path):
-    """Each task's cluster comes from the cluster file tflaunch writes (--cluster_file
-    {cluster_file}, no TF_CONFIG) and its task from $TFLAUNCH_TASK: issue 11 end to end."""
-    argv = [sys.executable, "-m", "tflaunch.models.mnist", "--cluster_file", "{cluster_file}"]
-    argv += ["--train_steps=40", "--log_every=20"]
-    program = {"argv": argv, "env": {"TEST_MARKER": str(tmp_path)}, "tf_config": False}
-    config = write_cluster(tmp_path / "cluster.yaml", program, supervision={"ready_timeout": 240})
-    result = tflaunch("up", str(config), cwd=REPO, timeout=400)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    (run,) = (tmp_path / "runs").iterdir()
-    cluster_file = run / "cluster_spec.json"
-    for task in ("ps:0", "worker:0", "worker:1"):
-        line = (
-            rf"^\[{task}\]\s+{task}: cluster from the cluster file {re.escape(str(cluster_file))}$"
-        )
-        assert re.search(line, result.stdout, re.M), result.stdout[-3000:]
-    assert re.search(r"^\[worker:0\]\s+test accuracy: [0-9.]+$", result.stdout, re.M)
-    assert "all 2 training task(s) finished" in result.stdout
-    assert wait_until_gone(str(tmp_path)) == []
