@@ -265,8 +265,19 @@ def run_case(
         "tune_phases_s": document["calibration"]["phases_s"],
         "sweep_s": sum(p["seconds"] for p in sweep),
         "pick": pick_index(document, settings),
+        "verify_spread": verify_spread(document),
         "sweep": sweep,
     }
+
+
+def verify_spread(document: dict) -> float | None:
+    """The verify race's run-to-run spread, pooled over its settings' runs (None: no race)."""
+    from tflaunch.tools.tune_verify import pooled_spread
+
+    spread, df = pooled_spread(
+        [(r.get("verify") or {}).get("runs") or [] for r in document["ranked"]]
+    )
+    return spread if df else None
 
 
 def label(row: dict) -> str:
@@ -339,7 +350,26 @@ def table_lines(results: list[dict]) -> list[str]:
             f"model error over every point: median {100 * statistics.median(errors):.1f} %, "
             f"largest {100 * max(errors):.1f} %"
         )
+    spreads = [f"{r['case']} {spread_text(r)}" for r in results if spread_text(r)]
+    if spreads:
+        lines.append("run-to-run spread: " + "; ".join(spreads))
     return lines
+
+
+def spread_text(case: dict) -> str:
+    """A case's run-to-run spread: the median over the sweep's points run more than once
+    (``--repeats``), and the verify race's pooled spread (tune.json's ``verify`` runs)."""
+    from tflaunch.tools.tune_verify import relative_spread
+
+    repeated = [
+        relative_spread(p["runs"])
+        for p in case["sweep"]
+        if len(p.get("runs") or []) > 1 and None not in p["runs"]
+    ]
+    parts = [f"sweep {100 * statistics.median(repeated):.1f} %"] if repeated else []
+    if case.get("verify_spread") is not None:
+        parts.append(f"verify {100 * case['verify_spread']:.1f} %")
+    return ", ".join(parts)
 
 
 def verify_lines(results: list[dict], k: int = 2) -> None:

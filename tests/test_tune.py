@@ -4,8 +4,10 @@ and one end-to-end run on the local backend (slow: real TensorFlow processes).""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,14 +15,18 @@ import yaml
 from click.testing import CliRunner
 
 from tests.helpers import tflaunch, wait_until_gone, write_cluster
+from tflaunch import launch
 from tflaunch.cli import cli
-from tflaunch.cluster.config import parse_config
+from tflaunch.cluster.config import load_config, parse_config
 from tflaunch.models import tune_probe
 from tflaunch.models.placement_math import STRATEGIES
+from tflaunch.runtime.run import Run
 from tflaunch.tools import perfmodel as pm
+from tflaunch.tools import tune
 from tflaunch.tools import tune_calibrate as tn
 from tflaunch.tools import tune_model as tm
 from tflaunch.tools import tune_settings as ts
+from tflaunch.tools.tune_file import ClusterFile
 from tflaunch.tools.tune_settings import Ranked, Setting
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -213,15 +219,16 @@ def replace_rate(row: Ranked) -> Ranked:
     return replace(row, notes=ts.caveats(row, ctx))
 
 
-def test_measurement_decides_when_the_order_differs() -> None:
+def test_measured_settings_rank_above_unmeasured_ones_the_pick_first() -> None:
     a = Ranked(Setting(2, PS, "lpt"), 10.0, 1, "ps", measured=7.0)
     b = Ranked(Setting(1, PS), 9.0, 1, "ps", measured=8.0)
-    best, lines = ts.pick_by_measurement([a, b])
-    assert best is b and "differs" in lines[0] and "median error" in lines[1]
-    best, lines = ts.pick_by_measurement([b, a])
-    assert best is b and not any("differs" in line for line in lines)
-    unmeasured = Ranked(Setting(1, PS), 9.0, 1, "ps")
-    assert ts.pick_by_measurement([unmeasured])[0] is unmeasured
+    c = Ranked(Setting(3, PS), 9.5, 1, "ps")
+    d = Ranked(Setting(0, CAR, "-", "none", "-"), 12.0, 1, "ring", measured=6.0)
+    assert ts.measured_first([c, a, b, d], b) == [b, a, d, c]
+    assert ts.measured_first([c, a, b, d], d) == [d, b, a, c]  # the race picked d (within noise)
+    line = ts.model_error_line([a, b, c])
+    assert line is not None and "median error" in line and "over 2 settings" in line
+    assert ts.model_error_line([c]) is None
 
 
 def test_the_tuned_document_is_the_same_file_with_the_setting_and_it_validates() -> None:
@@ -379,7 +386,8 @@ def test_tune_verify_apply_on_the_local_backend(tmp_path) -> None:
     for phase in ("compute", "network", "model", "verify"):
         assert f"\n{phase}: " in out, out
     assert "a lone worker: " in out and "on one host (loopback)" in out
-    assert "verify 1: " in out and "measured" in out
+    assert "verify-A1: " in out and "measured best: " in out and "timed steps a run" in out
+    assert "phases: compute " in out
     tuned = tmp_path / "c.tuned.yaml"
     config = parse_config(tuned.read_text())
     assert config.roles.worker == 2 and "--num_batches" in config.program.argv
@@ -474,3 +482,64 @@ def test_netbench_gives_the_link_between_hosts_and_the_loopback_within_one() -> 
     assert loopback is None
     with pytest.raises(ts.TuneError):
         tn.split_links({"sizes": [1024], "point_to_point": []})
+
+
+def _runnable_session(tmp_path: Path, cpus_per_task: int, lines: list[str]) -> tune.Session:
+    argv = [*BENCH, "--batch_size", "2", "--job_name", "{job_name}", "--task_index",
+            "{task_index}", "--ps_hosts", "{ps_hosts}", "--worker_hosts", "{worker_hosts}"]  # fmt: skip
+    path = write_cluster(
+        tmp_path / "c.yaml", {"argv": argv, "workdir": str(ROOT)}, roles={"ps": 1, "worker": 2},
+        placement={"cpus_per_task": cpus_per_task},
+    )  # fmt: skip
+    file = ClusterFile.read(path)
+    options = tn.TuneOptions()
+    program = tn.Program.of(file.config, options)
+    return tune.Session(file, program, options, tn.Calibration(), lines.append)
+
+
+def test_settings_beyond_the_cores_are_left_out_and_the_written_file_runs(tmp_path) -> None:
+    """The file's own setting and every PS setting of its default grid bind more cores than
+    this machine lets tasks use: none is ranked, and the tuned file passes up's checks."""
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("needs two cores to bind two workers")
+    lines: list[str] = []
+    session = _runnable_session(tmp_path, cores // 2, lines)  # 2 workers: every core
+    inputs = pm.Inputs(0.5, 2, _variables(), pm.Link(1e-4, 1e9), nic=False)
+    ranked = session.model(inputs, 2)
+    assert ranked and {r.setting.update for r in ranked} == {CAR}
+    assert session.left_out and {s.update for s, _ in session.left_out} == {PS, DR}
+    for setting, reason in session.left_out:  # one host: dedicated PS do not plan
+        bound = "placement.cpus_per_task binds its" in reason
+        assert bound if setting.ps_hosts == "colocated" else "does not fit" in reason, reason
+    assert any(line.startswith("left out: 1 PS colocated") for line in lines)
+    run = Run.create(str(tmp_path / "runs"), "c-tune", None, 0o755)
+    tuned = load_config(session.write(run))
+    assert tuned.roles.ps == 0 and "collective_all_reduce" in tuned.program.argv
+    plan = launch.plan_cluster(tuned)
+    assert launch.backend_for(tuned.backend).check_here(tuned, plan) == []  # up would start it
+    document = session.document()
+    assert document["pick"]["update"] == CAR and len(document["left_out"]) == len(session.left_out)
+    assert all(row["reason"] for row in document["left_out"])
+
+
+def test_the_cores_calibration_measured_bound_the_binding(tmp_path) -> None:
+    session = _runnable_session(tmp_path, 1, [])
+    config = session.setting_config(Setting(0, CAR, "-", "none", "-"), session.program.argv)
+    plan = launch.plan_cluster(config)
+    assert tune.runnable_problem(config, plan, {}) is None or len(os.sched_getaffinity(0)) < 2
+    problem = tune.runnable_problem(config, plan, {"localhost": 1})
+    assert problem == (
+        "localhost lets tasks use 1 cores, but placement.cpus_per_task binds its 2 tasks to 2"
+    )
+
+
+def test_a_setting_outside_the_models_depth_is_not_picked_unmeasured(tmp_path) -> None:
+    lines: list[str] = []
+    session = _runnable_session(tmp_path, 1, lines)
+    staged = Ranked(Setting(1, PS, transfer="staged"), 12.0, 1, "ps", notes=("staged on one host",))
+    plain = Ranked(Setting(1, PS), 10.0, 1, "ps")
+    session.ranked = [staged, plain]
+    assert session.choose() is plain and "outside the model's depth" in lines[-1]
+    session.ranked = [replace(staged, measured=11.0), replace(plain, measured=10.5)]
+    assert session.choose().setting == staged.setting  # measured: it may lead

@@ -115,3 +115,11 @@ def test_the_table_counts_picks_within_5_percent_and_time_ratios() -> None:
     assert "at most 1/5 of the sweep's in 3 of 4" in summary
     # the full grid: twice the points, the sweep's time estimated from the measured points'
     assert "| 10, 500, 0.08 |" in rows[0]
+    # each case's run-to-run spread: the sweep's repeated points, the verify race's runs
+    results[1]["sweep"][0]["runs"] = [9.0, 11.0]
+    results[2]["verify_spread"] = 0.05
+    spread = next(line for line in tvs.table_lines(results) if line.startswith("run-to-run"))
+    assert f"{results[1]['case']} sweep 0.0 %" in spread  # the median over five points
+    assert f"{results[2]['case']} verify 5.0 %" in spread
+    document = {"ranked": [{"verify": {"runs": [9.0, 11.0]}}, {"verify": {"runs": [10.0]}}, {}]}
+    assert tvs.verify_spread(document) == pytest.approx(2**0.5 / 10)

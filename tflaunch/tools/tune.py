@@ -7,16 +7,19 @@ path ``up`` takes), everything measured kept in one run directory (``<runs_dir>/
 1. compute: the file's own plan runs :mod:`tflaunch.models.tune_probe` in every task's place, so
    each worker is bound as the real run binds it but computes alone: first one lone worker, then
    (where workers share hosts or cores) all W at once, the contention input. Each probe prints
-   its cores, the first the model's variables (sized on the cluster: no TensorFlow here). A
-   program other than ``tflaunch.models.benchmark`` instead runs once as one worker with
-   ``--trace``; its step time less communication is the compute (``model --from-run``).
+   its cores and its host's, the first the model's variables (sized on the cluster: no
+   TensorFlow here). A program other than ``tflaunch.models.benchmark`` instead runs once as one
+   worker with ``--trace``; its step time less communication is the compute (``model
+   --from-run``).
 2. network: ``netbench`` between a worker host and a PS host of the plan (dedicated when the
    hosts allow, so the link crosses a NIC), at sizes from the model's variables.
 3. model: :mod:`tflaunch.tools.perfmodel` over every setting the file allows
-   (:mod:`tflaunch.tools.tune_settings`), each checked by planning it on the backend's hosts.
-4. the ranked table, the top's margin, where the model is out of its depth; ``tuned.yaml``;
-   ``--verify K`` runs the top K for a few timed steps and picks by measurement when the
-   measured order differs; ``--apply`` starts the tuned file.
+   (:mod:`tflaunch.tools.tune_settings`) that can run: each is planned on the backend's hosts
+   and given the checks ``up`` makes (the backend's checks from here, and the cores each host
+   lets tasks use, as calibration measured them); one that fails is left out, with the reason.
+4. the ranked table, the top's margin, where the model is out of its depth (such a setting is
+   not picked unmeasured); ``--verify K`` races the top K (:mod:`tflaunch.tools.tune_verify`);
+   ``tuned.yaml``; ``--apply`` starts the tuned file.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 
 from tflaunch import launch
 from tflaunch.cluster.config import ClusterConfig, load_config
+from tflaunch.cluster.plan import Plan
 from tflaunch.errors import PlanError
 from tflaunch.runtime.run import Run
 from tflaunch.tools import perfmodel as pm
@@ -47,6 +51,10 @@ from tflaunch.tools.tune_calibrate import (
 from tflaunch.tools.tune_file import ClusterFile, write_tuned
 from tflaunch.tools.tune_model import Layout
 from tflaunch.tools.tune_settings import Ranked, Setting, TuneError
+from tflaunch.tools.tune_verify import Race, relative_spread, steps_for
+
+# A verify run's timed steps: at least --verify-steps, at most this many times as many.
+VERIFY_STEPS_FACTOR = 4
 
 
 def tune(cluster_file: str, options: TuneOptions, echo: Echo) -> int:
@@ -80,24 +88,17 @@ def tune(cluster_file: str, options: TuneOptions, echo: Echo) -> int:
 
     cal = Calibration()
     calibrator = Calibrator(config, program, options, run, cal, say)
-    session = Session(file, calibrator)
+    session = Session(file, program, options, cal, say)
     state, code = "failed", 1
     try:
         variables = calibrator.timed("compute", calibrator.compute)
         inputs = calibrator.timed("network", lambda: calibrator.network(variables))
+        session.inputs = inputs
         ranked = calibrator.timed("model", lambda: session.model(inputs, workers))
         if options.verify:
-            ranked = calibrator.timed("verify", lambda: session.verify(ranked))
-        winner = ranked[0]
-        if options.verify:
-            winner, lines = ts.pick_by_measurement(ranked[: options.verify])
-            for line in lines:
-                say(line)
-        session.pick = winner
-        argv = ts.setting_argv(program.argv, winner.setting, program.knobs)
-        path = write_tuned(file, winner, argv, run.id, run.dir, options.out)
-        say(f"wrote {path} (and {run.dir / 'tuned.yaml'})")
-        say(f"total {sum(cal.phases_s.values()):.1f} s; everything measured is in {run.dir}")
+            ranked = calibrator.timed("verify", lambda: session.verify(ranked, calibrator))
+        path = session.write(run)
+        say(phases_line(cal.phases_s) + f"; everything measured is in {run.dir}")
         state, code = "succeeded", 0
     finally:
         write_json(run.dir / "tune.json", session.document())
@@ -112,21 +113,57 @@ def tune(cluster_file: str, options: TuneOptions, echo: Echo) -> int:
     return 0 if isinstance(outcome, str) else outcome.code
 
 
-class Session:
-    """One tune after its measurements: the model's ranking, the verification, tune.json."""
+def phases_line(phases_s: dict[str, float]) -> str:
+    """Each phase's time and the total, in one line."""
+    parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases_s.items())
+    return f"phases: {parts}; total {sum(phases_s.values()):.1f} s"
 
-    def __init__(self, file: ClusterFile, calibrator: Calibrator) -> None:
-        self.file, self.calibrator = file, calibrator
-        self.config, self.program = file.config, calibrator.program
-        self.options, self.cal, self.say = calibrator.options, calibrator.cal, calibrator.say
+
+def runnable_problem(config: ClusterConfig, plan: Plan, host_cores: dict[str, int]) -> str | None:
+    """Why the setting's cluster could not start, as ``up`` would refuse it: the backend's
+    checks from here (local: cores, ports, programs; every backend: addresses), then each
+    host's cores as calibration measured them against the tasks' binding. None: it can run."""
+    problems = launch.backend_for(config.backend).check_here(config, plan)
+    if problems:
+        return problems[0].rstrip(".")
+    for host in plan.hosts_with_tasks():
+        tasks = list(plan.tasks_on(host.name))
+        slots = max((max(t.cpus) + 1 for t in tasks if t.cpus), default=0)
+        cores = host_cores.get(host.name)
+        if cores and slots > cores:
+            return (
+                f"{host.name} lets tasks use {cores} cores, but placement.cpus_per_task binds "
+                f"its {len(tasks)} tasks to {slots}"
+            )
+    return None
+
+
+class Session:
+    """One tune after its measurements: what can run, the model's ranking, the verification,
+    the pick, tuned.yaml and tune.json."""
+
+    def __init__(
+        self, file: ClusterFile, program: Program, options: TuneOptions, cal: Calibration,
+        say: Echo,
+    ) -> None:  # fmt: skip
+        self.file, self.config, self.program = file, file.config, program
+        self.options, self.cal, self.say = options, cal, say
+        self.inputs: pm.Inputs | None = None
         self.ranked: list[Ranked] = []
-        self.pick: Ranked | None = None  # what tuned.yaml holds (after --verify, by measurement)
+        self.left_out: list[tuple[Setting, str]] = []
+        self.verified: dict[Setting, dict] = {}  # the race's runs of each verified setting
+        self.pick: Ranked | None = None  # what tuned.yaml holds
 
     def model(self, inputs: pm.Inputs, workers: int) -> list[Ranked]:
+        """Every setting that can run, ranked by the model; the rest left out with a reason."""
         max_ps = self.options.max_ps or max(self.config.roles.ps, workers)
         settings = ts.enumerate_settings(max_ps, self.program.knobs, self.options.ps_hosts)
         layouts = self.layouts(settings)
-        feasible = [st for st in settings if layouts.get((st.ps, st.ps_hosts))]
+        planned = {key: v for key, v in layouts.items() if isinstance(v, Layout)}
+        runnable = [st for st in settings if (st.ps, st.ps_hosts) in planned]
+        self.left_out = [
+            (st, str(layouts[(st.ps, st.ps_hosts)])) for st in settings if st not in runnable
+        ]
         ctx = ts.Context(
             workers,
             self.cal.cores_per_host,
@@ -140,38 +177,47 @@ class Session:
         loop = self.cal.loopback
         loopback = pm.Link(loop["latency_s"], loop["bandwidth"]) if loop else None
         rows = []
-        for st in feasible:
-            layout = layouts[(st.ps, st.ps_hosts)]
+        for st in runnable:
+            layout = planned[(st.ps, st.ps_hosts)]
             p = tune_model.predict_setting(inputs, layout, st, loopback, ctx.sync)
             row = Ranked(st, p.images_per_sec, p.step_s, p.bound)
             rows.append(replace(row, notes=ts.caveats(row, ctx)))
         self.ranked = ts.rank(rows)
-        skipped = len(settings) - len(feasible)
         self.say(f"mode: {self.program.knobs.mode}")
-        self.say(
-            f"{len(feasible)} settings ranked"
-            + (f" ({skipped} left out: their plan does not fit the hosts)" if skipped else "")
-        )
+        self.say(f"{len(runnable)} settings ranked" + self.left_out_summary())
+        for line in ts.left_out_lines(self.left_out):
+            self.say(line)
         for line in ts.table_lines(self.ranked, limit=12):
             self.say(line)
         for line in ts.verdict(self.ranked):
             self.say(line)
         if not self.ranked:
-            raise TuneError("no setting of the grid can be planned on this file's hosts.")
+            reason = self.left_out[0][1] if self.left_out else "the grid is empty"
+            raise TuneError(f"no setting of the grid can run on this file's hosts ({reason}).")
         return self.ranked
 
-    def layouts(self, settings: Sequence[Setting]) -> dict[tuple[int, str], Layout | None]:
+    def left_out_summary(self) -> str:
+        if not self.left_out:
+            return ""
+        return f"; {len(self.left_out)} left out: they cannot run on these hosts"
+
+    def layouts(self, settings: Sequence[Setting]) -> dict[tuple[int, str], Layout | str]:
         """Per (PS count, PS hosts): where the setting's plan puts the workers and the PS, or
-        None when the backend cannot plan it on its hosts."""
-        out: dict[tuple[int, str], Layout | None] = {}
+        why it cannot run (its plan fails, or it fails the checks ``up`` makes)."""
+        out: dict[tuple[int, str], Layout | str] = {}
         for st in settings:
             key = (st.ps, st.ps_hosts)
             if key in out:
                 continue
+            config = self.setting_config(st, self.program.argv)
             try:
-                plan = launch.plan_cluster(self.setting_config(st, self.program.argv))
-            except PlanError:
-                out[key] = None
+                plan = launch.plan_cluster(config)
+            except PlanError as err:
+                out[key] = f"its plan does not fit the hosts: {err}"
+                continue
+            problem = runnable_problem(config, plan, self.cal.host_cores)
+            if problem:
+                out[key] = problem
                 continue
             training = [t.host for t in plan.tasks if t.job in ("chief", "worker")]
             out[key] = Layout(tuple(training), tuple(t.host for t in plan.tasks if t.job == "ps"))
@@ -181,43 +227,92 @@ class Session:
         """The file with ``s`` applied (as tuned.yaml applies it) to the program's ``argv``."""
         return self.file.config_with(s, ts.setting_argv(argv, s, self.program.knobs), name)
 
-    # -- phase 4: verify, write ---------------------------------------------------------------
+    # -- phase 4: verify, pick, write ---------------------------------------------------------
 
-    def verify(self, ranked: list[Ranked]) -> list[Ranked]:
-        """The top K settings for a few timed steps each; measured beside predicted."""
+    def verify(self, ranked: list[Ranked], calibrator: Calibrator) -> list[Ranked]:
+        """Race the top K settings (:class:`~tflaunch.tools.tune_verify.Race`); the measured
+        ones first, the pick at the top."""
         if not self.program.benchmark:
             self.say("--verify measures tflaunch.models.benchmark's images/sec; skipped")
             return ranked
-        out = list(ranked)
-        calibrator = self.calibrator
-        argv = timed_argv(self.program.argv, self.options.verify_steps, self.options.warmup)
-        for i, row in enumerate(ranked[: self.options.verify]):
-            label = f"verify{i + 1}"
+        least = self.options.verify_steps
+        steps = steps_for(self.cal.step_times, least, least * VERIFY_STEPS_FACTOR)
+        self.say(
+            f"{steps} timed steps a run (calibration's steps vary by "
+            f"{100 * relative_spread(self.cal.step_times):.1f} %); at most "
+            f"{self.options.verify_rounds} rounds"
+            + (f", {self.options.verify_budget_s:.0f} s" if self.options.verify_budget_s else "")
+        )
+        argv = timed_argv(self.program.argv, steps, self.options.warmup)
+        top = ranked[: self.options.verify]
+        letters = {r.setting: chr(ord("A") + i) for i, r in enumerate(top)}
+
+        def measure(row: Ranked, round_no: int) -> float | None:
+            label = f"verify-{letters[row.setting]}{round_no}"
             config = self.setting_config(row.setting, argv, f"{self.config.name}-{label}")
             probe = calibrator.probe_argv(config.program.argv, ["--report"])
             config = replace(config, program=replace(config.program, argv=tuple(probe)))
-            measured = None
             try:
                 sub = calibrator.launch(label, config)
                 text = calibrator.training_logs(sub, 1)[0]
-                measured = benchmark_result(text, f"the {label} run", sub).total
+                value = benchmark_result(text, f"the {label} run", sub).total
             except TuneError as err:
-                self.say(f"verify {row.setting.label}: {err}")
-            out[i] = replace(row, measured=measured)
-            shown = f"{measured:.2f}" if measured is not None else "failed"
-            self.say(
-                f"verify {i + 1}: {row.setting.label}: predicted {row.images_per_sec:.2f}, "
-                f"measured {shown} img/s"
-            )
-        self.ranked = out
-        for line in ts.table_lines(out, limit=max(self.options.verify, 5)):
+                self.say(f"{label} {row.setting.label}: {err}")
+                return None
+            self.say(f"{label}: {row.setting.label}: {value:.2f} img/s")
+            return value
+
+        for row, letter in letters.items():
+            self.say(f"{letter}: {row.label}")
+        outcome = Race(top, measure, self.options.verify_rounds, self.options.verify_budget_s).run()
+        for line in outcome.lines:
             self.say(line)
-        return out
+        for e in outcome.entries:
+            self.verified[e.row.setting] = {
+                "runs": list(e.runs),
+                "spread": relative_spread(e.runs),
+                "failed": e.failed,
+                "dropped_after_round": e.dropped_after,
+                "within_noise": e in outcome.within_noise,
+            }
+        measured = {e.row.setting: e.mean for e in outcome.entries if e.runs}
+        rows = [replace(r, measured=measured.get(r.setting)) for r in ranked]
+        first = next((r for r in rows if r.setting == outcome.pick.row.setting), rows[0])
+        self.ranked = ts.measured_first(rows, first)
+        for line in ts.table_lines(self.ranked, limit=max(self.options.verify, 5)):
+            self.say(line)
+        error = ts.model_error_line(self.ranked)
+        if error:
+            self.say(error)
+        return self.ranked
+
+    def choose(self) -> Ranked:
+        """The setting tuned.yaml holds: the first of the ranking (after --verify, the race's
+        pick), unless the model is out of its depth for it and it was not measured: then the
+        best setting within the model's depth."""
+        top = self.ranked[0]
+        if top.measured is not None or not top.notes:
+            return top
+        within = next((r for r in self.ranked if not r.notes), None)
+        if within is None:
+            return top
+        self.say(
+            f"{top.setting.label} is predicted first but outside the model's depth; not picked "
+            f"unmeasured: picking {within.setting.label} (measure both with --verify K)"
+        )
+        return within
+
+    def write(self, run: Run) -> Path:
+        self.pick = self.choose()
+        argv = ts.setting_argv(self.program.argv, self.pick.setting, self.program.knobs)
+        path = write_tuned(self.file, self.pick, argv, run.id, run.dir, self.options.out)
+        self.say(f"wrote {path} (and {run.dir / 'tuned.yaml'})")
+        return path
 
     def document(self) -> dict:
         return {
             "calibration": dataclasses.asdict(self.cal),
-            "inputs": self.calibrator.inputs.to_dict() if self.calibrator.inputs else None,
+            "inputs": self.inputs.to_dict() if self.inputs else None,
             "ranked": [
                 {
                     **r.setting.to_dict(),
@@ -226,9 +321,11 @@ class Session:
                     "bound": r.bound,
                     "notes": list(r.notes),
                     "measured": r.measured,
+                    **({"verify": self.verified[r.setting]} if r.setting in self.verified else {}),
                 }
                 for r in self.ranked
             ],
+            "left_out": [{**s.to_dict(), "reason": reason} for s, reason in self.left_out],
             "pick": self.pick.setting.to_dict() if self.pick else None,
             "sync": self.program.knobs.sync,
         }

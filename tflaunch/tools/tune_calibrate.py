@@ -21,6 +21,7 @@ from typing import Any
 
 from tflaunch import launch
 from tflaunch.cluster.config import ClusterConfig
+from tflaunch.cluster.plan import Plan
 from tflaunch.errors import PlanError
 from tflaunch.runtime.run import Run
 from tflaunch.tools import perfmodel as pm
@@ -45,7 +46,9 @@ class TuneOptions:
     warmup: int = 3
     max_ps: int | None = None  # default: max(the file's PS, its workers)
     verify: int = 0
-    verify_steps: int = 6
+    verify_steps: int = 6  # the fewest timed steps of a verify run (more where steps vary)
+    verify_rounds: int = 3  # rounds of the verify race at the most
+    verify_budget_s: float = 0.0  # no verify round starts that would pass it (0: no limit)
     apply: bool = False
     link: pm.Link | None = None  # given: no netbench
     model: str | None = None  # a program that is not the benchmark: its network's name
@@ -69,6 +72,8 @@ class Calibration:
     shared_cores: bool = False
     compute_at: tuple[tuple[int, float], ...] = ()
     cores_per_host: int = 0  # 0: not known (a traced program's run does not say)
+    host_cores: dict[str, int] = dataclasses.field(default_factory=dict)  # plan host: usable
+    step_times: tuple[float, ...] = ()  # the lone worker's timed steps
     link: dict[str, float] = dataclasses.field(default_factory=dict)
     loopback: dict[str, float] = dataclasses.field(default_factory=dict)  # within a host
     nic: bool = False
@@ -171,6 +176,8 @@ class Calibrator:
         lone = self.probe_run("lone", 1)
         self.cal.lone_img_s = lone["rates"][0]
         self.cal.cores_per_host = lone["cores"]
+        self.cal.host_cores = host_cores(lone["probes"], launch.plan_cluster(self.config))
+        self.cal.step_times = lone["step_times"][0]
         self.cal.compute_s = self.program.batch_size / lone["rates"][0]
         self.say(
             f"a lone worker: {lone['rates'][0]:.2f} img/s ({self.cal.compute_s * 1e3:.0f} ms a "
@@ -237,11 +244,16 @@ class Calibrator:
         """Any program: one worker traced; its step time less communication."""
         from tflaunch.launchers.base import LaunchOptions
         from tflaunch.runtime.run import new_run_id
+        from tflaunch.trace.request import TraceRequest, trace_dir
 
         roles = replace(self.config.roles, worker=1, chief=0, evaluator=0)
         config = replace(self.config, name=f"{self.config.name}-traced", roles=roles)
         run_id = new_run_id(config.name)
-        config, request = launch.traced(config, self.runs_dir, run_id, self.options.trace_steps)
+        on_hosts = launch.backend_for(config.backend).host_run_dir(config, run_id)
+        request = TraceRequest.from_options(
+            trace_dir(self.runs_dir, run_id, on_hosts), self.options.trace_steps, None, None
+        )
+        config = request.applied(config)
         log = self.run.dir / "traced.log"
         with log.open("w", encoding="utf-8") as out, contextlib.redirect_stdout(out):
             outcome = launch.up(
@@ -279,7 +291,7 @@ class Calibrator:
             self.cal.nic = len(launch.backend_for(self.config.backend).hosts(self.config)) > 1
             self.say("link given (--link): no netbench")
         else:
-            config = self.pair_config()
+            config = pair_config(self.config)
             options: dict[str, object] = {"min_repeats": 3, "max_seconds": 0.3}
             # netbench's other workers leave once their part is done, and with no PS test they
             # have none: the first worker would time transfers with a task that is gone. A PS
@@ -326,26 +338,25 @@ class Calibrator:
         write_json(self.run.dir / "inputs.json", self.inputs.to_dict())
         return self.inputs
 
-    def pair_config(self) -> ClusterConfig:
-        """One PS and two workers of the file's hosts, the PS beside the first worker and the
-        second on another host where the plan allows: the link between hosts and the loopback
-        within one, in one run; else one PS and one worker on the one host."""
-        roles = replace(self.config.roles, ps=1, worker=2, chief=0, evaluator=0)
-        base = replace(
-            self.config,
-            name=f"{self.config.name}-netbench",
-            roles=roles,
-            placement=replace(
-                self.config.placement, ps="colocated", ps_per_host=None, workers_per_host=1
-            ),
-        )
-        try:
-            plan = launch.plan_cluster(base)
-            if len({t.host for t in plan.tasks}) > 1:
-                return base
-        except PlanError:
-            pass
-        return replace(base, roles=replace(roles, worker=1), placement=self.config.placement)
+
+def pair_config(config: ClusterConfig) -> ClusterConfig:
+    """One PS and two workers of the file's hosts, the PS beside the first worker and the
+    second on another host where the plan allows: the link between hosts and the loopback
+    within one, in one run; else one PS and one worker on the one host."""
+    roles = replace(config.roles, ps=1, worker=2, chief=0, evaluator=0)
+    base = replace(
+        config,
+        name=f"{config.name}-netbench",
+        roles=roles,
+        placement=replace(config.placement, ps="colocated", ps_per_host=None, workers_per_host=1),
+    )
+    try:
+        plan = launch.plan_cluster(base)
+        if len({t.host for t in plan.tasks}) > 1:
+            return base
+    except PlanError:
+        pass
+    return replace(base, roles=replace(roles, worker=1), placement=config.placement)
 
 
 def split_links(result: dict) -> tuple[pm.Link, pm.Link | None]:
@@ -360,6 +371,17 @@ def split_links(result: dict) -> tuple[pm.Link, pm.Link | None]:
             raise TuneError("netbench measured no pair of tasks.")
         return loopback, loopback
     return link_from_netbench({**result, "point_to_point": across}), loopback
+
+
+def host_cores(probes: Sequence[dict], plan: Plan) -> dict[str, int]:
+    """Per host of the plan, the cores its probes said the host lets tasks use (their agent's)."""
+    hosts = {t.name: t.host for t in plan.tasks}
+    out: dict[str, int] = {}
+    for probe in probes:
+        host, cores = hosts.get(str(probe.get("task"))), probe.get("host_cores")
+        if host is not None and isinstance(cores, int) and cores > 0:
+            out[host] = min(out.get(host, cores), cores)
+    return out
 
 
 def core_sharing(probes: Sequence[dict]) -> str:

@@ -33,7 +33,7 @@ def _ps_hosts(text: str) -> tuple[str, ...]:
     type=click.IntRange(min=0),
     default=0,
     metavar="K",
-    help="Run the top K settings for a few timed steps each; pick by measurement.",
+    help="Race the top K settings (interleaved runs until they separate); pick by measurement.",
 )
 @click.option("--apply", "apply_", is_flag=True, help="Start the tuned cluster file at the end.")
 @click.option(
@@ -44,7 +44,28 @@ def _ps_hosts(text: str) -> tuple[str, ...]:
     help="Timed steps of each calibration worker.",
 )
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
-@click.option("--verify-steps", type=click.IntRange(min=1), default=6, show_default=True)
+@click.option(
+    "--verify-steps",
+    type=click.IntRange(min=1),
+    default=6,
+    show_default=True,
+    help="The fewest timed steps of a verify run (more where calibration's steps vary).",
+)
+@click.option(
+    "--verify-rounds",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Rounds of the verify race at the most (each runs every setting still in it once).",
+)
+@click.option(
+    "--verify-budget",
+    "verify_budget_s",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    metavar="S",
+    help="Start no verify round that would take the race past S seconds (0: no limit).",
+)
 @click.option(
     "--max-ps",
     type=click.IntRange(min=1, max=4096),
@@ -117,6 +138,8 @@ def tune_command(
     steps: int,
     warmup: int,
     verify_steps: int,
+    verify_rounds: int,
+    verify_budget_s: float,
     max_ps: int | None,
     link_text: str | None,
     model_name: str | None,
@@ -137,6 +160,8 @@ def tune_command(
         max_ps=max_ps,
         verify=verify,
         verify_steps=verify_steps,
+        verify_rounds=verify_rounds,
+        verify_budget_s=verify_budget_s,
         apply=apply_,
         link=parse_link(link_text) if link_text else None,
         model=model_name,

@@ -264,7 +264,7 @@ class Ranked:
 
 # Simpler first, among settings the model cannot tell apart: fewer PS, co-located, the default
 # update, no transfer change (and full-precision gradients), the simplest placement.
-def _simplicity(s: Setting) -> tuple:
+def simplicity(s: Setting) -> tuple:
     strategies = {name: i for i, name in enumerate(STRATEGIES)}
     updates = {"parameter_server": 0, "distributed_replicated": 1, ALL_REDUCE: 2}
     transfers = {"none": 0, "staged": 1, "packed": 1, "tic": 2, "float16": 2, "packed_float16": 3}
@@ -284,7 +284,7 @@ def rank(rows: Iterable[Ranked], tie: float = 0.01) -> list[Ranked]:
     while rows:
         top = rows[0].images_per_sec
         close = [r for r in rows if r.images_per_sec >= (1 - tie) * top]
-        close.sort(key=lambda r: _simplicity(r.setting))
+        close.sort(key=lambda r: simplicity(r.setting))
         out += close
         rows = [r for r in rows if r not in close]
     return out
@@ -426,27 +426,39 @@ def table_lines(ranked: Sequence[Ranked], limit: int | None = None) -> list[str]
     return lines
 
 
-def pick_by_measurement(ranked: Sequence[Ranked]) -> tuple[Ranked, list[str]]:
-    """The measured best among the verified rows, and what to say when the measured order
-    differs from the predicted one."""
-    verified = [r for r in ranked if r.measured is not None]
-    if not verified:
-        return ranked[0], ["no verified setting produced a figure; keeping the model's pick"]
-    best = max(verified, key=lambda r: r.measured or 0.0)
+def measured_first(rows: Sequence[Ranked], first: Ranked) -> list[Ranked]:
+    """``first``, then the other measured rows fastest first, then the unmeasured ones in their
+    order: no setting is ranked above a measured one without being measured."""
+    measured = sorted(
+        (r for r in rows if r.measured is not None and r is not first),
+        key=lambda r: -(r.measured or 0.0),
+    )
+    return [first, *measured, *(r for r in rows if r.measured is None and r is not first)]
+
+
+def left_out_lines(left_out: Sequence[tuple[Setting, str]], limit: int = 4) -> list[str]:
+    """The settings left out because they cannot run, one line per reason."""
+    by_reason: dict[str, list[Setting]] = {}
+    for setting, reason in left_out:
+        by_reason.setdefault(reason, []).append(setting)
     lines = []
-    order = [r.setting for r in sorted(verified, key=lambda r: -(r.measured or 0.0))]
-    if order != [r.setting for r in verified]:
-        lines.append(
-            "the measured order differs from the predicted one: picking by measurement, "
-            f"{best.setting.label} at {best.measured:.2f} img/s"
-        )
-    errors = [abs(r.images_per_sec / r.measured - 1) for r in verified if r.measured]
-    if errors:
-        lines.append(
-            f"model against measurement: median error {100 * statistics.median(errors):.1f} % "
-            f"over {len(errors)} settings"
-        )
-    return best, lines
+    for reason, settings in list(by_reason.items())[:limit]:
+        more = f" and {len(settings) - 1} more" if len(settings) > 1 else ""
+        lines.append(f"left out: {settings[0].label}{more}: {reason}")
+    if len(by_reason) > limit:
+        lines.append(f"left out for {len(by_reason) - limit} other reason(s): see tune.json")
+    return lines
+
+
+def model_error_line(rows: Sequence[Ranked]) -> str | None:
+    """The model's median error against the measured rows, or None when none was measured."""
+    errors = [abs(r.images_per_sec / r.measured - 1) for r in rows if r.measured]
+    if not errors:
+        return None
+    return (
+        f"model against measurement: median error {100 * statistics.median(errors):.1f} % "
+        f"over {len(errors)} settings"
+    )
 
 
 def tuned_document(
