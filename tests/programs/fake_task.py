@@ -11,7 +11,8 @@ with FAIL_CODE if its index is FAIL_INDEX (only in its first FAIL_RUNS runs, cou
 $TFLAUNCH_TASK_RESTARTS and $TFLAUNCH_CLUSTER_RESTARTS, which every task prints at its start).
 With WRITE_CHECKPOINT=1 a worker writes a file named after it into $TFLAUNCH_CHECKPOINT_DIR
 (made if missing) and prints that directory and its own arguments (``{checkpoint_dir}``).
-SIGUSR1 prints 'got SIGUSR1'. SPAWN_CHILD=1 makes every task start a long-sleeping child of its own;
+With TOTAL_IMAGES_PER_SEC set, a worker prints tf_cnn_benchmarks' last line, ``total images/sec: N``
+(N = that + its index), after 'done' (what ``tflaunch bench`` reads). SIGUSR1 prints 'got SIGUSR1'. SPAWN_CHILD=1 makes every task start a long-sleeping child of its own;
 SPAWN_DAEMON=1 a child in a session of its own that ignores SIGTERM (what escapes a process-group
 teardown).
 """
@@ -93,6 +94,8 @@ if "FINISH_AT_RESTART" in os.environ and restarts >= int(os.environ["FINISH_AT_R
     seconds = float(os.environ.get("FINISH_WORK_SECONDS", "0.2"))
 time.sleep(seconds)
 print("done", flush=True)
+if "TOTAL_IMAGES_PER_SEC" in os.environ:
+    print(f"total images/sec: {float(os.environ['TOTAL_IMAGES_PER_SEC']) + index:.2f}", flush=True)
 failing = str(index) == os.environ.get("FAIL_INDEX") and job == "worker"
 if failing and restarts < int(os.environ.get("FAIL_RUNS", "1000000")):
     sys.exit(int(os.environ.get("FAIL_CODE", "3")))
