@@ -30,7 +30,7 @@ from tflaunch.cluster.plan import (
 )
 from tflaunch.errors import ConfigError, MissingExtra, TflaunchError
 from tflaunch.runtime.run import Run, new_run_id
-from tflaunch.text import aligned
+from tflaunch.text import aligned, for_terminal
 from tflaunch.tools.bench_sweep import bench_command
 from tflaunch.tools.model_command import model_command
 from tflaunch.tools.netbench_command import netbench_command
@@ -93,7 +93,8 @@ class CliGroup(click.Group):
         except TflaunchError as err:
             if ctx.obj and ctx.obj.get("debug"):
                 traceback.print_exc()
-            click.echo(f"tflaunch: error: {err}", err=True)
+            message = for_terminal(str(err), sys.stderr)  # it may quote a host's reply
+            click.echo(f"tflaunch: error: {message}", err=True)
             sys.exit(err.exit_code)
 
 
@@ -484,16 +485,19 @@ def _watch_run(ctx: click.Context, runs_dir: str, run_id: str, interval: float) 
 
 
 def _show_run(runs_dir: str, run_id: str, as_json: bool) -> None:
-    """``status RUN_ID``: the run's state, its backend's lines, every task and its progress."""
+    """``status RUN_ID``: the run's state, its backend's lines, every task and its progress; a
+    run whose files cannot be read is said to be unreadable, and why."""
     from tflaunch.tools.report import task_table
+    from tflaunch.tools.runs import UNREADABLE, liveness, run_row
 
     run = Run.open(runs_dir, run_id)
     if as_json:
         from tflaunch.runtime.runctl import task_states
-        from tflaunch.tools.runs import run_row
 
-        record = {**asdict(run_row(run)), "tasks": list(task_states(run).values())}
-        click.echo(json.dumps(record, indent=2))
+        row = run_row(run)
+        readable = row.state != UNREADABLE and run.plan_path.exists()
+        tasks = list(task_states(run).values()) if readable else []
+        click.echo(json.dumps({**asdict(row), "tasks": tasks}, indent=2))
         return
     try:
         run.checked_record()
@@ -501,7 +505,10 @@ def _show_run(runs_dir: str, run_id: str, as_json: bool) -> None:
         click.echo(f"run {run.id}: unreadable: {err}")
         click.echo("its run.json cannot say its state; 'tflaunch logs' still reads its logs")
         return
-    state, why = launch.run_liveness(run)
+    state, why = liveness(run)
+    if state == UNREADABLE:  # e.g. a detached run's plan.json, which names its hosts
+        click.echo(f"run {run.id}: unreadable: {why}")
+        return
     record = run.record()
     click.echo(
         f"run {run.id}: {state} (backend {record.backend}"
@@ -589,7 +596,7 @@ def logs(run_id: str, tasks: tuple[str, ...], follow: bool, runs_dir: str) -> No
     backend = launch.backend_of(run)
     backend.refresh(run)  # a run that lives elsewhere (detached ssh) is brought here first
     for line in runctl.follow_logs(run, list(tasks), follow, lambda: backend.cluster_alive(run)):
-        click.echo(line)
+        click.echo(for_terminal(line, sys.stdout))
 
 
 @cli.command()

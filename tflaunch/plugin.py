@@ -69,6 +69,7 @@ _SOURCES: dict[str, str] = {
     "write_run_file": "tflaunch.runtime.runfiles",
     "open_run_file": "tflaunch.runtime.runfiles",
     "is_component": "tflaunch.runtime.runfiles",  # a name safe to join to a run directory
+    "RunFileError": "tflaunch.runtime.runfiles",  # a run file there but not readable as one
     "PLAN_FILE": "tflaunch.runtime.runfiles",
     "EVENTS_FILE": "tflaunch.runtime.runfiles",
     "CONSOLE_FILE": "tflaunch.runtime.runfiles",
@@ -85,6 +86,7 @@ _SOURCES: dict[str, str] = {
     "spawn": "tflaunch.runtime.procs",  # a process group of its own, optionally tied to us
     "terminate_group": "tflaunch.runtime.procs",  # SIGTERM, bounded wait, SIGKILL
     "free_ports": "tflaunch.runtime.procs",  # ports of this machine nobody listens on
+    "in_threads": "tflaunch.threads",  # one call per item in daemon threads, under a deadline
     # Tracing: the request up --trace makes, and where a backend's capture runs (Backend.trace_site)
     "TraceRequest": "tflaunch.trace.request",
     "TraceSite": "tflaunch.trace.site",
@@ -201,10 +203,12 @@ if TYPE_CHECKING:
         EVENTS_FILE,
         PLAN_FILE,
         SAMPLES_PREFIX,
+        RunFileError,
         is_component,
         open_run_file,
         write_run_file,
     )
     from tflaunch.runtime.signals import Requeue
+    from tflaunch.threads import in_threads
     from tflaunch.trace.request import TraceRequest
     from tflaunch.trace.site import TraceSite

@@ -186,11 +186,7 @@ class SshBackend(Backend):
         if self.hosts_pending(config):
             return []
         names = (h.connect_address for h in plan.hosts_with_tasks())
-        return [
-            f"host {name!r} does not resolve on this machine; fix hosts: (or the host file), "
-            "or /etc/hosts"
-            for name in procs.unresolved(names)
-        ]
+        return procs.unresolved(names, "fix hosts: (or the host file), or /etc/hosts")
 
     # ---- attached runs: the launcher is the coordinator ------------------------------------
 

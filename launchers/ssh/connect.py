@@ -23,14 +23,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
 import paramiko
 
 from tflaunch.launchers.ssh.section import SshSection
-from tflaunch.plugin import LaunchError, env_name_problem
+from tflaunch.plugin import LaunchError, env_name_problem, in_threads
 
 T = TypeVar("T")
 _KNOWN_HOSTS_LOCK = threading.Lock()
@@ -363,19 +362,15 @@ def connect(
 def parallel(
     func: Callable[[T], Any], items: Iterable[T]
 ) -> list[tuple[T, Any, BaseException | None]]:
-    """Run ``func`` on every item in threads; (item, result, error) in the items' order."""
-    items = list(items)
-    if not items:
-        return []
-
-    def call(item: T) -> tuple[T, Any, BaseException | None]:
-        try:
-            return item, func(item), None
-        except Exception as err:  # collected and reported per host by the caller
-            return item, None, err
-
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(items))) as pool:
-        return list(pool.map(call, items))
+    """Run ``func`` on every item in threads; (item, result, error) in the items' order. The
+    threads are daemons (:func:`tflaunch.plugin.in_threads`): where a caller stops waiting
+    (``status``'s deadline over hosts that accept a connection and never speak), a connection
+    still waiting on a host does not hold the process at its exit."""
+    answers = in_threads(func, items, MAX_PARALLEL, name="tflaunch-ssh")
+    for answer in answers:  # errors are reported per host by the caller; SystemExit is not one
+        if answer.error is not None and not isinstance(answer.error, Exception):
+            raise answer.error
+    return [(a.item, a.value, a.error) for a in answers]
 
 
 def connect_jump(options: SshOptions) -> Connection | None:

@@ -56,6 +56,7 @@ from tflaunch.plugin import (
     LaunchError,
     Plan,
     Run,
+    RunFileError,
     agent_args,
     agent_argv,
     open_run_file,
@@ -298,7 +299,10 @@ class HostSession:
         if self.connections:
             return
         details = run.record().part(SshDetails)
-        plan = run.read_plan()
+        try:
+            plan = run.read_plan()
+        except FileNotFoundError:  # its hosts are named there: the run cannot be reached
+            raise RunFileError(f"no {PLAN_FILE} in {run.dir}") from None
         self.paths = {name: HostPaths(**p) for name, p in details.ssh_hosts.items()}
         try:
             self.connections = connect_all(

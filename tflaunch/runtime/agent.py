@@ -603,10 +603,8 @@ def preflight_here(plan: Plan, hosts: list[str]) -> list[str]:
     host's cluster address resolves here, that a Python's script exists and, under
     ``program.keras: legacy``, that the tasks' Python has tf_keras
     (:mod:`~tflaunch.runtime.programcheck`). One sentence per problem."""
-    problems = [
-        f"host {name!r} does not resolve on this machine; fix hosts: or /etc/hosts"
-        for name in procs.unresolved(plan.host(h).cluster_address for h in hosts)
-    ]
+    addresses = (plan.host(h).cluster_address for h in hosts)
+    problems = procs.unresolved(addresses, "fix hosts: or /etc/hosts")
     views = {}
     for host in hosts:
         tasks = list(plan.tasks_on(host))

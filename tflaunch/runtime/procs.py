@@ -19,8 +19,12 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import psutil
 
+from tflaunch.threads import in_threads
+
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
+RESOLVE_DEADLINE_S = 5.0  # all of a check's host-name look-ups together (see unresolved)
+RESOLVERS = 128  # look-ups at once (past that, names wait their turn)
 RUN_MARKER = "TFLAUNCH_RUN_DIR"  # in every task's environment, inherited by all it starts
 
 
@@ -224,15 +228,36 @@ def listeners(port: int) -> str:
     return ", ".join(sorted(set(found))) or "a process this user cannot see"
 
 
-def unresolved(names: Iterable[str]) -> list[str]:
-    """The host names (or addresses) among ``names`` that this machine cannot resolve."""
-    missing = []
-    for name in dict.fromkeys(names):
-        try:
-            socket.getaddrinfo(name, None)
-        except (OSError, UnicodeError):
-            missing.append(name)
-    return missing
+def unresolved(names: Iterable[str], fix: str) -> list[str]:
+    """Why host names (or addresses) among ``names`` are no use here, one sentence each: those
+    this machine cannot resolve (``fix`` says where to mend them), and, in one sentence, those
+    the resolver has not answered for within :data:`RESOLVE_DEADLINE_S`. Every name is looked
+    up at once: a slow resolver (glibc waits 5 s a server, times its attempts) costs the
+    deadline once, not its timeout per name."""
+    answers = in_threads(_lookup, dict.fromkeys(names), RESOLVERS, RESOLVE_DEADLINE_S)
+    problems = [
+        f"host {a.item!r} does not resolve on this machine; {fix}"
+        for a in answers
+        if a.done and a.error is not None
+    ]
+    slow = [a.item for a in answers if not a.done]
+    if slow:
+        shown = ", ".join(repr(name) for name in slow[:5]) + (
+            f" and {len(slow) - 5} more" if len(slow) > 5 else ""
+        )
+        problems.append(
+            f"the resolver did not answer within {RESOLVE_DEADLINE_S:g} s for "
+            f"{len(slow)} host name(s): {shown}; check the DNS servers in /etc/resolv.conf, "
+            f"or {fix}"
+        )
+    return problems
+
+
+def _lookup(name: str) -> None:
+    try:
+        socket.getaddrinfo(name, None)
+    except UnicodeError as err:  # an over-long label: no name at all
+        raise OSError(str(err)) from None
 
 
 def port_free(port: int, host: str = "") -> bool:

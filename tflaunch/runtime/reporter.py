@@ -19,6 +19,7 @@ from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.runfiles import open_run_file
 from tflaunch.runtime.statusline import ClusterProgress, StatusLine
 from tflaunch.runtime.tasks import TaskBoard, TaskState
+from tflaunch.text import for_terminal
 from tflaunch.trace.site import TraceSite
 
 
@@ -91,7 +92,8 @@ class Reporter:
             self.progress.line(task, line)
             if step is not None:
                 self.progress.step(task, step, time.time() if at is None else float(at))
-        self.console.write(f"{'[' + task + ']':<{self.width}} {line}", redraw=step is not None)
+        prefix = f"{'[' + task + ']':<{self.width}} "
+        self.console.write(line, prefix=prefix, redraw=step is not None)
 
     def say(self, message: str) -> None:
         self.console.write(f"[tflaunch] {message}")
@@ -100,7 +102,8 @@ class Reporter:
         if outcome.code == 0:
             self.say(f"run {self.run.id} {outcome.message}; run directory {self.run.dir}")
         else:
-            sys.stderr.write(f"tflaunch: run {self.run.id} failed: {outcome.message}\n")
+            message = for_terminal(outcome.message, sys.stderr)  # its tasks' last lines
+            sys.stderr.write(f"tflaunch: run {self.run.id} failed: {message}\n")
             sys.stderr.flush()
 
     # ---- failure reports ---------------------------------------------------------------------

@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
+from tflaunch.text import is_terminal, terminal_text
+
 WINDOW_S = 10.0  # steps/s over this many seconds of step lines
 SHOWN_WORKERS = 4  # workers named one by one; past that, their count and the slowest
 REDRAW_S = 0.1  # a step line redraws the status line at once, at most this often
@@ -36,11 +38,15 @@ _EPOCH_STEPS = re.compile(r"^\s*\d+/(\d+) +(?:\[|- )")
 
 def wants_status_line(out: IO[str]) -> bool:
     """Whether ``out`` is a terminal that can keep a line under the output."""
-    try:
-        tty = out.isatty()
-    except (AttributeError, ValueError):
-        return False
-    return tty and os.environ.get("TERM", "") not in ("", "dumb")
+    return is_terminal(out) and os.environ.get("TERM", "") not in ("", "dumb")
+
+
+def shown_line(line: str) -> str:
+    """A line of a task's output as a terminal is shown it: the last frame of a line a progress
+    bar redrew (``\r``, backspaces), colour kept and every other control dropped
+    (:func:`tflaunch.text.terminal_text`)."""
+    frames = [f for f in _FRAME_BREAK.split(line) if f.strip()]
+    return terminal_text(frames[-1] if frames else "")
 
 
 def clock(seconds: float) -> str:
@@ -58,6 +64,7 @@ class StatusLine:
         self._live: Any = None
         self._lock = threading.Lock()
         self._redrawn = 0.0  # when a written line last redrew the status line
+        self._terminal = is_terminal(out)
         if not wants_status_line(out):
             return
         from rich.console import Console
@@ -87,20 +94,20 @@ class StatusLine:
             text = f"(status line: {err})"
         return Text(text, no_wrap=True, overflow="ellipsis", style="bold")
 
-    def write(self, line: str, redraw: bool = False) -> None:
-        """One line of output, above the status line; ``redraw``: the line changed what the
-        status line says (a step), so it is drawn anew under it at once (at most every
-        REDRAW_S), not with the last periodic refresh's text, a step behind."""
+    def write(self, line: str, prefix: str = "", redraw: bool = False) -> None:
+        """One line of output, above the status line, after ``prefix`` (ours: the task's name);
+        on a terminal the line as :func:`shown_line` shows it, where a pipe or a file gets it
+        as it came. ``redraw``: the line changed what the status line says (a step), so it is
+        drawn anew under it at once (at most every REDRAW_S), not with the last periodic
+        refresh's text, a step behind."""
         if self._live is None:
-            self.out.write(line + "\n")
+            self.out.write(prefix + (shown_line(line) if self._terminal else line) + "\n")
             self.out.flush()
             return
         from rich.text import Text
 
-        # The last frame of a line a progress bar redrew with \r or backspaces.
-        frames = [f for f in _FRAME_BREAK.split(line) if f.strip()]
         with self._lock:
-            self._console.print(Text.from_ansi(frames[-1] if frames else ""), soft_wrap=True)
+            self._console.print(Text(prefix) + Text.from_ansi(shown_line(line)), soft_wrap=True)
             now = time.monotonic()
             if redraw and now - self._redrawn >= REDRAW_S:
                 self._redrawn = now

@@ -38,6 +38,7 @@ from tflaunch.runtime.runfiles import (
     replace_run_file,
     tail_lines,
 )
+from tflaunch.text import local_time, usable_time
 
 # Events drawn on the timeline, with their colour and a one-word label.
 MARKS: dict[type[protocol.Event], tuple[str, str]] = {
@@ -152,8 +153,8 @@ def _state_section(run: Run, record: RunRecord, problems: list[str]) -> Section:
         ("exit code", _esc(_or_dash(record.exit_code))),
         ("backend", _esc(_or_dash(record.backend))),
         ("hosts", _esc(", ".join(record.hosts) or "-")),
-        ("started", _when(record.started)),
-        ("ended", _when(record.ended)),
+        ("started", local_time(record.started)),
+        ("ended", local_time(record.ended)),
         ("duration", _span(record.started, record.ended)),
         ("run directory", _esc(run.dir)),
     ]
@@ -243,7 +244,7 @@ def _timeline_section(events: list[dict[str, Any]], record: RunRecord) -> Sectio
     if not events:
         return Section("timeline", "Timeline", "<p>No events were recorded.</p>")
     start = min(e.get("time", 0) for e in events)
-    end = max(max(e.get("time", 0) for e in events), float(record.ended or 0))
+    end = max(max(e.get("time", 0) for e in events), usable_time(record.ended) or 0.0)
     span = max(end - start, 1e-3)
     tasks = list(dict.fromkeys(e["task"] for e in events if "task" in e))
     return Section(
@@ -385,11 +386,8 @@ def _esc(value: object) -> str:
     return html.escape(str(value))
 
 
-def _when(stamp: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp)) if stamp else "-"
-
-
 def _span(start: float | None, end: float | None) -> str:
+    start, end = usable_time(start), usable_time(end)
     return f"{end - start:.1f} s" if start and end else "-"
 
 

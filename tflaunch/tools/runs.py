@@ -28,16 +28,24 @@ from tflaunch.errors import ConfigError, LaunchError, TflaunchError
 from tflaunch.runtime import protocol
 from tflaunch.runtime.run import ENDED, Run, list_runs
 from tflaunch.runtime.runfiles import RunFileError
-from tflaunch.text import aligned
+from tflaunch.text import aligned, local_time, usable_time
+from tflaunch.threads import in_threads
 
 DEFAULT_LIMIT = 20
 RESTART_EVENTS = (protocol.Restarting, protocol.ClusterRestarting)
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 UNREADABLE = "unreadable"
 UNKNOWN = "unknown"  # whether it still runs cannot be told here (its launcher is elsewhere)
+# How long the run list waits for the runs' backends, all of them together (see probe).
+PROBE_DEADLINE_S = 3.0
+MAX_ASKERS = 64  # threads asking backends at once
 # What a run's files can throw at their readers besides RunFileError: an events line or plan
 # entry of the wrong shape (e.g. a string where a number belongs).
 _BAD_DATA = (RunFileError, OSError, ValueError, TypeError, KeyError, AttributeError)
+
+
+# A run's liveness as asked of its backend: (state, why unknown), or what asking it ran into.
+Liveness = tuple[str, str | None] | BaseException
 
 
 @dataclass(frozen=True)
@@ -56,25 +64,24 @@ class RunRow:
     problem: str | None = None  # why its state is unknown or its files unreadable
 
 
-def run_row(run: Run, now: float | None = None) -> RunRow:
+def run_row(run: Run, now: float | None = None, probed: Liveness | None = None) -> RunRow:
     """The list's view of one run; an ``unreadable`` row, saying why, when its files are not
-    what tflaunch wrote."""
+    what tflaunch wrote. ``probed``: its liveness as :func:`probe` found it (else asked here)."""
     try:
-        return _read_row(run, now)
+        return _read_row(run, now, probed)
     except _BAD_DATA as err:
         why = str(err) if isinstance(err, OSError) else f"{type(err).__name__}: {err}"
         return RunRow(run.id, None, None, UNREADABLE, None, None, None, 0, None, why)
 
 
-def _read_row(run: Run, now: float | None) -> RunRow:
+def _read_row(run: Run, now: float | None, probed: Liveness | None) -> RunRow:
     record = run.checked_record()
-    started = record.started or record.created
-    ended = record.ended
-    problem = None
-    try:
-        state, problem = launch.run_liveness(run)
-    except TflaunchError as err:  # e.g. a Slurm run listed where squeue is not installed
-        state, problem = UNKNOWN, str(err)
+    started = usable_time(record.started or record.created)
+    ended = usable_time(record.ended)
+    answer = liveness(run) if probed is None else probed
+    if isinstance(answer, BaseException):
+        raise answer  # what asking its backend ran into: an unreadable row
+    state, problem = answer
     if started is None:
         duration = None
     elif ended is not None:
@@ -115,12 +122,40 @@ def run_rows(runs_dir: str | Path, limit: int | None = DEFAULT_LIMIT) -> tuple[l
     modified = {run.id: _modified(p) for run, p in zip(runs, found, strict=True)}
     runs.sort(key=lambda run: _start_of(run) or modified[run.id], reverse=True)
     shown = runs if limit is None else runs[:limit]
-    return [run_row(r) for r in shown], len(runs)
+    probed = probe(shown, PROBE_DEADLINE_S)
+    return [run_row(r, probed=probed.get(r.id)) for r in shown], len(runs)
+
+
+def probe(runs: list[Run], deadline_s: float) -> dict[str, Liveness]:
+    """The liveness of every run that has not ended, asked of their backends all at once (a
+    detached run's hosts over SSH, a scheduler's queue); a run whose answer has not come
+    ``deadline_s`` seconds after the questions went out is ``unknown``, saying so, and nothing
+    waits for it: hosts that accept a connection but never speak cost the list ``deadline_s``
+    in all, not a connect timeout per run. The askers are daemon threads: one still waiting
+    does not hold the process at its exit."""
+    asking = [run for run in runs if run.record().state not in ENDED]
+    for backend in {run.record().backend or "local" for run in asking}:
+        try:  # imported before the clock starts: the deadline is for the answers
+            launch.backend_for(backend)
+        except TflaunchError:
+            pass  # an unknown backend: its runs' rows say so
+    asked = in_threads(liveness, asking, MAX_ASKERS, deadline_s, name="tflaunch-status")
+    late = (
+        f"no answer within {deadline_s:g} s (its hosts or its scheduler did not reply in "
+        "time); 'tflaunch status RUN_ID' of this run alone waits for them"
+    )
+    found: dict[str, Liveness] = {}
+    for answer in asked:
+        if not answer.done:
+            found[answer.item.id] = (UNKNOWN, late)
+        else:  # what asking raised becomes the row's: an unreadable row, or a traceback
+            found[answer.item.id] = answer.value if answer.error is None else answer.error
+    return found
 
 
 def _start_of(run: Run) -> float:
     record = run.record()  # an empty one when unreadable: sorted by its directory's time
-    return float(record.started or record.created or 0.0)
+    return usable_time(record.started or record.created) or 0.0
 
 
 def _modified(path: Path) -> float:
@@ -146,7 +181,7 @@ def format_rows(rows: list[RunRow], shown_all: bool, total: int) -> list[str]:
                 row.name or "-",
                 row.backend or "-",
                 row.state,
-                _when(row.started),
+                local_time(row.started),
                 _duration(row.duration),
                 "-" if row.tasks is None else str(row.tasks),
                 str(row.restarts),
@@ -186,11 +221,8 @@ def check_removable(found: Path, force: bool = False) -> None:
     """Refuse to remove a live run, and one whose liveness only another machine can tell
     (unless ``force``: the user says it ended there)."""
     run = Run(found.name, found.resolve())
-    try:
-        state, why = launch.run_liveness(run)
-    except TflaunchError as err:
-        state, why = UNKNOWN, str(err)
-    if state == UNKNOWN:
+    state, why = liveness(run)
+    if state in (UNKNOWN, UNREADABLE):
         if force:
             return
         raise LaunchError(
@@ -227,45 +259,67 @@ def prune(
     runs_dir: str | Path, older_than: float, dry_run: bool, say: Callable[[str], None]
 ) -> int:
     """Remove every run under ``runs_dir`` that ended (or was lost) more than ``older_than``
-    seconds ago; live runs, runs whose run.json cannot be read and symlinked run directories
-    are kept and named. Returns how many were (or would be) removed."""
+    seconds ago; live runs, runs whose files cannot be read and symlinked run directories are
+    kept and named, and the others go on. Returns how many were (or would be) removed."""
     now = time.time()
     removed = 0
     for path in list_runs(runs_dir):
         run = Run(path.name, path.resolve())
-        if path.is_symlink():
-            say(f"kept {run.id}: {path} is a symlink; tflaunch never deletes through one")
-            continue
         try:
-            record = run.checked_record()
-        except RunFileError as err:
-            say(f"kept {run.id}: {err} (remove it with 'tflaunch rm {run.id}' if it is done)")
-            continue
-        last = record.ended or record.started or record.created or 0.0
-        if now - last < older_than:
-            continue
-        try:
-            state, why = launch.run_liveness(run)
-        except TflaunchError as err:
-            state, why = UNKNOWN, str(err)
-        if state == UNKNOWN:
+            removed += _prune_one(path, run, now - older_than, dry_run, say)
+        except _BAD_DATA as err:  # one broken run is named and kept; the rest are pruned
             say(
-                f"kept {run.id}: cannot tell whether it still runs ({why}); "
-                f"'tflaunch rm --force {run.id}' removes it if you know it ended"
+                f"kept {run.id}: unreadable: {err} ('tflaunch rm --force {run.id}' removes it "
+                "if it is done)"
             )
-            continue
-        if is_live(state):
-            say(f"kept {run.id}: still running (stop it with 'tflaunch down {run.id}')")
-            continue
-        if not dry_run:
-            shutil.rmtree(path)
-        say(f"{'would remove' if dry_run else 'removed'} {run.id} ({state})")
-        removed += 1
     return removed
 
 
-def _when(stamp: float | None) -> str:
-    return "-" if stamp is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+def _prune_one(
+    path: Path, run: Run, before: float, dry_run: bool, say: Callable[[str], None]
+) -> int:
+    """:func:`prune` of one run: 1 if removed (or, with ``dry_run``, would be)."""
+    if path.is_symlink():
+        say(f"kept {run.id}: {path} is a symlink; tflaunch never deletes through one")
+        return 0
+    try:
+        record = run.checked_record()
+    except RunFileError as err:
+        say(f"kept {run.id}: {err} (remove it with 'tflaunch rm {run.id}' if it is done)")
+        return 0
+    last = usable_time(record.ended or record.started or record.created) or 0.0
+    if last > before:  # younger than --older-than
+        return 0
+    state, why = liveness(run)
+    if state in (UNKNOWN, UNREADABLE):
+        doubt = (
+            f"unreadable: {why}"
+            if state == UNREADABLE
+            else f"cannot tell whether it still runs ({why})"
+        )
+        say(
+            f"kept {run.id}: {doubt}; 'tflaunch rm --force {run.id}' removes it if you know it ended"
+        )
+        return 0
+    if is_live(state):
+        say(f"kept {run.id}: still running (stop it with 'tflaunch down {run.id}')")
+        return 0
+    if not dry_run:
+        shutil.rmtree(path)
+    say(f"{'would remove' if dry_run else 'removed'} {run.id} ({state})")
+    return 1
+
+
+def liveness(run: Run) -> tuple[str, str | None]:
+    """:func:`tflaunch.launch.run_liveness`, ``unknown`` where the backend cannot be asked and
+    ``unreadable`` where the run's files do not say how to ask it (a detached run's hosts are
+    in its plan.json): both with why."""
+    try:
+        return launch.run_liveness(run)
+    except RunFileError as err:
+        return UNREADABLE, str(err)
+    except TflaunchError as err:  # e.g. a Slurm run listed where squeue is not installed
+        return UNKNOWN, str(err)
 
 
 def _duration(seconds: float | None) -> str:
