@@ -739,18 +739,17 @@ def test_keras_fit_under_multi_worker_mirrored_strategy_traced(tmp_path) -> None
 
 
 @pytest.mark.slow
-def test_example_mnist_traced_with_status_while_running_and_a_steps_plot(tmp_path) -> None:
-    """examples/local.yaml under --trace: a merged trace of its three tasks; `status` shows a
-    running worker's steps and steps/s; `report` draws steps/s per task."""
-    pytest.importorskip("tensorflow")
-    example = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())
-    program = {**example["program"], "env": {"TEST_MARKER": str(tmp_path)}}
-    program["argv"] = [sys.executable, *example["program"]["argv"][1:]]
-    cluster = write_cluster(tmp_path / "local.yaml", program, roles=example["roles"])
+def test_status_shows_a_running_workers_steps_and_report_draws_steps_per_task(tmp_path) -> None:
+    """While a run goes, `status` shows a running worker's step and steps/s, read from its
+    output; `report` draws steps/s per task and says the stragglers' spread. The launcher's part:
+    the stand-in counts steps where this test ran examples/local.yaml under --trace (MNIST's
+    trace added nothing the local backend's other traced runs lack)."""
+    argv = [sys.executable, "-m", "tflaunch.models.smoke", "--steps", "80", "--step-seconds"]
+    program = {"argv": [*argv, "0.25"], "env": {"TEST_MARKER": str(tmp_path)}}
+    cluster = write_cluster(tmp_path / "smoke.yaml", program)
     runs = tmp_path / "runs"
     up = subprocess.Popen(
-        [sys.executable, "-m", "tflaunch", "up", str(cluster), "--trace", "40:10"]
-        + ["--run-id", "mnist-traced"],
+        [sys.executable, "-m", "tflaunch", "up", str(cluster), "--run-id", "smoke-steps"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -760,7 +759,7 @@ def test_example_mnist_traced_with_status_while_running_and_a_steps_plot(tmp_pat
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and up.poll() is None:
-            status = tflaunch("status", "mnist-traced", "--runs-dir", str(runs), cwd=ROOT)
+            status = tflaunch("status", "smoke-steps", "--runs-dir", str(runs), cwd=ROOT)
             rows = [x.split() for x in status.stdout.splitlines() if x.startswith("worker:0 ")]
             # the task table's row, then the progress row: step, steps/s
             if len(rows) == 2 and int(rows[1][1]) >= 20 and rows[1][2] != "-":
@@ -775,12 +774,10 @@ def test_example_mnist_traced_with_status_while_running_and_a_steps_plot(tmp_pat
     assert "progress (from the tasks' output):" in seen, seen
     step, rate = [x.split() for x in seen.splitlines() if x.startswith("worker:0 ")][1][1:3]
     assert int(step) >= 20 and float(rate) > 0
-    trace = json.loads((runs / "mnist-traced" / "trace" / "trace.json").read_text())
-    _assert_tracks(trace, {"ps:0", "worker:0", "worker:1"}, {"worker:0", "worker:1"})
-    report = tflaunch("report", "mnist-traced", "--runs-dir", str(runs), cwd=ROOT)
+    report = tflaunch("report", "smoke-steps", "--runs-dir", str(runs), cwd=ROOT)
     assert report.returncode == 0, report.stderr
     assert "stragglers: step rate spread" in report.stdout
-    assert (runs / "mnist-traced" / "steps_per_task.png").stat().st_size > 10_000
+    assert (runs / "smoke-steps" / "steps_per_task.png").stat().st_size > 10_000
     assert wait_until_gone(str(tmp_path)) == []
 
 
