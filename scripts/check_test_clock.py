@@ -70,6 +70,16 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "the stall timeout (3 s) is the behaviour",
     ("tests/test_benchmark.py", "test_timed_loop_times_only_the_steps_after_the_barrier",
      "clock"): "the benchmark's own timing, checked for consistency (total >= sum of its steps)",
+    # Deadlines that run at once, not one after another: waiting takes no CPU to bound.
+    ("tests/test_broken_runs.py",
+     "test_twenty_detached_runs_on_hosts_that_never_speak_cost_the_list_one_deadline", "clock"):
+        "20 silent hosts cost status one probe deadline, not twenty (probed in parallel)",
+    ("tests/test_slow_resolver.py",
+     "test_a_hundred_names_cost_one_deadline_and_the_slow_ones_are_named", "clock"):
+        "a hundred slow host names cost one look-up deadline, not a hundred (looked up at once)",
+    ("tests/test_slow_resolver.py",
+     "test_validate_of_a_hundred_slow_host_names_is_out_within_ten_seconds", "clock"):
+        "validate's look-ups of a hundred slow names share one deadline",
     # Literal addresses that nothing binds or connects to.
     ("tests/cloud/test_ssh_provision.py",
      "test_a_provisioned_up_plans_twice_and_writes_the_plan_once", "port"):

@@ -57,4 +57,13 @@ bash scripts/check_imports.sh
 python3 scripts/check_test_clock.py  # no verdict from the wall clock, no literal port in tests/
 # Two workers (TEST_WORKERS): the SSH test hosts' and the Slurm cluster's tests each stay on one
 # worker (tests/conftest.py groups them), the rest spread. TEST_WORKERS=0 runs in this process.
-python3 -m pytest -n "${TEST_WORKERS:-2}" --dist loadgroup "$@"
+# Each test's wall and CPU seconds go to .test-costs/ (tests/costs.py); the most expensive
+# modules are printed after the run, passed or not (tests/README.md keeps the table).
+rm -rf .test-costs
+status=0
+python3 -m pytest -p tests.costs --costs .test-costs -n "${TEST_WORKERS:-2}" --dist loadgroup "$@" \
+  || status=$?
+if compgen -G ".test-costs/*.jsonl" >/dev/null; then
+  python3 scripts/test_costs.py .test-costs --top 10 | sed -n '/^Modules/,/^$/p'
+fi
+exit "$status"
