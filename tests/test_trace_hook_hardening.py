@@ -317,3 +317,51 @@ def test_a_compiler_failure_is_tried_again_later_and_cxx_is_split_like_a_shell_w
     assert _fix_note(mismatch).startswith("not built: its layouts differ from TensorFlow's")
     (failed,) = (mismatch / "cache" / "tflaunch").glob("*.failed")
     assert json.loads(failed.read_text())["retry"] is None  # final: the header decides
+
+
+@pytest.mark.parametrize("version", ["2.7", "3.6", "current"])
+def test_a_programs_own_import_of_sitecustomize_gets_its_own_module(tmp_path, version) -> None:
+    """The hook hides the program's sitecustomize behind its shim and runs it; a program that
+    imports it by name gets its own module, not the shim (AttributeError before)."""
+    python = sys.executable
+    if version != "current":
+        found = sorted(PYENV.glob(f"{version}.*/bin/python{version}"))
+        if not found:
+            pytest.skip(f"no Python {version} here (pyenv's {PYENV})")
+        python = str(found[-1])
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("SETTING = 'theirs'\n")
+    env = {**_hook_env(tmp_path, theirs), "PYTHONDONTWRITEBYTECODE": "1"}
+    code = "import sitecustomize; print(sitecustomize.SETTING)"
+    out = _python(tmp_path, code, env, python)
+    assert (out.stdout.strip(), out.stderr) == ("theirs", "")
+    if version == "current":
+        assert trace_files.read_notes(tmp_path / "trace").python == {"worker:0"}  # still hooked
+
+
+def test_a_cached_fix_cut_short_or_changed_is_built_again(tmp_path) -> None:
+    """The cached library is loaded only while its size and checksum are those recorded at
+    the build: one cut short ('file too short' before, and never rebuilt), one with a byte
+    changed, or one with no record is built again, and the fix loads."""
+    _compiler()
+    env = _fix_env(tmp_path)
+    _python(tmp_path, "import tensorflow", env)  # builds into the cache
+    (built,) = (tmp_path / "cache" / "tflaunch").glob("profiler_fix-*.so")
+    good = built.read_bytes()
+    record = built.with_name(built.name + ".sum")
+
+    def cut_short() -> None:
+        built.write_bytes(good[: len(good) // 2])
+
+    def changed() -> None:
+        data = bytearray(good)
+        data[len(data) // 2] ^= 0xFF
+        built.write_bytes(bytes(data))
+
+    for spoil in (cut_short, changed, record.unlink):
+        spoil()
+        out = _python(tmp_path, "import tensorflow", env)
+        assert out.stdout.strip() == "fix symbol True", (spoil.__name__, out.stdout, out.stderr)
+        assert _fix_note(tmp_path) == "loaded", spoil.__name__
+        assert built.read_bytes() == good and record.is_file(), spoil.__name__

@@ -80,7 +80,9 @@ def is_hook_folder(entry: str) -> bool:
 
 
 def _chain() -> None:
-    """Run the next ``sitecustomize`` on the path, as if this one were not there."""
+    """Run the next ``sitecustomize`` on the path, as if this one were not there. It stays
+    ``sys.modules["sitecustomize"]``: the import ``site`` is in the middle of (the shim's)
+    returns it, and so does a program's own ``import sitecustomize`` later."""
     ours = sys.modules.get("sitecustomize")
     try:
         from importlib.machinery import PathFinder
@@ -96,7 +98,6 @@ def _chain() -> None:
         spec.loader.exec_module(module)
     except Exception as exc:  # as site.py does: a broken sitecustomize is reported, not fatal
         sys.stderr.write(f"Error in sitecustomize (run by tflaunch's trace hook): {exc!r}\n")
-    finally:
         if ours is not None:
             sys.modules["sitecustomize"] = ours
 
@@ -285,6 +286,45 @@ def _read_failure(folder: int, name: str) -> str | None:
     return None
 
 
+def _open_built(folder: int, name: str) -> int | None:
+    """The cached fix opened as :func:`_open_trusted` opens it, and only while it is what was
+    built: the size and SHA-256 recorded beside it at the build (``<name>.sum``). A library cut
+    short (a full disk, a killed copy) or changed is not loaded, and is built again."""
+    import json
+
+    fd = _open_trusted(name, folder)
+    if fd is None:
+        return None
+    expected = None
+    record = _open_trusted(f"{name}.sum", folder)
+    if record is not None:
+        try:
+            with os.fdopen(record, "rb") as f:
+                expected = json.loads(f.read(4096))
+        except (OSError, ValueError):
+            pass
+    try:
+        if _digest(fd) == (int(expected["size"]), str(expected["sha256"])):  # type: ignore[index]
+            return fd
+    except (OSError, ValueError, KeyError, TypeError):  # no record, or not one
+        pass
+    os.close(fd)
+    return None
+
+
+def _digest(fd: int) -> tuple[int, str]:
+    """The size and SHA-256 of the open file ``fd`` (read with pread: its offset stays)."""
+    import hashlib
+
+    digest, offset = hashlib.sha256(), 0
+    while True:
+        chunk = os.pread(fd, 1 << 20, offset)
+        if not chunk:
+            return offset, digest.hexdigest()
+        digest.update(chunk)
+        offset += len(chunk)
+
+
 def _write_into(folder: int, name: str, data: bytes) -> None:
     """``data`` as ``name`` in the cache, atomically, never through a symlink."""
     tmp = f".{name}.{os.getpid()}.tmp"
@@ -298,18 +338,19 @@ def _build_cached(folder: int, key: str, cxx: list[str], include: str) -> tuple[
     """The built fix opened from the cache (built there first, under a lock, if need be), or
     (None, why not)."""
     import fcntl
+    import hashlib
     import json
     import tempfile
     import time
 
     name, failed = f"profiler_fix-{key}.so", f"profiler_fix-{key}.failed"
-    fd = _open_trusted(name, folder)
+    fd = _open_built(folder, name)
     if fd is not None:
         return fd, ""
     lock = os.open(f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600, dir_fd=folder)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build per host: the others wait, then read it
-        fd = _open_trusted(name, folder)
+        fd = _open_built(folder, name)
         if fd is not None:
             return fd, ""
         why = _read_failure(folder, failed)
@@ -323,8 +364,11 @@ def _build_cached(folder: int, key: str, cxx: list[str], include: str) -> tuple[
                 _write_into(folder, failed, json.dumps({"why": why, "retry": retry}).encode())
                 return None, why
             with open(out, "rb") as f:
-                _write_into(folder, name, f.read())
-        fd = _open_trusted(name, folder)
+                built = f.read()
+            _write_into(folder, name, built)
+            record = {"size": len(built), "sha256": hashlib.sha256(built).hexdigest()}
+            _write_into(folder, f"{name}.sum", json.dumps(record).encode())
+        fd = _open_built(folder, name)
         return fd, "" if fd is not None else "not loaded: the cache changed under the build"
     finally:
         os.close(lock)

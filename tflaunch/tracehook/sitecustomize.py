@@ -56,7 +56,8 @@ def _old_python_note():
 
 
 def _old_python_chain():
-    """The hidden ``sitecustomize``, run with what this Python has (imp on 2.7)."""
+    """The hidden ``sitecustomize``, run with what this Python has (imp on 2.7); it stays the
+    ``sitecustomize`` module, as the hook leaves it (see ``_tflaunch_hook._chain``)."""
     here = os.path.dirname(os.path.realpath(__file__))
     path = [p for p in sys.path if not _is_hook_folder(p, here)]
     ours = sys.modules.pop("sitecustomize", None)
@@ -88,7 +89,6 @@ def _old_python_chain():
                         found[0].close()
     except Exception as exc:  # as site.py does: a broken sitecustomize is reported, not fatal
         sys.stderr.write("Error in sitecustomize (run by tflaunch's trace hook): %r\n" % (exc,))
-    finally:
         if ours is not None:
             sys.modules["sitecustomize"] = ours
 
