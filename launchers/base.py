@@ -30,6 +30,7 @@ from tflaunch.runtime.coordinator import Requeue, Revive, coordinate
 from tflaunch.runtime.link import ProcessLink, agent_argv
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.trace.request import TraceRequest
+from tflaunch.trace.run import RunTrace
 from tflaunch.trace.site import TraceSite
 
 
@@ -84,8 +85,9 @@ class Backend(ABC):
             run.finish(Outcome(err.exit_code, str(err)))
             raise
         revive = self.reviver(config, plan, run)
-        site = self.trace_site(config, plan, run)
-        return coordinate(plan, run, links, requeue=self.requeue, revive=revive, trace_site=site)
+        request = options.trace if options else None
+        trace = RunTrace(request, self.trace_site(config, plan, run)) if request else None
+        return coordinate(plan, run, links, requeue=self.requeue, revive=revive, trace=trace)
 
     def reviver(self, config: ClusterConfig, plan: Plan, run: Run) -> Revive | None:
         """How to start a new agent on a host that stopped answering and answers again
@@ -93,9 +95,9 @@ class Backend(ABC):
         return None
 
     def trace_site(self, config: ClusterConfig, plan: Plan, run: Run) -> TraceSite | None:
-        """Where ``up --trace``'s capture of any program runs and its files are, once the
+        """Where a traced run's capture of any program runs and its files are, once the
         agents started; None: on this machine, which reaches every task's profiler port and
-        shares the run's trace directory with the tasks (local, Slurm)."""
+        shares the run's trace directory with the tasks (local, Slurm). Asked of traced runs only."""
         return None
 
     def detach(

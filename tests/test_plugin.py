@@ -20,7 +20,8 @@ PLUGIN_FILE = ROOT / "tflaunch" / "plugin.py"
 # What an in-tree backend still imports around tflaunch.plugin: its folder -> the tflaunch modules.
 # Only the SSH backend, for what no other backend needs and the surface does not promise: it asks
 # the clouds' provisioner for hosts (it is the one backend clouds serve), runs the coordinator on a
-# host of a detached run (the runtime's coordinate, rendezvous and protocol), gathers an SSH trace
+# host of a detached run (the runtime's coordinate, rendezvous and protocol, the agent's entry and
+# the trace handed to that coordinator), gathers an SSH trace
 # (the trace site's helper and files) and forwards TensorBoard. Add nothing here: extend
 # tflaunch.plugin instead.
 AROUND_THE_SURFACE = {
@@ -28,9 +29,9 @@ AROUND_THE_SURFACE = {
         "tflaunch.launchers.clouds",
         "tflaunch.launchers.clouds.base",
         "tflaunch.launchers.clouds.provisioner",
+        "tflaunch.launchers.agent",
         "tflaunch.launchers.tensorboard_serve",
         "tflaunch.runtime",
-        "tflaunch.runtime.agent",
         "tflaunch.runtime.coordinator",
         "tflaunch.runtime.link",
         "tflaunch.runtime.rendezvous",
@@ -38,6 +39,7 @@ AROUND_THE_SURFACE = {
         "tflaunch.text",
         "tflaunch.trace.files",
         "tflaunch.trace.format",
+        "tflaunch.trace.run",
         "tflaunch.trace.site",
     },
 }

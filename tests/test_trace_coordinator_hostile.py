@@ -25,6 +25,7 @@ from tflaunch.runtime.coordinator import coordinate
 from tflaunch.runtime.run import Run
 from tflaunch.trace import files as trace_files
 from tflaunch.trace.request import TraceRequest, parse_window
+from tflaunch.trace.run import RunTrace
 from tflaunch.trace.site import Helper, TraceSite
 
 
@@ -69,7 +70,7 @@ def traced_run(tmp_path: Path, script_b: list[dict], trace_dir: Path | None = No
     links = [FakeLink("a", ["ps:0", "worker:0"], a), FakeLink("b", ["worker:1"], b)]
     out = io.StringIO()
     site = NoCaptureSite(trace_dir)
-    outcome = coordinate(plan, run, links, out=out, trace_site=site)
+    outcome = coordinate(plan, run, links, out=out, trace=RunTrace(request, site))
     return outcome, links, run, out.getvalue()
 
 

@@ -2,8 +2,9 @@
 errors to exit codes (2 for bad input, the cluster's own code for a failed run). Most commands
 have one mode; ``status`` has four (``--cloud``, the runs list, one run, one run ``--watch``), one
 function each (``_cloud_status``, ``_list_runs``, ``_show_run``, ``_watch_run``). ``up --trace``
-makes one :class:`~tflaunch.trace.request.TraceRequest` that goes into the config (every task's
-environment) and the launch options, and shows the merged trace after the run."""
+has :func:`tflaunch.launch.traced` make one :class:`~tflaunch.trace.request.TraceRequest` that
+goes into the config (every task's environment) and the launch options, and shows the merged
+trace after the run."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from tflaunch.tools.netbench_command import netbench_command
 from tflaunch.tools.placement_command import placement
 from tflaunch.tools.tensorboard_command import tensorboard_command
 from tflaunch.tools.tune_command import tune_command
-from tflaunch.trace.request import DEFAULT_PORT_OFFSET, TraceRequest, trace_dir
+from tflaunch.trace.request import DEFAULT_PORT_OFFSET, TraceRequest
 
 RENDER_FORMATS = ("tf_config", "cluster_spec", "env", "command")
 
@@ -369,11 +370,9 @@ def up(
     if trace_steps or trace_at or trace_for:
         run_id = run_id or new_run_id(config.name)
         runs = runs_dir or config.runs_dir
-        on_hosts = launch.backend_for(config.backend).host_run_dir(config, run_id)
-        request = TraceRequest.from_options(
-            trace_dir(runs, run_id, on_hosts), trace_steps, trace_at, trace_for, trace_port_offset
+        config, request = launch.traced(
+            config, runs, run_id, trace_steps, trace_at, trace_for, trace_port_offset
         )
-        config = request.applied(config)
     if dry_run:
         run_id = run_id or new_run_id(config.name)
         click.echo(launch.dry_run(config, runs_dir, run_id))

@@ -18,6 +18,7 @@ from tflaunch.cluster.plan import Plan, gpu_notices, make_plan
 from tflaunch.errors import ConfigError, LaunchError, PlanError, TflaunchError
 from tflaunch.runtime.identity import Launcher
 from tflaunch.runtime.run import ENDED, Outcome, Run, new_run_id
+from tflaunch.trace.request import DEFAULT_PORT_OFFSET, TraceRequest, trace_dir
 
 # A run's states before its coordinator runs it, when the launcher is the one to end it; the run
 # is live while that launcher runs (making its machines, submitting), whatever its backend says.
@@ -171,6 +172,26 @@ def check_here(config: ClusterConfig, plan: Plan) -> None:
             + "; ".join(p.rstrip(".") for p in problems)
             + ". ('tflaunch validate --offline' checks the file alone.)"
         )
+
+
+def traced(
+    config: ClusterConfig,
+    runs_dir: str,
+    run_id: str,
+    steps: str | None,
+    at: str | None = None,
+    length: str | None = None,
+    port_offset: int = DEFAULT_PORT_OFFSET,
+) -> tuple[ClusterConfig, TraceRequest]:
+    """``up --trace``'s one typed request for run ``run_id`` (its trace directory in the run
+    directory here, or on the hosts where they keep their own: ssh), and ``config`` with it in
+    every task's environment. The request goes on in ``LaunchOptions.trace``; the backend hands
+    it to the coordinator. TraceError (exit 2) for options that do not fit."""
+    on_hosts = backend_for(config.backend).host_run_dir(config, run_id)
+    request = TraceRequest.from_options(
+        trace_dir(runs_dir, run_id, on_hosts), steps, at, length, port_offset
+    )
+    return request.applied(config), request
 
 
 def run_cluster(config: ClusterConfig, runs_dir: str | None = None) -> tuple[Run, Outcome]:

@@ -35,15 +35,16 @@ from tflaunch.cluster import hostlist
 from tflaunch.cluster.config import ClusterConfig, parse_config
 from tflaunch.cluster.plan import Host, Plan, make_plan
 from tflaunch.errors import TflaunchError
-from tflaunch.launchers.base import Backend, spawn_agent
+from tflaunch.launchers.agent import serve
+from tflaunch.launchers.base import Backend, LaunchOptions, spawn_agent
 from tflaunch.launchers.batch.backend import SETUP_FILE, SNAPSHOT_FILE
 from tflaunch.launchers.batch.state import BatchDetails
 from tflaunch.runtime import protocol
-from tflaunch.runtime.agent import serve
 from tflaunch.runtime.coordinator import Requeue
 from tflaunch.runtime.link import MAX_LINE, SocketLink, socket_streams
 from tflaunch.runtime.rendezvous import Listener, Rendezvous, connect, publish, wait_published
 from tflaunch.runtime.run import Outcome, Run
+from tflaunch.trace.request import TraceRequest
 
 
 def read_job(run_dir: Path, setup_file: str = SETUP_FILE) -> tuple[ClusterConfig, Run]:
@@ -181,7 +182,9 @@ def coordinate(node: JobNode) -> Outcome:
         nodes=[h.name for h in plan.hosts],
     )
     links = [a.link for a in joined.values()]
-    return JobCoordinator(node, links).launch(node.config, plan, node.run)
+    # up --trace's request came with the job's setup (read_job), in the plan's environment
+    traced = LaunchOptions(trace=TraceRequest.from_env(plan.program.env))
+    return JobCoordinator(node, links).launch(node.config, plan, node.run, traced)
 
 
 def join(node: JobNode) -> int:

@@ -6,7 +6,7 @@ pipeline of its own (:mod:`tflaunch.launchers.ssh.session`), uploads the files `
 lists (SFTP) and runs the pre-flight probe (:mod:`tflaunch.launchers.ssh.preflight`), which also
 makes the host's run directory and writes its plan; one table shows every host. The probe then
 waits on its SSH channel (no PTY); once every host passed, it becomes the host's agent in the same
-process (``tflaunch.runtime.agent.main``): the channel's stdout is the agent's JSON-lines event stream and
+process (``tflaunch.launchers.agent.main``): the channel's stdout is the agent's JSON-lines event stream and
 its stdin carries the coordinator's commands and heartbeats.
 
 No orphans: a channel without a PTY does not kill its remote process, and sshd notices a cut link
@@ -67,7 +67,6 @@ from tflaunch.plugin import (
     Run,
     StreamLink,
     TflaunchError,
-    TraceRequest,
     TraceSite,
     agent_output,
 )
@@ -376,8 +375,6 @@ class SshBackend(Backend):
         :mod:`tflaunch.launchers.ssh.on_host`.)"""
         from tflaunch.launchers.ssh.trace import SshTraceSite
 
-        if TraceRequest.from_env(plan.program.env) is None:
-            return None
         return SshTraceSite(self.session, plan, run, config.section(SshSection).python)
 
     # ---- what other commands ask of an SSH run --------------------------------------------

@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tflaunch.launchers.agent import serve
 from tflaunch.launchers.ssh.details import SshDetails
 from tflaunch.plugin import (
     PLAN_FILE,
@@ -57,11 +58,11 @@ from tflaunch.plugin import (
     TraceSite,
 )
 from tflaunch.runtime import protocol
-from tflaunch.runtime.agent import serve
 from tflaunch.runtime.coordinator import coordinate
 from tflaunch.runtime.link import SocketLink, socket_streams
 from tflaunch.runtime.rendezvous import Listener, Rendezvous, connect, publish, read_published
 from tflaunch.trace.files import read_verdict
+from tflaunch.trace.run import RunTrace
 
 
 def handed_over(run_dir: Path) -> Rendezvous:
@@ -160,11 +161,13 @@ def run_coordinator(
     links = [joined[h].link for h in sorted(joined)]
     if rejoins is not None:
         rejoins.links.update({link.host: link for link in links})
-    site = TraceSite(run.dir / "trace") if TraceRequest.from_env(plan.program.env) else None
+    # up --trace's request, as the launcher put it in the plan: the capture runs here, beside us
+    request = TraceRequest.from_env(plan.program.env)
+    trace = RunTrace(request, TraceSite(run.dir / "trace")) if request else None
     outcome = coordinate(
-        plan, run, links, revive=revive, cluster_restarts=cluster_restarts, trace_site=site
+        plan, run, links, revive=revive, cluster_restarts=cluster_restarts, trace=trace
     )
-    verdict = read_verdict(run.dir / "trace") if site is not None else None
+    verdict = read_verdict(run.dir / "trace") if trace is not None else None
     if verdict is not None and verdict[1]:
         print(f"[tflaunch] {verdict[1]}", flush=True)  # the console, as up shows it attached
     return outcome.code

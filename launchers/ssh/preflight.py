@@ -138,13 +138,13 @@ print(json.dumps(out), flush=True)
 # agent in this very process, on this channel -- no second command, shell or interpreter.
 if req.get("then_agent"):
     try:
-        import tflaunch.runtime.agent  # while the other hosts are checked
+        import tflaunch.launchers.agent  # while the other hosts are checked
     except Exception:
         pass  # the verdict has seen the problem already
     line = sys.stdin.readline()
     command = json.loads(line) if line.strip() else {}
     if command.get("agent"):
-        from tflaunch.runtime.agent import main as agent_main
+        from tflaunch.launchers.agent import main as agent_main
         sys.exit(agent_main(command["agent"]))
 """
 

@@ -26,12 +26,12 @@ workers; only the chief with ``success: chief``) that shows no progress that lon
 its exit reported as stalled. SIGUSR1/SIGUSR2 (Slurm's ``--signal`` ahead of the time limit),
 received or passed on by the coordinator, go to every task's process group; nothing is stopped.
 
-Run as ``python -m tflaunch.runtime.agent --plan plan.json --host NAME --run-dir DIR``.
+Started as ``python -m tflaunch.launchers.agent`` (:mod:`tflaunch.launchers.agent`, which hands
+it its host's side of ``up --trace``), or through :func:`serve` by a backend's own node process.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -55,8 +55,7 @@ from tflaunch.runtime.restart import STALLED
 from tflaunch.runtime.run import write_cluster_file
 from tflaunch.runtime.runfiles import make_run_dir, open_run_file
 from tflaunch.runtime.stall import StallWatch
-from tflaunch.trace.files import with_hook
-from tflaunch.trace.links import HostTrace, traced
+from tflaunch.runtime.tracing import HostTraceMaker
 
 Emit = Callable[[protocol.Event], None]
 START_ORDER = (("ps",), ("chief", "worker", "evaluator"))
@@ -136,6 +135,7 @@ class Agent:
         reap_strays: bool = False,
         await_start: bool = False,
         generation: int = 0,
+        trace: HostTraceMaker | None = None,
     ):
         plan = on_this_host(plan)  # an SSH host's checkpoint directory: ~ and relative here
         self.plan, self.host, self.run_dir = plan, host, Path(run_dir)
@@ -161,12 +161,8 @@ class Agent:
         self.begun = threading.Event()
         if not await_start:
             self.begun.set()
-        # up --trace: the host's trace notes and files go to the coordinator over the link
-        self.trace = (
-            HostTrace(self.run_dir, self.emit, [t.name for t in self.tasks])
-            if traced(plan.program.env)
-            else None
-        )
+        # up --trace (handed in): the hook in the tasks, their notes and files over the link
+        self.trace = trace(self.run_dir, self.emit, [t.name for t in self.tasks]) if trace else None
         self.shipped = False  # trace files were queued: the link needs time to drain
 
     def begin(self, restarts: dict[str, int] | None, generation: int | None) -> None:
@@ -318,7 +314,8 @@ class Agent:
         view: TaskView = self.views[task.name]
         env = dict(os.environ)
         env.update(view.env)
-        env = with_hook(env, self.run_dir)  # up --trace: the trace hook in the task's Python
+        if self.trace is not None:  # up --trace: the trace hook in the task's Python
+            env = self.trace.task_env(env)
         env[procs.RUN_MARKER] = str(self.run_dir.resolve())
         restarts = self.restarts.get(task.name, 0)
         env["TFLAUNCH_TASK_RESTARTS"] = str(restarts)
@@ -539,19 +536,20 @@ def serve(
     events: IO[str],
     await_start: bool = False,
     generation: int = 0,
+    trace: HostTraceMaker | None = None,
 ) -> int:
     """Run ``host``'s agent with its commands coming from and its events going to two streams
     (pipes, an SSH channel, a TCP connection): the one agent loop of every backend. Signals
     stop it as a ``stop`` command does. ``await_start``: a lost host's new agent, which starts
     its tasks when its coordinator says ``start``; ``generation``: the run's cluster restarts
-    before this agent (a detached run started again by its watcher). Returns the agent's exit
-    code."""
+    before this agent (a detached run started again by its watcher); ``trace``: the host's side
+    of ``up --trace`` (:mod:`tflaunch.runtime.tracing`). Returns the agent's exit code."""
     make_run_dir(Path(run_dir))
     emitter = LineEmitter(events, host)
     reap = procs.become_subreaper()
     agent = Agent(
         plan, host, run_dir, emitter, reap_strays=reap, await_start=await_start,
-        generation=generation,
+        generation=generation, trace=trace,
     )  # fmt: skip
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, _frame: agent.stop(f"signal {signum}"))
@@ -629,25 +627,3 @@ def _task_path(view: TaskView) -> str:
 def _usable_cpus() -> list[int]:
     """The cores this agent may use (its affinity: a Slurm allocation's, or the whole host's)."""
     return sorted(os.sched_getaffinity(0))
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tflaunch.runtime.agent", description=__doc__)
-    parser.add_argument("--plan", required=True, help="plan.json written by the launcher")
-    parser.add_argument("--host", required=True, help="the host of the plan this agent runs")
-    parser.add_argument("--run-dir", required=True, help="where task logs go")
-    parser.add_argument(
-        "--await-start",
-        action="store_true",
-        help="a lost host's new agent: start the tasks when the coordinator says start",
-    )
-    args = parser.parse_args(argv)
-    plan = Plan.from_dict(json.loads(Path(args.plan).read_text()))
-    # Events own the real stdout; anything else printed here must not corrupt the stream.
-    events_out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
-    sys.stdout = sys.stderr
-    return serve(plan, args.host, args.run_dir, sys.stdin, events_out, args.await_start)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

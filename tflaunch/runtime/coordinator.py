@@ -56,7 +56,7 @@ from tflaunch.runtime.revival import HostRevival, Revive
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.signals import Requeue, RequeueTimer, SignalWatch
 from tflaunch.runtime.tasks import TaskBoard, TaskState
-from tflaunch.trace.site import TraceSite
+from tflaunch.runtime.tracing import Trace
 
 __all__ = ["Coordinator", "Requeue", "Revive", "coordinate"]
 
@@ -73,13 +73,15 @@ class Coordinator:
         on_ready: Any = None,
         requeue: Requeue | None = None,
         revive: Revive | None = None,
-        trace_site: TraceSite | None = None,
+        trace: Trace | None = None,
     ):
         self.plan, self.run, self.links = plan, run, list(links)
         self.on_ready = on_ready
         self.events: queue.Queue = queue.Queue()
         self.board = TaskBoard(plan, run)
-        self.report = Reporter(plan, run, self.board, out, trace_site, self._send)
+        # up --trace (handed in): its window opens on the leader's steps or the clock
+        self.trace = trace.begin(plan, self.board.leader, self._say, self._send) if trace else None
+        self.report = Reporter(plan, run, self.board, out, self.trace)
         self.signals = SignalWatch()
         self.requeue = RequeueTimer(requeue, self.report)
         sup = plan.supervision
@@ -120,8 +122,21 @@ class Coordinator:
                 self._teardown()
         finally:
             self.report.close()
+            self._end_trace()
         self.report.end(self.outcome)
         return self.outcome
+
+    def _say(self, message: str) -> None:
+        self.report.say(message)
+
+    def _end_trace(self) -> None:
+        """Wait (bounded) for a capture and write the trace's verdict."""
+        if self.trace is None:
+            return
+        try:
+            self.trace.finish()
+        except Exception as e:  # the trace never keeps the run from ending in its state
+            self._say(f"trace: ended without a verdict ({type(e).__name__}: {e})")
 
     def _next_event(self, timeout: float) -> None:
         try:
@@ -152,6 +167,8 @@ class Coordinator:
                 link.send(wire)
 
     def _check_clock(self) -> None:
+        if self.trace is not None:
+            self.trace.tick(time.monotonic())  # a window that opens by the clock (--trace-at)
         for name in self.signals.take_passed_on():
             self._send(protocol.PassOn(signal=name))
             self.requeue.warned(name)
@@ -231,15 +248,15 @@ class Coordinator:
         """A host's trace note or file. A full disk ends the trace collection with one line, not
         the run; a field the trace site cannot use (not base64, an offset past the file) is a
         malformed message."""
-        if self.trace_stopped:
+        if self.trace is None or self.trace_stopped:
             return
         try:
-            self.report.trace_event(host, event)
+            self.trace.received(host, event)
         except OSError as e:
             self.trace_stopped = True
             why = f"writing {host}'s trace files failed ({e})"
             self.report.say(f"trace collection stopped: {why}; the run goes on without its trace")
-            self.report.trace_stopped(why)
+            self.trace.stop(why)
         except ValueError as e:
             raise protocol.ProtocolError(f"{event.NAME}: {e}") from e
 
@@ -313,7 +330,8 @@ class Coordinator:
             self.report.record(protocol.StoppingCluster())
         self._send(protocol.Stop(reason="the run is ending"))
         # (agents asked for their trace files send them once their tasks ended)
-        deadline = time.monotonic() + self.grace + 15 + self.report.trace_drain_s()
+        drain = self.trace.drain_s() if self.trace is not None else 0.0
+        deadline = time.monotonic() + self.grace + 15 + drain
         while self.open_links and time.monotonic() < deadline:
             self._next_event(0.2)
         for link in live:
@@ -328,11 +346,11 @@ def coordinate(
     out: IO[str] | None = None,
     requeue: Requeue | None = None,
     revive: Revive | None = None,
-    trace_site: TraceSite | None = None,
+    trace: Trace | None = None,
     cluster_restarts: int = 0,
 ) -> Outcome:
     """Coordinate ``links``' agents until the run ends, close the links, and record the end.
-    ``trace_site``: where ``up --trace``'s capture runs, when not here (``Backend.trace_site``).
+    ``trace``: what ``up --trace`` asked of this run (:class:`tflaunch.trace.run.RunTrace`).
     ``cluster_restarts``: those the run had before this coordinator (a detached run restarted
     with a new coordinator after its host was lost): they count against the limit."""
     run.update_meta(state="running")
@@ -345,7 +363,7 @@ def coordinate(
             on_ready=on_ready,
             requeue=requeue,
             revive=revive,
-            trace_site=trace_site,
+            trace=trace,
         )
         coordinator.restarter.book.cluster_restarts = cluster_restarts
         outcome = coordinator.run_cluster()

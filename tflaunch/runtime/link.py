@@ -23,6 +23,8 @@ from typing import IO, Any, Protocol
 
 from tflaunch.runtime import protocol
 
+# The agent's entry (the backends' door, which hands the runtime's agent its side of up --trace)
+AGENT_MODULE = "tflaunch.launchers.agent"
 MAX_LINE = 1 << 20  # bytes of one event line; longer lines are cut (an agent's lines are small)
 
 
@@ -54,13 +56,13 @@ def agent_argv(
     return [
         python,
         "-m",
-        "tflaunch.runtime.agent",
+        AGENT_MODULE,
         *agent_args(plan, host, run_dir, await_start),
     ]
 
 
 def agent_args(plan: str, host: str, run_dir: str, await_start: bool = False) -> list[str]:
-    """The agent's arguments (``tflaunch.runtime.agent.main``'s argv)."""
+    """The agent's arguments (``tflaunch.launchers.agent.main``'s argv)."""
     args = ["--plan", plan, "--host", host, "--run-dir", run_dir]
     return [*args, "--await-start"] if await_start else args
 

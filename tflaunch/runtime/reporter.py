@@ -1,5 +1,6 @@
 """What the coordinator tells, and where: every event it keeps goes to ``events.jsonl``, resource
-samples, progress and ``--trace``'s window to :class:`tflaunch.runtime.insight.Insight`, task output (prefixed with the task) and the coordinator's own
+samples and progress to :class:`tflaunch.runtime.insight.Insight` (the leader's steps on to
+``up --trace``'s window), task output (prefixed with the task) and the coordinator's own
 lines (``[tflaunch] ...``) to its output stream, and the one failure report of a failed run —
 task, host, exit, the restarts so far, why there was none this time, the task's last lines and its
 log — to stderr at the end."""
@@ -9,7 +10,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
 from typing import IO, Any
 
 from tflaunch.cluster.plan import Plan
@@ -19,8 +19,8 @@ from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.runfiles import open_run_file
 from tflaunch.runtime.statusline import ClusterProgress, StatusLine
 from tflaunch.runtime.tasks import TaskBoard, TaskState
+from tflaunch.runtime.tracing import Tracer
 from tflaunch.text import for_terminal
-from tflaunch.trace.site import TraceSite
 
 
 class Reporter:
@@ -30,8 +30,7 @@ class Reporter:
         run: Run,
         board: TaskBoard,
         out: IO[str] | None = None,
-        trace_site: TraceSite | None = None,
-        send: Callable[[protocol.Command, str | None], None] | None = None,
+        trace: Tracer | None = None,
     ):
         self.run, self.board = run, board
         self.out = out or sys.stdout
@@ -39,8 +38,9 @@ class Reporter:
         self.plan = plan
         self.argv = plan.program.argv  # (placeholders unfilled: argv[0] and -m are enough)
         self._events_file = open_run_file(run.events_path, "a")
-        # Resource samples (samples-<host>.jsonl, not events), steps, and --trace's window.
-        self._samples = Insight(plan, run, board.leader, self.say, trace_site, send)
+        # Resource samples (samples-<host>.jsonl, not events) and steps.
+        self._samples = Insight(plan, run)
+        self.trace = trace  # up --trace's window: fed the steps, asked about crashes
         # On a terminal: the cluster's progress on one line under the output.
         self.progress = ClusterProgress(len(board.trainers))
         self.console = StatusLine(self.out, self.progress.render)
@@ -63,18 +63,6 @@ class Reporter:
     def sample(self, host: str, data: dict[str, Any]) -> None:
         self._samples.write(host, data)
 
-    def trace_event(self, host: str, event: protocol.Event) -> None:
-        """An agent's trace note or file (``up --trace``)."""
-        self._samples.trace_event(host, event)
-
-    def trace_stopped(self, why: str) -> None:
-        """The trace collection stopped (a full disk): the trace's verdict says why."""
-        self._samples.trace_stopped(why)
-
-    def trace_drain_s(self) -> float:
-        """Extra seconds the teardown gives agents that still send trace files."""
-        return self._samples.trace_drain_s()
-
     def _write(self, data: dict[str, Any]) -> None:
         data.setdefault("time", round(time.time(), 3))
         self._events_file.write(json.dumps(data) + "\n")
@@ -84,14 +72,17 @@ class Reporter:
 
     def output(self, task: str, line: str, at: float | None = None) -> None:
         """A line ``task`` printed (``at``: when its agent read it, unix time)."""
-        step = self._samples.output(task, line, at)  # steps, and --trace's window
+        at = time.time() if at is None else float(at)
+        step = self._samples.output(task, line, at)
+        if step is not None and self.trace is not None:
+            self.trace.step(task, step, at)
         state = self.board.get(task)
         if state:
             state.tail.append(line)
         if self.console.active and task in self.board.trainers:
             self.progress.line(task, line)
             if step is not None:
-                self.progress.step(task, step, time.time() if at is None else float(at))
+                self.progress.step(task, step, at)
         prefix = f"{'[' + task + ']':<{self.width}} "
         self.console.write(line, prefix=prefix, redraw=step is not None)
 
@@ -131,7 +122,7 @@ class Reporter:
             holder=holder,
         )
         lines = [*found, f"{state.name} on {state.host} {what}."]
-        traced = self._samples.crash_note(state.name, code)
+        traced = self.trace.crash_note(state.name, code, time.monotonic()) if self.trace else ""
         if traced:
             lines.append(traced)
         if note:

@@ -244,16 +244,11 @@ class Calibrator:
         """Any program: one worker traced; its step time less communication."""
         from tflaunch.launchers.base import LaunchOptions
         from tflaunch.runtime.run import new_run_id
-        from tflaunch.trace.request import TraceRequest, trace_dir
 
         roles = replace(self.config.roles, worker=1, chief=0, evaluator=0)
         config = replace(self.config, name=f"{self.config.name}-traced", roles=roles)
         run_id = new_run_id(config.name)
-        on_hosts = launch.backend_for(config.backend).host_run_dir(config, run_id)
-        request = TraceRequest.from_options(
-            trace_dir(self.runs_dir, run_id, on_hosts), self.options.trace_steps, None, None
-        )
-        config = request.applied(config)
+        config, request = launch.traced(config, self.runs_dir, run_id, self.options.trace_steps)
         log = self.run.dir / "traced.log"
         with log.open("w", encoding="utf-8") as out, contextlib.redirect_stdout(out):
             outcome = launch.up(

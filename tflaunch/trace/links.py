@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tflaunch.runtime import protocol
 from tflaunch.runtime.runfiles import write_run_file
-from tflaunch.trace.files import MAX_SHIP, NOTES_DIR, WINDOW_FILE, host_trace_dir
+from tflaunch.trace.files import MAX_SHIP, NOTES_DIR, WINDOW_FILE, host_trace_dir, with_hook
 from tflaunch.trace.request import TraceRequest
 
 CHUNK = 256 * 1024  # bytes of one TraceFile piece (base64: a third more on the wire)
@@ -48,6 +48,7 @@ class HostTrace:
         emit: Callable[[protocol.Event], None],
         tasks: Iterable[str],
     ):
+        self.run_dir = run_dir
         self.dir = host_trace_dir(run_dir)
         self.emit = emit
         # Only the notes of this host's tasks: where the coordinator shares the directory (its
@@ -55,6 +56,11 @@ class HostTrace:
         self.stems = {task.replace(":", "-") for task in tasks}
         self._seen: dict[str, tuple[int, int]] = {}  # note file -> (mtime_ns, size) reported
         self.collect_to: str | None = None  # set by TraceCollect
+
+    def task_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """A task's environment with the trace hook in its Python and this host's trace
+        directory (:func:`~tflaunch.trace.files.with_hook`)."""
+        return with_hook(env, self.run_dir)
 
     def poll(self) -> None:
         """Report the notes that are new or changed since the last poll."""

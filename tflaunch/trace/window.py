@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from tflaunch.runtime import protocol
 from tflaunch.trace.files import CAPTURE_LOG, FIX_LOADED, VERDICT_FILE, Notes, write_verdict
 from tflaunch.trace.request import PROFILER_PID_ENV, TraceRequest
 from tflaunch.trace.site import HELPER_MARGIN_S, Helper, TraceSite
@@ -85,6 +86,7 @@ class TraceTrigger:
             self._fire(seconds, f"at step {step}")
 
     def tick(self, now: float) -> None:
+        """The clock's window (``--trace-at``) opens once ``now`` is past its start."""
         if self.request.at_s is None or self._done():
             return
         if now - self.started >= self.request.at_s:
@@ -237,6 +239,16 @@ class TraceTrigger:
             f"cause, not the program ({fix_line}). See docs/insight.md (profiler crashes); "
             "the same run without --trace tells."
         )
+
+    # -- what the agents send ------------------------------------------------------------------
+
+    def received(self, host: str, event: protocol.Event) -> None:
+        """A host's trace note or file, kept by the site (ValueError: malformed; OSError: not
+        written)."""
+        self.site.received(host, event)
+
+    def drain_s(self) -> float:
+        return self.site.drain_s()
 
     # -- the end ------------------------------------------------------------------------------
 
