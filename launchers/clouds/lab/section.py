@@ -15,12 +15,16 @@ DEFAULT_STATE_DIR = "/run/tflaunch-lab"
 
 def state_dir_problem(value: object) -> str | None:
     """Why ``value`` cannot be lab's state directory, or None: an absolute path of plain
-    characters (it is written into each host's sshd configuration)."""
+    characters (it is written into each host's sshd configuration), with no ``.`` or ``..``
+    (the folders above it are checked by :class:`~tflaunch.launchers.clouds.lab.state.State`
+    as they are named)."""
     if not isinstance(value, str) or not re.fullmatch(r"/[A-Za-z0-9._/+-]{0,200}", value):
         return (
             f"{str(value)[:60]!r} is not an absolute path of letters, digits and ._/+- "
             "(at most 200 characters)"
         )
+    if {".", ".."} & set(value.split("/")):
+        return f"{value!r} has a '.' or '..' component; write the directory's own path"
     return None
 
 

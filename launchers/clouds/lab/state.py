@@ -91,6 +91,27 @@ def network_number(network_id: str) -> int:
     return int(match.group(1))
 
 
+def unsafe_parent(path: Path) -> str | None:
+    """Why a folder above ``path`` would let another user swap it after it is checked, or
+    None: each must be root's (or this user's) and writable by no one else, unless it is
+    sticky (``/tmp``: there only an entry's owner may rename or remove it). The folders are
+    checked as named and where links among them lead."""
+    euid = os.geteuid()
+    named = reversed(path.parents)
+    real = reversed(Path(os.path.realpath(path)).parents)
+    for folder in [*named, *real]:
+        try:
+            info = os.lstat(folder)
+        except FileNotFoundError:
+            continue  # made below, by this user
+        if info.st_uid not in (0, euid):
+            return f"{folder} belongs to another user (uid {info.st_uid})"
+        writable = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if not stat.S_ISLNK(info.st_mode) and writable and not info.st_mode & stat.S_ISVTX:
+            return f"{folder} may be written by others (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
 class State:
     """The state directory: records in, records out, numbers taken under its lock."""
 
@@ -101,7 +122,14 @@ class State:
 
     def _check_dir(self, path: Path, create: bool) -> bool:
         """Whether ``path`` is a directory this user owns that no one else may write; made
-        (0700) when ``create``. Anything else is refused."""
+        (0700) when ``create``. Anything else is refused, and so is a state directory under a
+        folder through which another user could swap it (:func:`unsafe_parent`)."""
+        problem = unsafe_parent(path) if path == self.root else None
+        if problem:
+            raise LaunchError(
+                f"lab: the state directory {path} could be swapped after it is checked: "
+                f"{problem}. Set the lab section's state_dir under folders of root's."
+            )
         if create:
             with contextlib.suppress(FileExistsError):
                 path.mkdir(mode=0o700, parents=path == self.root)
