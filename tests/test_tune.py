@@ -543,3 +543,54 @@ def test_a_setting_outside_the_models_depth_is_not_picked_unmeasured(tmp_path) -
     assert session.choose() is plain and "outside the model's depth" in lines[-1]
     session.ranked = [replace(staged, measured=11.0), replace(plain, measured=10.5)]
     assert session.choose().setting == staged.setting  # measured: it may lead
+
+
+class _Runs:
+    """A calibrator's running half, stood in: each verify run's figure from a list per setting
+    letter, relayed as the probe relays the benchmark's result (no cluster, no TensorFlow)."""
+
+    def __init__(self, figures: dict[str, list[float]], stop_at: str = "") -> None:
+        self.figures, self.stop_at, self.labels = figures, stop_at, []
+
+    def probe_argv(self, argv, flags) -> list[str]:
+        return [*argv, *flags]
+
+    def launch(self, label: str, config):
+        from types import SimpleNamespace
+
+        self.labels.append(label)
+        if label == self.stop_at:
+            raise tn.TuneInterrupted(f"interrupted during {label} (exit 130).")
+        assert "--report" in config.program.argv and "--num_batches" in config.program.argv
+        return SimpleNamespace(dir=Path("runs") / label, label=label)
+
+    def training_logs(self, sub, count: int) -> list[str]:
+        letter, round_no = sub.label[len("verify-") :][0], int(sub.label[len("verify-") + 1 :])
+        value = self.figures[letter][round_no - 1]
+        result = {"images_per_sec": {"worker": value / 2, "total": value}, "step_times": [0.1]}
+        return ["step 1\ntune-result: " + json.dumps(result) + "\n"]
+
+
+def test_verify_races_the_top_settings_interleaved_and_keeps_their_spreads(tmp_path) -> None:
+    lines: list[str] = []
+    session = _runnable_session(tmp_path, 1, lines)
+    session.options = replace(session.options, verify=2, verify_steps=3)
+    session.cal.step_times = (0.1, 0.1, 0.1)
+    a = Ranked(Setting(1, PS, "round_robin", "staged"), 12.0, 1, "ps")
+    b = Ranked(Setting(1, PS), 11.0, 1, "ps")
+    c = Ranked(Setting(0, CAR, "-", "none", "-"), 5.0, 1, "ring")
+    runs = _Runs({"A": [10.0, 10.4, 9.9], "B": [10.2, 9.9, 10.1]})
+    ranked = session.verify([a, b, c], runs)
+    labels = ["verify-A1", "verify-B1", "verify-A2", "verify-B2", "verify-A3", "verify-B3"]
+    assert runs.labels == labels  # A B A B A B; the third setting is not raced
+    assert any(line.startswith("within noise: ") for line in lines)
+    assert ranked[0].setting == b.setting  # within noise: the simpler (no staging)
+    assert ranked[2] == c  # unmeasured after the measured
+    document = session.document()
+    verified = {r["transfer"]: r["verify"] for r in document["ranked"] if "verify" in r}
+    assert verified["staged"]["runs"] == [10.0, 10.4, 9.9] and verified["none"]["spread"] > 0
+    assert "verify" not in document["ranked"][2]
+    stopped = _Runs({"A": [10.0], "B": [10.2]}, stop_at="verify-B1")
+    with pytest.raises(tn.TuneInterrupted):
+        session.verify([a, b], stopped)
+    assert stopped.labels == ["verify-A1", "verify-B1"]  # Ctrl-C ends the race, not a failure

@@ -43,6 +43,7 @@ from tflaunch.tools.tune_calibrate import (
     Calibrator,
     Echo,
     Program,
+    TuneInterrupted,
     TuneOptions,
     benchmark_result,
     timed_argv,
@@ -256,6 +257,8 @@ class Session:
                 sub = calibrator.launch(label, config)
                 text = calibrator.training_logs(sub, 1)[0]
                 value = benchmark_result(text, f"the {label} run", sub).total
+            except TuneInterrupted:
+                raise  # stopped, not failed: the race ends with the tune
             except TuneError as err:
                 self.say(f"{label} {row.setting.label}: {err}")
                 return None

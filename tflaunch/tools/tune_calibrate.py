@@ -112,6 +112,10 @@ class Program:
         return cls(tuple(argv), benchmark, model, classes, batch, knobs)
 
 
+class TuneInterrupted(TuneError):
+    """A run of tune's was stopped (Ctrl-C, a signal, ``tflaunch down``): tune stops too."""
+
+
 class Calibrator:
     """The measuring half of one tune: the file, the run directory, what was measured."""
 
@@ -147,7 +151,7 @@ class Calibrator:
             sub, outcome = launch.run_cluster(config, self.runs_dir)
         self.cal.runs[label] = sub.id
         if outcome.interrupted:
-            raise TuneError(f"interrupted during {label} (exit {outcome.code}).")
+            raise TuneInterrupted(f"interrupted during {label} (exit {outcome.code}).")
         if outcome.code != 0:
             raise TuneError(
                 f"the {label} run failed (exit {outcome.code}); its output is in {log} and "
