@@ -21,6 +21,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_TASK = Path(__file__).resolve().parent / "programs" / "fake_task.py"
+FAKE_PSS = Path(__file__).resolve().parent / "programs" / "fake_pss.py"  # models.pss stand-in
 
 
 def free_port_base(span: int = 20) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.cloud.fixtures import cloud_cluster, instances
-from tests.helpers import read_until, start_tflaunch
+from tests.helpers import FAKE_PSS, read_until, start_tflaunch
 from tflaunch.launchers.ssh.section import SshSection
 
 
@@ -50,17 +50,19 @@ def spot_cluster(tmp_path, hosts, endpoint, monkeypatch, **overrides) -> Path:
 
 
 def pss_spot_cluster(tmp_path, hosts, endpoint, monkeypatch, steps: int, worker: dict) -> Path:
-    """ParameterServerStrategy on the three instances: chief and PS on worker-1, worker:0 on
-    worker-2, worker:1 on worker-3; ``worker``: the workers' restart policy. Steps are slowed
-    (0.05 s each, set by the chief) so that an instance can be lost mid-training; once the whole
-    cluster was restarted ($TFLAUNCH_CLUSTER_RESTARTS > 0) the resumed training runs at full
-    speed: it only has to finish."""
+    """ParameterServerStrategy's shape on the three instances: chief and PS on worker-1,
+    worker:0 on worker-2, worker:1 on worker-3; ``worker``: the workers' restart policy. The
+    program is tests/programs/fake_pss.py, tflaunch.models.pss's TensorFlow-free stand-in (the
+    launcher's spot replacement is the subject; the real PSS restart is tests/test_restart_tf.py's).
+    Steps are slowed (0.05 s each, set by the chief) so that an instance can be lost
+    mid-training; once the whole cluster was restarted ($TFLAUNCH_CLUSTER_RESTARTS > 0) the
+    resumed training runs at full speed: it only has to finish."""
     pss = (
         'delay=0.05; [ "$TFLAUNCH_CLUSTER_RESTARTS" -gt 0 ] 2>/dev/null && delay=0; '
-        'exec "$0" -m tflaunch.models.pss --train_steps "$1" --step_delay "$delay" '
-        '--checkpoint_steps 50 --checkpoint_dir "$2"'
+        'exec "$0" "$1" --train_steps "$2" --step_delay "$delay" '
+        '--checkpoint_steps 50 --checkpoint_dir "$3"'
     )
-    argv = ["sh", "-c", pss, sys.executable, str(steps), "{checkpoint_dir}"]
+    argv = ["sh", "-c", pss, sys.executable, str(FAKE_PSS), str(steps), "{checkpoint_dir}"]
     return spot_cluster(
         tmp_path,
         hosts,
@@ -93,7 +95,6 @@ def test_a_reclaimed_spot_worker_is_replaced_and_training_resumes(
     clean_region,  # noqa: F811 (imported, a fixture)
     monkeypatch,
 ):
-    pytest.importorskip("tensorflow")
     worker = {"policy": "on-failure", "scope": "cluster"}  # its loss restarts the cluster
     cluster = pss_spot_cluster(tmp_path, ssh_test_hosts, clean_region, monkeypatch, 600, worker)
     proc = start_tflaunch("up", str(cluster), "--down")
@@ -125,10 +126,10 @@ def test_a_reclaimed_task_scoped_worker_restarts_alone_on_its_replacement(
     monkeypatch,
 ):
     """A ParameterServerStrategy worker restarts alone (its default scope, task): the chief and
-    the PS keep training while worker-3's instance is replaced; its worker starts there again."""
-    pytest.importorskip("tensorflow")
+    the PS keep training while worker-3's instance is replaced; its worker starts there again.
+    The stand-in's 2400 steps of 0.05 s outlast the replacement (about 30 s) with room."""
     worker = {"policy": "exit-code"}  # a lost host counts as a preemption
-    cluster = pss_spot_cluster(tmp_path, ssh_test_hosts, clean_region, monkeypatch, 800, worker)
+    cluster = pss_spot_cluster(tmp_path, ssh_test_hosts, clean_region, monkeypatch, 2400, worker)
     proc = start_tflaunch("up", str(cluster), "--down")
     try:
         read_until(proc.stdout, "[chief:0]  saved checkpoint", timeout=300)
