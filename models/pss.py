@@ -5,7 +5,8 @@ Every task runs this same program and reads its role from ``TF_CONFIG`` (which t
 from a cluster file or TF1 flags (:mod:`tflaunch.models.cluster`, as every program here):
 
 * ``ps`` and ``worker`` tasks start a ``tf.distribute.Server`` and serve until they are stopped;
-  they never exit by themselves (run the cluster with ``supervision.success: chief``).
+  they never exit by themselves (the chief's exit ends the run: ``supervision.success``'s
+  default, ``auto``, stops them once idle; ``chief`` at once).
 * the ``chief`` creates the model's variables on the PS, schedules training steps on the workers
   through the ``ClusterCoordinator`` until the global step reaches ``--train_steps``, saves a
   checkpoint every ``--checkpoint_steps`` global steps, at the end and on SIGUSR1/SIGUSR2 (Slurm's

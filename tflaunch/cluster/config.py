@@ -321,11 +321,13 @@ class Supervision:
     sample_interval: float = field(
         1.0, minimum=0, maximum=MAX_SECONDS, doc="seconds between resource samples (0: off)"
     )
-    success: Literal["workers", "chief"] = field(
-        "workers",
-        doc="workers: the run succeeds when the chief (else worker 0) and every worker exit 0; "
-        "chief: when the chief exits 0 (TF2 ParameterServerStrategy, whose workers serve until "
-        "stopped); the other tasks are then stopped",
+    success: Literal["auto", "workers", "chief"] = field(
+        "auto",
+        doc="auto: with a chief, as Kubeflow's TFJob, the chief's exit 0 ends the run: workers "
+        "still busy (printing, or using CPU) may finish first, and workers that serve, idle, "
+        "until stopped (TF2 ParameterServerStrategy's join()) are stopped; without a chief, as "
+        "workers. workers: the run succeeds when the chief (else worker 0) and every worker exit "
+        "0. chief: when the chief exits 0, the other tasks stopped at once",
     )
     restart: Restart = field(factory=Restart, doc="restart policies (default: never restart)")
     stall_timeout: float = field(

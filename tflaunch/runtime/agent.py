@@ -153,7 +153,12 @@ class Agent:
         self.restarts: dict[str, int] = {}
         self.generation = generation  # whole-cluster restarts so far in the run
         self.stays_up = sup.restart.enabled
-        self.watched = ("chief",) if sup.success == "chief" else ("chief", "worker")
+        # Workers serve silently where the chief's exit decides (ParameterServerStrategy):
+        # their silence is no stall.
+        chief_decides = sup.success == "chief" or (
+            sup.success == "auto" and bool(plan.cluster.get("chief"))
+        )
+        self.watched = ("chief",) if chief_decides else ("chief", "worker")
         self.stall = StallWatch(sup.stall_timeout, sup.step_pattern)
         self._stall_lock = threading.Lock()
         # A lost host's new agent waits for its coordinator's start (with the restart counts)

@@ -1,8 +1,11 @@
 """The coordinator: the one place that applies the cluster's policy to events from every agent.
 
-- Success: the chief (worker 0 when there is no chief) and every worker exit 0; with
-  ``supervision.success: chief``, the chief alone (TF2 ParameterServerStrategy workers serve until
-  stopped). The others, PS included, are then stopped, and the run exits 0.
+- Success (``supervision.success``, :mod:`tflaunch.runtime.tasks`): by default (``auto``) the
+  chief's exit 0, as Kubeflow's TFJob, with the workers still busy then let finish and those
+  idle (TF2 ParameterServerStrategy workers serve until stopped) stopped; without a chief, worker
+  0 and every worker exiting 0 (each benchmark worker's own total). ``workers`` always waits for
+  every worker, ``chief`` stops them at once. The others, PS included, are then stopped, and
+  the run exits 0.
 - Failure: any task exiting non-zero, a PS exiting at all, or a task stalled (no progress for
   ``supervision.stall_timeout``) goes to its role's restart policy (``tflaunch.runtime.restart``): the
   task is restarted in place by its agent, or every agent stops its tasks and starts them again
@@ -55,7 +58,7 @@ from tflaunch.runtime.restarter import Restarter
 from tflaunch.runtime.revival import HostRevival, Revive
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.signals import Requeue, RequeueTimer, SignalWatch
-from tflaunch.runtime.tasks import TaskBoard, TaskState
+from tflaunch.runtime.tasks import IDLE_S, TaskBoard, TaskState
 from tflaunch.runtime.tracing import Trace
 
 __all__ = ["Coordinator", "Requeue", "Revive", "coordinate"]
@@ -178,6 +181,14 @@ class Coordinator:
         if self.outcome is not None:
             return
         self.outcome = self.signals.interrupted() or self.requeue.due()
+        # (idle half the finish window at most: a busy worker is given the rest to finish)
+        serving = self.board.serving(time.monotonic(), min(IDLE_S, self.finish_timeout / 2))
+        if self.outcome is None and serving is not None:
+            self.outcome = self._succeeded(
+                f"{self.board.leader} finished and {', '.join(serving)}, idle since, "
+                f"{'was' if len(serving) == 1 else 'were'} serving: stopped (supervision.success: "
+                "auto)"
+            )
         done_at = self.board.leader_done_at
         if (
             self.outcome is None
@@ -198,9 +209,11 @@ class Coordinator:
         event = protocol.event_of(data)
         if isinstance(event, protocol.Output):
             self.report.output(event.task or "?", event.line, data.get("time"))
+            self.board.busy(event.task, time.monotonic())
             return
         if isinstance(event, protocol.Sample):
             self.report.sample(host, data)
+            self._note_busy(data.get("tasks"))
             return
         if event is None:
             return
@@ -243,6 +256,29 @@ class Coordinator:
             self._link_closed(host)
         elif isinstance(event, protocol.TraceNote | protocol.TraceFile | protocol.TraceSent):
             self._trace_event(host, event)
+
+    def _note_busy(self, tasks: Any) -> None:
+        """A sample's CPU per task, where the chief's exit decides: which workers still work."""
+        if not self.board.chief_decides or not isinstance(tasks, dict):
+            return
+        now = time.monotonic()
+        for name, usage in tasks.items():
+            cpu = usage.get("cpu_percent") if isinstance(usage, dict) else None
+            if isinstance(name, str) and isinstance(cpu, int | float):
+                self.board.busy(name, now, float(cpu))
+
+    def _succeeded(self, how: str = "") -> Outcome:
+        elapsed = time.monotonic() - self.started_at
+        message = (
+            f"succeeded: {len(self.board)} tasks on "
+            f"{len(self.plan.hosts_with_tasks())} host(s) in {elapsed:.1f} s"
+        )
+        if how:
+            message += f"; {how}"
+        restarts = self.restarter.book.summary()
+        if restarts:
+            message += "; restarts: " + "; ".join(restarts)
+        return Outcome(0, message)
 
     def _trace_event(self, host: str, event: protocol.Event) -> None:
         """A host's trace note or file. A full disk ends the trace collection with one line, not
@@ -302,15 +338,7 @@ class Coordinator:
             )
             self.outcome = self.restarter.task_failed(state, Failure(state.name, code, cause), what)
         elif self.board.training_done():
-            elapsed = time.monotonic() - self.started_at
-            message = (
-                f"succeeded: {len(self.board)} tasks on "
-                f"{len(self.plan.hosts_with_tasks())} host(s) in {elapsed:.1f} s"
-            )
-            restarts = self.restarter.book.summary()
-            if restarts:
-                message += "; restarts: " + "; ".join(restarts)
-            self.outcome = Outcome(0, message)
+            self.outcome = self._succeeded()
         elif state.name == self.board.leader:
             self.board.leader_done_at = time.monotonic()
 

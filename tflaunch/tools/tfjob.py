@@ -86,8 +86,9 @@ def export_tfjob(
     if config.supervision.max_runtime:
         run_policy["activeDeadlineSeconds"] = int(config.supervision.max_runtime)
     spec: dict[str, Any] = {"runPolicy": run_policy}
-    if config.supervision.success == "workers":
-        spec["successPolicy"] = "AllWorkers"
+    success = config.supervision.success
+    if success == "workers" or (success == "auto" and not counts.get("chief")):
+        spec["successPolicy"] = "AllWorkers"  # (TFJob's default: the chief, else worker 0)
     spec["tfReplicaSpecs"] = specs
     for warning in _launcher_only(config):
         warn(warning)
