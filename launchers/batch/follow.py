@@ -58,10 +58,11 @@ class CaughtSignals:
 
 
 class Tail:
-    """New complete lines of a file that may not exist yet."""
+    """New complete lines of a file that may not exist yet; those starting with ``drop`` are
+    left out."""
 
-    def __init__(self, path: Path, out: IO[str]):
-        self.path, self.out = path, out
+    def __init__(self, path: Path, out: IO[str], drop: str | None = None):
+        self.path, self.out, self.drop = path, out, drop
         self.offset = 0
         self.partial = b""
 
@@ -82,7 +83,9 @@ class Tail:
             lines.append(self.partial)
             self.partial = b""
         for line in lines:
-            self.out.write(line.decode("utf-8", "replace") + "\n")
+            text = line.decode("utf-8", "replace")
+            if self.drop is None or not text.startswith(self.drop):
+                self.out.write(text + "\n")
         self.out.flush()
 
 
@@ -101,7 +104,10 @@ def follow(
 ) -> Outcome:
     """Stream the job's output until it ends; a caught signal cancels it. Returns the result."""
     stdout_path, stderr_path = backend.output_paths(run, job_id)
-    tails = [Tail(stdout_path, out)] + ([Tail(stderr_path, err)] if stderr_path else [])
+    # The job's coordinator says 'stopped' to a signal it cannot tell the cause of (a cancel, the
+    # time limit): the verdict is the launcher's, from the scheduler (result()), said once.
+    drop = f"tflaunch: run {run.id} stopped: "
+    tails = [Tail(stdout_path, out, drop)] + ([Tail(stderr_path, err, drop)] if stderr_path else [])
     job = f"{backend.scheduler} job {job_id}"
     cancelled_at: float | None = None
     said = ""
@@ -161,7 +167,11 @@ def result(
         if cancel_requested and record.state == "failed":
             # the scheduler's SIGTERM reached some task before the coordinator: still a cancel
             return run.finish(Outcome(code, f"{job} was cancelled", interrupted=True))
-        return Outcome(code, record.message or "", interrupted=record.state == "stopped")
+        outcome = Outcome(code, record.message or "", interrupted=record.state == "stopped")
+        if outcome.interrupted:  # (the job's own line was left out of its output)
+            err.write(f"tflaunch: {outcome.verdict(run.id)}\n")
+            err.flush()
+        return outcome
     elif state.ending == "completed" and not state.exit_code:
         code, message = 1, f"{job} ended without a result from the coordinator"
     elif state.ending == "timeout":
@@ -172,6 +182,7 @@ def result(
     else:
         code = state.exit_code or 1
         message = f"{job} ended {state.state} ({state.reason or 'no reason given'})"
-    err.write(f"tflaunch: run {run.id}: {message}\n")
+    outcome = Outcome(code, message, interrupted=code in INTERRUPT_CODES)
+    err.write(f"tflaunch: {outcome.verdict(run.id)}\n")
     err.flush()
-    return run.finish(Outcome(code, message, interrupted=code in INTERRUPT_CODES))
+    return run.finish(outcome)

@@ -90,11 +90,14 @@ class Reporter:
         self.console.write(f"[tflaunch] {message}")
 
     def end(self, outcome: Outcome) -> None:
+        """The run's one verdict: succeeded, stopped (a signal: Ctrl-C, SIGTERM, ``down``) or
+        failed, as ``status`` will say it."""
         if outcome.code == 0:
             self.say(f"run {self.run.id} {outcome.message}; run directory {self.run.dir}")
         else:
             message = for_terminal(outcome.message, sys.stderr)  # its tasks' last lines
-            sys.stderr.write(f"tflaunch: run {self.run.id} failed: {message}\n")
+            # one verdict, as status says the state: stopped (a signal) or failed
+            sys.stderr.write(f"tflaunch: run {self.run.id} {outcome.state}: {message}\n")
             sys.stderr.flush()
 
     # ---- failure reports ---------------------------------------------------------------------

@@ -75,6 +75,11 @@ class Outcome:
             return "requeued"
         return "succeeded" if self.code == 0 else "stopped" if self.interrupted else "failed"
 
+    def verdict(self, run_id: str) -> str:
+        """The run's one verdict line, as ``status`` says its state: ``run ID stopped: ...``
+        for a signal (Ctrl-C, SIGTERM, ``down``), ``run ID failed: ...`` otherwise."""
+        return f"run {run_id} {self.state}: {self.message}"
+
 
 T = TypeVar("T")
 
