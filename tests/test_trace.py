@@ -4,6 +4,7 @@ benchmark run under ``tflaunch up --trace`` (slow)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from tests.helpers import tflaunch, wait_until_gone, write_cluster
 from tflaunch.cli import cli
 from tflaunch.trace import format as tr
 from tflaunch.trace import request as req
+from tflaunch.trace import transfers as tt
 
 ROOT = Path(__file__).resolve().parent.parent
 MS = 1_000_000  # ns
@@ -145,17 +147,23 @@ def test_up_refuses_a_bad_trace_window(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_one_ps_two_workers_give_one_merged_trace(tmp_path) -> None:
+def test_one_ps_two_workers_give_one_merged_trace_and_the_transfer_report(tmp_path) -> None:
+    """The benchmark (1 PS, 2 workers; staged variables, transfer order tic) under --trace: one
+    merged trace with kernels on every task and the workers' steps overlapping, and from the same
+    trace the transfer report (arrival order against use, overlap, spread). These were two runs
+    of the same cluster, one here and one in test_transfers."""
     pytest.importorskip("tensorflow")
     argv = [sys.executable, "-m", "tflaunch.models.benchmark", "--model", "inception3"]
-    argv += ["--image_size", "75", "--batch_size", "2", "--num_batches", "8"]
-    argv += ["--num_warmup_batches", "2", "--display_every", "4"]
+    argv += ["--image_size", "75", "--batch_size", "2", "--num_batches", "6"]
+    argv += ["--num_warmup_batches", "1", "--display_every", "3"]
+    argv += ["--staged_vars", "--transfer_order", "tic"]
     program = {"argv": argv, "env": {"TEST_MARKER": str(tmp_path)}}
     cluster = write_cluster(tmp_path / "cluster.yaml", program, supervision={"ready_timeout": 240})
-    result = tflaunch("up", str(cluster), "--trace", "2:3", cwd=ROOT, timeout=500)
+    result = tflaunch("up", str(cluster), "--trace", "2:3", cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "ui.perfetto.dev" in result.stdout
-    trace_dir = next((tmp_path / "runs").iterdir()) / "trace"
+    run = next((tmp_path / "runs").iterdir())
+    trace_dir = run / "trace"
     trace = json.loads((trace_dir / "trace.json").read_text())
     names = {
         e["args"]["name"].split()[0]: e["pid"]
@@ -177,4 +185,20 @@ def test_one_ps_two_workers_give_one_merged_trace(tmp_path) -> None:
     assert set(summary) == {"worker:0", "worker:1", "ps:0"}
     assert summary["ps:0"]["per_step_ms"]["compute"] > 0
     assert (trace_dir / "trace.png").exists()
+
+    # the transfer report of the same trace
+    assert "transfers (parameter_server, order tic, staged yes, 190 variables):" in result.stdout
+    assert re.search(r"^step time over \d+ worker steps: mean [\d.]+ ms, CV", result.stdout, re.M)
+    report = json.loads((trace_dir / tt.REPORT_JSON).read_text())
+    rows = report["steps"]
+    assert {r["task"] for r in rows} == {"worker:0", "worker:1"}
+    for r in rows:
+        assert r["received"] == 190  # every trainable variable, every step
+        assert -1.0 <= r["kendall_tau"] <= 1.0 and 0.0 <= r["overlap"] <= 1.0
+        assert r["step_ms"] > 0 and r["comm_ms"] > 0
+    # buckets in consumption order: arrival agrees with consumption far more than chance
+    assert min(r["kendall_tau"] for r in rows) > 0.5
+    assert report["spread"]["steps"] == len(rows) and report["spread"]["cv"] >= 0
+    again = tflaunch("trace", run.name, "--run-dir", str(tmp_path / "runs"), cwd=ROOT)
+    assert again.returncode == 0 and "TAU (ARRIVAL~USE)" in again.stdout
     assert wait_until_gone(str(tmp_path)) == []

@@ -280,39 +280,6 @@ def test_ordered_and_staged_runs_through_the_local_backend(extra, tmp_path) -> N
 
 
 @pytest.mark.slow
-def test_trace_of_a_staged_ordered_run_shows_order_overlap_and_spread(tmp_path) -> None:
-    program = {
-        "argv": _argv(["--staged_vars", "--transfer_order", "tic"]),
-        "env": {"TEST_MARKER": str(tmp_path)},
-    }
-    cluster = write_cluster(tmp_path / "c.yaml", program, supervision={"ready_timeout": 240})
-    result = tflaunch("up", str(cluster), "--trace", "2:3", cwd=ROOT, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "transfers (parameter_server, order tic, staged yes, 190 variables):" in result.stdout
-    assert re.search(r"^step time over \d+ worker steps: mean [\d.]+ ms, CV", result.stdout, re.M)
-    trace_dir = next((tmp_path / "runs").iterdir()) / "trace"
-    report = json.loads((trace_dir / tt.REPORT_JSON).read_text())
-    rows = report["steps"]
-    assert {r["task"] for r in rows} == {"worker:0", "worker:1"}
-    for r in rows:
-        assert r["received"] == 190  # every trainable variable, every step
-        assert -1.0 <= r["kendall_tau"] <= 1.0 and 0.0 <= r["overlap"] <= 1.0
-        assert r["step_ms"] > 0 and r["comm_ms"] > 0
-    # buckets in consumption order: arrival agrees with consumption far more than chance
-    assert min(r["kendall_tau"] for r in rows) > 0.5
-    assert report["spread"]["steps"] == len(rows) and report["spread"]["cv"] >= 0
-    again = tflaunch(
-        "trace",
-        next((tmp_path / "runs").iterdir()).name,
-        "--run-dir",
-        str(tmp_path / "runs"),
-        cwd=ROOT,
-    )
-    assert again.returncode == 0 and "TAU (ARRIVAL~USE)" in again.stdout
-    assert wait_until_gone(str(tmp_path)) == []
-
-
-@pytest.mark.slow
 @pytest.mark.ssh
 def test_tic_and_staged_on_the_ssh_backend(ssh_test_hosts, tmp_path) -> None:
     hosts = ssh_test_hosts.hosts
