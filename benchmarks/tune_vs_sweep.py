@@ -428,7 +428,8 @@ def repredict(out: Path, given_loopback=None) -> None:
                 tuple(t.host for t in plan.tasks if t.job == "ps"),
             )
             setting = ts.Setting(**{k: point[k] for k in FIELDS})
-            p = tune_model.predict_setting(inputs, layout, setting, loopback, sync)
+            modelled = ts.modelled_as(setting, inputs.nic)  # as tune predicts it
+            p = tune_model.predict_setting(inputs, layout, modelled, loopback, sync)
             rows.append(
                 ts.Ranked(setting, p.images_per_sec, p.step_s, p.bound, measured=point["measured"])
             )

@@ -180,7 +180,8 @@ class Session:
         rows = []
         for st in runnable:
             layout = planned[(st.ps, st.ps_hosts)]
-            p = tune_model.predict_setting(inputs, layout, st, loopback, ctx.sync)
+            modelled = ts.modelled_as(st, inputs.nic)
+            p = tune_model.predict_setting(inputs, layout, modelled, loopback, ctx.sync)
             row = Ranked(st, p.images_per_sec, p.step_s, p.bound)
             rows.append(replace(row, notes=ts.caveats(row, ctx)))
         self.ranked = ts.rank(rows)

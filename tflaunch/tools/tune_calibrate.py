@@ -28,6 +28,7 @@ from tflaunch.tools import perfmodel as pm
 from tflaunch.tools import tune_settings as ts
 from tflaunch.tools.perfmodel_inputs import compute_from_trace, link_from_netbench
 from tflaunch.tools.tune_settings import TuneError
+from tflaunch.tools.tune_verify import steps_for
 
 PROBE_MODULE = "tflaunch.models.tune_probe"
 PROBE_LINE = re.compile(r"^tune-probe: (\{.*\})\s*$", re.M)
@@ -194,21 +195,27 @@ class Calibrator:
         elif workers > 1 and kind == "apart":
             self.say("each worker on a machine of its own: no contention between them")
         elif workers > 1:
-            together = self.probe_run("together", workers)
+            # as many timed steps as the lone worker's spread asks for (its median over W
+            # workers is steadier still), not more than --steps
+            steps = steps_for(self.cal.step_times, min(3, self.options.steps), self.options.steps)
+            together = self.probe_run("together", workers, steps)
             rate = statistics.median(together["rates"])
             self.cal.together_img_s = rate
             self.cal.compute_at = ((workers, self.program.batch_size / rate),)
             self.say(
                 f"{workers} lone workers at once on cores of their own: {rate:.2f} img/s each "
-                f"({self.cal.lone_img_s / rate:.2f}x slower than alone): the contention input"
+                f"({self.cal.lone_img_s / rate:.2f}x slower than alone, {steps} timed steps): "
+                "the contention input"
             )
         if lone["variables"] is None:
             raise TuneError("the lone worker printed no variables; see the lone run's log.")
         return lone["variables"]
 
-    def probe_run(self, label: str, count: int) -> dict:
-        """The file's plan with every task a probe and the first ``count`` workers computing."""
-        argv = timed_argv(self.program.argv, self.options.steps, self.options.warmup)
+    def probe_run(self, label: str, count: int, steps: int = 0) -> dict:
+        """The file's plan with every task a probe and the first ``count`` workers computing
+        (``steps`` timed steps each; 0: ``--steps``)."""
+        steps = steps or self.options.steps
+        argv = timed_argv(self.program.argv, steps, self.options.warmup)
         variables_of = f"{self.program.model}:{self.program.num_classes}"
         flags = ["--port", "{port}", "--run", str(count), "--variables", variables_of]
         config = replace(
