@@ -11,10 +11,16 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.coordinator_fakes import FakeLink
 from tests.helpers import fake_cluster, read_until, start_tflaunch, tflaunch
+from tflaunch.cluster.config import parse_config
+from tflaunch.cluster.plan import Host, make_plan
 from tflaunch.launchers.batch.follow import CaughtSignals, follow
 from tflaunch.launchers.batch.state import BatchDetails, JobState
+from tflaunch.runtime.coordinator import coordinate
 from tflaunch.runtime.run import Outcome, Run
+
+TWO = ["ps:0", "worker:0"]
 
 
 def test_sigterm_to_up_prints_stopped_once(tmp_path):
@@ -132,3 +138,26 @@ def test_a_failed_batch_run_keeps_its_coordinators_report(tmp_path):
     assert verdicts(run, out, err) == [
         f"tflaunch: run {run.id} failed: worker:1 on n2 exited with code 3."
     ]
+
+
+def test_a_task_whose_agent_was_signalled_stops_the_run_not_fails_it(tmp_path):
+    """A scheduler's cancel or time limit signals every process of the job: an agent that got
+    SIGTERM stops its tasks, and the first such exit the coordinator hears is a stop (its
+    launcher then says whether it was a cancel or the time limit)."""
+    config = parse_config("program: [p]\nroles: {ps: 1, worker: 1}\n")
+    plan = make_plan(config, [Host("a", "10.0.0.1", "10.0.0.1")])
+    script = [{"event": "started", "task": t, "pid": 100 + i} for i, t in enumerate(TWO)]
+    script.append({"event": "exited", "task": "worker:0", "code": 143, "stopped_by": "signal 15"})
+    outcome = coordinate(plan, Run.create(tmp_path / "runs", "t"), [FakeLink("a", TWO, script)])
+    assert (outcome.code, outcome.state) == (143, "stopped")
+    assert outcome.message == "worker:0 on a was stopped by its agent, which got SIGTERM"
+    lost = script[:-1] + [
+        {
+            "event": "exited",
+            "task": "worker:0",
+            "code": 143,
+            "stopped_by": "its launcher went quiet",
+        }
+    ]
+    failed = coordinate(plan, Run.create(tmp_path / "runs", "u"), [FakeLink("a", TWO, lost)])
+    assert failed.state == "failed"  # a lost launcher is no stop

@@ -11,13 +11,14 @@
   task is restarted in place by its agent, or every agent stops its tasks and starts them again
   (a cluster restart; programs resume from their checkpoints), after a backoff and within bounds.
   Otherwise — and always for an agent reporting an error, an agent lost, or a task its agent
-  stopped on its own (signal, scancel) — every task on every node is torn down, one failure
+  stopped on its own (scancel, a lost launcher) — every task on every node is torn down, one failure
   report is printed (task, host, exit code, the restarts so far and why there was none this time,
   the last lines of its output, its log), and the run exits with that task's code.
 - Workers still running ``finish_timeout`` seconds after the chief finished fail the run too:
   a MonitoredTrainingSession worker that starts after the chief finished can wait forever.
 - SIGINT, SIGTERM or SIGHUP (Ctrl-C, ``tflaunch down``): the same teardown, never a restart;
-  exit 130, 143 or 129.
+  exit 130, 143 or 129, the run ``stopped``. So too when an agent was signalled and stopped its
+  tasks (a batch scheduler's cancel or time limit reaches every process of the job first).
 - A host that is lost (its link's probe reports ``host_lost``: it stopped answering, or its
   instance ended) fails the run with a report naming the host and its tasks — unless the backend
   can start a new agent there (a :class:`~tflaunch.runtime.revival.Revive`: SSH with
@@ -45,6 +46,7 @@ hosts' new agents (:mod:`~tflaunch.runtime.revival`), signals and Slurm's requeu
 from __future__ import annotations
 
 import queue
+import signal
 import time
 from collections.abc import Sequence
 from typing import IO, Any
@@ -56,7 +58,7 @@ from tflaunch.runtime.reporter import Reporter
 from tflaunch.runtime.restart import STALLED, Failure, describe_code
 from tflaunch.runtime.restarter import Restarter
 from tflaunch.runtime.revival import HostRevival, Revive
-from tflaunch.runtime.run import Outcome, Run
+from tflaunch.runtime.run import INTERRUPT_CODES, Outcome, Run
 from tflaunch.runtime.signals import Requeue, RequeueTimer, SignalWatch
 from tflaunch.runtime.tasks import IDLE_S, TaskBoard, TaskState
 from tflaunch.runtime.tracing import Trace
@@ -314,9 +316,20 @@ class Coordinator:
         self.board.set(state, "exited", code=code)
         if self.outcome is not None or self.restarter.cluster_restarting:
             return  # the run is ending, or every task is being restarted anyway
+        signalled = agent_signal(stopped_by)
+        if signalled is not None:
+            # Its agent was signalled (a scheduler's cancel or time limit reaches every process
+            # of the job, 'kill'): the run is being stopped, not failing. A stop, never restarted.
+            self.outcome = Outcome(
+                code if code in INTERRUPT_CODES else 128 + signalled,
+                f"{state.name} on {state.host} was stopped by its agent, which got "
+                f"{signal_name(signalled)}",
+                interrupted=True,
+            )
+            return
         if stopped_by and stopped_by != STALLED:
-            # Its agent stopped it without being asked (signalled, scancel, lost its launcher):
-            # never a reason to restart.
+            # Its agent stopped it without being asked (scancel, lost its launcher): never a
+            # reason to restart.
             self.outcome = self.restarter.fail_task(
                 state, code or 1, f"was stopped by its agent ({stopped_by})"
             )
@@ -364,6 +377,21 @@ class Coordinator:
             self._next_event(0.2)
         for link in live:
             link.close(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def agent_signal(stopped_by: str | None) -> int | None:
+    """The signal an agent stopped its tasks on (its reason ``signal N``), or None."""
+    number = (stopped_by or "").removeprefix("signal ")
+    if stopped_by and stopped_by.startswith("signal ") and number.isdigit():
+        return int(number)
+    return None
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def coordinate(
