@@ -63,7 +63,7 @@ def test_tune_on_ssh_hosts_writes_a_file_that_trains(ssh_test_hosts, tmp_path) -
     assert "the workers share cores" in out, out
     assert "between hosts (a NIC per host)" in out, out
     # 2 PS on dedicated hosts need 4 hosts: left out by planning, not by a rule of tune's.
-    assert "left out: their plan does not fit the hosts" in out, out
+    assert re.search(r"^left out: 2 PS dedicated .*: its plan does not fit the hosts", out, re.M)
     tune_dir = next(p for p in (tmp_path / "runs").iterdir() if "-tune-" in p.name)
     document = json.loads((tune_dir / "tune.json").read_text())
     cal = document["calibration"]
@@ -74,6 +74,8 @@ def test_tune_on_ssh_hosts_writes_a_file_that_trains(ssh_test_hosts, tmp_path) -
     }
     assert any(a != b for a, b in hosts)
     assert not any(r["ps"] == 2 and r["ps_hosts"] == "dedicated" for r in document["ranked"])
+    left_out = [r for r in document["left_out"] if r["ps"] == 2 and r["ps_hosts"] == "dedicated"]
+    assert left_out and all("does not fit" in r["reason"] for r in left_out)
     tuned = load_config(tmp_path / "cluster.tuned.yaml")  # it validates
     written = yaml.safe_load((tmp_path / "cluster.tuned.yaml").read_text())
     assert tuned.backend == "ssh" and written["ssh"] == data["ssh"]  # the file's own section
