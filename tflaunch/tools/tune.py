@@ -31,7 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tflaunch import launch
-from tflaunch.cluster.config import ClusterConfig, load_config
+from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Plan
 from tflaunch.errors import PlanError
 from tflaunch.runtime.run import Run
@@ -49,7 +49,7 @@ from tflaunch.tools.tune_calibrate import (
     timed_argv,
     write_json,
 )
-from tflaunch.tools.tune_file import ClusterFile, write_tuned
+from tflaunch.tools.tune_file import ClusterFile, check_tuned_path, write_tuned
 from tflaunch.tools.tune_model import Layout
 from tflaunch.tools.tune_settings import Ranked, Setting, TuneError
 from tflaunch.tools.tune_verify import Race, relative_spread, steps_for
@@ -66,6 +66,7 @@ def tune(cluster_file: str, options: TuneOptions, echo: Echo) -> int:
     workers = config.roles.worker + config.roles.chief
     if workers < 1:
         raise TuneError(f"{config.source}: roles has no worker to tune for.")
+    check_tuned_path(file, options.out, options.force)  # refused now, not after measuring
     run = Run.create(
         options.runs_dir or config.runs_dir,
         f"{config.name}-tune",
@@ -108,9 +109,9 @@ def tune(cluster_file: str, options: TuneOptions, echo: Echo) -> int:
     if not options.apply:
         echo(f"start it with: tflaunch up {path}")
         return 0
-    tuned = load_config(path)
     echo(f"applying: tflaunch up {path}")
-    outcome = launch.up(tuned, str(path), options.runs_dir)
+    assert session.tuned is not None  # written above
+    outcome = launch.up(session.tuned, str(path), options.runs_dir)  # as validated, not re-read
     return 0 if isinstance(outcome, str) else outcome.code
 
 
@@ -154,6 +155,7 @@ class Session:
         self.left_out: list[tuple[Setting, str]] = []
         self.verified: dict[Setting, dict] = {}  # the race's runs of each verified setting
         self.pick: Ranked | None = None  # what tuned.yaml holds
+        self.tuned: ClusterConfig | None = None  # its configuration, as written and validated
 
     def model(self, inputs: pm.Inputs, workers: int) -> list[Ranked]:
         """Every setting that can run, ranked by the model; the rest left out with a reason."""
@@ -309,7 +311,9 @@ class Session:
     def write(self, run: Run) -> Path:
         self.pick = self.choose()
         argv = ts.setting_argv(self.program.argv, self.pick.setting, self.program.knobs)
-        path = write_tuned(self.file, self.pick, argv, run.id, run.dir, self.options.out)
+        path, self.tuned = write_tuned(
+            self.file, self.pick, argv, run.id, run.dir, self.options.out, self.options.force
+        )
         self.say(f"wrote {path} (and {run.dir / 'tuned.yaml'})")
         return path
 

@@ -57,6 +57,7 @@ class TuneOptions:
     trace_steps: str = "3:3"
     runs_dir: str | None = None
     out: Path | None = None  # the runnable tuned file; default beside the cluster file
+    force: bool = False  # out may replace a file tune did not write, or a symlink (not its target)
     updates: tuple[str, ...] = ()  # the grid, narrowed (empty: all the program allows)
     placements: tuple[str, ...] = ()
     transfers: tuple[str, ...] = ()

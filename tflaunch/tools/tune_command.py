@@ -129,6 +129,12 @@ def _ps_hosts(text: str) -> tuple[str, ...]:
     help="Where the tuned cluster file goes (default: <file>.tuned.yaml beside it).",
 )
 @click.option(
+    "--force",
+    is_flag=True,
+    help="Replace what stands at the tuned file's path even if tune did not write it (a file "
+    "of yours; a symlink is replaced itself, never written through).",
+)
+@click.option(
     "--runs-dir", "--run-dir", "runs_dir", default=None, help="Default: the file's runs_dir."
 )
 def tune_command(
@@ -150,6 +156,7 @@ def tune_command(
     transfers: str,
     ps_hosts: str,
     out_path: str | None,
+    force: bool,
     runs_dir: str | None,
 ) -> None:
     """Measure the cluster (compute, network), rank every setting the file allows by the
@@ -169,6 +176,7 @@ def tune_command(
         trace_steps=trace_steps,
         runs_dir=runs_dir,
         out=Path(out_path) if out_path else None,
+        force=force,
         updates=_names(updates),
         placements=_names(placements),
         transfers=_names(transfers),

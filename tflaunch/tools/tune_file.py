@@ -14,7 +14,9 @@ from typing import Any
 import yaml
 
 from tflaunch import launch
-from tflaunch.cluster.config import ClusterConfig, load_config, parse_config, read_config_text
+from tflaunch.cluster.config import ClusterConfig, parse_config, read_config_text
+from tflaunch.outfiles import check_outside, write_outside
+from tflaunch.runtime.runfiles import replace_run_file
 from tflaunch.tools import tune_settings as ts
 from tflaunch.tools.tune_settings import Ranked, Setting, TuneError
 
@@ -61,22 +63,50 @@ def workers_per_host(config: ClusterConfig) -> int:
     return max(counts.values(), default=1)
 
 
+TUNED_MARK = b"# tflaunch tune "  # how a tuned file starts: one tune may replace another's
+
+
 def write_tuned(
     file: ClusterFile, winner: Ranked, argv: Sequence[str], run_id: str, run_dir: Path,
-    out: Path | None,
-) -> Path:  # fmt: skip
+    out: Path | None, force: bool = False,
+) -> tuple[Path, ClusterConfig]:  # fmt: skip
     """tuned.yaml in the run directory, and the runnable copy beside the cluster file (its
     relative paths, such as ssh.identity_file or program.workdir, stay right there), or at
-    ``out``. The one place tune writes a cluster file."""
+    ``out``, through :func:`tflaunch.outfiles.write_outside` (an existing file not written
+    by tune, or a symlink, only with ``force``). The one place tune writes a cluster file;
+    returns where, and the configuration it validated from what it wrote (``--apply`` starts
+    that, never the file read back)."""
     doc = file.document_with(winner.setting, argv)
     measured = f", measured {winner.measured:.2f}" if winner.measured is not None else ""
-    header = (
-        f"# tflaunch tune {file.path.name} (run {run_id}): "
-        f"{winner.setting.label}, predicted {winner.images_per_sec:.2f} img/s{measured}\n"
+    header = comment_safe(
+        f"{file.path.name} (run {run_id}): {winner.setting.label}, predicted "
+        f"{winner.images_per_sec:.2f} img/s{measured}"
     )
-    text = header + yaml.safe_dump(doc, sort_keys=False, width=100)
-    path = out or file.path.with_name(f"{file.path.stem}.tuned.yaml")
-    path.write_text(text, encoding="utf-8")
-    (run_dir / "tuned.yaml").write_text(text, encoding="utf-8")
-    launch.plan_cluster(load_config(path))  # it must validate and plan, or tune has a bug to show
-    return path
+    text = f"{TUNED_MARK.decode()}{header}\n" + yaml.safe_dump(doc, sort_keys=False, width=100)
+    path = tuned_path(file, out)
+    config = parse_config(text, str(path), file.config.base_dir)
+    launch.plan_cluster(config)  # it must validate and plan, or tune has a bug to show
+    write_outside(path, text, _is_tuned, force)
+    replace_run_file(run_dir / "tuned.yaml", text)
+    return path, config
+
+
+def tuned_path(file: ClusterFile, out: Path | None) -> Path:
+    """Where the runnable tuned file goes: ``out``, else ``<stem>.tuned.yaml`` beside the file."""
+    return out or file.path.with_name(f"{file.path.stem}.tuned.yaml")
+
+
+def check_tuned_path(file: ClusterFile, out: Path | None, force: bool) -> None:
+    """Refuse, before anything is measured, a tuned path :func:`write_tuned` would refuse."""
+    check_outside(tuned_path(file, out), _is_tuned, force)
+
+
+def _is_tuned(head: bytes) -> bool:
+    return head.startswith(TUNED_MARK)
+
+
+def comment_safe(text: str) -> str:
+    """``text`` for one YAML comment line: every character outside printable ASCII escaped
+    (a newline, or one of the other line breaks YAML knows, would end the comment and start
+    keys of the file)."""
+    return "".join(c if " " <= c <= "~" else c.encode("unicode_escape").decode() for c in text)
