@@ -102,12 +102,13 @@ class Reporter:
 
     # ---- failure reports ---------------------------------------------------------------------
 
-    def task_failed(
+    def failed_by_task(
         self, state: TaskState, code: int, what: str, note: str, restarts: list[str]
     ) -> Outcome:
         """The report of a run failed by one task, its root cause first: a known cause
         (:func:`tflaunch.runtime.diagnose.notes`) with its fix, then which task ended how,
-        then the lines around its error (else its last lines) and its log."""
+        then the lines around its error (else its last lines) and its log. (Whether the task
+        is restarted instead is the restarter's decision: ``Restarter.task_failed``.)"""
         context = state.tail.context()
         task = self.plan.task(state.name)
         holder = None
