@@ -4,6 +4,7 @@
         [--variable_update parameter_server|distributed_replicated|collective_all_reduce] \
         [--staged_vars] [--transfer_order none|tic|tac] [--transfer_buckets 8] \
         [--cross_replica_sync] [--gradient_repacking N] [--compact_gradient_transfer] \
+        [--all_reduce_bucket_mb MB] \
         [--data_dir DIR] [--job_name worker --task_index 0 --ps_hosts ... --worker_hosts ...]
 
 Flag names follow tf_cnn_benchmarks. The cluster comes from ``--job_name/--task_index/--ps_hosts/
@@ -32,7 +33,9 @@ Variable updates (one device per worker: ``--batch_size`` is per worker):
   ``--gradient_repacking N`` packs the gradients into about N all-reduces (MWMS's
   ``bytes_per_pack``), so the first packs cross while the backward pass still runs;
   ``--compact_gradient_transfer`` sends them as float16 (summed in float16, averaged and applied
-  in float32).
+  in float32). ``--all_reduce_bucket_mb X`` cuts them instead into buckets of X MB on the wire in
+  the order the backward pass produces them (the graph's), one all-reduce each, launched as soon
+  as the bucket's gradients exist while the rest of the backward pass runs.
 * No cluster: one process trains with a ``tf.function`` step, variables on
   ``--local_parameter_device``.
 
@@ -157,6 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="collective_all_reduce: gradients cross the wire as float16 and are applied in "
         "float32 (half the bytes)",
     )
+    p.add_argument(
+        "--all_reduce_bucket_mb",
+        type=float,
+        default=0.0,
+        help="collective_all_reduce: all-reduce the gradients in buckets of this many MB on the "
+        "wire, in the order the backward pass produces them, each launched as soon as its "
+        "gradients exist (0: off; `tflaunch model` suggests a size for the link)",
+    )
     p.add_argument("--data_dir", default=None, help="ImageNet-layout TFRecords; default synthetic")
     p.add_argument(
         "--image_size", type=int, default=None, help="default: the model's (299 for inception3)"
@@ -262,11 +273,21 @@ def check_transfer_flags(args: argparse.Namespace) -> None:
         raise BenchmarkError(
             f"--gradient_repacking must not be negative, not {args.gradient_repacking}."
         )
-    if (args.gradient_repacking or args.compact_gradient_transfer) and not all_reduce:
+    if args.all_reduce_bucket_mb < 0:
         raise BenchmarkError(
-            "--gradient_repacking and --compact_gradient_transfer shape the all-reduce of the "
-            f"gradients, which {args.variable_update} does not do (its gradients go to the PS); "
-            "use --variable_update collective_all_reduce."
+            f"--all_reduce_bucket_mb must not be negative, not {args.all_reduce_bucket_mb}."
+        )
+    shaped = args.gradient_repacking or args.compact_gradient_transfer or args.all_reduce_bucket_mb
+    if shaped and not all_reduce:
+        raise BenchmarkError(
+            "--gradient_repacking, --compact_gradient_transfer and --all_reduce_bucket_mb shape "
+            f"the all-reduce of the gradients, which {args.variable_update} does not do (its "
+            "gradients go to the PS); use --variable_update collective_all_reduce."
+        )
+    if args.gradient_repacking > 1 and args.all_reduce_bucket_mb:
+        raise BenchmarkError(
+            "--gradient_repacking and --all_reduce_bucket_mb both cut the gradients into "
+            "all-reduces; give one of them."
         )
 
 

@@ -143,8 +143,9 @@ def test_one_worker_needs_no_barrier() -> None:
 @pytest.mark.slow
 def test_packed_float16_all_reduce_trains_to_the_same_accuracy(tmp_path) -> None:
     """Two MWMS workers (real processes, gRPC on localhost) train the same net from the same
-    weights on the same batches: default all-reduce, then 4 packs in float16. The traced step
-    holds one float32 all-reduce of the gradients, then 4 float16 ones (plus the loss's)."""
+    weights on the same batches: default all-reduce, then 4 packs in float16, then float16
+    buckets in the backward pass's order. The traced step holds one float32 all-reduce of the
+    gradients, then 4 float16 ones, then 3 (plus the loss's)."""
     base = free_port_base(2)
     hosts = [f"localhost:{base}", f"localhost:{base + 1}"]
     out = tmp_path / "result.json"
@@ -164,9 +165,15 @@ def test_packed_float16_all_reduce_trains_to_the_same_accuracy(tmp_path) -> None
         )
     logs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
-    plain, packed = json.loads(out.read_text())
+    plain, packed, bucketed = json.loads(out.read_text())
     assert plain["collectives"] == {"float32": 2}  # the gradients' one pack, the loss
     assert (packed["expected_packs"], packed["collectives"]) == (4, {"float16": 4, "float32": 1})
+    # --all_reduce_bucket_mb: 3 float16 buckets in the backward pass's order, one collective each
+    assert (bucketed["expected_packs"], bucketed["collectives"]) == (
+        3,
+        {"float16": 3, "float32": 1},
+    )
     assert plain["test_accuracy"] > 0.9
-    assert abs(packed["test_accuracy"] - plain["test_accuracy"]) <= 0.005
-    assert packed["final_loss"] == pytest.approx(plain["final_loss"], rel=0.1)
+    for other in (packed, bucketed):
+        assert abs(other["test_accuracy"] - plain["test_accuracy"]) <= 0.005
+        assert other["final_loss"] == pytest.approx(plain["final_loss"], rel=0.1)

@@ -48,6 +48,22 @@ def bytes_per_pack_for(nbytes: Sequence[int], packs: int) -> int:
     return max(1, -(-sum(nbytes) // packs))
 
 
+def cut_buckets(order: Sequence[int], nbytes: Sequence[int], bucket_bytes: int) -> list[list[int]]:
+    """``--all_reduce_bucket_mb``: the gradients (indices, in ``order``: the order the backward
+    pass produces them) cut into buckets that each close once they hold ``bucket_bytes`` on the
+    wire (as PyTorch DDP's ``bucket_cap_mb``), so a bucket's all-reduce can start as soon as its
+    last gradient exists; 0 or less: one bucket."""
+    buckets: list[list[int]] = []
+    filled = 0
+    for i in order:
+        if not buckets or (bucket_bytes > 0 and filled >= bucket_bytes):
+            buckets.append([])
+            filled = 0
+        buckets[-1].append(i)
+        filled += nbytes[i]
+    return buckets
+
+
 class BenchmarkError(Exception):
     """Bad flags or cluster description; the message says what to change."""
 

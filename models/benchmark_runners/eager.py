@@ -19,6 +19,7 @@ import tensorflow as tf
 from tflaunch.models.benchmark_runners.common import (
     Timing,
     bytes_per_pack_for,
+    cut_buckets,
     images_per_sec,
     log,
     pack_sizes,
@@ -117,25 +118,43 @@ def _batches(args: argparse.Namespace, num_shards: int, shard_index: int):
 
 class GradientReduction:
     """How the gradients cross the wire under MultiWorkerMirroredStrategy: ``packs`` (about that
-    many all-reduces of concatenated gradients; 0 or 1: TensorFlow's default, one) and
-    ``compact`` (float16 on the wire, float32 applied).
+    many all-reduces of concatenated gradients; 0 or 1: TensorFlow's default, one), or
+    ``bucket_bytes`` (buckets of that many bytes on the wire in the order the backward pass
+    produces the gradients, one all-reduce each), and ``compact`` (float16 on the wire, float32
+    applied).
 
-    :meth:`wire` runs in each replica (the cast to float16); :meth:`reduce` in cross-replica
-    context (the batched all-reduce with ``bytes_per_pack``, then the mean in the variables'
-    dtype)."""
+    :meth:`wire` runs in each replica (the cast to float16; with buckets it also reads the
+    backward pass's order off the traced graph); :meth:`reduce` in cross-replica context (the
+    all-reduces, then the mean in the variables' dtype)."""
 
-    def __init__(self, variables: Sequence[tf.Variable], packs: int = 0, compact: bool = False):
+    def __init__(
+        self,
+        variables: Sequence[tf.Variable],
+        packs: int = 0,
+        compact: bool = False,
+        bucket_bytes: int = 0,
+    ):
         self.compact = compact
         wire_size = 2 if compact else None
-        nbytes = [
+        self.nbytes = [
             v.shape.num_elements() * (wire_size or v.dtype.size) for v in variables
         ]  # fmt: skip
-        self.bytes_per_pack = bytes_per_pack_for(nbytes, packs)
-        self.pack_sizes = pack_sizes(nbytes, self.bytes_per_pack)
-        self.wire_bytes = sum(nbytes)
+        self.bytes_per_pack = bytes_per_pack_for(self.nbytes, packs)
+        self.pack_sizes = pack_sizes(self.nbytes, self.bytes_per_pack)
+        self.wire_bytes = sum(self.nbytes)
+        self.bucket_bytes = int(bucket_bytes)
+        # Set when the step is traced (wire): variable indices per bucket, in launch order.
+        self.buckets: list[list[int]] | None = None
 
     def describe(self) -> str:
         dtype = "float16" if self.compact else "float32"
+        if self.bucket_bytes and self.buckets is not None:
+            sizes = [sum(self.nbytes[i] for i in b) / 1e6 for b in self.buckets]
+            return (
+                f"gradient all-reduce: {len(self.buckets)} bucket(s) in the backward pass's "
+                f"order, {'/'.join(f'{mb:.1f}' for mb in sizes)} MB, "
+                f"{self.wire_bytes / 1e6:.1f} MB as {dtype}, each launched once its gradients exist"
+            )
         return (
             f"gradient all-reduce: {len(self.pack_sizes)} pack(s) of "
             f"{'/'.join(str(n) for n in self.pack_sizes)} tensors, {self.wire_bytes / 1e6:.1f} MB "
@@ -143,6 +162,8 @@ class GradientReduction:
         )
 
     def wire(self, grads: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        if self.bucket_bytes:
+            self.buckets = cut_buckets(backward_order(grads), self.nbytes, self.bucket_bytes)
         if not self.compact:
             return list(grads)
         return [tf.cast(g, tf.float16) for g in grads]
@@ -154,14 +175,30 @@ class GradientReduction:
         variables: Sequence[tf.Variable],
     ) -> list[tf.Tensor]:
         """Per-replica gradients -> every variable's reduced gradient: the mean, or with
-        ``compact`` the float16 sum (:meth:`finish` makes it the mean in the variable's dtype)."""
-        options = tf.distribute.experimental.CommunicationOptions(
-            bytes_per_pack=self.bytes_per_pack
-        )
+        ``compact`` the float16 sum (:meth:`finish` makes it the mean in the variable's dtype).
+
+        Buckets: one ``batch_reduce_to`` (one pack, one collective) per bucket, called in the
+        backward pass's order. A bucket's collective takes only its own gradients as inputs, and
+        MWMS chains its collectives in call order (one ordering token), so the first bucket's
+        all-reduce starts once the last layers' gradients exist and the later buckets follow as
+        theirs do, while the backward pass goes on."""
         op = tf.distribute.ReduceOp.SUM if self.compact else tf.distribute.ReduceOp.MEAN
-        reduced = strategy.extended.batch_reduce_to(
-            op, list(zip(grads, variables, strict=True)), options=options
-        )
+        pairs = list(zip(grads, variables, strict=True))
+        if not self.bucket_bytes:
+            options = tf.distribute.experimental.CommunicationOptions(
+                bytes_per_pack=self.bytes_per_pack
+            )
+            return strategy.extended.batch_reduce_to(op, pairs, options=options)
+        if self.buckets is None:
+            raise RuntimeError("GradientReduction.reduce before wire: the buckets are not cut")
+        one_pack = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=0)
+        reduced: list = [None] * len(pairs)
+        for bucket in self.buckets:
+            out = strategy.extended.batch_reduce_to(
+                op, [pairs[i] for i in bucket], options=one_pack
+            )
+            for i, value in zip(bucket, out, strict=True):
+                reduced[i] = value
         return reduced
 
     def finish(self, grad: tf.Tensor, dtype: tf.DType, replicas: int) -> tf.Tensor:
@@ -170,6 +207,17 @@ class GradientReduction:
         if not self.compact:
             return grad
         return tf.cast(grad, dtype) / float(replicas)
+
+
+def backward_order(grads: Sequence[tf.Tensor]) -> list[int]:
+    """Indices of ``grads`` in the order the backward pass produces them: the position of each
+    gradient's op in its graph. The gradient tape creates the backward ops in an order their
+    data edges allow (a gradient's op exists only after every op it needs), so creation order
+    is the graph's production order; ties keep the variables' order reversed."""
+    graph = grads[0].graph
+    position = {op.name: k for k, op in enumerate(graph.get_operations())}
+    n = len(grads)
+    return sorted(range(n), key=lambda i: (position[grads[i].op.name], n - i))
 
 
 def reduce_gradients(
@@ -204,10 +252,11 @@ def collective_step(
     next_batch = _batches(args, num_workers, rank)
     extended = strategy.extended
     reduction = GradientReduction(
-        variables, args.gradient_repacking, args.compact_gradient_transfer
+        variables,
+        args.gradient_repacking,
+        args.compact_gradient_transfer,
+        int(args.all_reduce_bucket_mb * 1e6),
     )
-    if rank == 0:
-        log(reduction.describe())
 
     def grads_fn(images: tf.Tensor, labels: tf.Tensor):
         with tf.GradientTape() as tape:
@@ -230,6 +279,9 @@ def collective_step(
     def apply(var: tf.Variable, grad: tf.Tensor, slot: tf.Variable | None = None):
         return optimizer.update(var, reduction.finish(grad, var.dtype, replicas), slot)
 
+    step.get_concrete_function()  # traced now (the first step reuses it): the buckets are cut
+    if rank == 0:
+        log(reduction.describe())
     return step
 
 

@@ -1,7 +1,9 @@
 """Train the same small network twice under MultiWorkerMirroredStrategy, in the same worker
 processes: with the default gradient all-reduce, then with the benchmark's
 ``--gradient_repacking 4 --compact_gradient_transfer`` (packs of float16 gradients, applied in
-float32), through the benchmark's own code (``models.benchmark_runners.eager``).
+float32), then with ``--all_reduce_bucket_mb 0.02 --compact_gradient_transfer`` (float16
+buckets in the backward pass's order, each all-reduced as soon as its gradients exist), through
+the benchmark's own code (``models.benchmark_runners.eager``).
 
     TF_CONFIG=... python tests/programs/mwms_gradient_reduction.py STEPS OUT.json
 
@@ -29,6 +31,7 @@ from tflaunch.models.benchmark_runners.eager import (  # noqa: E402
 
 SIZES = (64, 96, 96, 96, 96, 10)  # 10 variables: --gradient_repacking 4 makes 4 packs
 BATCH = 32  # per worker
+BUCKET_BYTES = 20_000  # 3 buckets of the 70,292 float16 bytes
 
 
 class Net(tf.Module):
@@ -59,13 +62,15 @@ def collectives(graph) -> dict[str, int]:
     return found
 
 
-def train(strategy, rank: int, workers: int, steps: int, packs: int, compact: bool, data) -> dict:
+def train(
+    strategy, rank: int, workers: int, steps: int, packs: int, compact: bool, data, buckets: int = 0
+) -> dict:
     x_train, y_train, x_test, y_test = data
     with strategy.scope():
         net = Net(seed=1)
         variables = [v for layer in net.layers for v in layer]
         optimizer = Optimizer("sgd", 0.1, 0.0, variables)
-    reduction = GradientReduction(variables, packs, compact)
+    reduction = GradientReduction(variables, packs, compact, buckets)
     mine = np.arange(len(x_train))[rank::workers]
     order = np.random.default_rng(7).permutation(len(mine))
 
@@ -101,7 +106,7 @@ def train(strategy, rank: int, workers: int, steps: int, packs: int, compact: bo
     return {
         "packs": packs,
         "compact": compact,
-        "expected_packs": len(reduction.pack_sizes),
+        "expected_packs": len(reduction.buckets or reduction.pack_sizes),
         "collectives": collectives(traced),
         "test_accuracy": accuracy,
         "final_loss": loss,
@@ -122,6 +127,7 @@ def main() -> int:
     results = [
         train(strategy, rank, workers, steps, 0, False, data),
         train(strategy, rank, workers, steps, 4, True, data),
+        train(strategy, rank, workers, steps, 0, True, data, BUCKET_BYTES),
     ]
     print(json.dumps(results), flush=True)
     if rank == 0:
