@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import re
 import signal
@@ -105,6 +106,47 @@ def headline_grid(ps_count: int = 2) -> list[Point]:
     order = {pt: i for i, pt in enumerate(rows)}
     per_rate = len(rows) // 6 // 2
     return sorted(rows, key=lambda pt: (order[pt] // (2 * per_rate), order[pt] % per_rate, pt.rate))
+
+
+BUCKETED = ("--all_reduce_bucket_mb=6", "--compact_gradient_transfer")
+PACKED = ("--gradient_repacking=4", "--compact_gradient_transfer")
+
+
+def linklimit_grid(ps_count: int = 2) -> list[Point]:
+    """Issue 42's rows, for a lab of 16 cores: 8 workers, then 4, at 1 Gb/s, InceptionV3.
+    Synchronous first, ours' all-reduce overlapping the backward pass (6 MB float16 buckets,
+    about 8 of InceptionV3's 47.6 MB: the wire's bytes x sqrt(a collective's fixed cost / the
+    backward pass), with about 5 ms a collective and 0.43 s of backward pass on one core)
+    beside today's packs, then every
+    setting of the peer like for like (its collective_all_reduce with a spec, distributed
+    all-reduce xring and pscpu, distributed_replicated, parameter_server with and without staged
+    variables) and ours' PS; then asynchronous: PS and distributed_replicated on both sides."""
+    rows: list[Point] = []
+    model, rate, p = "inception3", "1gbit", ps_count
+    for w in (8, 4):
+        rows += [
+            Point("ours", model, rate, w, 0, CAR, True, BUCKETED),
+            Point("ours", model, rate, w, 0, CAR, True, PACKED),
+            Point("peer", model, rate, w, 0, CAR, True, ("--all_reduce_spec=collective",)),
+            Point("peer", model, rate, w, 0, DAR, True, ("--all_reduce_spec=xring",)),
+            Point("peer", model, rate, w, p, DAR, True, ("--all_reduce_spec=pscpu",)),
+            Point("peer", model, rate, w, p, PS, True, ("--staged_vars",)),
+            Point("ours", model, rate, w, p, PS, True, ("--staged_vars", "--variable_placement=lpt")),  # noqa: E501
+            Point("peer", model, rate, w, p, DR, True),
+            Point("peer", model, rate, w, p, PS, True),
+            Point("ours", model, rate, w, p, PS, True, ("--variable_placement=lpt",)),
+            Point("peer", model, rate, w, p, PS, False, ("--staged_vars",)),
+            Point("ours", model, rate, w, p, PS, False, ("--staged_vars", "--variable_placement=lpt")),  # noqa: E501
+            Point("peer", model, rate, w, p, PS, False),
+            Point("ours", model, rate, w, p, PS, False, ("--variable_placement=lpt",)),
+            Point("peer", model, rate, w, p, DR, False),
+            Point("ours", model, rate, w, 0, CAR, True, ("--all_reduce_bucket_mb=16", "--compact_gradient_transfer")),  # noqa: E501
+            Point("ours", model, rate, w, 0, CAR, True),
+        ]  # fmt: skip
+    return rows
+
+
+GRIDS = {"headline": headline_grid, "linklimit": linklimit_grid}
 
 
 # --- hosts -----------------------------------------------------------------------------------
@@ -328,10 +370,10 @@ def run_point(a, lab: Lab, pt: Point, logs: Path) -> dict:
         argv = [*base, *flags, "--job_name", job, "--task_index", str(index)]
         procs.append(lab.spawn(host, argv, env, log, cwd))
         names.append((job, index, log))
-    # Wait for the workers (and the controller): the PS serve until stopped.
-    finishers = [
-        (p, n) for p, n in zip(procs, names, strict=True) if n[0] in ("worker", "controller")
-    ]
+    # Wait for the workers, or in the peer's distributed_all_reduce for its controller alone:
+    # there the workers only serve (like the PS) until stopped.
+    ends = ("controller",) if pt.update == DAR else ("worker",)
+    finishers = [(p, n) for p, n in zip(procs, names, strict=True) if n[0] in ends]
     deadline = time.monotonic() + a.run_timeout
     timed_out = False
     for p, _ in finishers:
@@ -418,7 +460,7 @@ def calibrate(a, lab: Lab, store: dict, logs: Path) -> None:
     # A PS's capacity grows with the streams it serves (its cores share them), so the PS test
     # also runs at the grid's largest worker count that fits: the model takes the load nearest
     # each row's (loaded_ps_rate).
-    fanin = min(max(pt.workers for pt in headline_grid(a.ps_count)), lab.count - 1)
+    fanin = min(max(pt.workers for pt in GRIDS[a.grid](a.ps_count)), lab.count - 1)
     if fanin > 4 and f"netbench_fanin_{fanin}" not in cal:
         lab.shape(None)
         cal[f"netbench_fanin_{fanin}"] = netbench(a, lab, fanin, "inception_v3", logs, "fanin")
@@ -448,7 +490,7 @@ def wanted(a, store: dict, pt: Point) -> bool:
 
 
 def sweep(a, lab: Lab, store: dict, logs: Path, started: float) -> None:
-    grid = [pt for pt in headline_grid(a.ps_count) if pt.model in a.models and pt.rate in a.rates]
+    grid = [pt for pt in GRIDS[a.grid](a.ps_count) if pt.model in a.models and pt.rate in a.rates]
     if a.only:
         grid = [pt for pt in grid if any(s in pt.key for s in a.only)]
     shaped = None
@@ -554,6 +596,12 @@ def predicted(inputs, r: dict, cal: dict | None = None) -> float:
         (o.split("=")[1] for o in opts if o.startswith("--variable_placement")), default
     )
     packs = next((int(o.split("=")[1]) for o in opts if o.startswith("--gradient_repacking")), 1)
+    bucket_mb = next(
+        (float(o.split("=")[1]) for o in opts if o.startswith("--all_reduce_bucket_mb")), 0.0
+    )
+    if bucket_mb:  # as that many packs (the overlap itself is not modelled yet)
+        wire = inputs.model_bytes / (2 if "--compact_gradient_transfer" in opts else 1)
+        packs = max(1, math.ceil(wire / (bucket_mb * 1e6)))
     update = PS if r["update"] == DR else r["update"]
     return pm.predict(
         inputs,
@@ -566,6 +614,24 @@ def predicted(inputs, r: dict, cal: dict | None = None) -> float:
         packs=packs,
         compact="--compact_gradient_transfer" in opts,
     ).images_per_sec
+
+
+def link_limit(inputs, r: dict) -> float:
+    """The img/s the row's links allow at most (the link-bound limit), from the bytes that cross
+    its busiest link each step: a ring (ours' all-reduce, the peer's collective and xring) moves
+    2(W-1)/W of the gradients each way on every worker's link, in float16 with
+    ``--compact_gradient_transfer``; with PS (parameter_server, distributed_replicated, the
+    peer's pscpu all-reduce) the fullest PS sends and receives W times its share, full duplex,
+    the shares taken as balanced (LPT; the peer's round robin modelled so too)."""
+    w, batch = r["workers"], inputs.batch_size
+    opts = r["options"]
+    ring = r["update"] == CAR or (r["update"] == DAR and "--all_reduce_spec=xring" in opts)
+    if ring:
+        wire = inputs.model_bytes / (2 if "--compact_gradient_transfer" in opts else 1)
+        seconds = 2 * (w - 1) / w * wire / inputs.link.bandwidth
+    else:
+        seconds = w * inputs.model_bytes / r["ps"] / inputs.link.bandwidth
+    return w * batch / seconds
 
 
 def report(a, store: dict) -> None:
@@ -588,9 +654,9 @@ def report(a, store: dict) -> None:
             )
     print(
         "| side | model | rate | W | P | variable update | mode | options | n | img/s | ± sd "
-        "| model | error |"
+        "| model | error | link limit | of it |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     errors: dict[str, list[float]] = {}
     for rs in keys.values():
         r0 = rs[0]
@@ -602,17 +668,20 @@ def report(a, store: dict) -> None:
         )
         if not vals:
             error = rs[-1]["error"].replace("\n", " ").replace("|", "/")[:120]
-            print(f"{head} 0 | fails: {error} | | | |")
+            print(f"{head} 0 | fails: {error} | | | | | |")
             continue
         mean = statistics.fmean(vals)
         sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
-        model = err = ""
+        model = err = limit = share = ""
         if (r0["model"], r0["rate"]) in inputs and r0["update"] != DAR:
             pred = predicted(inputs[r0["model"], r0["rate"]], r0, store["calibration"])
             e = 100 * (pred - mean) / mean
             errors.setdefault(r0["rate"], []).append(abs(e))
             model, err = f"{pred:.2f}", f"{e:+.1f} %"
-        print(f"{head} {len(vals)} | {mean:.2f} | {sd:.2f} | {model} | {err} |")
+        if (r0["model"], r0["rate"]) in inputs:
+            bound = link_limit(inputs[r0["model"], r0["rate"]], r0)
+            limit, share = f"{bound:.2f}", f"{100 * mean / bound:.0f} %"
+        print(f"{head} {len(vals)} | {mean:.2f} | {sd:.2f} | {model} | {err} | {limit} | {share} |")
     for rate, es in sorted(errors.items()):
         print(
             f"model at {rate}: median absolute error {statistics.median(es):.1f} %, largest "
@@ -641,6 +710,13 @@ def main() -> int:
     p.add_argument("--run-estimate", type=float, default=75.0, help="seconds one run may take")
     p.add_argument("--run-timeout", type=float, default=180.0)
     p.add_argument("--only", default=None, help="comma-separated substrings of row keys")
+    p.add_argument(
+        "--grid",
+        choices=sorted(GRIDS),
+        default="headline",
+        help="headline: 16, 8, 4 workers at 1 and 10 Gb/s (issue 32); linklimit: 8 and 4 "
+        "workers at 1 Gb/s with every peer setting and the overlapped all-reduce (issue 42)",
+    )
     p.add_argument("--phase", choices=("calibrate", "sweep", "all", "report"), default="all")
     a = p.parse_args()
     started = time.monotonic()

@@ -4,16 +4,19 @@
 # calls of at most 10 minutes.
 #
 # Here, once (CHECKOUT is the checkout the device tool sends, e.g. /work/main; TF is the folder
-# with tf0 tf1 tf2 = tensorflow-cpu 2.21 cp312 as a zstd tar of site/ split in three, and tools =
-# zstd and the wheels TensorFlow needs):
-#   bash benchmarks/tune_vs_sweep_device.sh prepare CHECKOUT/.device TF
-# puts this worktree's code and tflaunch's own wheels into CHECKOUT/.device/tv and links nothing:
-# tf0..tf2 and tools are copied beside it. Every call carries .device/tv and one more piece:
+# with tf0 tf1 ... = tensorflow-cpu 2.21 cp312 as a zstd tar of site/ (its .so files stripped,
+# tensorflow/include left out) split in pieces of at most 50 MB, tf.part00 in tf0 and so on, and
+# tools = zstd, ip, tc, lib/ with their libraries, and the wheels TensorFlow needs that the
+# device's Python lacks):
+#   bash benchmarks/tune_vs_sweep_device.sh prepare CHECKOUT/.device TF [PEER]
+# puts this worktree's committed code and tflaunch's own wheels into CHECKOUT/.device/tv and links
+# nothing: every tf* piece and tools are copied beside it. Every call carries .device/tv and one
+# more piece (four pieces in 2026-11: 155 MB):
 #   call 1: carry [.device/tv, .device/tf0]           bash .device/tv/run.sh stage
-#   call 2: carry [.device/tv, .device/tf1]           bash .device/tv/run.sh stage
-#   call 3: carry [.device/tv, .device/tf2, .device/tools]
+#   call 2..: carry [.device/tv, .device/tfN]         bash .device/tv/run.sh stage
+#   last:   carry [.device/tv, .device/tfLAST, .device/tools]
 #           bash .device/tv/run.sh stage && bash .device/tv/run.sh run --budget 420 ARGS...
-#   call 4..: carry [.device/tv]                      bash .device/tv/run.sh run --budget 480 ARGS...
+#   then:   carry [.device/tv]                        bash .device/tv/run.sh run --budget 480 ARGS...
 # on one warm machine (it goes back after 30 s idle: chain the calls). `run` passes ARGS to
 # tune_vs_sweep.py with --backend local --out /tmp/tune-vs-sweep/out (kept between calls on the warm machine,
 # so a run goes on where the last stopped) and leaves $OUT/tvs.tgz: the results, each case's
@@ -32,8 +35,8 @@ prepare)
     (cd "$root" && git ls-files tflaunch models launchers benchmarks pyproject.toml \
         tests/__init__.py tests/helpers.py tests/hosts | tar -cf - -T -) | tar -xf - -C "$dest/tv/code"
     cp "$root/benchmarks/tune_vs_sweep_device.sh" "$dest/tv/run.sh"
-    for piece in tf0 tf1 tf2 tools; do
-        [ -e "$dest/$piece" ] || cp -r "$tf/$piece" "$dest/$piece"
+    for piece in "$tf"/tf* "$tf/tools"; do
+        [ -e "$dest/$(basename "$piece")" ] || cp -r "$piece" "$dest/"
     done
     if [ -n "${4:-}" ]; then  # the peer, for 'lab'
         mkdir -p "$dest/peer" && rm -rf "$dest/peer/tf_cnn_benchmarks"
@@ -44,7 +47,7 @@ prepare)
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d "$dest/tv/whl" click==8.5.1 PyYAML==6.0.4 psutil==7.2.2
-    du -sh "$dest"/tv "$dest"/tf0 "$dest"/tf1 "$dest"/tf2 "$dest"/tools
+    du -sh "$dest"/tv "$dest"/tf* "$dest"/tools
     ;;
 stage)
     mkdir -p "$work/parts"
@@ -53,8 +56,9 @@ stage)
     if [ -d .device/tools ] && [ ! -d "$work/site/tensorflow" ]; then
         mkdir -p "$work/site"
         cp -r .device/tools "$work/tools"
-        export LD_LIBRARY_PATH="$work/tools/lib"
-        cat "$work/parts"/tf.part* | "$work/tools/zstd" -d | tar -xf - -C "$work"  # site/
+        # the carried libraries for zstd alone: the device's Python keeps its own
+        cat "$work/parts"/tf.part* | LD_LIBRARY_PATH="$work/tools/lib" "$work/tools/zstd" -d \
+            --long=31 | tar -xf - -C "$work"  # site/
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target "$work/site" "$work"/tools/*.whl "$here"/whl/*.whl
         PYTHONPATH="$work/site" python3 -c 'import tensorflow as tf; print("tensorflow", tf.__version__)'

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,8 @@ def test_the_loaded_ps_is_the_measured_load_nearest_the_row():
 @pytest.mark.parametrize(
     ("results", "medians"),
     [("manycore_lab.json", {"1gbit": 6.2, "10gbit": 25.7}),
-     ("manycore_lab_3cores.json", {"1gbit": 4.1, "10gbit": 9.6})],
+     ("manycore_lab_3cores.json", {"1gbit": 4.1, "10gbit": 9.6}),
+     ("manycore_lab_16cores.json", {"1gbit": 20.6})],
 )  # fmt: skip
 def test_the_committed_rounds_model_errors_are_the_documented_ones(results, medians, capsys):
     pytest.importorskip("tensorflow")  # the models' variables come from the registry
@@ -51,3 +53,34 @@ def test_the_committed_rounds_model_errors_are_the_documented_ones(results, medi
     out = capsys.readouterr().out
     for rate, median in medians.items():
         assert f"model at {rate}: median absolute error {median:.1f} %" in out
+
+
+def test_link_limits_are_the_busiest_links_bytes():
+    """A ring moves 2(W-1)/W of the gradients on each worker's link (half in float16); a PS
+    setting's fullest PS moves W times its balanced share each way."""
+    link = types.SimpleNamespace(bandwidth=100e6)
+    inputs = types.SimpleNamespace(batch_size=2, model_bytes=100e6, link=link)
+    ring = {"workers": 8, "ps": 0, "update": lab.CAR, "options": []}
+    assert lab.link_limit(inputs, ring) == pytest.approx(16 / 1.75)
+    compact = {**ring, "options": ["--compact_gradient_transfer"]}
+    assert lab.link_limit(inputs, compact) == pytest.approx(16 / 0.875)
+    xring = {**ring, "update": lab.DAR, "options": ["--all_reduce_spec=xring"]}
+    assert lab.link_limit(inputs, xring) == lab.link_limit(inputs, ring)
+    for update, opts in ((lab.PS, []), (lab.DR, []), (lab.DAR, ["--all_reduce_spec=pscpu"])):
+        row = {"workers": 8, "ps": 2, "update": update, "options": opts}
+        assert lab.link_limit(inputs, row) == pytest.approx(16 / 4.0)  # 8 x 50 MB at 100 MB/s
+
+
+def test_the_linklimit_grid_puts_the_buckets_first_and_every_peer_setting():
+    grid = lab.linklimit_grid()
+    assert grid[0].options == lab.BUCKETED and grid[0].workers == 8
+    peer = {(pt.update, pt.options, pt.sync) for pt in grid if pt.side == "peer"}
+    assert (lab.CAR, ("--all_reduce_spec=collective",), True) in peer
+    assert {
+        (lab.DAR, ("--all_reduce_spec=xring",), True),
+        (lab.DAR, ("--all_reduce_spec=pscpu",), True),
+    } <= peer
+    assert {(lab.PS, (), s) for s in (True, False)} <= peer
+    assert {(lab.PS, ("--staged_vars",), s) for s in (True, False)} <= peer
+    assert {(lab.DR, (), s) for s in (True, False)} <= peer
+    assert len({pt.key for pt in grid}) == len(grid)  # no row twice
