@@ -74,7 +74,7 @@ def cluster_file(work: Path, hosts: ssh_hosts.TestHosts, endpoint: str, setup: f
                 "region": "us-east-1",
                 "endpoint_url": endpoint,
                 "worker_instance_type": "c5.xlarge",
-                "ssh_from": "198.18.1.1/32",
+                "ssh_from": f"{hosts.launcher_address}/32",
                 "ready_timeout": 60,
             },
         },

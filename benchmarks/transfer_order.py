@@ -82,7 +82,7 @@ def shape(hosts: ssh_hosts.TestHosts, rate: str) -> None:
             check=True,
         )
         subprocess.run(
-            ["tc", "qdisc", "replace", "dev", f"tfl-sv{host.index}", "root", *qdisc], check=True
+            ["tc", "qdisc", "replace", "dev", host.private_veth, "root", *qdisc], check=True
         )
 
 

@@ -1,15 +1,20 @@
 """What runs on the cluster: programs, the networks they train, their data, and a small library for
-users' own programs. The only part of tflaunch that imports TensorFlow.
+users' own programs. With tracing's profiler and capture (:mod:`tflaunch.trace`), the only part of
+tflaunch that imports TensorFlow, and only when a program runs (``smoke``, ``registry`` and
+``cluster`` need none).
 
 Programs (run as ``python -m tflaunch.models.<name>``; each task of a cluster runs one):
 
+- ``smoke``: a cluster program without TensorFlow, to try tflaunch, a backend or a plugin;
 - ``mnist``: the distributed MNIST case study (TF1 between-graph replication on PS);
 - ``pss``: digit classification with TF2's ParameterServerStrategy, checkpointed and resumable;
 - ``benchmark``: tf_cnn_benchmarks-style CNN throughput; its runners are
   ``benchmark_runners.graph`` (TF1 graph mode) and ``benchmark_runners.eager`` (``tf.function``,
   MultiWorkerMirroredStrategy), over the pieces they share in ``benchmark_runners.common`` (and
   ``benchmark_runners.transfers``, what crosses the links);
-- ``tfrecords``: writes a small ImageNet-layout TFRecord set for the benchmark.
+- ``tfrecords``: writes a small ImageNet-layout TFRecord set for the benchmark;
+- ``netbench``: TensorFlow's gRPC runtime measured between the cluster's hosts (``tflaunch
+  netbench``); ``tune_probe``: ``tflaunch tune``'s calibration probe, run in place of a program.
 
 Below them:
 
@@ -24,5 +29,7 @@ Below them:
   placement across PS tasks, for any TF1-style program.
 
 Nothing here imports tflaunch's core or its launchers: programs learn their cluster from their
-arguments and environment only.
+arguments and environment only. The benchmark alone imports tracing's program side
+(:mod:`tflaunch.trace.profiler`, :mod:`tflaunch.trace.transfers`) to take its own trace; and
+``warning_signals`` keeps Slurm's warning signals from killing a program.
 """

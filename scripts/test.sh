@@ -55,8 +55,9 @@ ruff check .
 ruff format --check .
 bash scripts/check_imports.sh
 python3 scripts/check_test_clock.py  # no verdict from the wall clock, no literal port in tests/
-# Two workers (TEST_WORKERS): the SSH test hosts' and the Slurm cluster's tests each stay on one
-# worker (tests/conftest.py groups them), the rest spread. TEST_WORKERS=0 runs in this process.
+# Two workers (TEST_WORKERS), each with a set of SSH test hosts of its own: the Slurm cluster's
+# tests stay on one worker (tests/conftest.py groups them), the rest spread. TEST_WORKERS=0 runs
+# in this process.
 # Each test's wall and CPU seconds go to .test-costs/ (tests/costs.py); the most expensive
 # modules are printed after the run, passed or not (tests/README.md keeps the table).
 rm -rf .test-costs

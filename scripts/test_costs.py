@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Print where a test run's time went, from what ``pytest -p tests.costs --costs DIR`` recorded.
 
-    python scripts/test_costs.py DIR [--top N] [--by cpu|wall] [--markdown]
+    python scripts/test_costs.py DIR [--top N] [--by cpu|wall] [--markdown] [--against BEFORE]
 
 Merges every worker's ``DIR/*.jsonl`` and prints each module's and then each test's wall and CPU
 seconds (CPU = the pytest process's own + its waited-for children's), most expensive first, and
-the workers' totals (with what no test accounts for: collection, start-up, hooks).
+the workers' totals (with what no test accounts for: collection, start-up, hooks). With
+``--against BEFORE`` (another run's folder) it prints the modules of both runs side by side.
 """
 
 from __future__ import annotations
@@ -34,7 +35,15 @@ def load(folder: Path) -> tuple[list[dict], list[dict]]:
                 print(f"test_costs: {path}:{number}: not JSON, skipped", file=sys.stderr)
                 continue
             (sessions if "session" in record else tests).append(record)
-    return tests, sessions
+    # A test run again (a file that sorts later, e.g. main.jsonl of a rerun after gw*.jsonl)
+    # replaces its earlier record.
+    latest = {t["test"]: t for t in tests}
+    if len(latest) < len(tests):
+        print(
+            f"test_costs: {len(tests) - len(latest)} record(s) replaced by later runs",
+            file=sys.stderr,
+        )
+    return list(latest.values()), sessions
 
 
 def by_module(tests: list[dict]) -> list[dict]:
@@ -83,16 +92,52 @@ def table(rows: list[dict], name: str, markdown: bool) -> list[str]:
     return lines
 
 
+def compare(
+    before: list[dict], after: list[dict], by, top: int | None, markdown: bool
+) -> list[str]:
+    """Modules of two runs side by side, by the larger of their two costs."""
+    old = {m["module"]: m for m in by_module(before)}
+    new = {m["module"]: m for m in by_module(after)}
+    names = sorted(
+        old.keys() | new.keys(),
+        key=lambda n: max(by(old[n]) if n in old else 0, by(new[n]) if n in new else 0),
+        reverse=True,
+    )[:top]
+    head = ("module", "tests", "wall s", "CPU s", "tests after", "wall s after", "CPU s after")
+    lines = (
+        ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        if markdown
+        else [f"{head[0]:<60} " + " ".join(f"{h:>12}" for h in head[1:])]
+    )
+    for name in names:
+        cells = [name]
+        for side in (old, new):
+            m = side.get(name)
+            cells += [str(m["tests"]), f"{m['wall']:.1f}", f"{cpu(m):.1f}"] if m else ["-"] * 3
+        if markdown:
+            lines.append("| " + " | ".join(cells) + " |")
+        else:
+            lines.append(f"{cells[0][:60]:<60} " + " ".join(f"{c:>12}" for c in cells[1:]))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--top", type=int, default=20, help="rows per table (0: all)")
     parser.add_argument("--by", choices=("cpu", "wall"), default="cpu", help="sort key")
     parser.add_argument("--markdown", action="store_true", help="tables as Markdown")
+    parser.add_argument(
+        "--against", type=Path, help="an earlier run's folder: modules side by side"
+    )
     args = parser.parse_args(argv)
     tests, sessions = load(args.folder)
     key = cpu if args.by == "cpu" else (lambda r: r["wall"])
     top = args.top or None
+    if args.against:
+        before, _ = load(args.against)
+        print("\n".join(compare(before, tests, key, top, args.markdown)))
+        return 0
 
     modules = sorted(by_module(tests), key=key, reverse=True)
     ordered = sorted(tests, key=key, reverse=True)

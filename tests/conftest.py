@@ -57,14 +57,14 @@ def aws_credentials(monkeypatch, tmp_path):
     monkeypatch.delenv("AWS_PROFILE", raising=False)
 
 
-# -- pytest-xdist: the test hosts are one per machine ---------------------------------------------
-# scripts/test.sh runs the suite on several workers (--dist loadgroup). The SSH test hosts and the
-# Slurm test cluster have fixed addresses and a lock each: a worker that waits on another's lock
-# idles. So every test of a module that uses one of them (imports it, or has a test that asks for
-# a fixture of theirs: tests/ssh/ and tests/cloud/ get ``ssh_test_hosts`` from their conftest.py)
-# joins that one's group, which a single worker runs in turn, while the other tests spread over
-# the rest.
-_HOST_GROUPS = {"tests.hosts.ssh_hosts": "ssh-hosts", "tests.hosts.slurm_cluster": "slurm-cluster"}
+# -- pytest-xdist: the Slurm test cluster is one per machine ---------------------------------------
+# scripts/test.sh runs the suite on several workers (--dist loadgroup). The SSH test hosts come in
+# sets, one per worker (tests/hosts/ssh_hosts.py), so their tests spread over the workers like any
+# other. The Slurm test cluster is one per machine (fixed node names in /etc/hosts, slurmctld's
+# fixed ports) behind a lock: a worker that waited on another's lock would idle. So every test of
+# a module that imports it joins its group, which a single worker runs in turn, while the other
+# tests spread over the rest.
+_HOST_GROUPS = {"tests.hosts.slurm_cluster": "slurm-cluster"}
 
 
 def _host_group(module: object) -> str | None:
@@ -75,25 +75,13 @@ def _host_group(module: object) -> str | None:
     return None
 
 
-def _fixture_group(item: pytest.Item) -> str | None:
-    """The group of a test host's fixture among those ``item`` asks for (directly or through
-    other fixtures)."""
-    info = getattr(item, "_fixtureinfo", None)
-    for definitions in info.name2fixturedefs.values() if info is not None else ():
-        for definition in definitions:
-            group = _HOST_GROUPS.get(getattr(definition.func, "__module__", ""))
-            if group:
-                return group
-    return None
-
-
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
     groups: dict[object, str | None] = {}
-    for item in items:  # a module's group: its own imports, or a fixture one of its tests asks for
+    for item in items:  # a module's group: from its own imports
         module = getattr(item, "module", None)
-        if module is not None and not groups.get(module):
-            groups[module] = _host_group(module) or _fixture_group(item)
+        if module is not None and module not in groups:
+            groups[module] = _host_group(module)
     for item in items:
         group = groups.get(getattr(item, "module", None))
         if group:
@@ -103,7 +91,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_configure(config: pytest.Config) -> None:
     """pytest-xdist (3.8) marks a test's group by rewriting its node id, which pytest 9 no longer
     lets it do: the grouped tests would spread over the workers, and one worker would wait on
-    another's test-host lock until it timed out. Refuse that pair before anything runs."""
+    another's Slurm-cluster lock until it timed out. Refuse that pair before anything runs."""
     if config.getoption("dist", "no") == "loadgroup" and pytest.version_tuple >= (9,):
         raise pytest.UsageError(
             f"--dist loadgroup does not group tests under pytest {pytest.__version__} (pytest-xdist "

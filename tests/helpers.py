@@ -6,6 +6,7 @@ import json
 import os
 import queue
 import random
+import re
 import resource
 import socket
 import subprocess
@@ -92,6 +93,13 @@ def mnist_argv(python: str = sys.executable, *extra: str) -> list[str]:
         "{worker_hosts}",
         *extra,
     ]
+
+
+def logged_accuracy(log: str, what: str) -> float:
+    """The one ``<what> accuracy: X`` line of an MNIST task's log (``train`` or ``test``)."""
+    found = re.findall(rf"^{what} accuracy: ([0-9.]+)$", log, flags=re.MULTILINE)
+    assert len(found) == 1, f"expected one '{what} accuracy:' line in:\n{log[-3000:]}"
+    return float(found[0])
 
 
 def write_cluster(path: Path, program: dict, **overrides) -> Path:

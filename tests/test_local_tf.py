@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import yaml
 from tests.helpers import (
     FAKE_TASK,
     assert_kill_ends_cluster,
+    logged_accuracy,
     read_until,
     start_tflaunch,
     tflaunch,
@@ -55,6 +57,16 @@ def test_example_local_trains_to_90_percent_leaves_samples_and_a_report_and_noth
     assert "[worker:1] train accuracy:" in result.stdout
 
     (run,) = (tmp_path / "runs").iterdir()
+    # models/mnist.py's own promises on this cluster (tests/test_mnist.py started the same three
+    # tasks from their flags without tflaunch to check them): both workers learn the digits, the
+    # chief alone evaluates the test set, each reports its steps, and the PS never exits by itself.
+    chief, other = ((run / f"worker-{i}.log").read_text() for i in (0, 1))
+    assert logged_accuracy(chief, "train") > 0.9 and logged_accuracy(other, "train") > 0.9
+    assert logged_accuracy(chief, "test") > 0.9 and "test accuracy:" not in other
+    for log in (chief, other):
+        assert re.search(r"^steps/sec: [0-9.]+$", log, flags=re.MULTILINE)
+        assert re.search(r"step \d+ \(global \d+\): loss [0-9.]+, train accuracy", log)
+    assert "exited by itself" not in result.stdout + result.stderr
     report = tflaunch("report", str(run))
     assert report.returncode == 0, report.stderr
     data = json.loads((run / "summary.json").read_text())

@@ -1,9 +1,10 @@
 """models/mnist.py and models/data/digits.py: pure parts in-process, and real clusters as subprocesses.
 
-The two end-to-end tests start real TensorFlow tasks on free loopback ports: one trains the
-default 1 PS + 2 worker run from flags to >90 % test accuracy; the other describes a cluster with
-a chief, a worker and an evaluator through TF_CONFIG and starts the worker only after the chief has
-finished training (the case that hangs a naive MonitoredTrainingSession program).
+The end-to-end test starts real TensorFlow tasks on free loopback ports: it describes a cluster
+with a chief, a worker and an evaluator through TF_CONFIG and starts the worker only after the
+chief has finished training (the case that hangs a naive MonitoredTrainingSession program). The
+default 1 PS + 2 worker run from flags, trained to >90 % accuracy, is tests/test_local_tf.py's
+(examples/local.yaml through tflaunch: the same three tasks).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tflaunch.models.cluster import ClusterInfo
 from tflaunch.models.data import digits
 
 tf = pytest.importorskip("tensorflow")
+from tests.helpers import logged_accuracy  # noqa: E402
 from tflaunch.models import mnist  # noqa: E402  (imports tensorflow)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -400,36 +402,6 @@ def _digits_as_mnist_files(directory: Path) -> Path:
     return directory
 
 
-def _accuracy(log: str, what: str) -> float:
-    found = re.findall(rf"^{what} accuracy: ([0-9.]+)$", log, flags=re.MULTILINE)
-    assert len(found) == 1, f"expected one '{what} accuracy:' line in:\n{log[-3000:]}"
-    return float(found[0])
-
-
-@pytest.mark.slow
-def test_flags_cluster_of_1_ps_and_2_workers_learns_the_digits(tmp_path):
-    ps, w0, w1 = (f"localhost:{port}" for port in _free_ports(3))
-    common = [f"--ps_hosts={ps}", f"--worker_hosts={w0},{w1}"]
-    tasks = Tasks(tmp_path)
-    try:
-        tasks.start("ps-0", ["--job_name=ps", "--task_index=0", *common])
-        for index in (0, 1):
-            tasks.start(f"worker-{index}", ["--job_name=worker", f"--task_index={index}", *common])
-        deadline = time.monotonic() + 240
-        assert tasks.wait("worker-0", deadline) == 0, tasks.log("worker-0")
-        assert tasks.wait("worker-1", deadline) == 0, tasks.log("worker-1")
-        assert tasks.procs["ps-0"].poll() is None  # a PS never exits by itself
-        chief, other = tasks.log("worker-0"), tasks.log("worker-1")
-        assert _accuracy(chief, "test") > 0.9
-        assert _accuracy(chief, "train") > 0.9 and _accuracy(other, "train") > 0.9
-        assert "test accuracy:" not in other
-        for log in (chief, other):
-            assert re.search(r"^steps/sec: [0-9.]+$", log, flags=re.MULTILINE)
-            assert re.search(r"step \d+ \(global \d+\): loss [0-9.]+, train accuracy", log)
-    finally:
-        tasks.stop()
-
-
 @pytest.mark.slow
 def test_tf_config_cluster_with_chief_evaluator_and_a_worker_that_starts_after_training(tmp_path):
     ps, chief, worker = (f"localhost:{port}" for port in _free_ports(3))
@@ -455,7 +427,7 @@ def test_tf_config_cluster_with_chief_evaluator_and_a_worker_that_starts_after_t
         assert "session ready at global step 30" in tasks.log("worker")  # no extra update
         assert re.search(r"^steps/sec: 0\.00$", tasks.log("worker"), flags=re.MULTILINE)
         assert "all 2 training task(s) finished" in tasks.log("chief")
-        assert 0.0 <= _accuracy(tasks.log("chief"), "test") <= 1.0
+        assert 0.0 <= logged_accuracy(tasks.log("chief"), "test") <= 1.0
         assert re.search(r"evaluator:0: global step 3\d: test-set accuracy", tasks.log("evaluator"))
         assert f"MNIST IDX files in {data_dir}: 1497 train / 300 test images" in tasks.log("chief")
     finally:

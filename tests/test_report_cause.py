@@ -143,3 +143,17 @@ def test_the_mwms_tutorial_under_keras_3_gets_a_report_naming_keras_legacy(tmp_p
     shown = report.index("its output around its last error, and its last lines:")
     assert any(line.startswith("    ValueError: Attempt to convert") for line in report[shown:])
     assert report[-2].endswith("to a Tensor.")  # the dump's last line, under the window
+
+
+def test_keras_3_refusing_keras_2s_optimizers_names_program_keras_legacy():
+    """The ParameterServerStrategy tutorial's tf.keras.optimizers.legacy under Keras 3."""
+    tail = [
+        "Traceback (most recent call last):",
+        "ImportError: `keras.optimizers.legacy` is not supported in Keras 3. When using "
+        "`tf.keras`, to continue using a `tf.keras.optimizers.legacy` optimizer, you can install "
+        "the `tf_keras` package (Keras 2) and set the environment variable "
+        "`TF_USE_LEGACY_KERAS=True` to configure TensorFlow to use `tf_keras`",
+    ]
+    (note,) = diagnose.notes("chief:0", tail, ("python3", "pss.py"), None, "h", 1)
+    assert note.startswith("Keras 3 cannot run this program's Keras 2's API")
+    assert "Fix: set program.keras: legacy" in note

@@ -37,7 +37,7 @@ def test_shaping_puts_tbf_on_both_ends_of_each_private_link(ssh_test_hosts) -> N
             rates = ssh_hosts.shaped_rates(host)
             assert rates == {
                 f"{host.namespace}:eth1": 200 * 10**6,
-                f"tfl-sv{host.index}": 200 * 10**6,
+                host.private_veth: 200 * 10**6,
             }
         ssh_hosts.shape(hosts, "1gbit")  # re-shaping replaces the qdisc
         assert set(ssh_hosts.shaped_rates(hosts.host(1)).values()) == {10**9}
@@ -47,7 +47,10 @@ def test_shaping_puts_tbf_on_both_ends_of_each_private_link(ssh_test_hosts) -> N
         assert set(ssh_hosts.shaped_rates(host).values()) == {None}
     # The public links (the launcher's and SSH's) are never shaped.
     out = subprocess.run(
-        ["tc", "qdisc", "show", "dev", "tfl-sp1"], capture_output=True, text=True, check=True
+        ["tc", "qdisc", "show", "dev", hosts.host(1).public_veth],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert "tbf" not in out
 

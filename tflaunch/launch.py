@@ -159,13 +159,19 @@ def check_env_from(config: ClusterConfig, environ: Mapping[str, str] = os.enviro
     backend_for(config.backend).check_environment(config, environ)
 
 
+def problems_here(config: ClusterConfig, plan: Plan) -> list[str]:
+    """What the backend sees from here that would stop the cluster's start, one sentence each,
+    on the ports a start would use (:meth:`Backend.choose_ports`: local free ports)."""
+    backend = backend_for(config.backend)
+    return backend.check_here(config, backend.choose_ports(config, plan))
+
+
 def check_here(config: ClusterConfig, plan: Plan) -> None:
     """``validate``'s checks of this machine beyond the file: ``program.env_from`` is set, and
     what the backend can see from here (local: the program on PATH, free ports, hosts that
     resolve; ssh: hosts that resolve). LaunchError (exit 2) listing every problem."""
     check_env_from(config)
-    backend = backend_for(config.backend)
-    problems = backend.check_here(config, backend.choose_ports(config, plan))
+    problems = problems_here(config, plan)
     if problems:
         raise LaunchError(
             f"{config.source}: the file is valid, but the cluster cannot start from here: "

@@ -103,7 +103,7 @@ def cloud_cluster(tmp_path: Path, hosts, endpoint: str, monkeypatch, **overrides
                 "region": "us-east-1",
                 "endpoint_url": endpoint,
                 "worker_instance_type": "c5.xlarge",
-                "ssh_from": "198.18.1.1/32",
+                "ssh_from": f"{hosts.launcher_address}/32",
                 "ready_timeout": 30,
             },
         },

@@ -18,18 +18,15 @@ import pytest
 import yaml
 
 from tests.helpers import FAKE_TASK, ROOT, checkout_python, gone_launcher, tflaunch
+from tests.hosts import hostlock
 from tflaunch.cluster.config import parse_config
 from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.launchers.clouds.base import TAG_RUN, PlannedInstance
 from tflaunch.launchers.clouds.lab import hosts
 from tflaunch.launchers.clouds.lab.provider import LabProvider, authorized_keys
 from tflaunch.launchers.clouds.lab.section import LabProvisionSection
-from tflaunch.launchers.clouds.lab.state import InstanceRecord, State
+from tflaunch.launchers.clouds.lab.state import MACHINE_LOCK, InstanceRecord, State
 from tflaunch.launchers.ssh.section import SshSection
-
-# Lab host numbers are shared by the whole machine and reused once freed: the leftover checks
-# below would see another test's new host of the same number, so one xdist worker runs them all.
-pytestmark = pytest.mark.xdist_group("lab-hosts")
 
 GOOD = {
     "id": "lab-3-0123abcd",
@@ -133,9 +130,11 @@ def test_a_state_directory_others_may_write_is_refused(tmp_path):
 
 def test_host_numbers_are_taken_once(tmp_path):
     state, _ = state_with(tmp_path, {"lab-3-0123abcd.json": GOOD})
-    with state.locked():
+    with state.locked():  # the machine's numbers stay as they are meanwhile
+        # the lowest number that neither the record (3) nor a host on this machine holds
+        free = min(set(range(1, hosts.MAX_HOSTS + 1)) - {3} - hosts.numbers_in_use()[0])
         new_id, index = state.new_instance_id()
-        assert index == 1 and new_id.startswith("lab-1-")
+        assert index == free and new_id.startswith(f"lab-{free}-")
         with pytest.raises(LaunchError, match="in use"):
             state.new_instance_id(wanted=3)
 
@@ -210,11 +209,19 @@ def test_rates_read_as_tc_writes_them():
 
 def lab_leftovers(ids: set[str]) -> list[str]:
     """Namespaces, links and sshd processes of the lab instances ``ids`` that still exist, from
-    ``ip netns``, ``ip link`` and the process table."""
-    numbers = {i.split("-")[1] for i in ids}
-    names = {f"tfl-lab{n}" for n in numbers}
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    ``ip netns``, ``ip link`` and the process table. Host numbers are the machine's and reused
+    once freed: a number whose public link names another instance (another test's, another
+    session's) is that one's, not a leftover. Read under the lab's lock, which numbers are taken
+    and hosts built under, so that no host is half made meanwhile."""
+    with hostlock.exclusive(MACHINE_LOCK, "the lab's numbers", 600):
+        aliases = hosts.link_aliases()
+        numbers = {
+            n for n in {int(i.split("-")[1]) for i in ids}
+            if aliases.get(hosts.LAB.public_veth.format(n=n), "") in ("", *ids)
+        }  # fmt: skip
+        names = {f"tfl-lab{n}" for n in numbers}
+        netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     left = [
         f"namespace {line.split()[0]}" for line in netns.splitlines() if line.split()[0] in names
     ]

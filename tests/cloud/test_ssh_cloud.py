@@ -228,11 +228,11 @@ def test_down_of_a_detached_run_with_its_hosts_unreachable_still_ends_the_billin
     assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
     run_id = started.stdout.strip().splitlines()[-1]
     assert len(instances(clean_region, ("running",))) == 3
-    ssh_hosts.cut_launcher_link()
+    ssh_hosts.cut_launcher_link(ssh_test_hosts)
     try:
         down = tflaunch("down", run_id, "--run-dir", str(tmp_path / "runs"), timeout=180)
     finally:
-        ssh_hosts.restore_launcher_link()
+        ssh_hosts.restore_launcher_link(ssh_test_hosts)
         # moto's instances are records, not machines: end what ran on the test hosts, as
         # terminating real instances would.
         for proc in processes_mentioning(str(tmp_path)):

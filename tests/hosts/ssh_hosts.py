@@ -1,34 +1,38 @@
 """SSH test hosts: network namespaces with a real OpenSSH server each, as EC2 instances in a VPC.
 
-Every host ``tfl-ssh-hostN`` (N = 1, 2, ...) has two interfaces:
+They are the lab cloud's namespace hosts (:mod:`tflaunch.launchers.clouds.lab.hosts` builds and
+removes them, sshd included) under an address plan of their own. Hosts come in sets, one per
+pytest-xdist worker: set S (the worker ``gwS``, or 0 without xdist; a benchmark takes the first
+free set) has its own names, addresses, state directory and lock, so two workers' sets live side
+by side and neither tears down the other's. Host N of set S is the namespace ``tfl-tS-hostN``:
 
-* ``eth0`` on the "public" bridge ``tfl-ssh-pub`` (198.18.1.0/24, host N at 198.18.1.(10+N)), which the
-  launcher reaches from the root namespace at 198.18.1.1 through its own veth pair
-  (``tfl-ssh-l0`` in the root namespace, ``tfl-ssh-l1`` on the bridge), so that one test can cut
-  exactly the launcher's link (:func:`cut_launcher_link`);
-* ``eth1`` on the "private" bridge ``tfl-ssh-priv`` (198.18.2.0/24, host N at 198.18.2.(10+N)), which
-  has no address in the root namespace, and the root namespace holds an ``unreachable`` route for
-  198.18.2.0/24: the launcher has no route to it, as a laptop has none into a VPC.
+* ``eth0`` on the "public" bridge ``tfl-tS-pub`` at 198.18.(16+2S).(9+N) (set 0: 198.18.16.10 and
+  up), which the launcher reaches from the root namespace at 198.18.(16+2S).1 through a veth of
+  its own (``tfl-tS-l``; its end on the bridge ``tfl-tS-lx``), so that a test can cut exactly
+  the launcher's link (:func:`cut_launcher_link`);
+* ``eth1`` on the "private" bridge ``tfl-tS-n1`` at 198.18.(17+2S).(9+N), which has no address in
+  the root namespace, and the root namespace holds an ``unreachable`` route for that /24: the
+  launcher has no route to it, as a laptop has none into a VPC.
 
-Each host runs ``/usr/sbin/sshd`` inside its namespace, listening on port 22 of both addresses,
-with its own generated host key, root login by key only, ``AuthorizedKeysFile`` and ``PidFile`` in
-the state directory, ``StrictModes no`` and ``UsePAM no``. The hosts share the machine's file
-system, so the project's Python environment is present on each.
+The root-side ends of the host's links are ``tfl-tSpN`` and ``tfl-tSvN``. None of these names or
+addresses is the lab cloud's (198.19.x), the Slurm cluster's (198.18.0.x) or another set's. Each
+host runs sshd inside its namespace on port 22 of both addresses (root login by key only, its
+host key and files under the set's state directory). The hosts share the machine's file system,
+so the project's Python environment is present on each.
 
-Set-up is idempotent (it first removes what an interrupted run left) and :func:`teardown` removes
-everything: sshd processes, namespaces, veths, bridges and the state directory.
+Set-up is idempotent (it first removes whatever of its set an interrupted run left) and
+:func:`teardown` removes the set: sshd and every process in its namespaces, the namespaces, veths,
+bridges, route and state directory; nothing of another set.
 
 **Shaped links.** ``setup(count, rate="1gbit")`` (or :func:`shape` on running hosts) gives every
-host's private link the speed of a NIC of that rate, in both directions: a ``tbf`` qdisc on the
-host's ``eth1`` (what it sends) and one on its root-side veth ``tfl-svN`` (what the bridge delivers
-to it), so all its traffic to all peers shares R each way, as on a real full-duplex NIC. Both veth
-ends also get ``gso_max_size``/``gro_max_size`` of 64 KiB, so that no super-packet larger than
-tbf's bucket reaches it (a larger one is dropped or segmented, and loses throughput, not accuracy).
-The public links (launcher, SSH) stay unshaped. :func:`unshape` removes the qdiscs; tear-down
-removes them with the links.
+host's private link the speed of a NIC of that rate, in both directions, as the lab cloud's
+``rate`` does: a ``tbf`` qdisc on the host's ``eth1`` (what it sends) and one on its root-side
+veth ``tfl-tSvN`` (what the bridge delivers to it), so all its traffic to all peers shares R each
+way, as on a real full-duplex NIC, with ``gso_max_size``/``gro_max_size`` of 64 KiB on both ends
+so that no super-packet larger than tbf's bucket reaches it. The public links stay unshaped.
 
-CLI: ``python tests/hosts/ssh_hosts.py up [N] [--rate RATE]`` / ``shape RATE`` / ``unshape`` /
-``down`` / ``status``.
+CLI: ``python tests/hosts/ssh_hosts.py [--set S] up [N] [--rate RATE]`` / ``shape RATE`` /
+``unshape`` / ``down`` / ``status``.
 """
 
 from __future__ import annotations
@@ -36,16 +40,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 import shlex
 import shutil
-import signal
-import socket
 import stat
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,66 +56,54 @@ if not __package__:  # run as a script (python tests/hosts/ssh_hosts.py): from t
 from tests.hosts import hostlock  # noqa: E402
 from tflaunch.launchers.clouds.lab import hosts as lab_hosts  # noqa: E402
 
-STATE_DIR = Path(os.environ.get("TFL_SSH_STATE_DIR", "/tmp/tfl-ssh-hosts"))
-LOCK_FILE = Path("/tmp/tfl-ssh-hosts.lock")
-NS_PREFIX = "tfl-ssh-host"
-PUBLIC_BRIDGE = "tfl-ssh-pub"
-PRIVATE_BRIDGE = "tfl-ssh-priv"
-LAUNCHER_VETH = "tfl-ssh-l0"  # root namespace side, holds 198.18.1.1
-LAUNCHER_PEER = "tfl-ssh-l1"  # enslaved to the public bridge
-LAUNCHER_ADDRESS = "198.18.1.1"
-PRIVATE_NETWORK = "198.18.2.0/24"
-MAX_HOSTS = 64  # addresses .11 to .74 of each /24 (host N at .10+N: hosts 1-9 at .11-.19)
-SSHD = "/usr/sbin/sshd"
-# Shaping is the lab cloud's (tflaunch.launchers.clouds.lab.hosts): the same tbf at both ends
+STATE_ROOT = os.environ.get("TFL_SSH_STATE_DIR", "/tmp/tfl-ssh-hosts")  # set S: STATE_ROOT-S
+SETS = 100  # set S holds 198.18.(16+2S) and 198.18.(17+2S): 198.18.16-215.x in all
+FREE_SETS = 8  # where a session looks for a free set when its own is busy
+MAX_HOSTS = 64
+NETWORK = 1  # the one private network of a set
+# Shaping is the lab cloud's: the same tbf at both ends
 RATE_UNITS = lab_hosts.RATE_UNITS
 parse_rate = lab_hosts.parse_rate
 shaped_rates = lab_hosts.shaped_rates
-SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 
 
-@dataclasses.dataclass(frozen=True)
-class TestHost:
-    """One test host: its namespace and its two addresses."""
+def plan_of(index: int) -> lab_hosts.AddressPlan:
+    """The names and addresses of test-host set ``index``."""
+    if not 0 <= index < SETS:
+        raise ValueError(f"a test-host set is 0 to {SETS - 1}, not {index}")
+    return lab_hosts.AddressPlan(
+        namespace=f"tfl-t{index}-host{{n}}",
+        public_veth=f"tfl-t{index}p{{n}}",
+        private_veth=f"tfl-t{index}v{{n}}",
+        public_bridge=f"tfl-t{index}-pub",
+        private_bridge=f"tfl-t{index}-n{{k}}",
+        public_net=f"198.18.{16 + 2 * index}",
+        private_net=f"198.18.{17 + 2 * index}",
+        launcher_veth=f"tfl-t{index}-l",
+    )
 
-    index: int
+
+def state_dir(index: int) -> Path:
+    return Path(f"{STATE_ROOT}-{index}")
+
+
+def lock_file(index: int) -> Path:
+    return Path(f"/tmp/tfl-ssh-hosts-{index}.lock")
+
+
+def worker_set() -> int:
+    """This process's set: the pytest-xdist worker's number (gw1 -> 1), or 0."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    number = worker.removeprefix("gw")
+    return int(number) % SETS if number.isdigit() else 0
+
+
+class TestHost(lab_hosts.NamespaceHost):
+    """One test host: a lab namespace host of its set's plan, called ``hostN``."""
 
     @property
     def name(self) -> str:
         return f"host{self.index}"
-
-    @property
-    def namespace(self) -> str:
-        return f"{NS_PREFIX}{self.index}"
-
-    @property
-    def public_address(self) -> str:
-        return f"198.18.1.{10 + self.index}"
-
-    @property
-    def private_address(self) -> str:
-        return f"198.18.2.{10 + self.index}"
-
-    @property
-    def private_veth(self) -> str:
-        """The root namespace's end of the host's private link."""
-        return f"tfl-sv{self.index}"
-
-    @property
-    def host_key(self) -> Path:
-        return STATE_DIR / f"host{self.index}_ed25519_key"
-
-    @property
-    def pid_file(self) -> Path:
-        return STATE_DIR / f"sshd-host{self.index}.pid"
-
-    @property
-    def sshd_config(self) -> Path:
-        return STATE_DIR / f"sshd-host{self.index}.conf"
-
-    @property
-    def sshd_log(self) -> Path:
-        return STATE_DIR / f"sshd-host{self.index}.log"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,215 +114,65 @@ class TestHosts:
     state_dir: Path
     client_key: Path
     known_hosts: Path  # a known_hosts file holding every host's public address and key
+    index: int = 0  # the set
+
+    @property
+    def plan(self) -> lab_hosts.AddressPlan:
+        return plan_of(self.index)
+
+    @property
+    def launcher_address(self) -> str:
+        """The launcher's address on the public bridge."""
+        return self.plan.launcher_address
+
+    @property
+    def ghost(self) -> TestHost:
+        """A host of the set's plan that is never built: nobody answers at its addresses."""
+        return _host(self.index, len(self.hosts) + 1)
 
     def host(self, index: int) -> TestHost:
         return self.hosts[index - 1]
 
 
-def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, check=check, capture_output=True, text=True, timeout=60)
-
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return _run(["ip", *args], check=check)
-
-
-def _ns(namespace: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return _run(["ip", "netns", "exec", namespace, *argv], check=check)
+def _host(index: int, number: int) -> TestHost:
+    return TestHost(number, NETWORK, state_dir(index) / f"host{number}", plan=plan_of(index))
 
 
 def missing_requirements() -> str | None:
     """Why test hosts cannot be built here (not root, no sshd, no ip), or None if they can."""
     if os.geteuid() != 0:
         return "SSH test hosts need root (network namespaces)"
-    for tool in (SSHD, "/usr/bin/ssh-keygen"):
+    for tool in (lab_hosts.SSHD, "/usr/bin/ssh-keygen"):
         if not os.path.exists(tool):
             return f"SSH test hosts need {tool} (apt-get install openssh-server openssh-client)"
-    if shutil.which("ip") is None:
-        return "SSH test hosts need the ip tool (apt-get install iproute2)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"SSH test hosts need the {tool} tool (apt-get install iproute2)"
     return None
 
 
-def _existing_namespaces() -> list[str]:
-    out = _ip("netns", "list", check=False).stdout
-    names = [line.split()[0] for line in out.splitlines() if line.strip()]
-    return [n for n in names if re.fullmatch(rf"{NS_PREFIX}\d+", n)]
-
-
-def _kill_pid_file(pid_file: Path) -> None:
-    try:
-        pid = int(pid_file.read_text().strip())
-    except (OSError, ValueError):
-        return
-    _kill_and_wait(pid)
-
-
-def _kill_and_wait(pid: int, grace: float = 3.0) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-
-
-def teardown() -> None:
-    """Remove every test host, bridge and veth, and the state directory; safe to call anytime."""
-    if STATE_DIR.is_dir():
-        for pid_file in STATE_DIR.glob("sshd-host*.pid"):
-            _kill_pid_file(pid_file)
-    for namespace in _existing_namespaces():
-        # Anything still running in the namespace (sshd children, stray tasks) goes with it.
-        lab_hosts.kill_all(lab_hosts.namespace_pids(namespace))
-        _ip("netns", "delete", namespace, check=False)
-    _ip("route", "delete", "unreachable", PRIVATE_NETWORK, check=False)
-    for link in (LAUNCHER_VETH, PUBLIC_BRIDGE, PRIVATE_BRIDGE):
-        _ip("link", "delete", link, check=False)
-    # Deleting a namespace destroys its veths asynchronously: wait until they are gone, so that
-    # a set-up right after does not meet a half-deleted link of the same name.
-    deadline = time.monotonic() + 10
-    while (leftovers := _leftover_links()) and time.monotonic() < deadline:
-        for link in leftovers:
-            _ip("link", "delete", link, check=False)
-        time.sleep(0.1)
-    shutil.rmtree(STATE_DIR, ignore_errors=True)
-
-
-def _leftover_links() -> list[str]:
-    out = _ip("-o", "link", "show", check=False).stdout
-    names = (LAUNCHER_VETH, LAUNCHER_PEER, PUBLIC_BRIDGE, PRIVATE_BRIDGE)
-    found = re.findall(r"^\d+: ([\w.-]+)[@:]", out, flags=re.M)
-    return [n for n in found if n in names or re.fullmatch(r"tfl-s[pv]\d+", n)]
-
-
-def _keygen(path: Path) -> None:
-    path.unlink(missing_ok=True)
-    Path(f"{path}.pub").unlink(missing_ok=True)
-    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)])
-
-
-def _make_bridges() -> None:
-    for bridge in (PUBLIC_BRIDGE, PRIVATE_BRIDGE):
-        _ip("link", "add", bridge, "type", "bridge")
-        _ip("link", "set", bridge, "up")
-    _ip("link", "add", LAUNCHER_VETH, "type", "veth", "peer", "name", LAUNCHER_PEER)
-    _ip("link", "set", LAUNCHER_PEER, "master", PUBLIC_BRIDGE)
-    _ip("link", "set", LAUNCHER_PEER, "up")
-    _ip("addr", "add", f"{LAUNCHER_ADDRESS}/24", "dev", LAUNCHER_VETH)
-    _ip("link", "set", LAUNCHER_VETH, "up")
-    # Without this the default route would send private-network packets off the machine; with it
-    # the launcher gets "no route to host" at once, as a laptop outside a VPC does.
-    _ip("route", "replace", "unreachable", PRIVATE_NETWORK)
-
-
-def _make_namespace(host: TestHost) -> None:
-    ns = host.namespace
-    _ip("netns", "add", ns)
-    _ns(ns, "ip", "link", "set", "lo", "up")
-    for root_side, inner, bridge, address in (
-        (f"tfl-sp{host.index}", "eth0", PUBLIC_BRIDGE, host.public_address),
-        (host.private_veth, "eth1", PRIVATE_BRIDGE, host.private_address),
-    ):
-        _ip("link", "add", root_side, "type", "veth", "peer", "name", f"{root_side}x")
-        _ip("link", "set", f"{root_side}x", "netns", ns)
-        _ns(ns, "ip", "link", "set", f"{root_side}x", "name", inner)
-        _ns(ns, "ip", "addr", "add", f"{address}/24", "dev", inner)
-        _ns(ns, "ip", "link", "set", inner, "up")
-        _ip("link", "set", root_side, "master", bridge)
-        _ip("link", "set", root_side, "up")
-
-
-def write_sshd_config(host: TestHost, authorized_keys: Path) -> None:
-    """The sshd configuration of one test host (both addresses, key-only root login)."""
-    host.sshd_config.write_text(
-        "\n".join(
-            [
-                "Port 22",
-                f"ListenAddress {host.public_address}",
-                f"ListenAddress {host.private_address}",
-                f"HostKey {host.host_key}",
-                f"AuthorizedKeysFile {authorized_keys}",
-                f"PidFile {host.pid_file}",
-                "StrictModes no",
-                "UsePAM no",
-                "PermitRootLogin prohibit-password",
-                "PasswordAuthentication no",
-                "KbdInteractiveAuthentication no",
-                "MaxStartups 200",
-                "MaxSessions 50",
-                "LogLevel ERROR",
-                f"Subsystem sftp {SFTP_SERVER}",
-                "",
-            ]
-        )
-    )
-
-
-def start_sshd(host: TestHost, hide_paths: tuple[str, ...] = ()) -> None:
-    """Start (or restart) the host's sshd; wait until it accepts TCP on the public address.
-
-    ``hide_paths`` vanish for this sshd and everything it starts: in a private mount namespace,
-    each parent directory is overlaid with a layer of whiteouts for them (overlayfs), so on this
-    host they do not exist at all. The honest way to make one host lack a package (its Python has
-    no TensorFlow: ``import tensorflow`` raises ModuleNotFoundError) while hosts share one file
-    system.
-    """
-    _kill_pid_file(host.pid_file)
-    host.pid_file.unlink(missing_ok=True)
-    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
-    sshd = [SSHD, "-f", str(host.sshd_config), "-E", str(host.sshd_log)]
-    mounts = []
-    for parent, names in _group_by_parent(hide_paths).items():
-        whiteouts = Path(tempfile.mkdtemp(prefix=f"whiteouts-{host.name}-", dir=STATE_DIR))
-        for name in names:
-            os.mknod(whiteouts / name, 0o600 | stat.S_IFCHR, os.makedev(0, 0))
-        options = f"lowerdir={whiteouts}:{parent}"
-        mounts.append(f"mount -t overlay overlay -o {shlex.quote(options)} {shlex.quote(parent)}")
-    if mounts:
-        # Test-host plumbing of fixed paths (not user values), run in its own mount namespace.
-        script = " && ".join([*mounts, "exec " + shlex.join(sshd)])
-        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
-    else:
-        argv = sshd
-    _ns(host.namespace, *argv)
-    _wait_for_port(host, 22)
-
-
-def _group_by_parent(paths: tuple[str, ...]) -> dict[str, list[str]]:
-    grouped: dict[str, list[str]] = {}
-    for path in paths:
-        parent, name = os.path.split(os.path.normpath(path))
-        grouped.setdefault(parent, []).append(name)
-    return grouped
-
-
-def _wait_for_port(host: TestHost, port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((host.public_address, port), timeout=1.0):
-                return
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                log = host.sshd_log.read_text() if host.sshd_log.exists() else ""
-                raise RuntimeError(f"sshd of {host.namespace} not reachable: {exc}\n{log}") from exc
-            time.sleep(0.05)
+def teardown(index: int = 0) -> None:
+    """Remove every host, bridge and veth of set ``index`` and its state directory; safe to
+    call anytime. Other sets are left alone."""
+    plan = plan_of(index)
+    numbers, networks = lab_hosts.numbers_in_use(plan)
+    found = [_host(index, n) for n in sorted(numbers)]
+    # Everything still running in the namespaces (sshd, sessions, stray tasks) goes at once.
+    lab_hosts.kill_all([pid for h in found for pid in lab_hosts.namespace_pids(h.namespace)])
+    for host in found:
+        lab_hosts.remove_host(host)
+    for network in networks:
+        lab_hosts.remove_network(network, plan)
+    lab_hosts.remove_public_bridge(plan)
+    shutil.rmtree(state_dir(index), ignore_errors=True)
 
 
 def write_known_hosts(hosts: tuple[TestHost, ...], path: Path) -> None:
     """A known_hosts file with every host's key under its public and private address."""
     lines = []
     for host in hosts:
-        key = Path(f"{host.host_key}.pub").read_text().split()
-        for address in (host.public_address, host.private_address):
-            lines.append(f"{address} {key[0]} {key[1]}")
+        key = lab_hosts.host_public_key(host)
+        lines += [f"{address} {key}" for address in (host.public_address, host.private_address)]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -354,68 +191,91 @@ def unshape(hosts: TestHosts | tuple[TestHost, ...]) -> None:
         lab_hosts.unshape(host)
 
 
-def setup(count: int = 3, rate: str | None = None) -> TestHosts:
-    """Build ``count`` test hosts from scratch (removing leftovers first) and start their sshd;
-    with ``rate`` (``1gbit``), their private links are shaped to it (:func:`shape`)."""
+def setup(count: int = 3, index: int = 0, rate: str | None = None) -> TestHosts:
+    """Build ``count`` hosts of set ``index`` from scratch (removing its leftovers first) and
+    start their sshd; with ``rate`` (``1gbit``), their private links are shaped to it."""
     if not 1 <= count <= MAX_HOSTS:
         raise ValueError(f"between 1 and {MAX_HOSTS} test hosts, not {count}")
     if rate is not None:
         parse_rate(rate)  # a bad rate fails before anything is built
-    teardown()
-    STATE_DIR.mkdir(parents=True)
-    client_key = STATE_DIR / "client_ed25519"
-    _keygen(client_key)
-    authorized_keys = STATE_DIR / "authorized_keys"
-    shutil.copy(f"{client_key}.pub", authorized_keys)
-    hosts = tuple(TestHost(i) for i in range(1, count + 1))
-    _make_bridges()
+    teardown(index)
+    root = state_dir(index)
+    root.mkdir(mode=0o700, parents=True)
+    client_key = root / "client_ed25519"
+    lab_hosts.keygen(client_key)
+    authorized = Path(f"{client_key}.pub").read_text()
+    plan = plan_of(index)
+    lab_hosts.ensure_public_bridge(plan)
+    lab_hosts.make_network(NETWORK, plan)
+    hosts = tuple(_host(index, n) for n in range(1, count + 1))
     for host in hosts:
-        _keygen(host.host_key)
-        _make_namespace(host)
-        write_sshd_config(host, authorized_keys)
-        start_sshd(host)
-    known_hosts = STATE_DIR / "known_hosts"
+        lab_hosts.make_host(host, authorized, rate)
+    known_hosts = root / "known_hosts"
     write_known_hosts(hosts, known_hosts)
-    if rate is not None:
-        shape(hosts, rate)
-    return TestHosts(hosts, STATE_DIR, client_key, known_hosts)
+    return TestHosts(hosts, root, client_key, known_hosts, index)
 
 
-def current() -> TestHosts | None:
-    """The test hosts left running by ``up`` (for the benchmark and manual runs), if any."""
-    indices = sorted(int(n[len(NS_PREFIX) :]) for n in _existing_namespaces())
-    client_key = STATE_DIR / "client_ed25519"
-    if not indices or not client_key.exists():
+def current(index: int = 0) -> TestHosts | None:
+    """The hosts of set ``index`` left running by ``up`` (for benchmarks and manual runs)."""
+    numbers = sorted(lab_hosts.numbers_in_use(plan_of(index))[0])
+    client_key = state_dir(index) / "client_ed25519"
+    if not numbers or not client_key.exists():
         return None
-    hosts = tuple(TestHost(i) for i in indices)
-    return TestHosts(hosts, STATE_DIR, client_key, STATE_DIR / "known_hosts")
+    hosts = tuple(_host(index, n) for n in numbers)
+    return TestHosts(hosts, state_dir(index), client_key, state_dir(index) / "known_hosts", index)
+
+
+def start_sshd(host: TestHost, hide_paths: tuple[str, ...] = ()) -> None:
+    """Start (or restart) the host's sshd; wait until it greets.
+
+    ``hide_paths`` vanish for this sshd and everything it starts: in a private mount namespace,
+    each parent directory is overlaid with a layer of whiteouts for them (overlayfs), so on this
+    host they do not exist at all. The honest way to make one host lack a package (its Python has
+    no TensorFlow: ``import tensorflow`` raises ModuleNotFoundError) while hosts share one file
+    system.
+    """
+    by_parent: dict[str, list[str]] = {}
+    for path in hide_paths:
+        parent, name = os.path.split(os.path.normpath(path))
+        by_parent.setdefault(parent, []).append(name)
+    mounts = []
+    for parent, names in by_parent.items():
+        whiteouts = Path(tempfile.mkdtemp(prefix="whiteouts-", dir=host.folder))
+        for name in names:
+            os.mknod(whiteouts / name, 0o600 | stat.S_IFCHR, os.makedev(0, 0))
+        options = f"lowerdir={whiteouts}:{parent}"
+        mounts.append(f"mount -t overlay overlay -o {shlex.quote(options)} {shlex.quote(parent)}")
+    # Fixed paths of ours, not user values; sshd's command line follows as "$@".
+    script = " && ".join([*mounts, 'exec "$@"'])
+    private = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"]
+    lab_hosts.start_sshd(host, private if mounts else ())
 
 
 def regenerate_host_key(host: TestHost) -> None:
     """Give a host a new host key and restart its sshd: what a re-created VM looks like."""
-    _keygen(host.host_key)
-    start_sshd(host)
+    lab_hosts.keygen(host.host_key)
+    lab_hosts.start_sshd(host)
 
 
-def cut_launcher_link() -> None:
+def cut_launcher_link(hosts: TestHosts) -> None:
     """Take the launcher's link to the public bridge down: packets to and from it vanish."""
-    _ip("link", "set", LAUNCHER_PEER, "down")
+    lab_hosts.set_link(f"{hosts.plan.launcher_veth}x", up=False)
 
 
-def restore_launcher_link() -> None:
+def restore_launcher_link(hosts: TestHosts) -> None:
     """Bring the launcher's link to the public bridge back up."""
-    _ip("link", "set", LAUNCHER_PEER, "up")
+    lab_hosts.set_link(f"{hosts.plan.launcher_veth}x", up=True)
 
 
 def cut_host_link(host: TestHost) -> None:
     """Take one host's link to the public bridge down: the launcher loses that host, while the
     hosts still reach each other on the private bridge (a host behind a failed route)."""
-    _ip("link", "set", f"tfl-sp{host.index}", "down")
+    lab_hosts.set_link(host.public_veth, up=False)
 
 
 def restore_host_link(host: TestHost) -> None:
     """Bring one host's public link back up."""
-    _ip("link", "set", f"tfl-sp{host.index}", "up")
+    lab_hosts.set_link(host.public_veth, up=True)
 
 
 def processes_in(host: TestHost, exclude_sshd: bool = True) -> list[str]:
@@ -426,7 +286,7 @@ def processes_in(host: TestHost, exclude_sshd: bool = True) -> list[str]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if exclude_sshd and cmdline.startswith(("sshd:", SSHD)):
+        if exclude_sshd and cmdline.startswith(("sshd:", lab_hosts.SSHD)):
             continue
         found.append(f"{pid} {cmdline.strip()}")
     return found
@@ -436,46 +296,48 @@ def main(argv: list[str]) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="ssh_hosts.py", description="SSH test hosts.")
+    parser.add_argument("--set", type=int, default=0, dest="index", help="the host set (0)")
     commands = parser.add_subparsers(dest="command", required=True)
     up = commands.add_parser("up", help="build N hosts (removing any first)")
     up.add_argument("count", nargs="?", type=int, default=3)
     up.add_argument("--rate", help="shape each host's private link, e.g. 1gbit, 500mbit")
     commands.add_parser("shape", help="(re)shape running hosts").add_argument("rate")
     commands.add_parser("unshape", help="remove the shaping of running hosts")
-    commands.add_parser("down", help="remove every host")
+    commands.add_parser("down", help="remove every host of the set")
     commands.add_parser("status", help="list the hosts and their links' rates")
     args = parser.parse_args(argv)
     try:
+        plan_of(args.index)
         if args.command in ("up", "shape") and args.rate is not None:
             parse_rate(args.rate)
     except ValueError as exc:
         parser.error(str(exc))  # exit 2 with the usage line
     if args.command == "down":
-        with exclusive():  # never under a test session or benchmark that is using them
-            teardown()
+        with exclusive(args.index):  # never under a test session or benchmark that uses them
+            teardown(args.index)
         return 0
     if args.command == "up":
         problem = missing_requirements()
         if problem:
             print(problem, file=sys.stderr)
             return 2
-        with exclusive():
-            hosts = setup(args.count, rate=args.rate)
+        with exclusive(args.index):
+            hosts = setup(args.count, args.index, rate=args.rate)
         for host in hosts.hosts:
             print(f"{host.namespace} public {host.public_address} private {host.private_address}")
         print(f"client key {hosts.client_key}\nknown_hosts {hosts.known_hosts}")
         if args.rate:
             print(f"private links shaped to {args.rate} each way")
         return 0
-    hosts = current()
+    hosts = current(args.index)
     if hosts is None:
-        print("no SSH test hosts", file=sys.stderr)
+        print(f"no SSH test hosts in set {args.index}", file=sys.stderr)
         return 1
     if args.command == "shape":
-        with exclusive():
+        with exclusive(args.index):
             shape(hosts, args.rate)
     elif args.command == "unshape":
-        with exclusive():
+        with exclusive(args.index):
             unshape(hosts)
     for host in hosts.hosts:
         rates = set(shaped_rates(host).values())
@@ -498,24 +360,44 @@ def _rate_text(bits: int | None) -> str:
 
 
 @contextlib.contextmanager
-def exclusive(timeout: float = 1800.0) -> Iterator[None]:
-    """Hold the test hosts for this process: other test sessions or benchmarks on the machine
+def exclusive(index: int = 0, timeout: float = 1800.0) -> Iterator[None]:
+    """Hold set ``index`` for this process: other test sessions or benchmarks on the machine
     wait here instead of tearing down hosts that are in use."""
-    with hostlock.exclusive(LOCK_FILE, "the SSH test hosts", timeout):
+    with hostlock.exclusive(lock_file(index), f"the SSH test hosts of set {index}", timeout):
         yield
 
 
 @contextlib.contextmanager
-def session(count: int, timeout: float = 1800.0) -> Iterator[TestHosts]:
-    """``count`` test hosts for a test session or a benchmark: the hosts' lock held throughout
-    (no other session tears them down meanwhile), set up on entry and torn down on exit,
-    however it exits."""
-    with exclusive(timeout):
-        hosts = setup(count)
+def claim(index: int | None = None, timeout: float = 1800.0) -> Iterator[int]:
+    """Hold a set and say which: ``index``, or else this worker's own set if it is free, or
+    else the first free one of the first :data:`FREE_SETS` (another session's worker of the same
+    number may hold it), or else wait for this worker's own."""
+    if index is None:
+        own = worker_set()
+        for candidate in (own, *(i for i in range(FREE_SETS) if i != own)):
+            with contextlib.ExitStack() as held:
+                try:
+                    held.enter_context(exclusive(candidate, timeout=0))
+                except TimeoutError:
+                    continue
+                yield candidate
+                return
+        index = own
+    with exclusive(index, timeout):
+        yield index
+
+
+@contextlib.contextmanager
+def session(count: int, timeout: float = 1800.0, index: int | None = None) -> Iterator[TestHosts]:
+    """``count`` test hosts for a test session or a benchmark, in a set of its own (see
+    :func:`claim`): the set's lock held throughout (no other session tears them down
+    meanwhile), set up on entry and torn down on exit, however it exits."""
+    with claim(index, timeout) as held:
+        hosts = setup(count, held)
         try:
             yield hosts
         finally:
-            teardown()
+            teardown(held)
 
 
 _session_hosts: list[TestHosts] = []
@@ -523,10 +405,11 @@ _session_hosts: list[TestHosts] = []
 
 @pytest.fixture(scope="session")
 def ssh_test_hosts() -> Iterator[TestHosts]:
-    """Three test hosts for the whole test session, removed after it (skips without root).
+    """Three test hosts for the whole test session (of this worker), removed after it (skips
+    without root).
 
-    Test modules each import this fixture; the first to run builds the hosts (holding the lock)
-    and the others share them."""
+    Test modules each import this fixture; the first to run builds the hosts (holding their
+    set's lock) and the others share them."""
     from tests.conftest import skip_or_fail
 
     if _session_hosts:

@@ -65,10 +65,11 @@ def test_cluster_runs_on_private_addresses_and_logs_come_back(ssh_test_hosts, tm
     assert "[worker:1] all ps reachable at start: True" in result.stdout
     run = only_run(tmp_path)
     plan = json.loads((run / "plan.json").read_text())
+    public, private = f"{ssh_test_hosts.plan.public_net}.", f"{ssh_test_hosts.plan.private_net}."
     for task in plan["tasks"]:
-        assert task["cluster_address"].startswith("198.18.2.")
-        assert "198.18.1." not in json.dumps(task)  # public addresses only to connect
-    assert all(a.startswith("198.18.2.") for addrs in plan["cluster"].values() for a in addrs)
+        assert task["cluster_address"].startswith(private)
+        assert public not in json.dumps(task)  # public addresses only to connect
+    assert all(a.startswith(private) for addrs in plan["cluster"].values() for a in addrs)
     assert {t["workdir"] for t in plan["tasks"]} == {str(tmp_path / "work")}
     for task in plan["tasks"]:
         local_log = run / task["log_name"]
@@ -142,7 +143,8 @@ def test_cluster_through_a_jump_host(ssh_test_hosts, tmp_path):
     cluster.write_text(yaml.safe_dump(data))
     result = tflaunch("up", str(cluster), timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "host2  198.18.2.12  198.18.2.12" in result.stderr  # pre-flight row, via the jump
+    address = ssh_test_hosts.host(2).private_address
+    assert f"host2  {address}  {address}" in result.stderr  # pre-flight row, via the jump
     assert "[worker:1] all ps reachable at start: True" in result.stdout
     assert (only_run(tmp_path) / "worker-1.log").read_text().splitlines()[-1] == "done"
     assert wait_hosts_clean(ssh_test_hosts, 10) == []
@@ -202,7 +204,7 @@ def test_cut_link_leaves_no_task_on_any_host(ssh_test_hosts, tmp_path):
     cluster = ssh_cluster(tmp_path, ssh_test_hosts, env={"WORK_SECONDS": "120"})
     proc, _ = start_and_wait_ready(cluster)
     try:
-        ssh_hosts.cut_launcher_link()
+        ssh_hosts.cut_launcher_link(ssh_test_hosts)
         cut_at = time.monotonic()
         assert wait_hosts_clean(ssh_test_hosts, 30) == []
         assert time.monotonic() - cut_at < 30
@@ -210,7 +212,7 @@ def test_cut_link_leaves_no_task_on_any_host(ssh_test_hosts, tmp_path):
         assert proc.returncode != 0
         assert "stopped answering" in stderr, stderr
     finally:
-        ssh_hosts.restore_launcher_link()
+        ssh_hosts.restore_launcher_link(ssh_test_hosts)
         if proc.poll() is None:
             proc.kill()
 
@@ -248,12 +250,12 @@ def test_cut_link_with_chatty_tasks_leaves_no_task(ssh_test_hosts, tmp_path):
         thread.start()
     try:
         time.sleep(3)
-        ssh_hosts.cut_launcher_link()
+        ssh_hosts.cut_launcher_link(ssh_test_hosts)
         cut_at = time.monotonic()
         assert wait_hosts_clean(ssh_test_hosts, 30) == []
         assert time.monotonic() - cut_at < 30
     finally:
-        ssh_hosts.restore_launcher_link()
+        ssh_hosts.restore_launcher_link(ssh_test_hosts)
         proc.kill()
         proc.wait(timeout=30)
 
@@ -271,12 +273,15 @@ def assert_preflight_error(result, *needles: str) -> None:
 def test_unreachable_host_is_a_preflight_error(ssh_test_hosts, tmp_path):
     cluster = ssh_cluster(tmp_path, ssh_test_hosts)
     data = yaml.safe_load(cluster.read_text())
-    data["hosts"].append({"name": "ghost", "connect": "198.18.1.19", "address": "198.18.2.19"})
+    ghost = ssh_test_hosts.ghost
+    data["hosts"].append(
+        {"name": "ghost", "connect": ghost.public_address, "address": ghost.private_address}
+    )
     data["placement"] = {"workers_per_host": 1}
     data["roles"]["worker"] = 4
     cluster.write_text(yaml.safe_dump(data))
     result = tflaunch("up", str(cluster), timeout=60)
-    assert_preflight_error(result, "ghost (198.18.1.19:22): no answer within 2 s")
+    assert_preflight_error(result, f"ghost ({ghost.public_address}:22): no answer within 2 s")
     assert_nothing_started(tmp_path, ssh_test_hosts)
 
 
@@ -338,7 +343,7 @@ def test_tensorflow_missing_on_a_host_is_a_preflight_error(ssh_test_hosts, tmp_p
         assert_preflight_error(
             result,
             "pre-flight failed on 1 of 3 hosts",
-            "host2 (198.18.1.12): TensorFlow is not installed",
+            f"host2 ({host2.public_address}): TensorFlow is not installed",
         )
         assert "MISSING" in result.stderr  # the table row of host 2
         assert_nothing_started(tmp_path, ssh_test_hosts)
@@ -369,7 +374,8 @@ def test_busy_port_is_a_preflight_error(ssh_test_hosts, tmp_path):
         assert holder.stdout.readline().strip() == "bound"
         result = tflaunch("up", str(cluster), timeout=60)
         assert_preflight_error(
-            result, f"host3 (198.18.1.13): port {port} (planned for worker:2) is already in use"
+            result,
+            f"host3 ({host3.public_address}): port {port} (planned for worker:2) is already in use",
         )
         for run in (tmp_path / "runs").iterdir():
             assert not [e for e in events(run) if e.get("event") == "started"]
@@ -459,10 +465,11 @@ def test_mnist_2ps_3workers_on_private_addresses(ssh_test_hosts, tmp_path):
         "worker:1",
         "worker:2",
     ]
-    assert all(a.startswith("198.18.2.") for addrs in plan["cluster"].values() for a in addrs)
-    assert "198.18.1." not in json.dumps(plan["cluster"])
+    public, private = f"{ssh_test_hosts.plan.public_net}.", f"{ssh_test_hosts.plan.private_net}."
+    assert all(a.startswith(private) for addrs in plan["cluster"].values() for a in addrs)
+    assert public not in json.dumps(plan["cluster"])
     assert "test accuracy:" in (run / "worker-0.log").read_text()
-    assert "serving at 198.18.2." in (run / "ps-1.log").read_text()
+    assert f"serving at {private}" in (run / "ps-1.log").read_text()
     assert wait_hosts_clean(ssh_test_hosts, 10) == []
 
 

@@ -191,7 +191,7 @@ def test_wrong_key_unreachable_and_refused_hosts(ssh_test_hosts, tmp_path):
         )
     fast = options(ssh_test_hosts, tmp_path, connect_timeout=1.0)
     with pytest.raises(LaunchError, match="no answer within 1 s"):
-        connect("ghost", "198.18.1.19", fast)  # nobody has this address on the bridge
+        connect("ghost", ssh_test_hosts.ghost.public_address, fast)  # nobody has it
     with pytest.raises(LaunchError, match="unreachable .*public"):
         connect(host.name, host.private_address, fast)  # the launcher has no route there
     with pytest.raises(LaunchError, match="connection refused"):
@@ -201,11 +201,12 @@ def test_wrong_key_unreachable_and_refused_hosts(ssh_test_hosts, tmp_path):
 @pytest.mark.slow
 @pytest.mark.ssh
 def test_connect_all_names_every_failing_host(ssh_test_hosts, tmp_path):
-    hosts = [(h.name, h.public_address) for h in ssh_test_hosts.hosts] + [("ghost", "198.18.1.19")]
+    ghost = ssh_test_hosts.ghost.public_address
+    hosts = [(h.name, h.public_address) for h in ssh_test_hosts.hosts] + [("ghost", ghost)]
     with pytest.raises(LaunchError) as err:
         connect_all(hosts, options(ssh_test_hosts, tmp_path, connect_timeout=1.0))
     assert "cannot connect to 1 of 4 hosts; nothing was started" in str(err.value)
-    assert "ghost (198.18.1.19:22)" in str(err.value)
+    assert f"ghost ({ghost}:22)" in str(err.value)
 
 
 @pytest.mark.slow
@@ -222,7 +223,7 @@ def test_hostile_host_value_starts_nothing(ssh_test_hosts, tmp_path):
 @pytest.mark.slow
 @pytest.mark.ssh
 def test_jump_host_reaches_private_addresses(ssh_test_hosts, tmp_path):
-    """The launcher has no route to 198.18.2.0/24; through host 1 it reaches host 2 there."""
+    """The launcher has no route to the private /24; through host 1 it reaches host 2 there."""
     jump = ssh_test_hosts.host(1)
     target = ssh_test_hosts.host(2)
     opts = options(ssh_test_hosts, tmp_path, jump_host=f"root@{jump.public_address}:22")

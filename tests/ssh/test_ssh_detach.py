@@ -53,11 +53,11 @@ def test_detached_run_finishes_without_the_launcher(ssh_test_hosts, tmp_path):
 def test_detached_run_survives_a_cut_link_and_down_stops_it(ssh_test_hosts, tmp_path):
     cluster = ssh_cluster(tmp_path, ssh_test_hosts, env={"WORK_SECONDS": "600"})
     run_id = detach(cluster)
-    ssh_hosts.cut_launcher_link()
+    ssh_hosts.cut_launcher_link(ssh_test_hosts)
     try:
         time.sleep(10)  # longer than supervision.heartbeat_timeout (6 s)
     finally:
-        ssh_hosts.restore_launcher_link()
+        ssh_hosts.restore_launcher_link(ssh_test_hosts)
     tasks = [p for p in left_on_hosts(ssh_test_hosts) if "fake_task.py" in p]
     assert len(tasks) == 5  # 2 PS + 3 workers still running
     stopped_at = time.monotonic()

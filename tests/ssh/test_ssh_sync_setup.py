@@ -152,7 +152,7 @@ def test_failing_setup_line_stops_the_launch_naming_host_and_line(ssh_test_hosts
             "setup": [
                 "echo first",
                 # fails on host2 only (by its public address)
-                "hostname -I | grep -q 198.18.1.12 && exit 7 || true",
+                f"hostname -I | grep -q {ssh_test_hosts.host(2).public_address} && exit 7 || true",
                 "echo third",
             ],
         },

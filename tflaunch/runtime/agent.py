@@ -1,11 +1,8 @@
 """The agent: one per node. Starts that node's tasks, watches them, tears them down.
 
 It starts the node's PS first, waits until every PS of the whole cluster is ready (readiness,
-never a fixed sleep), then starts the node's chief, workers and evaluator. A PS of this node is
-ready when its own process or one of its children listens on its port (psutil), not when
-anything answers there: a foreign process that took the port after the busy-port check is an
-error naming the port. Another node's PS counts once its port accepts connections; its own agent
-vouches for who listens.
+never a fixed sleep: :mod:`tflaunch.runtime.readiness`), then starts the node's chief, workers
+and evaluator.
 Each task's output is teed raw to its log file and reported upstream line by line. Upstream is a
 stream of JSON lines (:mod:`tflaunch.runtime.protocol`): events out (a task started, ready,
 exited, a line of its output, an error, ...), commands in (stop, ping, restart one task, stop or
@@ -51,6 +48,7 @@ from tflaunch.runtime import procs, programcheck, protocol
 from tflaunch.runtime.diagnose import program_path
 from tflaunch.runtime.link import read_lines
 from tflaunch.runtime.monitor import Sampler
+from tflaunch.runtime.readiness import wait_for_ps
 from tflaunch.runtime.restart import STALLED
 from tflaunch.runtime.run import write_cluster_file
 from tflaunch.runtime.runfiles import make_run_dir, open_run_file
@@ -347,66 +345,13 @@ class Agent:
 
     def _wait_for_ps(self) -> bool:
         """Wait until every PS of the cluster accepts connections. False on timeout or stop."""
-        ps = self.plan.ps_addresses()
-        if not ps:
-            return True  # (a PS-only node waits too: it reports its PS ready, for cluster_ready)
-        timeout = self.plan.supervision.ready_timeout
-        deadline = time.monotonic() + timeout
-        # From the shared cluster: a Slurm node's plan holds only its own tasks.
-        pending = {f"ps:{i}": address for i, address in enumerate(ps)}
         own = {t.name for t in self.tasks if t.job == "ps"}
-        self.emit(protocol.Waiting(what="PS ports", tasks=sorted(pending)))
-        while pending and not self.stopping.is_set():
-            for name, address in list(pending.items()):
-                host, _, port = address.rpartition(":")
-                if name in own:
-                    verdict = self._own_ps_listens(name, host, int(port))
-                    if verdict is False:
-                        return False
-                    if verdict:
-                        del pending[name]
-                        self.emit(protocol.Ready(task=name))
-                elif procs.port_open(host, int(port), timeout=0.3):
-                    del pending[name]  # another node's PS: its own agent checks who listens
-            if not pending:
-                break
-            if time.monotonic() > deadline:
-                missing = ", ".join(f"{n} at {pending[n]}" for n in sorted(pending))
-                self.emit(
-                    protocol.AgentError(
-                        code=1,
-                        message=f"readiness timeout: after {timeout:g} s these PS still do not "
-                        f"accept connections: {missing}. Check their logs, or raise "
-                        "supervision.ready_timeout.",
-                    )
-                )
-                return False
-            self.stopping.wait(0.2)
-        return not self.stopping.is_set()
+        return wait_for_ps(self.plan, self.host, own, self._live_pid, self.emit, self.stopping)
 
-    def _own_ps_listens(self, name: str, host: str, port: int) -> bool | None:
-        """Whether this node's PS ``name`` (its process or a child) listens on its port: True;
-        not yet: None; another process holds the port, so it never will: False, reported."""
+    def _live_pid(self, name: str) -> int | None:
+        """The pid of this host's task ``name`` while it runs (None: not started, or ended)."""
         current = self.running.get(name)
-        if current is None or current.done.is_set():
-            return None  # not started, or exited: its exit is reported as such
-        pid = current.proc.pid
-        if procs.tree_listens(pid, port):
-            return True
-        if not procs.port_open(host, port, timeout=0.3):
-            return None
-        if procs.tree_listens(pid, port):  # it bound the port between the two looks
-            return True
-        self.emit(
-            protocol.AgentError(
-                code=1,
-                message=f"{name}: port {port} on {self.host} answers, but not from {name} "
-                f"(pid {pid}) or its children: {procs.listeners(port)} took it after the "
-                f"busy-port check, so {name} cannot serve there. Stop that process or change "
-                "ports.ps, and start the run again.",
-            )
-        )
-        return False
+        return None if current is None or current.done.is_set() else current.proc.pid
 
     def _teardown(self) -> None:
         live = [t for t in self.running.values() if not t.done.is_set()]

@@ -61,7 +61,7 @@ from tflaunch.runtime.revival import HostRevival, Revive
 from tflaunch.runtime.run import INTERRUPT_CODES, Outcome, Run
 from tflaunch.runtime.signals import Requeue, RequeueTimer, SignalWatch
 from tflaunch.runtime.tasks import IDLE_S, TaskBoard, TaskState
-from tflaunch.runtime.tracing import Trace
+from tflaunch.runtime.tracing import HeldTrace, Trace
 
 __all__ = ["Coordinator", "Requeue", "Revive", "coordinate"]
 
@@ -85,7 +85,8 @@ class Coordinator:
         self.events: queue.Queue = queue.Queue()
         self.board = TaskBoard(plan, run)
         # up --trace (handed in): its window opens on the leader's steps or the clock
-        self.trace = trace.begin(plan, self.board.leader, self._say, self._send) if trace else None
+        tracer = trace.begin(plan, self.board.leader, self._say, self._send) if trace else None
+        self.trace = HeldTrace(tracer, self._say)
         self.report = Reporter(plan, run, self.board, out, self.trace)
         self.signals = SignalWatch()
         self.requeue = RequeueTimer(requeue, self.report)
@@ -93,7 +94,6 @@ class Coordinator:
         self.revival = HostRevival(revive, self.events)
         self.open_links = {link.host for link in self.links}
         self.refused: set[str] = set()  # hosts whose link was closed for a malformed message
-        self.trace_stopped = False  # writing trace files failed (a full disk): no more are taken
         self.restarter = Restarter(
             sup, self.board, self.report, self.revival, self.links, self.open_links
         )
@@ -127,21 +127,12 @@ class Coordinator:
                 self._teardown()
         finally:
             self.report.close()
-            self._end_trace()
+            self.trace.finish()
         self.report.end(self.outcome)
         return self.outcome
 
     def _say(self, message: str) -> None:
         self.report.say(message)
-
-    def _end_trace(self) -> None:
-        """Wait (bounded) for a capture and write the trace's verdict."""
-        if self.trace is None:
-            return
-        try:
-            self.trace.finish()
-        except Exception as e:  # the trace never keeps the run from ending in its state
-            self._say(f"trace: ended without a verdict ({type(e).__name__}: {e})")
 
     def _next_event(self, timeout: float) -> None:
         try:
@@ -172,8 +163,7 @@ class Coordinator:
                 link.send(wire)
 
     def _check_clock(self) -> None:
-        if self.trace is not None:
-            self.trace.tick(time.monotonic())  # a window that opens by the clock (--trace-at)
+        self.trace.tick(time.monotonic())  # a window that opens by the clock (--trace-at)
         for name in self.signals.take_passed_on():
             self._send(protocol.PassOn(signal=name))
             self.requeue.warned(name)
@@ -257,7 +247,7 @@ class Coordinator:
         elif isinstance(event, protocol.LinkClosed):
             self._link_closed(host)
         elif isinstance(event, protocol.TraceNote | protocol.TraceFile | protocol.TraceSent):
-            self._trace_event(host, event)
+            self.trace.received(host, event)  # a full disk stops the trace, not the run
 
     def _note_busy(self, tasks: Any) -> None:
         """A sample's CPU per task, where the chief's exit decides: which workers still work."""
@@ -281,22 +271,6 @@ class Coordinator:
         if restarts:
             message += "; restarts: " + "; ".join(restarts)
         return Outcome(0, message)
-
-    def _trace_event(self, host: str, event: protocol.Event) -> None:
-        """A host's trace note or file. A full disk ends the trace collection with one line, not
-        the run; a field the trace site cannot use (not base64, an offset past the file) is a
-        malformed message."""
-        if self.trace is None or self.trace_stopped:
-            return
-        try:
-            self.trace.received(host, event)
-        except OSError as e:
-            self.trace_stopped = True
-            why = f"writing {host}'s trace files failed ({e})"
-            self.report.say(f"trace collection stopped: {why}; the run goes on without its trace")
-            self.trace.stop(why)
-        except ValueError as e:
-            raise protocol.ProtocolError(f"{event.NAME}: {e}") from e
 
     def _link_closed(self, host: str) -> None:
         current = next((link for link in self.links if link.host == host), None)
@@ -371,8 +345,7 @@ class Coordinator:
             self.report.record(protocol.StoppingCluster())
         self._send(protocol.Stop(reason="the run is ending"))
         # (agents asked for their trace files send them once their tasks ended)
-        drain = self.trace.drain_s() if self.trace is not None else 0.0
-        deadline = time.monotonic() + self.grace + 15 + drain
+        deadline = time.monotonic() + self.grace + 15 + self.trace.drain_s()
         while self.open_links and time.monotonic() < deadline:
             self._next_event(0.2)
         for link in live:

@@ -59,7 +59,9 @@ _NO_TF_KERAS = re.compile(
 )
 _KERAS_NOT_IMPORTED = re.compile(r"ImportError: Keras cannot be imported")
 _NO_SCRIPT = re.compile(r"can't open file '([^']+)': \[Errno 2\]")
-_PER_REPLICA = re.compile(r"Attempt to convert a value \(PerReplica:")
+# Keras 3 where a program wants Keras 2 (tf.keras): fit() under a multi-worker strategy, and its
+# refusal of Keras 2's APIs (tf.keras.optimizers.legacy).
+_KERAS3 = re.compile(r"Attempt to convert a value \(PerReplica:|is not supported in Keras 3")
 _PORT_TAKEN = re.compile(r"Address already in use|Could not start gRPC server|Failed to add port")
 # A line that states an error: an exception's (``ValueError: ...``, ``a.b.InternalError: ...``)
 # or a Python that could not start its script or module.
@@ -171,14 +173,20 @@ def missing_script_note(tail: Sequence[str]) -> str | None:
 
 
 def keras3_note(tail: Sequence[str], legacy: bool) -> str | None:
-    """Keras 3's ``fit`` under a multi-worker strategy: TensorFlow's tutorials need Keras 2."""
-    if legacy or not any(_PER_REPLICA.search(line) for line in tail):
+    """Keras 3 where the program wants Keras 2: TensorFlow's distributed Keras tutorials do."""
+    line = next((line for line in tail if _KERAS3.search(line)), None)
+    if legacy or line is None:
         return None
+    said = (
+        'fit() across workers ("ValueError: Attempt to convert a value (PerReplica:...)")'
+        if "PerReplica" in line
+        else f"Keras 2's API ({line.strip()[:160]})"
+    )
     return (
-        "Keras 3 cannot run this program's fit() across workers (\"ValueError: Attempt to "
-        "convert a value (PerReplica:...)\"): TensorFlow's multi-worker Keras tutorials are "
-        "written for Keras 2. Fix: set program.keras: legacy in the cluster file (tf.keras is "
-        f"then the tf_keras package: {KERAS2_EXTRA})."
+        f"Keras 3 cannot run this program's {said}: TensorFlow's multi-worker Keras and "
+        "ParameterServerStrategy tutorials are written for Keras 2 (tf.keras). Fix: set "
+        "program.keras: legacy in the cluster file (tf.keras is then the tf_keras package: "
+        f"{KERAS2_EXTRA})."
     )
 
 
@@ -231,9 +239,9 @@ def notes(
     if code != 0:
         cause = (
             tf_keras_note(tail, argv, executable, host, legacy)
+            or keras3_note(tail, legacy)
             or missing_module_note(tail, argv, executable, host)
             or missing_script_note(tail)
-            or keras3_note(tail, legacy)
             or port_taken_note(tail, address, holder)
         )
         if cause:

@@ -19,7 +19,7 @@ from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.runfiles import open_run_file
 from tflaunch.runtime.statusline import ClusterProgress, StatusLine
 from tflaunch.runtime.tasks import TaskBoard, TaskState
-from tflaunch.runtime.tracing import Tracer
+from tflaunch.runtime.tracing import HeldTrace
 from tflaunch.text import for_terminal
 
 
@@ -30,7 +30,7 @@ class Reporter:
         run: Run,
         board: TaskBoard,
         out: IO[str] | None = None,
-        trace: Tracer | None = None,
+        trace: HeldTrace | None = None,
     ):
         self.run, self.board = run, board
         self.out = out or sys.stdout
@@ -40,7 +40,7 @@ class Reporter:
         self._events_file = open_run_file(run.events_path, "a")
         # Resource samples (samples-<host>.jsonl, not events) and steps.
         self._samples = Insight(plan, run)
-        self.trace = trace  # up --trace's window: fed the steps, asked about crashes
+        self.trace = trace or HeldTrace(None, self.say)  # up --trace: fed steps, asked of crashes
         # On a terminal: the cluster's progress on one line under the output.
         self.progress = ClusterProgress(len(board.trainers))
         self.console = StatusLine(self.out, self.progress.render)
@@ -74,7 +74,7 @@ class Reporter:
         """A line ``task`` printed (``at``: when its agent read it, unix time)."""
         at = time.time() if at is None else float(at)
         step = self._samples.output(task, line, at)
-        if step is not None and self.trace is not None:
+        if step is not None:
             self.trace.step(task, step, at)
         state = self.board.get(task)
         if state:
@@ -102,12 +102,13 @@ class Reporter:
 
     # ---- failure reports ---------------------------------------------------------------------
 
-    def task_failed(
+    def failed_by_task(
         self, state: TaskState, code: int, what: str, note: str, restarts: list[str]
     ) -> Outcome:
         """The report of a run failed by one task, its root cause first: a known cause
         (:func:`tflaunch.runtime.diagnose.notes`) with its fix, then which task ended how,
-        then the lines around its error (else its last lines) and its log."""
+        then the lines around its error (else its last lines) and its log. (Whether the task
+        is restarted instead is the restarter's decision: ``Restarter.task_failed``.)"""
         context = state.tail.context()
         task = self.plan.task(state.name)
         holder = None
@@ -125,7 +126,7 @@ class Reporter:
             holder=holder,
         )
         lines = [*found, f"{state.name} on {state.host} {what}."]
-        traced = self.trace.crash_note(state.name, code, time.monotonic()) if self.trace else ""
+        traced = self.trace.crash_note(state.name, code, time.monotonic())
         if traced:
             lines.append(traced)
         if note:

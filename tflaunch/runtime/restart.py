@@ -54,9 +54,13 @@ class Failure:
         return f"exited with code {describe_code(self.code)}"
 
 
+# What a failure leads to: its task restarted alone, the whole cluster restarted, or the run failed
+Action = Literal["restart_task", "restart_cluster", "fail"]
+
+
 @dataclass(frozen=True)
 class Decision:
-    action: Literal["restart_task", "restart_cluster", "fail"]
+    action: Action
     delay: float = 0.0  # seconds to wait before the restart
     count: int = 0  # this task's restarts, this one included
     reason: str = ""  # for "fail": why it is not restarted

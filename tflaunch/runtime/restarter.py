@@ -15,6 +15,7 @@ not restarted, the :class:`Restarter` returns the run's outcome with its failure
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 from tflaunch.cluster.config import Supervision
 from tflaunch.runtime import protocol
@@ -24,6 +25,10 @@ from tflaunch.runtime.restart import Decision, Failure, RestartBook
 from tflaunch.runtime.revival import HostRevival
 from tflaunch.runtime.run import Outcome
 from tflaunch.runtime.tasks import TaskBoard, TaskState
+
+# Where a cluster restart is: none under way; every agent stopping its tasks; every agent stopped,
+# waiting for the lost hosts' new agents.
+Phase = Literal["idle", "stopping", "waiting"]
 
 
 class Restarter:
@@ -42,7 +47,7 @@ class Restarter:
         self.book = RestartBook(supervision.restart)
         # Commands waiting for their backoff: (when, host or None for every agent, command).
         self.scheduled: list[tuple[float, str | None, protocol.Command]] = []
-        self.phase = ""  # "", "stopping", or "waiting" for lost hosts, in a cluster restart
+        self.phase: Phase = "idle"
         self.stopped_hosts: set[str] = set()
         self.delay = 0.0
         self.failed_at: dict[str, float] = {}  # task -> when its last failure was seen
@@ -52,7 +57,7 @@ class Restarter:
 
     @property
     def cluster_restarting(self) -> bool:
-        return bool(self.phase)
+        return self.phase != "idle"
 
     def due(self) -> list[tuple[str | None, protocol.Command]]:
         """The scheduled commands whose backoff is over, taken off the schedule."""
@@ -144,7 +149,7 @@ class Restarter:
         self._start_again()
 
     def _start_again(self) -> None:
-        self.phase = ""
+        self.phase = "idle"
         self.board.reset()
         command = protocol.StartTasks(generation=self.book.cluster_restarts)
         when = time.monotonic() + self.delay
@@ -265,4 +270,4 @@ class Restarter:
         return self.report.failed("\n".join(lines), 1)
 
     def fail_task(self, state: TaskState, code: int, what: str, note: str = "") -> Outcome:
-        return self.report.task_failed(state, code, what, note, self.book.summary())
+        return self.report.failed_by_task(state, code, what, note, self.book.summary())

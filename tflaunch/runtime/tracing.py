@@ -49,6 +49,54 @@ class Tracer(Protocol):
         ...
 
 
+class HeldTrace:
+    """A run's :class:`Tracer` as the coordinator holds it (None: an untraced run, where every
+    call does nothing). Writing the hosts' trace files failing (a full disk) stops the trace with
+    one line, never the run; a trace message the tracer cannot use is a malformed message
+    (:class:`~tflaunch.runtime.protocol.ProtocolError`); the verdict never keeps the run from
+    ending in its state."""
+
+    def __init__(self, tracer: Tracer | None, say: Say):
+        self.tracer, self.say = tracer, say
+        self.stopped = False  # writing trace files failed: no more are taken
+
+    def step(self, task: str, step: int, at: float) -> None:
+        if self.tracer is not None:
+            self.tracer.step(task, step, at)
+
+    def tick(self, now: float) -> None:
+        if self.tracer is not None:
+            self.tracer.tick(now)
+
+    def received(self, host: str, event: protocol.Event) -> None:
+        if self.tracer is None or self.stopped:
+            return
+        try:
+            self.tracer.received(host, event)
+        except OSError as e:
+            self.stopped = True
+            why = f"writing {host}'s trace files failed ({e})"
+            self.say(f"trace collection stopped: {why}; the run goes on without its trace")
+            self.tracer.stop(why)
+        except ValueError as e:
+            raise protocol.ProtocolError(f"{event.NAME}: {e}") from e
+
+    def drain_s(self) -> float:
+        return self.tracer.drain_s() if self.tracer is not None else 0.0
+
+    def crash_note(self, task: str, code: int, now: float) -> str:
+        return self.tracer.crash_note(task, code, now) if self.tracer is not None else ""
+
+    def finish(self) -> None:
+        """Wait (bounded) for a capture and write the verdict."""
+        if self.tracer is None:
+            return
+        try:
+            self.tracer.finish()
+        except Exception as e:  # the trace never keeps the run from ending in its state
+            self.say(f"trace: ended without a verdict ({type(e).__name__}: {e})")
+
+
 class Trace(Protocol):
     """What ``up --trace`` asked of one run, handed to its coordinator."""
 

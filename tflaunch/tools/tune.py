@@ -125,7 +125,7 @@ def runnable_problem(config: ClusterConfig, plan: Plan, host_cores: dict[str, in
     """Why the setting's cluster could not start, as ``up`` would refuse it: the backend's
     checks from here (local: cores, ports, programs; every backend: addresses), then each
     host's cores as calibration measured them against the tasks' binding. None: it can run."""
-    problems = launch.backend_for(config.backend).check_here(config, plan)
+    problems = launch.problems_here(config, plan)
     if problems:
         return problems[0].rstrip(".")
     for host in plan.hosts_with_tasks():

@@ -57,7 +57,6 @@ class TraceTrigger:
         self.leader = leader
         self.addresses = dict(addresses)  # task -> cluster host:port
         self.argv = list(argv)  # the program's, to say why no task loaded the hook
-        self.program = self.argv[0] if self.argv else "?"
         self.say = say
         self.started = started
         self.seen: list[tuple[float, int]] = []  # the leader's (time, step) so far
@@ -121,7 +120,7 @@ class TraceTrigger:
             if task in self.addresses
         }
         if not targets:
-            self._end(False, self._why_none(notes, f"when the window opened ({when})"))
+            self._end(False, _why_none(notes, f"when the window opened ({when})", self.argv))
             return
         missing = sorted(set(self.addresses) - set(targets))
         if missing:
@@ -167,54 +166,6 @@ class TraceTrigger:
             except Exception as exc:  # the run goes on; the verdict says why there is no trace
                 self.helper_error = f"{type(exc).__name__}: {exc}"
         return self.helper
-
-    def _why_none(self, notes: Notes, when: str) -> str:
-        if not notes.python and notes.old_python:
-            task, version = sorted(notes.old_python.items())[0]
-            return (
-                f"no trace because {task} ran Python {version}: tflaunch's trace hook needs "
-                "Python 3.7 or newer"
-            )
-        if not notes.python:
-            return self._why_no_hook()
-        if notes.errors:
-            task, error = sorted(notes.errors.items())[0]
-            return f"no trace because {task}'s profiler server did not start: {error}"
-        if notes.tf_children:
-            task, child = sorted(notes.tf_children.items())[0]
-            return (
-                f"no trace because {task} imported TensorFlow only in a child process (pid "
-                f"{child['pid']}) of its first Python process (pid {child['claimant']}), which "
-                "holds the task's profiler port and had not imported TensorFlow "
-                f"{when}; a program that runs its trainer as a child hands the port over by "
-                f"removing {PROFILER_PID_ENV} from the child's environment"
-            )
-        return (
-            f"no trace because no task had imported TensorFlow {when} "
-            f"({len(notes.python)} task(s) ran Python)"
-        )
-
-    def _why_no_hook(self) -> str:
-        """No task's Python loaded the hook: what the program's argv tells of why."""
-        flags = _python_flags(self.argv)
-        skipping = [f for f in ("-I", "-E", "-S") if f[1] in flags]
-        if skipping:
-            what = "skips sitecustomize" if skipping[0] == "-S" else "ignores PYTHONPATH"
-            return (
-                f"no trace because the program runs Python with {skipping[0]}, which {what}, "
-                f"where tflaunch puts its trace hook (program '{shlex.join(self.argv)[:200]}'): "
-                f"no task could be traced; run it without {skipping[0]}"
-            )
-        if any("python" in os.path.basename(arg).lower() for arg in self.argv):
-            return (
-                "no trace because no task's Python process loaded tflaunch's trace hook "
-                f"(program '{self.program}'): the hook comes in through PYTHONPATH, which "
-                "python -I or -E ignores and -S skips, and a program may replace"
-            )
-        return (
-            f"no trace because no task ran Python (program '{self.program}'): the trace hook "
-            "works only in Python programs that import TensorFlow"
-        )
 
     def crash_note(self, task: str, code: int, now: float) -> str:
         """A line for the failure report of ``task``, dead with exit ``code`` at ``now``, when
@@ -263,7 +214,7 @@ class TraceTrigger:
             if self.in_program or notes.in_program:
                 return self._program_trace()
             if not notes.tf_ports:
-                return self._end(False, self._why_none(notes, "before the run ended"))
+                return self._end(False, _why_none(notes, "before the run ended", self.argv))
             if self.request.window is not None:
                 first = self.request.window.first
                 last = f"its last was step {self.seen[-1][1]}" if self.seen else "it printed none"
@@ -332,6 +283,59 @@ class TraceTrigger:
         except OSError as e:  # a full disk: the line is still said; the run still ends
             self.say(f"trace: could not write {VERDICT_FILE} under {self.site.dir} ({e})")
         return self.verdict
+
+
+def _why_none(notes: Notes, when: str, argv: Sequence[str]) -> str:
+    """Why there is no trace, from the hooks' notes ``when`` it was decided, and the program's
+    ``argv``."""
+    if not notes.python and notes.old_python:
+        task, version = sorted(notes.old_python.items())[0]
+        return (
+            f"no trace because {task} ran Python {version}: tflaunch's trace hook needs "
+            "Python 3.7 or newer"
+        )
+    if not notes.python:
+        return _why_no_hook(argv)
+    if notes.errors:
+        task, error = sorted(notes.errors.items())[0]
+        return f"no trace because {task}'s profiler server did not start: {error}"
+    if notes.tf_children:
+        task, child = sorted(notes.tf_children.items())[0]
+        return (
+            f"no trace because {task} imported TensorFlow only in a child process (pid "
+            f"{child['pid']}) of its first Python process (pid {child['claimant']}), which "
+            "holds the task's profiler port and had not imported TensorFlow "
+            f"{when}; a program that runs its trainer as a child hands the port over by "
+            f"removing {PROFILER_PID_ENV} from the child's environment"
+        )
+    return (
+        f"no trace because no task had imported TensorFlow {when} "
+        f"({len(notes.python)} task(s) ran Python)"
+    )
+
+
+def _why_no_hook(argv: Sequence[str]) -> str:
+    """No task's Python loaded the hook: what the program's argv tells of why."""
+    program = argv[0] if argv else "?"
+    flags = _python_flags(argv)
+    skipping = [f for f in ("-I", "-E", "-S") if f[1] in flags]
+    if skipping:
+        what = "skips sitecustomize" if skipping[0] == "-S" else "ignores PYTHONPATH"
+        return (
+            f"no trace because the program runs Python with {skipping[0]}, which {what}, "
+            f"where tflaunch puts its trace hook (program '{shlex.join(argv)[:200]}'): "
+            f"no task could be traced; run it without {skipping[0]}"
+        )
+    if any("python" in os.path.basename(arg).lower() for arg in argv):
+        return (
+            "no trace because no task's Python process loaded tflaunch's trace hook "
+            f"(program '{program}'): the hook comes in through PYTHONPATH, which "
+            "python -I or -E ignores and -S skips, and a program may replace"
+        )
+    return (
+        f"no trace because no task ran Python (program '{program}'): the trace hook "
+        "works only in Python programs that import TensorFlow"
+    )
 
 
 def _python_flags(argv: Sequence[str]) -> str:

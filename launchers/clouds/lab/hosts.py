@@ -1,29 +1,33 @@
 """Namespace hosts: the machines of the ``lab`` cloud, each a Linux network namespace on this
 machine with its own OpenSSH server, built and removed with ``ip``, ``tc`` and ``sshd`` (root).
 
-Addresses come from the benchmarking range 198.18.0.0/15, in a part the project's test hosts
-do not use (they hold 198.18.0-3.x): host number N (1 to :data:`MAX_HOSTS`) has
+Where a family of hosts lives is its :class:`AddressPlan`: names and addresses derive from a host
+number N and a private network number K alone, never from text read back from disk. The lab
+cloud's plan, :data:`LAB`, takes a part of the benchmarking range 198.18.0.0/15 that no test uses:
+host number N (1 to :data:`MAX_HOSTS`) has
 
 * ``eth0`` on the public bridge ``tfl-lab-pub`` at 198.19.1.(9+N); the launcher reaches it from
   the root namespace, where the bridge itself holds 198.19.1.1;
 * ``eth1`` on a private bridge ``tfl-lab-nK`` (the run's own network K) at 198.19.2.(9+N); the
   root namespace has an ``unreachable`` route for 198.19.2.0/24, as a laptop has none into a VPC.
 
-The root-side ends of the two links are ``tfl-lpN`` and ``tfl-lvN``. None of these names match
-the test hosts' (``tfl-ssh-*``, ``tfl-s[pv]N``, ``tfl-slurm-*``, ``tfls-nN``), so lab hosts and test
-hosts live side by side without sharing a bridge or a lock.
+The root-side ends of the two links are ``tfl-lpN`` and ``tfl-lvN``. The project's SSH test hosts
+(tests/hosts/ssh_hosts.py) are built here too, under plans of their own (``tfl-tS-*`` names and
+198.18.16-215.x, one plan per set S; the launcher there holds its address on a veth of its own,
+which a test can cut); no plan's names match another's, so lab hosts and each set of test hosts
+live side by side without sharing a bridge or a lock.
 
 Each host's sshd runs inside its namespace on port 22 of both addresses, with its own ed25519
 host key, the authorized keys written for it (key login only, ``StrictModes no``, ``UsePAM no``)
 and its pid file, configuration and log in the host's folder. A rate (``1gbit``) makes the private
 link behave like a NIC of that speed, both ways: ``tbf`` on the host's ``eth1`` (what it sends)
-and on ``tfl-lvN`` (what the bridge delivers to it), as tests/hosts/ssh_hosts.py and
-benchmarks/shaped_lab.py shape their links.
+and on its private veth (what the bridge delivers to it), as benchmarks/shaped_lab.py shapes its
+links.
 
 Every step is idempotent: :func:`make_host` first removes whatever an earlier, interrupted try
 left under the same number, and :func:`remove_host` ends every process in the namespace (its
 sshd, sessions and the tasks they started), deletes the namespace and waits until its links are
-gone. Names and addresses derive from the numbers alone, never from text read back from disk.
+gone.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -45,10 +50,6 @@ from tflaunch.plugin import LaunchError
 
 MAX_HOSTS = 240  # host N at .9+N of each /24: .10 to .249
 MAX_NETWORKS = 99
-PUBLIC_BRIDGE = "tfl-lab-pub"
-LAUNCHER_ADDRESS = "198.19.1.1"  # the public bridge's own address, in the root namespace
-PUBLIC_PREFIX, PRIVATE_PREFIX = "198.19.1.", "198.19.2."
-PRIVATE_NETWORK = "198.19.2.0/24"
 NETNS_DIR = Path("/run/netns")  # where 'ip netns add' pins namespaces
 SSHD, KEYGEN = "/usr/sbin/sshd", "ssh-keygen"
 RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}  # tc's decimal bit units
@@ -59,14 +60,78 @@ SSHD_START_TIMEOUT = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
+class AddressPlan:
+    """Where one family of namespace hosts lives. Names are ``str.format`` patterns of the host
+    number ``n`` or the network number ``k`` (a link's name is at most 14 characters, as its
+    namespace-side end is first made as the name and ``x``); addresses are two /24 networks
+    (``a.b.c``): the launcher at .1 of the public one, host N at .(9+N) of both."""
+
+    namespace: str  # the host's namespace, e.g. tfl-lab{n}
+    public_veth: str  # the root namespace's end of the host's public link
+    private_veth: str  # ... and of its private link
+    public_bridge: str
+    private_bridge: str  # network K's bridge, e.g. tfl-lab-n{k}
+    public_net: str  # e.g. 198.19.1
+    private_net: str
+    # The launcher's own veth onto the public bridge (its bridge-side end is this and 'x'), which
+    # holds the launcher's address and can be cut; None: the public bridge holds the address.
+    launcher_veth: str | None = None
+
+    @property
+    def launcher_address(self) -> str:
+        return f"{self.public_net}.1"
+
+    @property
+    def private_network(self) -> str:
+        return f"{self.private_net}.0/24"
+
+    def public_address(self, n: int) -> str:
+        return f"{self.public_net}.{9 + n}"
+
+    def private_address(self, n: int) -> str:
+        return f"{self.private_net}.{9 + n}"
+
+    def bridge(self, k: int) -> str:
+        """The private bridge of network number ``k``."""
+        return self.private_bridge.format(k=k)
+
+    def numbers(self, name: str) -> tuple[int | None, int | None]:
+        """(host number, network number) that a namespace or link name of this plan holds."""
+        for pattern in (self.namespace, self.public_veth, self.private_veth):
+            if match := re.fullmatch(_number_pattern(pattern, "n") + "x?", name):
+                return int(match.group(1)), None
+        if match := re.fullmatch(_number_pattern(self.private_bridge, "k"), name):
+            return None, int(match.group(1))
+        return None, None
+
+
+def _number_pattern(pattern: str, field: str) -> str:
+    before, _, after = pattern.partition("{" + field + "}")
+    return re.escape(before) + r"([1-9][0-9]*)" + re.escape(after)
+
+
+LAB = AddressPlan(
+    namespace="tfl-lab{n}",
+    public_veth="tfl-lp{n}",
+    private_veth="tfl-lv{n}",
+    public_bridge="tfl-lab-pub",
+    private_bridge="tfl-lab-n{k}",
+    public_net="198.19.1",
+    private_net="198.19.2",
+)
+PUBLIC_BRIDGE = LAB.public_bridge
+
+
+@dataclasses.dataclass(frozen=True)
 class NamespaceHost:
     """One namespace host: its number, its private network's number and its folder (host key,
-    sshd configuration, pid file, log, authorized keys)."""
+    sshd configuration, pid file, log, authorized keys), under an address plan."""
 
     index: int
     network: int
     folder: Path
     owner: str = ""  # the instance id, written as its public link's alias: who the number is
+    plan: AddressPlan = LAB
 
     def __post_init__(self) -> None:
         if not 1 <= self.index <= MAX_HOSTS or not 1 <= self.network <= MAX_NETWORKS:
@@ -74,23 +139,23 @@ class NamespaceHost:
 
     @property
     def namespace(self) -> str:
-        return f"tfl-lab{self.index}"
+        return self.plan.namespace.format(n=self.index)
 
     @property
     def public_address(self) -> str:
-        return f"{PUBLIC_PREFIX}{9 + self.index}"
+        return self.plan.public_address(self.index)
 
     @property
     def private_address(self) -> str:
-        return f"{PRIVATE_PREFIX}{9 + self.index}"
+        return self.plan.private_address(self.index)
 
     @property
     def public_veth(self) -> str:
-        return f"tfl-lp{self.index}"
+        return self.plan.public_veth.format(n=self.index)
 
     @property
     def private_veth(self) -> str:
-        return f"tfl-lv{self.index}"
+        return self.plan.private_veth.format(n=self.index)
 
     @property
     def host_key(self) -> Path:
@@ -113,9 +178,9 @@ class NamespaceHost:
         return self.folder / "sshd.log"
 
 
-def bridge_of(network: int) -> str:
+def bridge_of(network: int, plan: AddressPlan = LAB) -> str:
     """The private bridge of network number ``network``."""
-    return f"tfl-lab-n{network}"
+    return plan.bridge(network)
 
 
 def missing_requirements() -> str | None:
@@ -171,18 +236,20 @@ def links() -> set[str]:
     return set(link_aliases())
 
 
-def numbers_in_use() -> tuple[set[int], set[int]]:
-    """The host and network numbers that namespaces, links and bridges on this machine hold,
-    whichever state directory made them: a number is taken again only when nothing has it."""
+def numbers_in_use(plan: AddressPlan = LAB) -> tuple[set[int], set[int]]:
+    """The host and network numbers of ``plan`` that namespaces, links and bridges on this
+    machine hold, whichever state directory made them: a number is taken again only when nothing
+    has it."""
     names = set(link_aliases())
     with contextlib.suppress(OSError):
         names |= {entry.name for entry in NETNS_DIR.iterdir()}
     hosts_, networks = set(), set()
     for name in names:
-        if match := re.fullmatch(r"tfl-(?:lab|l[pv])(\d+)x?", name):
-            hosts_.add(int(match.group(1)))
-        elif match := re.fullmatch(r"tfl-lab-n(\d+)", name):
-            networks.add(int(match.group(1)))
+        host, network = plan.numbers(name)
+        if host is not None:
+            hosts_.add(host)
+        if network is not None:
+            networks.add(network)
     return hosts_, networks
 
 
@@ -233,53 +300,72 @@ def sshd_running(host: NamespaceHost) -> bool:
 # ---- bridges -------------------------------------------------------------------------------
 
 
-def ensure_public_bridge() -> None:
-    """The public bridge with the launcher's address, and the private range unreachable from
-    the root namespace; made once, left as it is when it exists."""
-    if PUBLIC_BRIDGE not in links():
-        _ip("link", "add", PUBLIC_BRIDGE, "type", "bridge")
-    _ip("addr", "replace", f"{LAUNCHER_ADDRESS}/24", "dev", PUBLIC_BRIDGE)
-    _ip("link", "set", PUBLIC_BRIDGE, "up")
-    _ip("route", "replace", "unreachable", PRIVATE_NETWORK)
+def ensure_public_bridge(plan: AddressPlan = LAB) -> None:
+    """The public bridge with the launcher's address (on the bridge, or on the launcher's own
+    veth onto it), and the private range unreachable from the root namespace; made once, left as
+    it is when it exists."""
+    present = links()
+    if plan.public_bridge not in present:
+        _ip("link", "add", plan.public_bridge, "type", "bridge")
+    holder = plan.launcher_veth or plan.public_bridge
+    if plan.launcher_veth is not None:
+        peer = f"{plan.launcher_veth}x"
+        if plan.launcher_veth not in present:
+            _ip("link", "add", plan.launcher_veth, "type", "veth", "peer", "name", peer)
+        _ip("link", "set", peer, "master", plan.public_bridge)
+        _ip("link", "set", peer, "up")
+    _ip("addr", "replace", f"{plan.launcher_address}/24", "dev", holder)
+    _ip("link", "set", holder, "up")
+    _ip("link", "set", plan.public_bridge, "up")
+    # Without this the default route would send private-network packets off the machine; with it
+    # the launcher gets "no route to host" at once, as a laptop outside a VPC does.
+    _ip("route", "replace", "unreachable", plan.private_network)
 
 
-def remove_public_bridge() -> None:
-    """Remove the public bridge and the private range's route, once no lab host or network is
-    left on this machine (of any state directory)."""
-    if any(numbers_in_use()):
+def remove_public_bridge(plan: AddressPlan = LAB) -> None:
+    """Remove the public bridge (and the launcher's veth) and the private range's route, once no
+    host or network of the plan is left on this machine (of any state directory)."""
+    if any(numbers_in_use(plan)):
         return
-    _ip("route", "delete", "unreachable", PRIVATE_NETWORK, check=False)
-    _ip("link", "delete", PUBLIC_BRIDGE, check=False)
+    _ip("route", "delete", "unreachable", plan.private_network, check=False)
+    if plan.launcher_veth is not None:
+        _ip("link", "delete", plan.launcher_veth, check=False)
+    _ip("link", "delete", plan.public_bridge, check=False)
 
 
-def make_network(network: int) -> str:
+def make_network(network: int, plan: AddressPlan = LAB) -> str:
     """A fresh private bridge for network ``network`` (an old one of that number is replaced);
     returns its name."""
-    bridge = bridge_of(network)
+    bridge = plan.bridge(network)
     _ip("link", "delete", bridge, check=False)
     _ip("link", "add", bridge, "type", "bridge")
     _ip("link", "set", bridge, "up")
     return bridge
 
 
-def bridge_ports(network: int) -> list[str]:
+def bridge_ports(network: int, plan: AddressPlan = LAB) -> list[str]:
     """The links attached to network ``network``'s bridge (none when it does not exist)."""
-    listed = _ip("-j", "link", "show", "master", bridge_of(network), check=False)
+    listed = _ip("-j", "link", "show", "master", plan.bridge(network), check=False)
     if listed.returncode != 0:
         return []
     try:
         return [str(link["ifname"]) for link in json.loads(listed.stdout or "[]")]
     except (ValueError, KeyError, TypeError) as err:
-        raise LaunchError(f"lab: cannot read {bridge_of(network)}'s ports ({err}).") from err
+        raise LaunchError(f"lab: cannot read {plan.bridge(network)}'s ports ({err}).") from err
 
 
-def remove_network(network: int) -> list[str]:
+def remove_network(network: int, plan: AddressPlan = LAB) -> list[str]:
     """Remove network ``network``'s bridge, unless links are still attached to it (a host that
     lives on it, whatever the records say): then it is kept and those links are returned."""
-    ports = bridge_ports(network)
+    ports = bridge_ports(network, plan)
     if not ports:
-        _ip("link", "delete", bridge_of(network), check=False)
+        _ip("link", "delete", plan.bridge(network), check=False)
     return ports
+
+
+def set_link(name: str, up: bool) -> None:
+    """Take a link of the root namespace down (its packets vanish, as over a cut cable) or up."""
+    _ip("link", "set", name, "up" if up else "down")
 
 
 # ---- hosts ---------------------------------------------------------------------------------
@@ -291,15 +377,15 @@ def make_host(host: NamespaceHost, authorized_keys: str, rate: str | None = None
     bridge and the host's network bridge must exist."""
     remove_host(dataclasses.replace(host, owner=""))
     host.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    _keygen(host.host_key)
+    keygen(host.host_key)
     host.authorized_keys.write_text(authorized_keys)
     host.authorized_keys.chmod(0o600)
-    ns = host.namespace
+    ns, plan = host.namespace, host.plan
     _ip("netns", "add", ns)
     _in(ns, "ip", "link", "set", "lo", "up")
     for root_side, inner, bridge, address in (
-        (host.public_veth, "eth0", PUBLIC_BRIDGE, host.public_address),
-        (host.private_veth, "eth1", bridge_of(host.network), host.private_address),
+        (host.public_veth, "eth0", plan.public_bridge, host.public_address),
+        (host.private_veth, "eth1", plan.bridge(host.network), host.private_address),
     ):
         _ip("link", "add", root_side, "type", "veth", "peer", "name", f"{root_side}x")
         _ip("link", "set", f"{root_side}x", "netns", ns)
@@ -341,7 +427,8 @@ def remove_host(host: NamespaceHost, wait: float = 10.0) -> None:
             NETNS_DIR.joinpath(host.namespace).unlink()
 
 
-def _keygen(path: Path) -> None:
+def keygen(path: Path) -> None:
+    """A new ed25519 key pair without a passphrase at ``path`` (and ``path``.pub)."""
     path.unlink(missing_ok=True)
     Path(f"{path}.pub").unlink(missing_ok=True)
     _run([KEYGEN, "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)])
@@ -373,12 +460,14 @@ def _sshd_config(host: NamespaceHost) -> str:
     ])  # fmt: skip
 
 
-def start_sshd(host: NamespaceHost) -> int:
-    """Start the host's sshd in its namespace; wait until it greets; its pid."""
+def start_sshd(host: NamespaceHost, wrapper: Sequence[str] = ()) -> int:
+    """Start (or restart) the host's sshd in its namespace, through ``wrapper`` (a command that
+    runs the command line appended to it); wait until it greets; its pid. Sessions of an earlier
+    sshd keep running."""
+    stop_sshd(host)
     host.sshd_config.write_text(_sshd_config(host))
-    host.pid_file.unlink(missing_ok=True)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
-    _in(host.namespace, SSHD, "-f", str(host.sshd_config), "-E", str(host.sshd_log))
+    _in(host.namespace, *wrapper, SSHD, "-f", str(host.sshd_config), "-E", str(host.sshd_log))
     deadline = time.monotonic() + SSHD_START_TIMEOUT
     while True:
         try:
@@ -398,6 +487,18 @@ def start_sshd(host: NamespaceHost) -> int:
         return int(host.pid_file.read_text().strip())
     except (OSError, ValueError) as err:
         raise LaunchError(f"lab: the sshd of {host.namespace} wrote no pid file") from err
+
+
+def stop_sshd(host: NamespaceHost) -> None:
+    """End the host's listening sshd (the one its pid file names, if it runs in the host's
+    namespace); the sessions it started keep running."""
+    try:
+        pid = int(host.pid_file.read_text().strip())
+    except (OSError, ValueError):
+        pid = None
+    if pid is not None and pid in namespace_pids(host.namespace):
+        kill_all([pid])
+    host.pid_file.unlink(missing_ok=True)
 
 
 # ---- link rate -----------------------------------------------------------------------------
