@@ -9,6 +9,7 @@ capture helper (TensorFlow's profiler client, whose window never opens here) lef
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import os
 import subprocess
@@ -131,7 +132,8 @@ def test_a_trace_message_the_site_must_not_follow_closes_its_link(tmp_path, mess
 def test_a_path_that_runs_into_a_file_is_refused_not_taken_for_a_full_disk(tmp_path) -> None:
     outcome, _, run, out = traced_run(tmp_path, [piece("raw/f", b"abc"), piece("raw/f/g")])
     assert outcome.code == 0 and run.record().state == "succeeded", out
-    assert "malformed message (trace_file: path 'raw/f/g': File exists)" in out
+    assert "malformed message (trace_file: path 'raw/f/g': " in out
+    assert "raw/f: f is not a folder of" in out  # a file on the way, as a symlink would be
     assert "trace collection stopped" not in out
     assert (run.dir / "trace" / "raw" / "f").read_bytes() == b"abc"
 
@@ -155,20 +157,27 @@ def test_good_pieces_are_written_and_the_site_keeps_its_own_files(tmp_path) -> N
     assert trace_files.read_verdict(trace) != (True, "planted")
 
 
-@pytest.fixture
-def full_disk(tmp_path):
-    """A 64 KiB tmpfs: the trace directory of a run, to be filled."""
+@contextlib.contextmanager
+def small_tmpfs(tmp_path: Path, size: str):
+    """A tmpfs of ``size`` under ``tmp_path``, unmounted at the end (skips without root)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     mount = tmp_path / "small"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)])
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)])
     if done.returncode != 0:
         pytest.skip("mount -t tmpfs failed here")
     try:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB tmpfs: the trace directory of a run, to be filled."""
+    with small_tmpfs(tmp_path, "64k") as mount:
+        yield mount
 
 
 def test_a_full_disk_under_the_trace_directory_stops_the_trace_not_the_run(
@@ -192,3 +201,47 @@ def test_a_full_disk_under_the_trace_directory_stops_the_trace_not_the_run(
         assert "trace: could not write verdict.json" in out, out
     else:
         assert not verdict[0] and verdict[1].startswith("no trace because writing b's trace")
+
+
+@pytest.mark.parametrize("planted", ["raw", "raw/plugins", "tasks"])
+def test_a_folder_symlink_planted_in_the_trace_directory_receives_nothing(
+    tmp_path, planted
+) -> None:
+    """A task sharing the trace directory (local backend, a shared file system) plants a link
+    to a folder of the user's where a host's files or notes go: nothing is written through it,
+    at any depth (O_NOFOLLOW guarded the last component only)."""
+    trace_dir = tmp_path / "trace"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    link = trace_dir / planted
+    link.parent.mkdir(parents=True)
+    link.symlink_to(outside)
+    script = [piece("raw/plugins/profile/1/b.xplane.pb", b"abc"), note("worker-1.python", "41")]
+    outcome, _, run, out = traced_run(tmp_path, script, trace_dir=trace_dir)
+    assert outcome.code == 0 and run.record().state == "succeeded", out
+    assert list(outside.rglob("*")) == [], out
+    refused = [x for x in out.splitlines() if "closed its agent's link" in x]
+    assert len(refused) == 1 and f"{planted.rpartition('/')[2]} is not a folder of" in refused[0]
+
+
+@pytest.fixture
+def full_runs_disk(tmp_path):
+    """A 512 KiB tmpfs holding the runs directory itself, trace and all."""
+    with small_tmpfs(tmp_path, "512k") as mount:
+        yield mount
+
+
+def test_a_full_disk_holding_the_run_ends_it_succeeded_with_no_partial_trace_files(
+    full_runs_disk,
+) -> None:
+    """The trace fills the disk the run directory is on: the hosts' files written so far are
+    removed, so the run's end record fits and says succeeded (it stayed 'running', the end
+    write failing out of coordinate())."""
+    chunk = os.urandom(64 * 1024)
+    script = [piece(f"raw/p{i}.xplane.pb", chunk) for i in range(12)]
+    outcome, _, run, out = traced_run(full_runs_disk, script)
+    assert outcome.code == 0, out
+    record = run.record()
+    assert (record.state, record.exit_code) == ("succeeded", 0), out
+    assert len([x for x in out.splitlines() if "trace collection stopped" in x]) == 1, out
+    assert [p for p in (run.dir / "trace").rglob("*.xplane.pb")] == []

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import queue
 import signal
+import sys
 import time
 from collections.abc import Sequence
 from typing import IO, Any
@@ -399,4 +400,8 @@ def coordinate(
     finally:
         for link in links:
             link.close(timeout=5)
-    return run.finish(outcome)
+    try:
+        return run.finish(outcome)
+    except OSError as e:  # a full disk: the end is said, and the exit code is the run's own
+        sys.stderr.write(f"tflaunch: could not record run {run.id}'s end in run.json ({e})\n")
+        return outcome

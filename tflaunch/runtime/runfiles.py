@@ -22,7 +22,7 @@ import json
 import os
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -167,9 +167,25 @@ def _open_folder(root: Path, path: Path) -> int:
         parts = path.parent.relative_to(root).parts
     except ValueError:
         raise RunFileError(f"{path} is not inside {root}") from None
+    return open_run_folder(root, parts, shown=path)
+
+
+def open_run_folder(
+    root: str | os.PathLike,
+    parts: Sequence[str],
+    create: bool = False,
+    shown: str | os.PathLike | None = None,
+) -> int:
+    """A descriptor of the folder ``root/parts...``, reached from ``root`` one folder at a time
+    (``O_DIRECTORY | O_NOFOLLOW`` at every component, each made first with ``create``): a
+    symlink anywhere below ``root`` is never followed, :class:`RunFileError` names it (and
+    ``shown``, the path the caller is after)."""
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for part in parts:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o777, dir_fd=fd)  # the umask decides, as for any folder
             try:
                 next_fd = os.open(
                     part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
@@ -177,7 +193,8 @@ def _open_folder(root: Path, path: Path) -> int:
             except OSError as e:
                 if e.errno in (errno.ELOOP, errno.ENOTDIR):
                     raise RunFileError(
-                        f"{path}: {part} is not a folder of {root} (a symlink?)"
+                        f"{shown or Path(root, *parts)}: {part} is not a folder of {root} "
+                        "(a symlink?)"
                     ) from None
                 raise
             os.close(fd)

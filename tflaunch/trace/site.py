@@ -21,14 +21,21 @@ import errno
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tflaunch.runtime import protocol
-from tflaunch.runtime.runfiles import is_component, open_run_file, write_run_file
+from tflaunch.runtime.runfiles import (
+    RunFileError,
+    is_component,
+    open_run_file,
+    open_run_folder,
+    write_run_file,
+)
 from tflaunch.trace.files import (
     CAPTURE_LOG,
     IN_PROGRAM_SUFFIX,
@@ -111,6 +118,7 @@ class TraceSite:
         self.sent: dict[str, protocol.TraceSent] = {}
         self.merge_pending: dict[str, str] | None = None  # the order's tasks, to merge here
         self.bytes_in: dict[str, int] = {}  # host -> bytes of trace files written here
+        self.written: set[tuple[str, ...]] = set()  # the hosts' files written here, as parts
 
     def connect(self, send: Callable[[protocol.Command, str | None], None]) -> None:
         """The coordinator's way to its agents (commands to one host, or every host)."""
@@ -138,12 +146,14 @@ class TraceSite:
         self.task_hosts[name.rpartition(".")[0].replace("-", ":", 1)] = host
         if name.endswith(IN_PROGRAM_SUFFIX):
             self._ask_host(host)  # a program's own trace: the window may never open here
-        path = self.dir / NOTES_DIR / name
-        with contextlib.suppress(OSError):
-            if path.read_text(errors="replace") == note.text:
-                return  # a file system shared with the host: its own file
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_run_file(path, note.text)
+        data = note.text.encode(errors="replace")
+        try:
+            with self._folder([NOTES_DIR]) as folder:
+                if _read_at(folder, name, len(data) + 1) == data:
+                    return  # a file system shared with the host: its own file
+                _write_at(folder, name, data, append=False)
+        except RunFileError as e:  # tasks/ is a symlink (planted) or a file
+            raise ValueError(f"name {name!r}: {e}") from e
 
     def _file(self, host: str, piece: protocol.TraceFile) -> None:
         """A piece of a host's file, written under this directory. A path that is not relative
@@ -167,17 +177,38 @@ class TraceSite:
         if received > MAX_SHIP:
             raise ValueError(f"more than the {MAX_SHIP} bytes of trace files a host sends")
         self.bytes_in[host] = received
-        path = self.dir.joinpath(*parts)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if piece.offset and (not path.exists() or path.stat().st_size != piece.offset):
-                return  # a piece out of order (one link keeps them in order): the file stays cut
-            with open_run_file(path, "ab" if piece.offset else "wb") as f:
-                f.write(data)
+            with self._folder(parts[:-1]) as folder:
+                if piece.offset and _size_at(folder, parts[-1]) != piece.offset:
+                    return  # a piece out of order (one link keeps them in order): it stays cut
+                self.written.add(tuple(parts))
+                _write_at(folder, parts[-1], data, append=bool(piece.offset))
+        except RunFileError as e:  # a folder of the path is a symlink (planted) or a file
+            raise ValueError(f"path {piece.path[:200]!r}: {e}") from e
         except OSError as e:
             if e.errno in NOT_A_FILE:  # the path runs into a file, a directory or a symlink
                 raise ValueError(f"path {piece.path[:200]!r}: {e.strerror}") from e
+            self.discard()  # a full disk: no part of the hosts' files stays to take its room
             raise
+
+    @contextlib.contextmanager
+    def _folder(self, parts: Sequence[str]) -> Iterator[int]:
+        """The folder ``parts`` under this directory, made where missing, reached without
+        following a symlink at any component (:func:`open_run_folder`)."""
+        self.dir.mkdir(parents=True, exist_ok=True)  # the site's own, as it was given
+        folder = open_run_folder(self.dir, parts, create=True)
+        try:
+            yield folder
+        finally:
+            os.close(folder)
+
+    def discard(self) -> None:
+        """Remove every file the hosts sent here (the collection stopped: what came is no
+        trace, and a full disk gets its room back for the run's own end record)."""
+        for parts in sorted(self.written):
+            with contextlib.suppress(OSError), self._folder(parts[:-1]) as folder:
+                os.unlink(parts[-1], dir_fd=folder)
+        self.written.clear()
 
     def _ask_host(self, host: str) -> None:
         """Have ``host``'s agent send its files at its end, if they are not here already.
@@ -273,6 +304,35 @@ class TraceSite:
                 timeout=HELPER_MARGIN_S,
                 check=False,
             )
+
+
+def _write_at(folder: int, name: str, data: bytes, append: bool) -> None:
+    """``data`` into ``name`` in ``folder`` (a descriptor), never through a symlink; a new file
+    with the folder's mode without the search bits, as a run directory's files get."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    mode = stat.S_IMODE(os.fstat(folder).st_mode) & 0o666
+    fd = os.open(name, flags | (os.O_APPEND if append else os.O_TRUNC), mode, dir_fd=folder)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _read_at(folder: int, name: str, limit: int) -> bytes | None:
+    """At most ``limit`` bytes of the regular file ``name`` in ``folder``; None if none."""
+    try:
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder
+        )
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read(limit) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+
+
+def _size_at(folder: int, name: str) -> int | None:
+    try:
+        return os.stat(name, dir_fd=folder, follow_symlinks=False).st_size
+    except FileNotFoundError:
+        return None
 
 
 def _relative_parts(path: str) -> list[str]:
