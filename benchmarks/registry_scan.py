@@ -50,14 +50,14 @@ def median_ms(fn, repeats: int) -> float:
 
 
 def make_runs(root: Path, count: int) -> None:
-    from tflaunch.launchers.clouds.base import access_part
+    from tflaunch.launchers.clouds.records import access_part
     from tflaunch.runtime.run import Run
 
     for i in range(count):
         run = Run.create(root, f"r{i}")
         run.update_meta(run_id=run.id, backend="ssh", state="succeeded")
         access = {"region": f"eu-west-{i % 3}", "profile": None, "endpoint_url": None}
-        run.update_part(access_part("ec2"), ec2={**access, "security_group": f"sg-{i}"})
+        run.update_part(access_part("ec2"), ec2={**access, "network": f"sg-{i}"})
 
 
 def main() -> None:

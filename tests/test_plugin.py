@@ -19,7 +19,7 @@ PLUGIN_FILE = ROOT / "tflaunch" / "plugin.py"
 
 # What an in-tree backend still imports around tflaunch.plugin: its folder -> the tflaunch modules.
 # Only the SSH backend, for what no other backend needs and the surface does not promise: it asks
-# the clouds' provisioner for hosts (it is the one backend clouds serve), runs the coordinator on a
+# the clouds' provisioning for hosts (it is the one backend clouds serve), runs the coordinator on a
 # host of a detached run (the runtime's coordinate, rendezvous and protocol, the agent's entry and
 # the trace handed to that coordinator), gathers an SSH trace
 # (the trace site's helper and files) and forwards TensorBoard. Add nothing here: extend
@@ -27,8 +27,13 @@ PLUGIN_FILE = ROOT / "tflaunch" / "plugin.py"
 AROUND_THE_SURFACE = {
     "ssh": {
         "tflaunch.launchers.clouds",
+        "tflaunch.launchers.clouds.admin",
         "tflaunch.launchers.clouds.base",
-        "tflaunch.launchers.clouds.provisioner",
+        "tflaunch.launchers.clouds.fleet",
+        "tflaunch.launchers.clouds.listing",
+        "tflaunch.launchers.clouds.provisioning",
+        "tflaunch.launchers.clouds.records",
+        "tflaunch.launchers.clouds.state",
         "tflaunch.launchers.agent",
         "tflaunch.launchers.tensorboard_serve",
         "tflaunch.runtime",

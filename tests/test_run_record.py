@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import python_files
-from tflaunch.launchers.clouds.base import CloudDetails, access_part
+from tflaunch.launchers.clouds.records import CloudDetails, access_part
 from tflaunch.launchers.slurm.script import SlurmDetails
 from tflaunch.launchers.ssh.details import SshDetails
 from tflaunch.runtime.run import Run, RunRecord
@@ -100,12 +100,12 @@ def test_a_backend_part_round_trips_beside_the_core_fields(tmp_path):
     run.update_meta(backend="slurm", state="created")
     run.update_part(SlurmDetails, job_id="7", state="submitted")
     run.update_part(CloudDetails, instances=[{"id": "i-1"}], keep_cluster="k")
-    run.update_part(access_part("ec2"), ec2={"region": "r", "security_group": "sg-1"})
+    run.update_part(access_part("ec2"), ec2={"region": "r", "network": "sg-1"})
     record = run.record()
     assert (record.backend, record.state) == ("slurm", "submitted")
     assert record.part(SlurmDetails).job_id == "7"
     assert record.part(CloudDetails).keep_cluster == "k"
-    assert record.part(access_part("ec2")).ec2["security_group"] == "sg-1"
+    assert record.part(access_part("ec2")).ec2["network"] == "sg-1"
     assert record.part(SshDetails) == SshDetails()  # absent fields take the part's defaults
     on_disk = json.loads((run.dir / "run.json").read_text())  # one flat object, as before
     assert on_disk["job_id"] == "7" and on_disk["ec2"]["region"] == "r"

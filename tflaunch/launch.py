@@ -126,10 +126,12 @@ def prepare(
     runs_dir: str | None = None,
     run_id: str | None = None,
     cluster_file: str | None = None,
+    backend: Backend | None = None,
 ) -> tuple[Plan, Run]:
-    """Plan the cluster and create its run directory."""
+    """Plan the cluster and create its run directory; ``backend``: the one that will launch it
+    (what it learns while finding the hosts, e.g. a cloud provider, it keeps for the launch)."""
     check_env_from(config)
-    backend = backend_for(config.backend)
+    backend = backend or backend_for(config.backend)
     hosts = backend.hosts(config)
     run = Run.create(runs_dir or config.runs_dir, config.name, run_id, int(config.run_dir_mode, 8))
     try:
@@ -202,8 +204,9 @@ def traced(
 
 def run_cluster(config: ClusterConfig, runs_dir: str | None = None) -> tuple[Run, Outcome]:
     """Run the cluster to its end in the foreground (output streams to stdout)."""
-    plan, run = prepare(config, runs_dir)
-    return run, backend_for(config.backend).launch(config, plan, run)
+    backend = backend_for(config.backend)
+    plan, run = prepare(config, runs_dir, backend=backend)
+    return run, backend.launch(config, plan, run)
 
 
 def dry_run(config: ClusterConfig, runs_dir: str | None, run_id: str | None) -> str:
@@ -238,7 +241,7 @@ def up(
         run = Run.open(runs_dir, run_id or "")
         plan = run.read_plan()
     else:
-        plan, run = prepare(config, runs_dir, run_id, cluster_file)
+        plan, run = prepare(config, runs_dir, run_id, cluster_file, backend)
         note = config.ps_default_note()
         if note:  # the first line of a run that starts
             print(f"[tflaunch] note: {note}", file=sys.stderr, flush=True)

@@ -9,8 +9,8 @@ packages installed beside tflaunch add theirs through the entry-point group ``tf
 the provider's name, so that ``down``, ``gc`` and ``status --cloud`` find the account again.
 
 The cloud-neutral orchestration that uses a provider (cost table, create-or-reuse, waiting,
-replacement) is :mod:`tflaunch.launchers.clouds.provisioner`; no module outside a cloud's
-folder names a cloud.
+replacement) is :mod:`tflaunch.launchers.clouds.provisioning` and :mod:`tflaunch.launchers.clouds.fleet`; no
+module outside a cloud's folder names a cloud.
 """
 
 from __future__ import annotations
@@ -171,10 +171,10 @@ def discovery_sections() -> dict[str, schema.Section]:
 def run_access(record: RunRecord) -> tuple[str, dict[str, Any]] | None:
     """(cloud, access) of the account a run made its instances in (from its run.json), or
     None."""
-    from tflaunch.launchers.clouds.base import access_part
+    from tflaunch.launchers.clouds.records import access_of
 
     for name in providers():
-        access = getattr(record.part(access_part(name)), name)
+        access = access_of(record, name)
         if access:
             return name, access
     return None

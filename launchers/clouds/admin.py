@@ -1,5 +1,6 @@
 """The cloud-admin commands, for any registered cloud: ``tflaunch gc``, ``tflaunch down --cluster
-NAME`` and ``tflaunch status --cloud``.
+NAME`` and ``tflaunch status --cloud``; and ``tflaunch down RUN``'s end of a run's instances
+(:func:`terminate_run`).
 
 Each names an account the same way: a cluster file's ``ssh.provision`` (``-f``), and/or
 ``--cloud NAME`` with the options that cloud declares (:attr:`ProviderSpec.admin_options`, EC2's
@@ -20,9 +21,11 @@ from tflaunch.cluster.config import ClusterConfig
 from tflaunch.errors import ConfigError, MissingExtra
 from tflaunch.launchers import clouds
 from tflaunch.launchers.clouds import kept
-from tflaunch.launchers.clouds.base import AdminOption, Feature, ProviderSpec, Say
+from tflaunch.launchers.clouds.base import TAG_RUN, AdminOption, Feature, ProviderSpec, Say
 from tflaunch.launchers.clouds.listing import cloud_json, cloud_table
+from tflaunch.launchers.clouds.records import CloudDetails, access_of, mark_terminated
 from tflaunch.launchers.clouds.sweep import format_verdicts, sweep
+from tflaunch.runtime.run import Run
 
 
 def admin_options() -> list[AdminOption]:
@@ -115,6 +118,22 @@ def down_cluster(
             spec.require(Feature.KEEP, "down --cluster")
             named = (spec.name, access)
         return kept.down_cluster(runs_root, name, say, named)
+
+
+def terminate_run(run: Run, say: Say) -> str:
+    """``tflaunch down RUN``: terminate the instances a run created; what was done, in words."""
+    record = run.record()
+    provider = clouds.provider_of_run(record, say)
+    if provider is None:
+        return ""
+    keep = record.part(CloudDetails).keep_cluster
+    if keep:
+        return f"kept cluster {keep} keeps running: 'tflaunch down --cluster {keep}' ends it"
+    alive = provider.describe(tags={TAG_RUN: run.id})
+    access = access_of(record, provider.name) or {}
+    provider.terminate([i.id for i in alive], provider.recorded_network(access))
+    mark_terminated(run)
+    return f"terminated {len(alive)} instance(s) of run {run.id}"
 
 
 def cloud_status(

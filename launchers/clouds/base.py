@@ -6,7 +6,7 @@ A cloud is one folder, ``launchers/clouds/<name>/`` (or a package of its own), w
 * ``name``: what ``ssh.provision.cloud`` (and ``--cloud``) say, and its key in run.json;
 * ``provider``: ``"module:Class"`` of its :class:`Provider` subclass, imported only when used;
 * ``section``: the dataclass of its own ``ssh.provision`` settings, a subclass of
-  :class:`ProvisionSection` (the settings the provisioner reads). The registry types the
+  :class:`ProvisionSection` (the settings the provisioning reads). The registry types the
   section: ``ssh.provision: {cloud: NAME, ...}`` is read by NAME's class (the ``cloud`` key is
   the registry's, not a field of the class), with the file/line/did-you-mean errors of the rest
   of the cluster file (:class:`tflaunch.cluster.schema.Variants`);
@@ -29,7 +29,7 @@ the entry-point group ``tflaunch.clouds`` (``name = "package.module:PROVIDER"``)
 under, and two packages claiming one name.
 
 The :class:`Provider` itself has a required core, one method per operation the cloud-neutral
-provisioner (:mod:`tflaunch.launchers.clouds.provisioner`) uses: ``candidates`` (the instances a
+orchestration (:mod:`tflaunch.launchers.clouds.provisioning`) uses: ``candidates`` (the instances a
 file's roles need), ``prices``, the network (``open_network``/``delete_network``), ``create``,
 ``describe``, ``tag``, ``terminate``, and ``access``/``from_access`` (what run.json keeps to reach
 the account again, for ``down``, ``gc`` and ``status --cloud``). The optional abilities have
@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import importlib
 import time
 from abc import ABC, abstractmethod
@@ -57,6 +56,7 @@ from tflaunch.cluster.plan import Host, Plan
 from tflaunch.cluster.schema import field
 from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.launchers.clouds.costs import CostLine, Price
+from tflaunch.launchers.clouds.records import NETWORK_KEY
 from tflaunch.runtime.identity import Launcher
 
 TAG_RUN, TAG_CLUSTER, TAG_HOST = "tflaunch:run", "tflaunch:cluster", "tflaunch:host"
@@ -88,7 +88,7 @@ class Unsupported(ConfigError):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ProvisionSection:
-    """The settings every cloud's ``ssh.provision`` has, read by the cloud-neutral provisioner:
+    """The settings every cloud's ``ssh.provision`` has, read by the cloud-neutral provisioning:
     a cloud's section class subclasses this one (``@dataclass(frozen=True)``) and adds its own
     fields."""
 
@@ -205,29 +205,6 @@ class Instance:
     @property
     def host(self) -> str:
         return self.tags.get(TAG_HOST, "")
-
-
-@dataclasses.dataclass(frozen=True)
-class CloudDetails:
-    """What a provisioned run adds to run.json (:class:`tflaunch.runtime.run.RunRecord`'s
-    details), beside its provider's access (:func:`access_part`)."""
-
-    # One dict per instance the run made or took: id, name, type, role, spot, hourly_usd,
-    # launched, terminated (when it ended, or None) and kept (the kept cluster's name, if any).
-    instances: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    keep_cluster: str | None = None  # the run's instances are this kept cluster's
-    detached: bool = False  # written by the backend: a detached run's instances outlive 'up'
-
-
-@functools.cache
-def access_part(cloud: str) -> type:
-    """The run.json part that holds how to reach a run's account again: one field named after
-    its provider (e.g. ``ec2: {region, profile, endpoint_url, security_group}``)."""
-    return dataclasses.make_dataclass(
-        f"{cloud.capitalize()}Access",
-        [(cloud, dict[str, Any] | None, dataclasses.field(default=None))],
-        frozen=True,
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -398,6 +375,12 @@ class Provider(ABC):
         name (``section``: its ``ssh.provision``, or None). ``options`` holds every admin
         option the spec declares (None where not given)."""
         return {key: value or getattr(section, key, None) for key, value in options.items()}
+
+    @classmethod
+    def recorded_network(cls, access: Mapping[str, Any]) -> str | None:
+        """The run's network rules, as run.json keeps them beside its :meth:`access`."""
+        network = access.get(NETWORK_KEY)
+        return network if isinstance(network, str) else None
 
     def where(self) -> str:
         """The account this provider asks, for messages."""

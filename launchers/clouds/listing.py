@@ -1,4 +1,6 @@
-"""``tflaunch status --cloud``: what tflaunch runs on the accounts it knows, and what it costs.
+"""What tflaunch runs in the clouds, and what it costs: ``tflaunch status --cloud`` over the
+accounts it knows, and ``tflaunch status RUN``'s lines for one run's instances
+(:func:`instance_lines`).
 
 The accounts are those of the kept clusters and runs recorded under the runs directory (and one
 named on the command line); the instances are whatever each provider lists with tflaunch's tags,
@@ -12,13 +14,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tflaunch.errors import TflaunchError
-from tflaunch.launchers.clouds import kept, provider_class, run_access, spec_of
+from tflaunch.launchers.clouds import kept, provider_class, provider_of_run, run_access, spec_of
 from tflaunch.launchers.clouds.base import (
+    ALIVE_STATES,
+    GONE_STATES,
     TAG_AUTOSTOP,
     TAG_BUSY,
     TAG_CLUSTER,
@@ -29,6 +33,7 @@ from tflaunch.launchers.clouds.base import (
     Instance,
     Say,
 )
+from tflaunch.launchers.clouds.records import InstanceRecord, instance_records
 from tflaunch.runtime.run import Run, list_runs
 from tflaunch.text import aligned
 
@@ -195,3 +200,55 @@ def cloud_json(
         "usd_per_hour": round(listing.usd_per_hour, 6),
         "not_listed": listing.not_listed,
     }
+
+
+def instance_lines(run: Run, say: Say, unwatched: bool = False) -> list[str]:
+    """For ``status RUN``: the run's instances, their state now (from the provider) and price.
+    ``unwatched`` (a detached run without a watcher: its coordinator has no cloud credentials,
+    and nothing replaces an instance that ends) adds a warning for each instance that ended by
+    itself."""
+    records = instance_records(run)
+    provider = provider_of_run(run.record(), say) if records else None
+    if provider is None:
+        return []
+    try:
+        listed = provider.describe(
+            ids=[r.id for r in records], states=(*ALIVE_STATES, *GONE_STATES)
+        )
+        states = {i.id: i.state for i in listed}
+        unlisted = "gone"
+    except TflaunchError as err:  # no credentials or no network now: what run.json knows
+        say(f"cannot ask {provider.name} for the instances' states: {err}")
+        states, unlisted = {}, "?"
+    rows = [("HOST", "INSTANCE", "TYPE", "ROLE", "STATE", "USD/HOUR")]
+    for r in records:
+        rows.append((
+            r.name, r.id, r.instance_type, r.role + (" spot" if r.spot else ""),
+            states.get(r.id, unlisted) + (f" (kept cluster {r.kept})" if r.kept else ""),
+            "?" if r.hourly_usd is None else f"{r.hourly_usd:.4f}",
+        ))  # fmt: skip
+    lines = ["instances:", *("  " + line for line in aligned(rows))]
+    if unwatched:
+        lines += _unwatched_losses(run, provider.name, records, states)
+    return lines
+
+
+def _unwatched_losses(
+    run: Run, cloud: str, records: Sequence[InstanceRecord], states: dict[str, str]
+) -> list[str]:
+    """A warning for each instance of a detached run that ended without tflaunch ending it."""
+    lost = [
+        r
+        for r in records
+        if r.terminated is None and r.id in states and states[r.id] not in ("pending", "running")
+    ]
+    if not lost:
+        return []
+    ended = ", ".join(f"{r.name} ({r.id}, {states[r.id]})" for r in lost)
+    return [
+        f"lost: the instance(s) of {ended} ended, says {cloud}, and nothing replaces them: a "
+        "detached run's coordinator runs on a host without cloud credentials, and this run "
+        "has no watcher here (one is started by 'up --detach' only with a restart policy in "
+        "supervision.restart). Its coordinator notices the lost host only when its connection "
+        f"times out; 'tflaunch down {run.id}' stops the run and terminates its instances."
+    ]

@@ -19,7 +19,6 @@ container or PID namespace with this hostname). The run's network rules
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
 from tflaunch.launchers.clouds.base import (
@@ -27,12 +26,12 @@ from tflaunch.launchers.clouds.base import (
     TAG_LAUNCHER,
     TAG_RUN,
     TAG_RUN_DIR,
-    CloudDetails,
     Instance,
     Provider,
     Say,
     network_name,
 )
+from tflaunch.launchers.clouds.records import CloudDetails, mark_terminated
 from tflaunch.runtime.identity import Launcher
 from tflaunch.runtime.run import Run
 
@@ -45,21 +44,6 @@ class Verdict:
     instance_ids: tuple[str, ...]
     sweep: bool
     reason: str
-
-
-def mark_terminated(run: Run, ids: set[str] | None = None) -> None:
-    """Record in run.json when the run's instances (or those of ``ids``) ended."""
-    now = time.time()
-    records = run.record().part(CloudDetails).instances
-    run.update_part(
-        CloudDetails,
-        instances=[
-            {**r, "terminated": r.get("terminated") or now}
-            if ids is None or r.get("id") in ids
-            else r
-            for r in records
-        ],
-    )
 
 
 def judge(run_id: str, tags: dict[str, str]) -> tuple[bool, str]:

@@ -19,7 +19,7 @@ started there from the plan in its run directory, which starts its tasks, alone 
 roles' restart scope allows, else with the whole cluster (see
 :mod:`tflaunch.runtime.coordinator`). A provisioned run also asks the provider every few seconds
 whether its instances still run, and replaces an ended one (same host name, role, type and
-cluster address) the same way (:mod:`tflaunch.launchers.clouds.provisioner` makes the instances
+cluster address) the same way (:mod:`tflaunch.launchers.clouds.provisioning` makes the instances
 and hands this backend their plan, on which it launches once); for a detached one, a watcher left
 on the laptop does (:mod:`tflaunch.launchers.ssh.watch`; it also restarts the run when the instance of the
 coordinator's own host ends). ``ssh.host_wait`` is for attached runs only: a detached run's
@@ -163,17 +163,18 @@ class SshBackend(Backend):
 
     def __init__(self) -> None:
         self.session = HostSession()
-        self.fleet: Any = None  # a provisioned run's instances (provisioner.Fleet) while it runs
+        self.fleet: Any = None  # a provisioned run's instances (clouds.fleet.Fleet) while it runs
+        self.provider: Any = None  # ssh.provision's cloud, built once per 'up' (by hosts)
         self._links: dict[str, SshLink] = {}
         self._watching = threading.Event()
 
     def hosts(self, config: ClusterConfig) -> list[Host]:
-        if (
-            config.section(SshSection).provision is not None
-        ):  # instances not made yet: addresses pending
-            from tflaunch.launchers.clouds.provisioner import candidate_hosts
+        if self.hosts_pending(config):  # instances not made yet: addresses pending
+            from tflaunch.launchers.clouds.provisioning import candidate_hosts
+            from tflaunch.launchers.ssh import cloud
 
-            return candidate_hosts(config.section(SshSection).provision, config)
+            self.provider = cloud.provider(config, self.session.say)
+            return candidate_hosts(self.provider, config)
         return resolve_hosts(config)
 
     def hosts_pending(self, config: ClusterConfig) -> bool:
@@ -219,17 +220,17 @@ class SshBackend(Backend):
     def _provisioning(
         self, config: ClusterConfig, plan: Plan, run: Run, options: LaunchOptions
     ) -> Iterator[Plan]:
-        """The run's instances (:mod:`tflaunch.launchers.clouds.provisioner`) for the time of
+        """The run's instances (:mod:`tflaunch.launchers.clouds.provisioning`) for the time of
         the run: their plan, reached with the run's own known_hosts; the fleet replaces those
         that end."""
-        from tflaunch.launchers.clouds.provisioner import Provisioning
+        from tflaunch.launchers.clouds.provisioning import Provisioning
         from tflaunch.launchers.ssh import cloud
 
         keep = config.name if options.keep else None
         provisioning = Provisioning(
-            config.section(SshSection).provision, config, run, cloud.reach(config, run.id), self.session.say,
-            plan=plan, down_at_end=options.down_at_end, keep=keep, recreate=options.recreate,
-            watch=True,
+            self.provider or cloud.provider(config, self.session.say), config, run,
+            cloud.reach(config, run.id), plan=plan, down_at_end=options.down_at_end, keep=keep,
+            recreate=options.recreate, watch=True,
         )  # fmt: skip
         with provisioning as made:
             self.session.options = cloud.instance_options(config, run, keep)
@@ -358,11 +359,9 @@ class SshBackend(Backend):
         options: LaunchOptions | None = None,
     ) -> str:
         """``up --detach``: the run lives on the hosts; the laptop may disconnect."""
-        if (
-            config.section(SshSection).provision is not None
-        ):  # make the instances; they outlive this command
+        if self.hosts_pending(config):  # make the instances; they outlive this command
             return detached.launch_provisioned(
-                self.session, config, plan, run, options or LaunchOptions()
+                self.session, config, plan, run, options or LaunchOptions(), self.provider
             )
         return detached.launch(self.session, config, plan, run)
 
@@ -406,7 +405,7 @@ class SshBackend(Backend):
     def describe(self, run: Run) -> list[str]:
         """For ``status``: refresh a detached run from its hosts first; say where it runs, and
         list the instances it made or took (ssh.provision)."""
-        from tflaunch.launchers.clouds.provisioner import instance_lines
+        from tflaunch.launchers.clouds.listing import instance_lines
 
         details = run.record().part(SshDetails)
         unwatched = details.detached and not details.ssh_watcher_pid
@@ -435,7 +434,7 @@ class SshBackend(Backend):
         return not ended_before
 
     def down(self, run: Run, grace: float) -> str:
-        from tflaunch.launchers.clouds.provisioner import terminate_run
+        from tflaunch.launchers.clouds.admin import terminate_run
 
         if not run.record().part(SshDetails).detached:
             stopped = super().down(run, grace)

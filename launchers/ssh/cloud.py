@@ -1,7 +1,7 @@
 """The SSH backend's side of a provisioned run (``ssh.provision``): what it hands the cloud
-provisioner (:mod:`tflaunch.launchers.clouds.provisioner`) and how it reaches the instances.
+provisioning (:mod:`tflaunch.launchers.clouds.provisioning`) and how it reaches the instances.
 
-The provisioner makes the instances and returns their plan; the backend then launches on them
+The provisioning makes the instances and returns their plan; the backend then launches on them
 once, as on any hosts, with one difference: their host keys are new, and a cloud may hand a
 terminated instance's public address to the next one, so the keys go into a known_hosts file of
 the run's own (of the kept cluster's, for ``up --keep``), recorded on first contact (accept-new);
@@ -11,16 +11,24 @@ a key that changes is refused. The cluster file itself is never rewritten.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
-from tflaunch.launchers.clouds import kept
-from tflaunch.launchers.clouds.provisioner import Reach, planned_instances
+from tflaunch.launchers.clouds import kept, provider_for
+from tflaunch.launchers.clouds.base import PlannedInstance, Provider, Say
+from tflaunch.launchers.clouds.state import Reach
 from tflaunch.launchers.ssh.connect import SshOptions
 from tflaunch.launchers.ssh.section import SshSection, host_run_dir
 from tflaunch.plugin import ClusterConfig, Plan, Run
 
 
+def provider(config: ClusterConfig, say: Say) -> Provider:
+    """The cloud of the file's ``ssh.provision``, with its settings: built once per ``up`` (the
+    backend keeps it from planning to provisioning) and handed in."""
+    return provider_for(config.section(SshSection).provision, say)
+
+
 def reach(config: ClusterConfig, run_id: str) -> Reach:
-    """What the provisioner needs of SSH: the port, a jump host or not, the run's directory on
+    """What the provisioning needs of SSH: the port, a jump host or not, the run's directory on
     the hosts."""
     ssh = config.section(SshSection)
     return Reach(ssh.port, ssh.jump_host is not None, host_run_dir(config, run_id))
@@ -34,17 +42,18 @@ def instance_options(config: ClusterConfig, run: Run, keep: str | None = None) -
     return dataclasses.replace(options, known_hosts=str(known), host_key_policy="accept-new")
 
 
-def coordinator_host(config: ClusterConfig, plan: Plan, watched: bool) -> tuple[str, str]:
+def coordinator_host(
+    planned: Sequence[PlannedInstance], plan: Plan, watched: bool
+) -> tuple[str, str]:
     """Where a detached provisioned run's coordinator runs, and why, in words: an on-demand
     instance when the run has one (spot workers make only the worker hosts spot, so a dedicated
     PS's instance is on-demand), as every spot instance can then be replaced while the run goes
     on; else the first host. ``watched``: the laptop's watcher replaces ended instances (a
-    restart policy), so that losing the coordinator's own restarts the run."""
-    planned = {
-        p.name: p for p in planned_instances(config.section(SshSection).provision, config, plan)
-    }
+    restart policy), so that losing the coordinator's own restarts the run. ``planned``: the
+    instances the provisioning made."""
+    spot_hosts = {p.name for p in planned if p.spot}
     hosts = [h.name for h in plan.hosts_with_tasks()]
-    spot = [name for name in hosts if name in planned and planned[name].spot]
+    spot = [name for name in hosts if name in spot_hosts]
     steady = [name for name in hosts if name not in spot]
     if not spot:
         return hosts[0], "the first host"

@@ -221,25 +221,30 @@ def launch(
 
 
 def launch_provisioned(
-    session: HostSession, config: ClusterConfig, plan: Plan, run: Run, options: LaunchOptions
+    session: HostSession,
+    config: ClusterConfig,
+    plan: Plan,
+    run: Run,
+    options: LaunchOptions,
+    provider: Any = None,
 ) -> str:
     """``up --detach`` of a provisioned cluster: make the instances (they outlive this command;
-    :mod:`tflaunch.launchers.clouds.provisioner`), start the run on them, its coordinator on an
+    :mod:`tflaunch.launchers.clouds.provisioning`), start the run on them, its coordinator on an
     on-demand instance when there is one, and watch them from here (the hosts have no cloud
-    credentials)."""
-    from tflaunch.launchers.clouds.provisioner import Provisioning
+    credentials). ``provider``: the cloud the plan was made with, if the backend built it."""
+    from tflaunch.launchers.clouds.provisioning import Provisioning
     from tflaunch.launchers.ssh import cloud
 
     keep = config.name if options.keep else None
     wait = replace_wait(config, plan)
     provisioning = Provisioning(
-        config.section(SshSection).provision, config, run, cloud.reach(config, run.id), session.say, plan=plan,
-        detach=True, keep=keep, recreate=options.recreate,
+        provider or cloud.provider(config, session.say), config, run,
+        cloud.reach(config, run.id), plan=plan, detach=True, keep=keep, recreate=options.recreate,
     )  # fmt: skip
     with provisioning as made:
         assert made.plan is not None
         session.options = cloud.instance_options(config, run, keep)
-        where = cloud.coordinator_host(config, made.plan, watched=wait > 0)
+        where = cloud.coordinator_host(made.state.planned, made.plan, watched=wait > 0)
         return launch(session, config, made.plan, run, wait, where)
 
 
@@ -395,7 +400,7 @@ def down_unreachable(run: Run, err: Unreachable, terminate: Callable[[], str]) -
     (and the tasks on them) and the run is recorded stopped; what the hosts held since the last
     refresh cannot be collected, and the result says so. A run on hosts tflaunch did not make,
     or on a kept cluster (which outlives runs), is refused: nothing can stop it now."""
-    from tflaunch.launchers.clouds.base import CloudDetails
+    from tflaunch.launchers.clouds.records import CloudDetails
 
     cloud = run.record().part(CloudDetails)
     if not cloud.instances:

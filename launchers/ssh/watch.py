@@ -44,8 +44,8 @@ from typing import Any, TypeVar
 
 import paramiko
 
-from tflaunch.launchers.clouds.base import CloudDetails
-from tflaunch.launchers.clouds.provisioner import fleet_of_run
+from tflaunch.launchers.clouds.fleet import fleet_of_run
+from tflaunch.launchers.clouds.records import CloudDetails
 from tflaunch.launchers.ssh import cloud, detached
 from tflaunch.launchers.ssh.connect import Connection, SshOptions, connect_all, parallel
 from tflaunch.launchers.ssh.details import SshDetails

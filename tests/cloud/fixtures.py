@@ -15,8 +15,7 @@ import yaml
 
 from tests.helpers import FAKE_TASK, ROOT
 from tflaunch.cluster.config import parse_config
-from tflaunch.launchers.clouds import base
-from tflaunch.launchers.clouds import provisioner as provision
+from tflaunch.launchers.clouds import base, state
 from tflaunch.launchers.clouds.ec2.provider import ADDRESS_MAP_ENV
 
 HEAD = "program: [python, train.py]\nbackend: ssh\n"
@@ -58,7 +57,7 @@ def uploads_stay_in(tmp_path: Path, data: dict) -> None:
 def aws_env(aws_credentials, monkeypatch):
     """The stand-in's credentials; it answers at once, so poll quickly."""
     monkeypatch.setattr(base, "POLL_SECONDS", 0.1)
-    monkeypatch.setattr(provision, "POLL_SECONDS", 0.1)
+    monkeypatch.setattr(state, "POLL_SECONDS", 0.1)
 
 
 def python_here(tmp_path: Path) -> str:

@@ -113,7 +113,7 @@ def test_kill_9_then_gc_terminates(ssh_test_hosts, tmp_path, clean_region, monke
     assert "3 instance(s) terminated (its launcher is gone)" in swept.stdout
     meta = json.loads((only_run(tmp_path) / "run.json").read_text())
     assert all(r["terminated"] for r in meta["instances"])
-    assert meta["ec2"]["security_group"].startswith("sg-")
+    assert meta["ec2"]["network"].startswith("sg-")
     deadline = time.monotonic() + 20  # the agents stop by heartbeat timeout (6 s)
     while time.monotonic() < deadline and any(
         ssh_hosts.processes_in(h) for h in ssh_test_hosts.hosts

@@ -22,26 +22,30 @@ from tests.helpers import gone_launcher, in_second_pid_namespace
 from tflaunch.cluster.config import parse_config
 from tflaunch.cluster.plan import make_plan
 from tflaunch.errors import LaunchError
-from tflaunch.launchers.clouds import base, sweep
-from tflaunch.launchers.clouds import provisioner as provision
+from tflaunch.launchers.clouds import admin, base, listing, provider_for, provisioning, sweep
 from tflaunch.launchers.clouds.base import (
     TAG_CLUSTER,
     TAG_HOST,
     TAG_LAUNCHER,
     TAG_ROLE,
     TAG_RUN,
-    CloudDetails,
 )
 from tflaunch.launchers.clouds.costs import CostLine, cost_table
 from tflaunch.launchers.clouds.ec2.pricing import PRICE_LIST, resolve_prices
 from tflaunch.launchers.clouds.ec2.provider import ADDRESS_MAP_ENV, Ec2Provider, port_ranges
-from tflaunch.launchers.clouds.provisioner import Provisioning, Reach
+from tflaunch.launchers.clouds.provisioning import Provisioning
+from tflaunch.launchers.clouds.records import CloudDetails
+from tflaunch.launchers.clouds.state import Reach
 from tflaunch.launchers.ssh.section import SshSection, host_run_dir
 from tflaunch.runtime.run import Run
 
 
+def provider_of(config, say=print):
+    return provider_for(config.section(SshSection).provision, say)
+
+
 def planned_instances(config):
-    return provision.planned_instances(config.section(SshSection).provision, config)
+    return provisioning.planned_instances(provider_of(config), config)
 
 
 def provisioned_run(config, run, start, say, *, down_at_end=False, fleet_ready=None, keep=None):
@@ -52,7 +56,7 @@ def provisioned_run(config, run, start, say, *, down_at_end=False, fleet_ready=N
         host_run_dir(config, run.id),
     )
     with Provisioning(
-        config.section(SshSection).provision, config, run, reach, say, down_at_end=down_at_end, keep=keep,
+        provider_of(config, say), config, run, reach, down_at_end=down_at_end, keep=keep,
         watch=fleet_ready is not None,
     ) as made:  # fmt: skip
         if fleet_ready is not None:
@@ -242,9 +246,28 @@ def test_up_creates_exactly_the_planned_instances(
     assert [h.name for h in seen["plan"].hosts] == ["worker-1", "worker-2", "ps-1"]
     # The run did not ask to terminate: the instances keep running, and 'down' terminates them.
     assert len(run_instances_of(ec2_endpoint, run.id, ("running",))) == 3
-    assert "terminated 3 instance(s)" in provision.terminate_run(run, said.append)
+    assert "terminated 3 instance(s)" in admin.terminate_run(run, said.append)
     assert run_instances_of(ec2_endpoint, run.id, ("pending", "running", "stopped")) == []
     assert all(r["terminated"] for r in run.record().part(CloudDetails).instances)
+
+
+def test_down_of_a_run_recorded_before_the_network_key_deletes_its_security_group(
+    tmp_path, ec2_endpoint, aws_env, banner_port, monkeypatch
+):
+    """run.json written by an older tflaunch names the run's group 'security_group' where it
+    now says 'network': 'down' still finds and deletes it."""
+    config = provision_config(
+        tmp_path, "roles: {ps: 1, worker: 1}\n", ec2_endpoint, ssh_port=banner_port
+    )
+    address_map(tmp_path, ["worker-1"], monkeypatch)
+    run = Run.create(tmp_path / "runs", "t")
+    provisioned_run(config, run, lambda plan: 0, lambda m: None)  # kept running
+    meta = json.loads(run.meta_path.read_text())
+    group = meta["ec2"].pop("network")
+    run.meta_path.write_text(json.dumps({**meta, "ec2": {**meta["ec2"], "security_group": group}}))
+    assert "terminated 1 instance(s)" in admin.terminate_run(run, lambda m: None)
+    left = ec2(ec2_endpoint).describe_security_groups()["SecurityGroups"]
+    assert group.startswith("sg-") and group not in {g["GroupId"] for g in left}
 
 
 @pytest.mark.parametrize("ending", ["success", "failure", "ctrl-c", "error before start"])
@@ -315,7 +338,7 @@ def test_sweep_terminates_runs_whose_launcher_is_gone_or_ended(
     assert len(run_instances_of(ec2_endpoint, runs[1].id)) == 1  # dry run: nothing terminated
     sweep.sweep(access, lambda m: None)
     assert [len(run_instances_of(ec2_endpoint, r.id)) for r in runs] == [1, 0, 0]
-    provision.terminate_run(runs[0], lambda m: None)
+    admin.terminate_run(runs[0], lambda m: None)
 
 
 def test_gc_from_a_second_pid_namespace_keeps_a_live_runs_instances(
@@ -343,7 +366,7 @@ def test_gc_from_a_second_pid_namespace_keeps_a_live_runs_instances(
         here = {v.run_id: v for v in sweep.sweep(access, lambda m: None, dry_run=True)}
         assert here[run.id].reason == "its launcher is running"
     finally:
-        provision.terminate_run(run, lambda m: None)
+        admin.terminate_run(run, lambda m: None)
 
 
 def test_a_fresh_heartbeat_is_never_broken_even_from_a_second_pid_namespace(
@@ -384,9 +407,9 @@ def test_ctrl_c_while_waiting_for_the_instances_terminates_them(
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(provision, "wait_for_ssh", interrupted)
+    monkeypatch.setattr(Reach, "wait_for_ssh", interrupted)
     run = Run.create(tmp_path / "runs", "t")
-    with pytest.raises(provision.Interrupted) as err:
+    with pytest.raises(provisioning.Interrupted) as err:
         provisioned_run(config, run, lambda plan: 0, lambda m: None)
     assert err.value.exit_code == 130
     assert run_instances_of(ec2_endpoint, run.id, ("pending", "running", "stopped")) == []
@@ -440,7 +463,7 @@ def test_a_provisioned_up_plans_twice_and_writes_the_plan_once(
         calls["write"] += 1
         write_plan(run, plan)
 
-    for module in (launch, provision):
+    for module in (launch, provisioning):
         monkeypatch.setattr(module, "make_plan", counted_plan)
     monkeypatch.setattr(Run, "write_plan", counted_write)
     with pytest.raises(LaunchError, match="cannot connect"):
@@ -467,7 +490,7 @@ def test_status_lists_a_runs_instances_and_the_accounts_instances_with_cost(
     address_map(tmp_path, ["worker-1", "worker-2", "ps-1"], monkeypatch)
     run = Run.create(tmp_path / "runs", "t")
     provisioned_run(config, run, lambda plan: 0, lambda m: None)  # kept running
-    lines = provision.instance_lines(run, print)
+    lines = listing.instance_lines(run, print)
     assert lines[0] == "instances:"
     assert [line.split()[0] for line in lines[2:]] == ["worker-1", "worker-2", "ps-1"]
     assert all("running" in line for line in lines[2:])
@@ -479,26 +502,26 @@ def test_status_lists_a_runs_instances_and_the_accounts_instances_with_cost(
         ("worker-2", "worker", "p3.2xlarge", "running"),
     ]
     assert all(r[0] == "tflaunch" and "idle" in r for r in rows)
-    assert not [line for line in provision.instance_lines(run, print, True) if "lost" in line]
+    assert not [line for line in listing.instance_lines(run, print, True) if "lost" in line]
     (gone,) = [
         i for i in run_instances_of(ec2_endpoint, run.id)
         if {t["Key"]: t["Value"] for t in i["Tags"]}[TAG_HOST] == "worker-2"
     ]  # fmt: skip
     ec2(ec2_endpoint).terminate_instances(InstanceIds=[gone["InstanceId"]])
-    lost = provision.instance_lines(run, print, unwatched=True)[-1]
+    lost = listing.instance_lines(run, print, unwatched=True)[-1]
     assert lost.startswith(
         f"lost: the instance(s) of worker-2 ({gone['InstanceId']}, terminated) ended, says ec2, "
         "and nothing replaces them: a detached run's coordinator"
     ), lost
     assert f"'tflaunch down {run.id}' stops the run" in lost
-    assert "lost" not in provision.instance_lines(run, print)[-1]  # attached: replaced instead
+    assert "lost" not in listing.instance_lines(run, print)[-1]  # attached: replaced instead
     hourly = 2 * PRICE_LIST["p3.2xlarge"].hourly_usd + PRICE_LIST["c5.xlarge"].hourly_usd
     assert table[-1] == f"3 instance(s), USD {hourly:.4f} per hour"
-    provision.terminate_run(run, lambda m: None)
+    admin.terminate_run(run, lambda m: None)
     assert cloud_table(tmp_path / "runs", None, print) == [
         "no tflaunch instances are running on the accounts this runs directory knows"
     ]
-    assert all("terminated" in line for line in provision.instance_lines(run, print)[2:])
+    assert all("terminated" in line for line in listing.instance_lines(run, print)[2:])
 
 
 def test_status_cloud_shows_idle_time_from_the_instances_tags_also_when_stopped(
@@ -561,7 +584,7 @@ def test_status_cloud_shows_idle_time_from_the_instances_tags_also_when_stopped(
     run.update_meta(state="succeeded", ended=time.time() - 120)
     listed = cloud_json(runs, None, print)["instances"]
     assert all(r["busy_run"] is None and 119 <= r["idle_seconds"] < 150 for r in listed)
-    provision.terminate_run(run, lambda m: None)
+    admin.terminate_run(run, lambda m: None)
 
 
 def test_an_ended_instance_is_seen_and_replaced_at_its_cluster_address(
@@ -609,9 +632,7 @@ def test_an_ended_instance_is_seen_and_replaced_at_its_cluster_address(
     with pytest.raises(LaunchError, match="the run ended; worker-2 is not replaced"):
         fleets[0].replace("worker-2", time.monotonic() + 20)  # closed at the run's end
     assert len(run.record().part(CloudDetails).instances) == 3
-    assert (
-        provision.terminate_run(run, lambda m: None) == f"terminated 2 instance(s) of run {run.id}"
-    )
+    assert admin.terminate_run(run, lambda m: None) == f"terminated 2 instance(s) of run {run.id}"
     assert run_instances_of(ec2_endpoint, run.id, ("pending", "running", "stopped")) == []
 
 
@@ -636,7 +657,7 @@ def test_a_kept_cluster_is_reused_refused_when_it_does_not_fit_and_ended_by_name
     assert "reusing kept cluster tflaunch: 3 instance(s), none created" in said
     assert not any(m.startswith(("creating", "instances accepting SSH")) for m in said)
     assert sorted(r["id"] for r in second.record().part(CloudDetails).instances) == made
-    assert "kept cluster tflaunch keeps running" in provision.terminate_run(second, print)
+    assert "kept cluster tflaunch keeps running" in admin.terminate_run(second, print)
 
     bigger = provision_config(
         tmp_path, DEDICATED, ec2_endpoint, ssh_port=banner_port, worker_type="p3.8xlarge"
@@ -844,7 +865,7 @@ def test_down_cluster_from_another_machine_finds_the_cluster_by_its_tags(
 def test_spot_workers_with_checkpoints_on_the_instances_disks_are_told_where_they_must_live(
     tmp_path,
 ):
-    from tflaunch.launchers.clouds.provisioner import candidate_hosts, checkpoint_notice
+    from tflaunch.launchers.clouds.provisioning import candidate_hosts, checkpoint_notice
 
     run_dir = "~/runs/r-1"  # the run's directory on the hosts
 
@@ -854,12 +875,12 @@ def test_spot_workers_with_checkpoints_on_the_instances_disks_are_told_where_the
             tmp_path, "roles: {ps: 1, worker: 2}\n", head=f"program: {program}}}\nbackend: ssh\n",
             more="    spot_workers: true\n" if spot else "",
         )  # fmt: skip
-        plan = make_plan(
-            config, candidate_hosts(config.section(SshSection).provision, config), run_dir
-        )
+        provider = provider_of(config)
+        plan = make_plan(config, candidate_hosts(provider, config), run_dir)
         if chosen and "://" in chosen:  # a URL reaches the tasks as it is
             assert plan.program.checkpoint_dir == chosen
-        return checkpoint_notice(config.section(SshSection).provision, config, plan, run_dir)
+        planned = provisioning.planned_instances(provider, config, plan)
+        return checkpoint_notice(provider, planned, config, plan, run_dir)
 
     assert notice(False, None) is None
     said = notice(True, None)

@@ -270,17 +270,16 @@ def test_a_detached_runs_coordinator_runs_on_an_on_demand_instance_when_there_is
     every instance spot it is the first host, and ``up`` says what its loss does."""
     from tests.cloud.fixtures import provision_config
     from tflaunch.cluster.plan import make_plan
-    from tflaunch.launchers.clouds.provisioner import candidate_hosts
+    from tflaunch.launchers.clouds import provider_for
+    from tflaunch.launchers.clouds.provisioning import candidate_hosts, planned_instances
     from tflaunch.launchers.ssh.cloud import coordinator_host
 
     def where(extra: str, spot: bool, watched: bool = True) -> tuple[str, str]:
         more = "    spot_workers: true\n" if spot else ""
         config = provision_config(tmp_path, extra, more=more)
-        return coordinator_host(
-            config,
-            make_plan(config, candidate_hosts(config.section(SshSection).provision, config)),
-            watched,
-        )
+        provider = provider_for(config.section(SshSection).provision, print)
+        plan = make_plan(config, candidate_hosts(provider, config))
+        return coordinator_host(planned_instances(provider, config, plan), plan, watched)
 
     dedicated = "roles: {ps: 1, worker: 2}\nplacement: {ps: dedicated}\n"
     assert where(dedicated, spot=True) == (

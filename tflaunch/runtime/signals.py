@@ -3,14 +3,18 @@
 SIGINT, SIGTERM or SIGHUP (Ctrl-C, ``tflaunch down``) become one stop that the main loop reads
 (:class:`SignalWatch`); SIGUSR1 or SIGUSR2 (Slurm's warning ahead of the time limit) are collected
 to be passed on to every task. Given a :class:`Requeue` (Slurm with ``slurm.requeue``), the first
-warning schedules the run's stop for the requeue (:class:`RequeueTimer`).
+warning schedules the run's stop for the requeue (:class:`RequeueTimer`). Before a coordinator
+runs (while machines are made), SIGTERM and SIGHUP raise KeyboardInterrupt as Ctrl-C does
+(:func:`interrupting`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +24,23 @@ from tflaunch.runtime.run import Outcome
 
 STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2)  # Slurm's --signal: pass on, stop nothing
+
+
+@contextlib.contextmanager
+def interrupting() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt (named after the signal), as Ctrl-C does, for
+    the time of the block: for work before the coordinator runs (making machines) whose cleanup
+    is a ``finally`` or ``except KeyboardInterrupt``. Main thread only, as every handler."""
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, interrupt) for s in STOPPING if s != signal.SIGINT}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class SignalWatch:

@@ -123,6 +123,13 @@ class Ec2Provider(Provider):
         }
 
     @classmethod
+    def recorded_network(cls, access: Mapping[str, Any]) -> str | None:
+        """The run's security group; run.json files written before the cloud-neutral
+        ``network`` key called it ``security_group``."""
+        legacy = access.get("security_group")
+        return super().recorded_network(access) or (legacy if isinstance(legacy, str) else None)
+
+    @classmethod
     def account(cls, section: Any | None, options: Mapping[str, Any]) -> dict[str, Any]:
         """The options over the file's region, profile and endpoint, and the file's subnet
         (its VPC holds a kept cluster's lock)."""
