@@ -23,11 +23,12 @@ from __future__ import annotations
 import base64
 import json
 import os
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from tflaunch.runtime import protocol
-from tflaunch.runtime.runfiles import write_run_file
+from tflaunch.runtime.runfiles import open_for_reading, write_run_file
 from tflaunch.trace.files import MAX_SHIP, NOTES_DIR, WINDOW_FILE, host_trace_dir, with_hook
 from tflaunch.trace.request import TraceRequest
 
@@ -121,8 +122,8 @@ class HostTrace:
         sent, count = [], 0
         for path, size in files:
             relative = path.relative_to(self.dir).as_posix()
-            try:
-                with open(path, "rb") as f:
+            try:  # never through a symlink, at any folder of the path: a planted one is skipped
+                with open_for_reading(path, root=self.dir) as f:
                     offset = 0
                     while True:
                         data = f.read(CHUNK)
@@ -159,9 +160,11 @@ class HostTrace:
                     continue
                 path = here / name
                 try:
-                    out.append((path, path.stat().st_size))
+                    info = path.lstat()
                 except OSError:
                     continue
+                if stat.S_ISREG(info.st_mode):  # a symlink to a file of the user's is not sent
+                    out.append((path, info.st_size))
         return sorted(out)
 
 
