@@ -185,8 +185,10 @@ def _read_dataclass(
                 raw = coerce(raw)
             choices = f.metadata.get("choices")
             if choices is not None and raw not in choices():
+                message = _choice_message(raw, choices())
                 more = f.metadata.get("unknown_choice")
-                message = _choice_message(raw, choices()) + (f"; {more}" if more else "")
+                if more and "(did you mean" not in message:  # a typo needs no more than that
+                    message += f"; {more}"
                 raise SchemaError(path + (name,), message)
             variants = f.metadata.get("variants")
             if variants is not None:
