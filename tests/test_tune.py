@@ -620,3 +620,26 @@ def test_staging_on_one_host_is_predicted_as_unstaged_and_ranked_after_it(tmp_pa
     assert ranked.index(twin) < first_staged and "predicted as unstaged" in " ".join(
         ranked[first_staged].notes
     )
+
+
+def test_calibration_runs_without_the_ps_where_the_files_own_setting_cannot_start(
+    tmp_path,
+) -> None:
+    """A file whose own setting binds more cores than this machine has is calibrated on its
+    workers alone (a PS's probe computes nothing); one whose workers alone cannot start is
+    refused before anything runs."""
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("needs two cores to bind two workers")
+    (tmp_path / "fits").mkdir()
+    (tmp_path / "big").mkdir()
+    config = _runnable_session(tmp_path, cores // 2, []).config  # 1 PS + 2 workers: too many
+    calibrated, problem = tune.calibration_config(config)
+    assert calibrated.roles.ps == 0 and calibrated.roles.worker == 2
+    assert problem is not None and "cpus_per_task binds its 3 tasks" in problem
+    fits = _runnable_session(tmp_path / "fits", 0, []).config  # unpinned: it starts as it is
+    assert tune.calibration_config(fits) == (fits, None)
+    big = _runnable_session(tmp_path / "big", cores, []).file.path  # each worker: every core
+    result = CliRunner().invoke(cli, ["tune", str(big)])
+    assert result.exit_code == 2 and "not even the file's workers can start here" in result.output
+    assert not (tmp_path / "big" / "runs").exists()

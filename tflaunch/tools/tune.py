@@ -67,6 +67,7 @@ def tune(cluster_file: str, options: TuneOptions, echo: Echo) -> int:
     if workers < 1:
         raise TuneError(f"{config.source}: roles has no worker to tune for.")
     check_tuned_path(file, options.out, options.force)  # refused now, not after measuring
+    calibrated, problem = calibration_config(config)  # refused now if not even workers run
     run = Run.create(
         options.runs_dir or config.runs_dir,
         f"{config.name}-tune",
@@ -88,8 +89,10 @@ def tune(cluster_file: str, options: TuneOptions, echo: Echo) -> int:
         text.append(line)
         echo(line)
 
+    if problem:
+        say(f"the file's own setting cannot start here ({problem}): calibrating without its PS")
     cal = Calibration()
-    calibrator = Calibrator(config, program, options, run, cal, say)
+    calibrator = Calibrator(calibrated, program, options, run, cal, say)
     session = Session(file, program, options, cal, say)
     state, code = "failed", 1
     try:
@@ -119,6 +122,33 @@ def phases_line(phases_s: dict[str, float]) -> str:
     """Each phase's time and the total, in one line."""
     parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases_s.items())
     return f"phases: {parts}; total {sum(phases_s.values()):.1f} s"
+
+
+def calibration_config(config: ClusterConfig) -> tuple[ClusterConfig, str | None]:
+    """What calibration runs: the file's own setting, or where that cannot start here the file
+    without its PS (a PS's probe only holds its cores, so the workers compute alike), and why
+    the file's own cannot. TuneError when not even the workers alone can start: then no
+    setting can."""
+    problem = setting_problem(config, {})
+    if problem is None:
+        return config, None
+    bare = replace(config, roles=replace(config.roles, ps=0))
+    bare_problem = setting_problem(bare, {}) if config.roles.ps else problem
+    if bare_problem is not None:
+        raise TuneError(
+            f"{config.source}: not even the file's workers can start here, so no setting can: "
+            f"{bare_problem}."
+        )
+    return bare, problem
+
+
+def setting_problem(config: ClusterConfig, host_cores: dict[str, int]) -> str | None:
+    """:func:`runnable_problem` of ``config``'s plan, or why it does not plan."""
+    try:
+        plan = launch.plan_cluster(config)
+    except PlanError as err:
+        return f"its plan does not fit the hosts: {err}"
+    return runnable_problem(config, plan, host_cores)
 
 
 def runnable_problem(config: ClusterConfig, plan: Plan, host_cores: dict[str, int]) -> str | None:
