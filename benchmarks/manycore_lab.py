@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import re
 import signal
@@ -599,9 +598,6 @@ def predicted(inputs, r: dict, cal: dict | None = None) -> float:
     bucket_mb = next(
         (float(o.split("=")[1]) for o in opts if o.startswith("--all_reduce_bucket_mb")), 0.0
     )
-    if bucket_mb:  # as that many packs (the overlap itself is not modelled yet)
-        wire = inputs.model_bytes / (2 if "--compact_gradient_transfer" in opts else 1)
-        packs = max(1, math.ceil(wire / (bucket_mb * 1e6)))
     update = PS if r["update"] == DR else r["update"]
     return pm.predict(
         inputs,
@@ -613,6 +609,7 @@ def predicted(inputs, r: dict, cal: dict | None = None) -> float:
         sync=r["sync"],
         packs=packs,
         compact="--compact_gradient_transfer" in opts,
+        bucket_bytes=int(bucket_mb * 1e6),
     ).images_per_sec
 
 

@@ -45,6 +45,7 @@ class ModelOptions:
     sync: bool = False
     packs: int = 1
     compact: bool = False
+    bucket_mb: float = 0.0
 
 
 def run_model(options: ModelOptions, echo: Callable[[str], None]) -> None:
@@ -59,10 +60,16 @@ def run_model(options: ModelOptions, echo: Callable[[str], None]) -> None:
         options.save_path.write_text(json.dumps(inputs.to_dict(), indent=1), encoding="utf-8")
     echo("Assumptions:\n" + pm.ASSUMPTIONS + "\n")
     echo(inputs_line(inputs))
-    echo(mode_line(options.sync, options.packs, options.compact))
+    bucket_bytes = int(options.bucket_mb * 1e6)
+    echo(mode_line(options.sync, options.packs, options.compact, bucket_bytes))
+    for w in options.workers:
+        if w > 1:
+            mb = pm.suggest_bucket_bytes(inputs, w, options.compact) / 1e6
+            echo(f"all-reduce bucket for {w} workers on this link: --all_reduce_bucket_mb {mb:.1f}")
     predictions = pm.grid(
         inputs, options.workers, options.ps_counts, overlap=options.overlap,
         staged=options.staged, sync=options.sync, packs=options.packs, compact=options.compact,
+        bucket_bytes=bucket_bytes,
     )  # fmt: skip
     if options.show_all:
         for line in prediction_lines(predictions):
@@ -240,6 +247,17 @@ _PATH = click.Path(path_type=Path)
     "compact",
     is_flag=True,
     help="All-reduce's gradients cross as float16, half the bytes (assumption 11).",
+)
+@click.option(
+    "--all-reduce-bucket-mb",
+    "bucket_mb",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    metavar="MB",
+    help="All-reduce in buckets of MB on the wire in the backward pass's order, each beside the "
+    "rest of it (the benchmark's --all_reduce_bucket_mb; assumption 11; 0: off). The model "
+    "prints the size it suggests for the link either way.",
 )
 def model_command(**options: Any) -> None:
     """Predict images/sec for W workers x P PS per variable update; recommend P and placement."""

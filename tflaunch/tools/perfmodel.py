@@ -10,6 +10,7 @@ line each, which ``tflaunch model`` prints.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
@@ -34,7 +35,8 @@ ASSUMPTIONS = """\
 10. Synchronous PS (--sync): each PS moves every worker's bytes a step; staged overlaps pull and
    push only in part (SYNC_STAGED_OVERLAP).
 11. The ring's own CPU per byte; --gradient-repacking N overlaps all but the last pack with the
-   backward pass; --compact-gradient-transfer halves the bytes.
+   backward pass, as do --all-reduce-bucket-mb's buckets (a ring's round each);
+   --compact-gradient-transfer halves the bytes and costs the casts' CPU.
 In full: docs/performance.md, "The performance model's assumptions"."""
 
 
@@ -151,16 +153,18 @@ def predict(
     packs: int = 1,
     compact: bool = False,
     staged: bool = False,
+    bucket_bytes: int = 0,
 ) -> Prediction:
     """Images/sec of one setting. ``overlap``: ordered transfers, ``staged``: staged variables
     (assumption 8; asynchronous PS modes); ``sync``: synchronous PS steps (assumption 10, where
-    ``overlap`` or ``staged`` means staged); ``packs`` and ``compact``: the all-reduce's
-    ``--gradient_repacking`` and ``--compact_gradient_transfer`` (assumption 11)."""
+    ``overlap`` or ``staged`` means staged); ``packs``, ``compact`` and ``bucket_bytes``: the
+    all-reduce's ``--gradient_repacking``, ``--compact_gradient_transfer`` and
+    ``--all_reduce_bucket_mb`` (assumption 11)."""
     if workers < 1:
         raise ModelError("at least one worker.")
     link = inputs.link
     if update == "collective_all_reduce":
-        return _ring(inputs, workers, packs, compact)
+        return _ring(inputs, workers, packs, compact, bucket_bytes)
     if update not in UPDATES:
         raise ModelError(f"unknown variable update {update!r}; choose one of {', '.join(UPDATES)}.")
     if ps < 1:
@@ -262,23 +266,59 @@ def _sync_ps(
     )
 
 
-def _ring(inputs: Inputs, workers: int, packs: int = 1, compact: bool = False) -> Prediction:
-    """Synchronous ring all-reduce (assumptions 5 and 11)."""
+# Assumption 11, float16 on the wire: the CPU of the casts (float32 to float16 and back) and of
+# the ring's float16 sums, per byte of the float32 gradients on one core. Fitted on the second
+# many-core round (three cores a host, 16 workers, 1 and 10 Gb/s: the median over its four
+# float16 rows of the step time the model lacked), checked on the 1-core rounds.
+FLOAT16_CPU_S_PER_BYTE = 5.0e-9
+
+
+def ring_buckets(inputs: Inputs, compact: bool, bucket_bytes: int) -> int:
+    """How many all-reduces ``--all_reduce_bucket_mb`` makes: buckets of ``bucket_bytes`` on the
+    wire (each closes once it holds that many)."""
+    wire = inputs.model_bytes / (2 if compact else 1)
+    return max(1, math.ceil(wire / bucket_bytes)) if bucket_bytes > 0 else 1
+
+
+def suggest_bucket_bytes(inputs: Inputs, workers: int, compact: bool = False) -> int:
+    """The bucket size for ``--all_reduce_bucket_mb`` on this link (assumption 11). With B bytes
+    a bucket, the link waits for the backward pass to fill the first bucket (B / wire of it)
+    and pays a ring's round of latency, 2 (W-1) x the link's, once more per bucket (wire / B of
+    them): their sum is least at B = wire x sqrt(round / backward pass), kept between a 64th of
+    the wire's bytes and all of them."""
+    wire = inputs.model_bytes / (2 if compact else 1)
+    backward = BACKWARD_SHARE * inputs.compute_with(workers)
+    round_s = 2 * max(1, workers - 1) * inputs.link.latency_s
+    if backward <= 0 or round_s <= 0:
+        return int(wire)
+    return int(min(wire, max(wire / 64, wire * math.sqrt(round_s / backward))))
+
+
+def _ring(
+    inputs: Inputs, workers: int, packs: int = 1, compact: bool = False, bucket_bytes: int = 0
+) -> Prediction:
+    """Synchronous ring all-reduce (assumptions 5 and 11): with ``bucket_bytes``, that many
+    buckets overlap the backward pass as packs do, each after the first a ring's round later."""
     w, link = workers, inputs.link
     n_vars = len(inputs.variable_bytes)
     wire = inputs.model_bytes / (2 if compact else 1)
     compute = inputs.compute_s * w if inputs.shared_cores else inputs.compute_with(w)
+    casts = 0.0
+    if compact and inputs.cores_per_host:
+        casts = inputs.model_bytes * FLOAT16_CPU_S_PER_BYTE / inputs.cores_per_host
+    buckets = ring_buckets(inputs, compact, bucket_bytes)
+    packs = max(packs, buckets)
     comm = overlapped = 0.0
     if w > 1:
         moved = 2 * (w - 1) / w * wire
-        link_s = moved / link.bandwidth + 2 * (w - 1) * link.latency_s
+        link_s = moved / link.bandwidth + 2 * (w - 1) * link.latency_s * buckets
         if inputs.ring_cpu_s_per_byte:
             comm = link_s + moved * inputs.ring_cpu_s_per_byte
         else:
             comm = link_s + (2 * link.latency_s + inputs.per_variable_s) * n_vars
         if packs > 1:
             overlapped = min(link_s * (packs - 1) / packs, BACKWARD_SHARE * compute)
-    step = compute + comm - overlapped
+    step = compute + casts + comm - overlapped
     return Prediction(
         w, 0, "collective_all_reduce", None, w * inputs.batch_size / step, step, "ring"
     )
@@ -356,15 +396,22 @@ def grid(
     sync: bool = False,
     packs: int = 1,
     compact: bool = False,
+    bucket_bytes: int = 0,
 ) -> list[Prediction]:
     """Every setting; ``staged`` applies to ``parameter_server`` alone (``--staged_vars``),
-    ``sync`` to the PS modes, ``packs`` and ``compact`` to the all-reduce (as :func:`predict`)."""
+    ``sync`` to the PS modes, ``packs``, ``compact`` and ``bucket_bytes`` to the all-reduce (as
+    :func:`predict`)."""
     out = []
     ps_counts = list(ps_counts)
     for w in workers:
         for update in updates:
             if update == "collective_all_reduce":
-                out.append(predict(inputs, w, 0, update, packs=packs, compact=compact))
+                out.append(
+                    predict(
+                        inputs, w, 0, update, packs=packs, compact=compact,
+                        bucket_bytes=bucket_bytes,
+                    )
+                )  # fmt: skip
                 continue
             for p in ps_counts:
                 for s in strategies:

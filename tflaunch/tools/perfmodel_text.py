@@ -73,11 +73,12 @@ def inputs_line(inputs: Inputs) -> str:
     )
 
 
-def mode_line(sync: bool, packs: int, compact: bool) -> str:
+def mode_line(sync: bool, packs: int, compact: bool, bucket_bytes: int = 0) -> str:
     """The training mode the PS rows are predicted in, and the all-reduce's packing."""
+    cut = f"buckets of {bucket_bytes / 1e6:.1f} MB" if bucket_bytes else f"{packs} pack(s)"
     return (
         "PS steps: "
         + ("synchronous (assumption 10)" if sync else "asynchronous")
-        + f"; all-reduce: {packs} pack(s), "
+        + f"; all-reduce: {cut}, "
         + ("float16 on the wire" if compact else "float32")
     )
