@@ -130,6 +130,8 @@ def test_without_the_chief_deciding_a_worker_left_running_fails_the_run(tmp_path
     outcome = coordinated(tmp_path, plan_of(success, chief=chief), FakeLink("a", tasks, script))
     assert outcome.code == 1
     assert f"worker:1 on a was still running 2 s after {leader} finished" in outcome.message
+    hint = "leave supervision.success at auto" if chief else "give the cluster a chief"
+    assert hint in outcome.message
 
 
 def test_the_pss_shape_with_stand_in_tasks_succeeds_with_default_supervision(tmp_path):

@@ -193,8 +193,23 @@ class Coordinator:
                 1,
                 f"was still running {self.finish_timeout:g} s after {self.board.leader} "
                 "finished (supervision.finish_timeout); a worker that starts after the chief "
-                "finished can wait forever",
+                f"finished can wait forever{self._serving_hint()}",
             )
+
+    def _serving_hint(self) -> str:
+        """Where workers that serve until stopped (ParameterServerStrategy's ``join()``) are
+        the likely reason, how to let the chief's exit end the run."""
+        if self.board.chief_decides:
+            return ""  # idle ones are stopped already: these were busy
+        if "chief:0" in self.board.tasks:
+            return (
+                "; if the workers serve until stopped (ParameterServerStrategy), leave "
+                f"supervision.success at auto (it is {self.plan.supervision.success})"
+            )
+        return (
+            "; if the workers serve until stopped (ParameterServerStrategy), give the cluster a "
+            "chief (roles.chief: 1): its exit then ends the run"
+        )
 
     # ---- events ----------------------------------------------------------------------------
 
