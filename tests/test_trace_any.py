@@ -21,6 +21,7 @@ from tflaunch.runtime import protocol
 from tflaunch.runtime.progress import ProgressLog, StepParser, read_progress, straggler_figures
 from tflaunch.runtime.run import Run
 from tflaunch.tools import step_rates
+from tflaunch.tools.report import ReportTarget
 from tflaunch.trace import files as trace_files
 from tflaunch.trace import site as trace_site
 from tflaunch.trace import window as trace_window
@@ -69,8 +70,8 @@ def test_hook_chains_to_the_sitecustomize_it_hides_and_imports_no_tensorflow(tmp
     )
     loaded, module = out.stdout.split()
     assert loaded == "False"
-    assert Path(module).parent == trace_files.HOOK_DIR
-    assert (tmp_path / "mark").read_text() == "ran"  # the hidden one ran too
+    assert Path(module).parent == theirs  # the program's own import gets its own (issue 39)
+    assert (tmp_path / "mark").read_text() == "ran"  # the hidden one ran
     notes = trace_files.read_notes(tmp_path / "trace")
     assert notes.python == {"worker:0"} and not notes.tf_ports
 
@@ -173,7 +174,7 @@ def test_hook_builds_the_profiler_fix_only_against_a_matching_tensorflow_header(
                 == (note["profiler_fix"])
             )
     built = sorted(p.name.partition(".")[2] for p in (tmp_path / "cache" / "tflaunch").iterdir())
-    assert built == ["failed", "so", "so.lock", "so.lock"]
+    assert built == ["failed", "so", "so.lock", "so.lock", "so.sum"]  # .sum: size and checksum
     off = {**_hook_env(tmp_path / "same", tmp_path / "same"), "TFLAUNCH_PROFILER_FIX": "0"}
     subprocess.run([sys.executable, "-c", "import tensorflow"], env=off, check=True, timeout=60)
     note = json.loads((tmp_path / "same" / "trace" / "tasks" / "worker-0.tf").read_text())
@@ -284,7 +285,7 @@ def test_stragglers_status_and_plot(tmp_path) -> None:
     assert status[3].split() == ["worker:1", "152", "8.00", "256.0"]
     data, text = step_rates.progress_summary(run)
     assert data is not None and "slowest worker:1 at 8.00 steps/s" in text
-    (png,) = step_rates.plot_progress(run, tmp_path)
+    (png,) = step_rates.plot_progress(run, ReportTarget(tmp_path, 0o644).write)
     assert png.name == "steps_per_task.png" and png.stat().st_size > 10_000
 
 

@@ -694,7 +694,13 @@ cli.add_command(tune_command)
 @click.option(
     "--html", "as_html", is_flag=True, help="Also write report.html: the whole run on one page."
 )
-def report(run_id: str, runs_dir: str, out_dir: str | None, as_html: bool) -> None:
+@click.option(
+    "--force",
+    is_flag=True,
+    help="With --out: replace files there that are not tflaunch's report (a symlink is "
+    "replaced itself, never written through).",
+)
+def report(run_id: str, runs_dir: str, out_dir: str | None, as_html: bool, force: bool) -> None:
     """Plot CPU, packets and memory over time from a run's samples, and print a summary table."""
     from tflaunch.tools.report import make_report
 
@@ -702,9 +708,9 @@ def report(run_id: str, runs_dir: str, out_dir: str | None, as_html: bool) -> No
     if as_html:
         from tflaunch.tools.report_html import write_html_report
 
-        click.echo(f"wrote {write_html_report(run, Path(out_dir) if out_dir else None)}")
+        click.echo(f"wrote {write_html_report(run, Path(out_dir) if out_dir else None, force)}")
         return
-    _, files = make_report(run, out_dir, show=click.echo)
+    _, files = make_report(run, out_dir, show=click.echo, force=force)
     click.echo("wrote " + ", ".join(str(f) for f in files))
 
 

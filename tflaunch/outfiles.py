@@ -30,10 +30,12 @@ def write_outside(
     ours: Callable[[bytes], bool],
     force: bool = False,
     force_flag: str = "--force",
+    mode: int = 0o666,
 ) -> Path:
     """Write ``data`` to ``path`` as the module says; ``ours`` tells from a file's first bytes
     whether tflaunch wrote it. ConfigError (exit 2) naming the file when it may not be
-    replaced; ``force_flag``: the option that says replace it anyway. Returns ``path``."""
+    replaced; ``force_flag``: the option that says replace it anyway. A new file gets ``mode``
+    (less the umask). Returns ``path``."""
     path = Path(path)
     payload = data.encode() if isinstance(data, str) else data
     folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -41,7 +43,7 @@ def write_outside(
         _check_existing(path, folder, ours, force, force_flag)
         tmp = f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(tmp, flags, 0o666, dir_fd=folder)  # the umask decides, as for any new file
+        fd = os.open(tmp, flags, mode, dir_fd=folder)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(payload)

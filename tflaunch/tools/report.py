@@ -15,6 +15,7 @@ matplotlib is imported only when plotting (with the Agg backend: no display need
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
@@ -26,11 +27,12 @@ from typing import Any
 
 from tflaunch.cluster.plan import render_task
 from tflaunch.errors import ConfigError, TflaunchError
+from tflaunch.outfiles import write_outside
 from tflaunch.runtime.monitor import NET_FIELDS, read_samples
 from tflaunch.runtime.run import Run
 from tflaunch.runtime.runfiles import file_mode, make_run_dir, replace_run_file
 from tflaunch.text import aligned
-from tflaunch.tools.step_rates import plot_progress, progress_summary, save_png
+from tflaunch.tools.step_rates import PNG_SOFTWARE, plot_progress, png_bytes, progress_summary
 
 PLOTS = ("cpu_per_node.png", "packets_per_node.png", "memory_per_task.png", "cpu_per_task.png")
 MIB = 1024 * 1024
@@ -276,12 +278,54 @@ def _mib(value: float | None) -> str:
 # ---- plots ------------------------------------------------------------------------------------
 
 
-def report_dir(run: Run, out_dir: str | os.PathLike | None) -> Path:
+@dataclass(frozen=True)
+class ReportTarget:
+    """Where a run's report goes and how its files get there: into the run directory as its
+    files are written (:func:`replace_run_file`), and to ``--out`` through
+    :func:`tflaunch.outfiles.write_outside` (no symlink followed; a file there that is not a
+    report file of tflaunch's is replaced only with ``force``)."""
+
+    dir: Path
+    perms: int  # the run directory's file mode, which the report's files take
+    outside: bool = False
+    force: bool = False
+
+    def write(self, name: str, data: str | bytes) -> Path:
+        path = self.dir / name
+        if self.outside:
+            ours = functools.partial(is_report_file, name)
+            write_outside(path, data, ours, self.force, mode=self.perms)
+        else:
+            replace_run_file(path, data, self.perms)
+        return path
+
+
+def is_report_file(name: str, head: bytes) -> bool:
+    """Whether a file called ``name`` that starts with ``head`` is one ``report`` wrote."""
+    if name.endswith(".png"):
+        return PNG_SOFTWARE.encode() in head
+    if name.endswith(".html"):
+        return head.startswith(HTML_START)
+    if name == "summary.json":
+        return head.startswith(b'{\n  "start": ') and b'\n  "samples": ' in head
+    first = head.split(b"\n", 1)[0]
+    return name == "summary.txt" and first.startswith(b"run ") and b" task(s) on " in first
+
+
+HTML_START = b'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>tflaunch run '
+
+
+def report_dir(
+    run: Run, out_dir: str | os.PathLike | ReportTarget | None, force: bool = False
+) -> ReportTarget:
     """Where a run's report goes: the run directory, or ``--out`` (made with the run
     directory's mode when new). A symlinked ``--out`` is refused: a report is written where it
     is asked for, never where a planted link points."""
+    if isinstance(out_dir, ReportTarget):
+        return out_dir
+    perms = file_mode(run.dir)
     if not out_dir:
-        return run.dir
+        return ReportTarget(run.dir, perms)
     out = Path(out_dir)
     if out.is_symlink():
         raise ConfigError(
@@ -291,10 +335,10 @@ def report_dir(run: Run, out_dir: str | os.PathLike | None) -> Path:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is not a folder; give a folder to write the report to.")
     make_run_dir(out, stat.S_IMODE(run.dir.stat().st_mode))
-    return out
+    return ReportTarget(out, perms, outside=True, force=force)
 
 
-def plot(usage: Usage, out_dir: Path, title: str, perms: int | None = None) -> list[Path]:
+def plot(usage: Usage, target: ReportTarget, title: str) -> list[Path]:
     """Write the PNGs; returns their paths."""
     try:
         import matplotlib
@@ -336,8 +380,7 @@ def plot(usage: Usage, out_dir: Path, title: str, perms: int | None = None) -> l
         axes[-1, 0].set_xlabel("seconds since the run's first sample")
         fig.suptitle(f"{what} — {title}", fontsize=11)
         fig.tight_layout()
-        path = out_dir / name
-        save_png(fig, path, perms)
+        path = target.write(name, png_bytes(fig))
         plt.close(fig)
         return path
 
@@ -377,9 +420,10 @@ def plot(usage: Usage, out_dir: Path, title: str, perms: int | None = None) -> l
 
 def make_report(
     run: Run,
-    out_dir: str | os.PathLike | None = None,
+    out_dir: str | os.PathLike | ReportTarget | None = None,
     plots: bool = True,
     show: Callable[[str], Any] | None = None,
+    force: bool = False,
 ) -> tuple[str, list[Path]]:
     """Write summary.txt, summary.json and the plots of ``run``; return the text and the files.
 
@@ -392,8 +436,7 @@ def make_report(
             "(supervision.sample_interval: 0) or no agent started. Run it again "
             "with sampling on to get a report."
         )
-    out = report_dir(run, out_dir)
-    perms = file_mode(run.dir)
+    target = report_dir(run, out_dir, force)
     usage = usage_from_samples(hosts)
     data = summary(usage)
     text = format_summary(run.id, data)
@@ -405,14 +448,15 @@ def make_report(
     if instances:
         data["instances"] = instance_cost(instances, time.time())
         text += format_instance_cost(data["instances"])
-    replace_run_file(out / "summary.txt", text, perms)
-    replace_run_file(out / "summary.json", json.dumps(data, indent=2) + "\n", perms)
-    files = [out / "summary.txt", out / "summary.json"]
+    files = [
+        target.write("summary.txt", text),
+        target.write("summary.json", json.dumps(data, indent=2) + "\n"),
+    ]
     if show:
         show(text)
     if plots:
-        files += plot(usage, out, run.id, perms)
-        files += plot_progress(run, out, perms)
+        files += plot(usage, target, run.id)
+        files += plot_progress(run, target.write)
     return text, files
 
 

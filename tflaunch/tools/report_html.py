@@ -25,17 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tflaunch.errors import TflaunchError
+from tflaunch.errors import ConfigError, TflaunchError
 from tflaunch.runtime import protocol
 from tflaunch.runtime.run import Run, RunRecord
 from tflaunch.runtime.runfiles import (
     EVENTS_FILE,
     PLAN_FILE,
     RunFileError,
-    file_mode,
     read_run_bytes,
     read_run_text,
-    replace_run_file,
     tail_lines,
 )
 from tflaunch.text import local_time, usable_time
@@ -80,20 +78,21 @@ class Section:
     body: str
 
 
-def write_html_report(run: Run, out_dir: Path | None = None) -> Path:
-    """Write ``report.html`` for ``run`` (the resource plots first, where samples exist)."""
+def write_html_report(run: Run, out_dir: Path | None = None, force: bool = False) -> Path:
+    """Write ``report.html`` for ``run`` (the resource plots first, where samples exist); to
+    ``out_dir`` as :class:`tflaunch.tools.report.ReportTarget` writes there (``force``: over
+    files that are not tflaunch's report)."""
     from tflaunch.tools.report import make_report, report_dir
 
-    out = report_dir(run, out_dir)
+    target = report_dir(run, out_dir, force)
     no_plots = None
     try:
-        make_report(run, out)
+        make_report(run, target)
+    except ConfigError:
+        raise  # --out holds a file that is not tflaunch's: refused, the page is not written
     except TflaunchError as err:  # no samples, or no matplotlib to draw them: the page says which
         no_plots = str(err)
-    page = render_page(run, out, no_plots)
-    path = out / "report.html"
-    replace_run_file(path, page, file_mode(run.dir))
-    return path
+    return target.write("report.html", render_page(run, target.dir, no_plots))
 
 
 def render_page(run: Run, out: Path, no_plots: str | None = None) -> str:
@@ -119,10 +118,11 @@ def render_page(run: Run, out: Path, no_plots: str | None = None) -> str:
         f'<section id="{s.id}"><h2>{html.escape(s.title)}</h2>\n{s.body}</section>'
         for s in sections
     )
+    from tflaunch.tools.report import HTML_START
+
     title = f"tflaunch run {run.id}"
     return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n"
+        f"{HTML_START.decode()}{html.escape(run.id)}</title><style>{_CSS}</style></head><body>\n"
         f"<h1>{html.escape(title)}</h1>\n<nav>{nav}</nav>\n{body}\n"
         f"<footer>written {time.strftime('%Y-%m-%d %H:%M:%S')} by tflaunch report --html"
         "</footer></body></html>\n"

@@ -7,12 +7,12 @@ slowest one."""
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tflaunch.runtime.progress import TaskSeries, read_progress, straggler_figures
 from tflaunch.runtime.run import Run
-from tflaunch.runtime.runfiles import replace_run_file
 from tflaunch.text import aligned
 
 PLOT = "steps_per_task.png"
@@ -95,16 +95,20 @@ def straggler_line(stragglers: dict[str, Any] | None) -> str:
     )
 
 
-def save_png(figure: Any, path: Path, perms: int | None = None) -> None:
-    """Write a matplotlib figure as a report's PNG (see :func:`replace_run_file`)."""
+PNG_SOFTWARE = "tflaunch report"  # in a report PNG's metadata: how report --out knows its own
+
+
+def png_bytes(figure: Any) -> bytes:
+    """A matplotlib figure as a report's PNG, its Software field saying tflaunch wrote it."""
     data = io.BytesIO()
-    figure.savefig(data, format="png", dpi=100)
-    replace_run_file(path, data.getvalue(), perms)
+    figure.savefig(data, format="png", dpi=100, metadata={"Software": PNG_SOFTWARE})
+    return data.getvalue()
 
 
-def plot_progress(run: Run, out: Path, perms: int | None = None) -> list[Path]:
+def plot_progress(run: Run, write: Callable[[str, bytes], Path]) -> list[Path]:
     """steps_per_task.png: steps/s per task over time (and images/sec per task below it, when
-    the output has them), the straggler summary as its title. [] without step samples."""
+    the output has them), the straggler summary as its title, handed to ``write`` (name, PNG;
+    where it wrote it). [] without step samples."""
     series = [s for s in _series(run) if s.step_rates()]
     if not series:
         return []
@@ -136,7 +140,6 @@ def plot_progress(run: Run, out: Path, perms: int | None = None) -> list[Path]:
     axes[-1][0].set_xlabel("seconds since the first sample")
     fig.suptitle(f"{run.id}: step rate per task\n{straggler_line(straggler_figures(series))}")
     fig.tight_layout()
-    path = out / PLOT
-    save_png(fig, path, perms)
+    path = write(PLOT, png_bytes(fig))
     plt.close(fig)
     return [path]
