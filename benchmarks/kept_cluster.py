@@ -60,16 +60,14 @@ def cluster_file(work: Path, hosts: ssh_hosts.TestHosts, endpoint: str, setup: f
         "roles": {"ps": 1, "worker": 1},
         "supervision": {"grace_period": 2, "heartbeat": 1, "heartbeat_timeout": 6},
         "runs_dir": str(work / "runs"),
-        "ssh": {
-            "user": "root",
-            "identity_file": str(hosts.client_key),
-            "known_hosts": str(known),
-            "python": str(python),
-            "remote_runs_dir": str(work / "remote"),
-            "sync": str(source),
-            "setup": [f"sleep {setup:g}"],
-            "setup_once": True,
-            "provision": {
+        "ssh": hosts.ssh_section(
+            str(python),
+            work / "remote",
+            known,
+            sync=str(source),
+            setup=[f"sleep {setup:g}"],
+            setup_once=True,
+            provision={
                 "image": "ami-12c6146b",
                 "region": "us-east-1",
                 "endpoint_url": endpoint,
@@ -77,7 +75,7 @@ def cluster_file(work: Path, hosts: ssh_hosts.TestHosts, endpoint: str, setup: f
                 "ssh_from": f"{hosts.launcher_address}/32",
                 "ready_timeout": 60,
             },
-        },
+        ),
     }
     path = work / "cluster.yaml"
     path.write_text(yaml.safe_dump(data))

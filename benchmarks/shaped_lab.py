@@ -142,17 +142,8 @@ def cluster_file(
         "ports": {"ps": 23000, "worker": 23100},
         "supervision": {"grace_period": 2, "ready_timeout": 300, "finish_timeout": 900},
         "runs_dir": str(a.out / "runs"),
-        "hosts": [
-            {"name": h.name, "connect": h.public_address, "address": h.private_address}
-            for h in hosts.hosts
-        ],
-        "ssh": {
-            "user": "root",
-            "identity_file": str(hosts.client_key),
-            "known_hosts": str(hosts.known_hosts),
-            "python": checkout_python(a.out, ROOT),
-            "remote_runs_dir": str(a.out / "remote"),
-        },
+        "hosts": hosts.cluster_hosts(),
+        "ssh": hosts.ssh_section(checkout_python(a.out, ROOT), a.out / "remote"),
     }
     path.write_text(yaml.safe_dump(data))
     return path

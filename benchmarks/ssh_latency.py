@@ -73,17 +73,8 @@ def cluster_file(work: Path, hosts: ssh_hosts.TestHosts, count: int, program: st
         "ports": {"ps": base, "worker": base + 100},
         "supervision": {"grace_period": 2, "ready_timeout": 300, **SUPERVISION},
         "runs_dir": str(work / "runs"),
-        "hosts": [
-            {"name": h.name, "connect": h.public_address, "address": h.private_address}
-            for h in hosts.hosts[:count]
-        ],
-        "ssh": {
-            "user": "root",
-            "identity_file": str(hosts.client_key),
-            "known_hosts": str(hosts.known_hosts),
-            "python": checkout_python(work, CHECKOUT),
-            "remote_runs_dir": str(work / "remote"),
-        },
+        "hosts": hosts.cluster_hosts(count),
+        "ssh": hosts.ssh_section(checkout_python(work, CHECKOUT), work / "remote"),
     }
     path = work / f"{program}-{count}.yaml"
     path.write_text(yaml.safe_dump(data))

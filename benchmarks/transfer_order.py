@@ -104,17 +104,8 @@ def cluster_file(work: Path, hosts: ssh_hosts.TestHosts, args, name: str, extra:
         "ports": {"ps": base, "worker": base + 100},
         "supervision": {"grace_period": 2, "ready_timeout": 600},
         "runs_dir": str(work / "runs"),
-        "hosts": [
-            {"name": h.name, "connect": h.public_address, "address": h.private_address}
-            for h in hosts.hosts[: WORKERS + args.ps]
-        ],
-        "ssh": {
-            "user": "root",
-            "identity_file": str(hosts.client_key),
-            "known_hosts": str(hosts.known_hosts),
-            "python": checkout_python(work, ROOT),
-            "remote_runs_dir": str(work / "remote"),
-        },
+        "hosts": hosts.cluster_hosts(WORKERS + args.ps),
+        "ssh": hosts.ssh_section(checkout_python(work, ROOT), work / "remote"),
     }
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))

@@ -81,17 +81,8 @@ def test_netbench_measures_the_shaped_rate(ssh_test_hosts, tmp_path) -> None:
         "ports": {"ps": base, "worker": base + 100},
         "supervision": {"grace_period": 2, "ready_timeout": 240},
         "runs_dir": str(tmp_path / "runs"),
-        "hosts": [
-            {"name": h.name, "connect": h.public_address, "address": h.private_address}
-            for h in hosts.hosts[:2]
-        ],
-        "ssh": {
-            "user": "root",
-            "identity_file": str(hosts.client_key),
-            "known_hosts": str(hosts.known_hosts),
-            "python": checkout_python(tmp_path),
-            "remote_runs_dir": str(tmp_path / "remote"),
-        },
+        "hosts": hosts.cluster_hosts(2),
+        "ssh": hosts.ssh_section(checkout_python(tmp_path), tmp_path / "remote"),
     }
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(cluster))

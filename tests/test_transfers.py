@@ -282,7 +282,6 @@ def test_ordered_and_staged_runs_through_the_local_backend(extra, tmp_path) -> N
 @pytest.mark.slow
 @pytest.mark.ssh
 def test_tic_and_staged_on_the_ssh_backend(ssh_test_hosts, tmp_path) -> None:
-    hosts = ssh_test_hosts.hosts
     argv = _argv(["--staged_vars", "--transfer_order", "tic"])
     program = {"argv": argv, "workdir": str(ROOT), "env": {"TEST_MARKER": str(tmp_path)}}
     cluster = write_cluster(
@@ -292,17 +291,8 @@ def test_tic_and_staged_on_the_ssh_backend(ssh_test_hosts, tmp_path) -> None:
         roles={"ps": 1, "worker": 2},
         placement={"ps": "dedicated", "workers_per_host": 1},
         supervision={"ready_timeout": 300},
-        hosts=[
-            {"name": h.name, "connect": h.public_address, "address": h.private_address}
-            for h in hosts
-        ],
-        ssh={
-            "user": "root",
-            "identity_file": str(ssh_test_hosts.client_key),
-            "known_hosts": str(ssh_test_hosts.known_hosts),
-            "python": checkout_python(tmp_path),
-            "remote_runs_dir": str(tmp_path / "remote"),
-        },
+        hosts=ssh_test_hosts.cluster_hosts(),
+        ssh=ssh_test_hosts.ssh_section(checkout_python(tmp_path), tmp_path / "remote"),
     )
     result = tflaunch("up", str(cluster), cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

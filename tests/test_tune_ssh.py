@@ -41,17 +41,8 @@ def test_tune_on_ssh_hosts_writes_a_file_that_trains(ssh_test_hosts, tmp_path) -
         "ports": {"ps": base, "worker": base + 100},
         "supervision": {"grace_period": 2, "ready_timeout": 300},
         "runs_dir": str(tmp_path / "runs"),
-        "hosts": [
-            {"name": h.name, "connect": h.public_address, "address": h.private_address}
-            for h in ssh_test_hosts.hosts
-        ],
-        "ssh": {
-            "user": "root",
-            "identity_file": str(ssh_test_hosts.client_key),
-            "known_hosts": str(known),
-            "python": python,
-            "remote_runs_dir": str(tmp_path / "remote"),
-        },
+        "hosts": ssh_test_hosts.cluster_hosts(),
+        "ssh": ssh_test_hosts.ssh_section(python, tmp_path / "remote", known),
     }
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(yaml.safe_dump(data))

@@ -90,14 +90,12 @@ def cloud_cluster(tmp_path: Path, hosts, endpoint: str, monkeypatch, **overrides
         "roles": {"ps": 2, "worker": 3},
         "supervision": {"grace_period": 2, "heartbeat": 1, "heartbeat_timeout": 6},
         "runs_dir": str(tmp_path / "runs"),
-        "ssh": {
-            "user": "root",
-            "identity_file": str(hosts.client_key),
-            "known_hosts": str(known),
-            "python": python_here(tmp_path),
-            "remote_runs_dir": str(tmp_path / "remote"),
-            "upload": [str(FAKE_TASK)],
-            "provision": {
+        "ssh": hosts.ssh_section(
+            python_here(tmp_path),
+            tmp_path / "remote",
+            known,
+            upload=[str(FAKE_TASK)],
+            provision={
                 "image": "ami-12c6146b",
                 "region": "us-east-1",
                 "endpoint_url": endpoint,
@@ -105,7 +103,7 @@ def cloud_cluster(tmp_path: Path, hosts, endpoint: str, monkeypatch, **overrides
                 "ssh_from": f"{hosts.launcher_address}/32",
                 "ready_timeout": 30,
             },
-        },
+        ),
     }
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(data.get(key), dict):

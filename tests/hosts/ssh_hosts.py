@@ -47,6 +47,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -132,6 +133,28 @@ class TestHosts:
 
     def host(self, index: int) -> TestHost:
         return self.hosts[index - 1]
+
+    def cluster_hosts(self, count: int | None = None) -> list[dict[str, str]]:
+        """A cluster file's ``hosts:`` for the first ``count`` hosts (all by default): each by
+        name, reached at its public address, its tasks at its private one."""
+        return [
+            {"name": h.name, "connect": h.public_address, "address": h.private_address}
+            for h in self.hosts[:count]
+        ]
+
+    def ssh_section(
+        self, python: str, remote_runs_dir: Path, known_hosts: Path | None = None, **more: Any
+    ) -> dict[str, Any]:
+        """A cluster file's ``ssh:`` reaching these hosts as root with the client key, trusting
+        ``known_hosts`` (default: the set's own file); ``more``: the section's other keys."""
+        return {
+            "user": "root",
+            "identity_file": str(self.client_key),
+            "known_hosts": str(known_hosts or self.known_hosts),
+            "python": python,
+            "remote_runs_dir": str(remote_runs_dir),
+            **more,
+        }
 
 
 def _host(index: int, number: int) -> TestHost:

@@ -43,19 +43,14 @@ def ssh_cluster(
             "heartbeat_timeout": 6,
         },
         "runs_dir": str(tmp_path / "runs"),
-        "hosts": [
-            {"name": h.name, "connect": h.public_address, "address": h.private_address}
-            for h in hosts.hosts
-        ],
-        "ssh": {
-            "user": "root",
-            "identity_file": str(hosts.client_key),
-            "known_hosts": str(known),
-            "python": checkout_python(tmp_path),
-            "remote_runs_dir": str(tmp_path / "remote"),
-            "connect_timeout": 2,
-            "upload": [str(FAKE_TASK)],
-        },
+        "hosts": hosts.cluster_hosts(),
+        "ssh": hosts.ssh_section(
+            checkout_python(tmp_path),
+            tmp_path / "remote",
+            known,
+            connect_timeout=2,
+            upload=[str(FAKE_TASK)],
+        ),
     }
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(data.get(key), dict):

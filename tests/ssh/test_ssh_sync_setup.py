@@ -138,24 +138,19 @@ def test_failing_setup_line_stops_the_launch_naming_host_and_line(ssh_test_hosts
         "program": {"argv": [sys.executable, "fake_task.py"], "workdir": str(work)},
         "roles": {"ps": 1, "worker": 2},
         "runs_dir": str(tmp_path / "runs"),
-        "hosts": [
-            {"name": h.name, "connect": h.public_address, "address": h.private_address}
-            for h in ssh_test_hosts.hosts
-        ],
-        "ssh": {
-            "user": "root",
-            "identity_file": str(ssh_test_hosts.client_key),
-            "known_hosts": str(known),
-            "python": sys.executable,
-            "remote_runs_dir": str(tmp_path / "remote"),
-            "upload": [str(FAKE_TASK)],
-            "setup": [
+        "hosts": ssh_test_hosts.cluster_hosts(),
+        "ssh": ssh_test_hosts.ssh_section(
+            sys.executable,
+            tmp_path / "remote",
+            known,
+            upload=[str(FAKE_TASK)],
+            setup=[
                 "echo first",
                 # fails on host2 only (by its public address)
                 f"hostname -I | grep -q {ssh_test_hosts.host(2).public_address} && exit 7 || true",
                 "echo third",
             ],
-        },
+        ),
     }
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(cluster))

@@ -27,16 +27,8 @@ def test_tensorboard_missing_on_the_host_is_exit_2(ssh_test_hosts, tmp_path) -> 
         "roles": {"ps": 0, "worker": 1},
         "ports": {"worker": free_port_base()},
         "runs_dir": str(tmp_path / "runs"),
-        "hosts": [
-            {"name": host.name, "connect": host.public_address, "address": host.private_address}
-        ],
-        "ssh": {
-            "user": "root",
-            "identity_file": str(ssh_test_hosts.client_key),
-            "known_hosts": str(known),
-            "python": sys.executable,
-            "remote_runs_dir": str(tmp_path / "remote"),
-        },
+        "hosts": ssh_test_hosts.cluster_hosts(1),
+        "ssh": ssh_test_hosts.ssh_section(sys.executable, tmp_path / "remote", known),
     }
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(yaml.safe_dump(data))
