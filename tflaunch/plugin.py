@@ -98,21 +98,21 @@ _SOURCES: dict[str, str] = {
     "Unsupported": "tflaunch.launchers.clouds.base",  # a request for an undeclared feature
     # Cloud providers: the interface and what its instances carry
     "Provider": "tflaunch.launchers.clouds.base",
-    "Instance": "tflaunch.launchers.clouds.base",
-    "PlannedInstance": "tflaunch.launchers.clouds.base",
-    "LockHolder": "tflaunch.launchers.clouds.base",
+    "Instance": "tflaunch.launchers.clouds.records",
+    "PlannedInstance": "tflaunch.launchers.clouds.records",
+    "LockHolder": "tflaunch.launchers.clouds.records",
     "Say": "tflaunch.launchers.clouds.base",
-    "ALIVE_STATES": "tflaunch.launchers.clouds.base",
-    "GONE_STATES": "tflaunch.launchers.clouds.base",
+    "ALIVE_STATES": "tflaunch.launchers.clouds.records",
+    "GONE_STATES": "tflaunch.launchers.clouds.records",
     "POLL_SECONDS": "tflaunch.launchers.clouds.base",
-    "TAG_RUN": "tflaunch.launchers.clouds.base",
-    "TAG_CLUSTER": "tflaunch.launchers.clouds.base",
-    "TAG_HOST": "tflaunch.launchers.clouds.base",
-    "TAG_ROLE": "tflaunch.launchers.clouds.base",
-    "TAG_KEEP": "tflaunch.launchers.clouds.base",
-    "TAG_AUTOSTOP": "tflaunch.launchers.clouds.base",
-    "network_name": "tflaunch.launchers.clouds.base",
-    "pending_hosts": "tflaunch.launchers.clouds.base",
+    "TAG_RUN": "tflaunch.launchers.clouds.records",
+    "TAG_CLUSTER": "tflaunch.launchers.clouds.records",
+    "TAG_HOST": "tflaunch.launchers.clouds.records",
+    "TAG_ROLE": "tflaunch.launchers.clouds.records",
+    "TAG_KEEP": "tflaunch.launchers.clouds.records",
+    "TAG_AUTOSTOP": "tflaunch.launchers.clouds.records",
+    "network_name": "tflaunch.launchers.clouds.records",
+    "pending_hosts": "tflaunch.launchers.clouds.records",
     "Price": "tflaunch.launchers.clouds.costs",
 }
 
@@ -169,29 +169,31 @@ if TYPE_CHECKING:
     from tflaunch.launchers.batch.job import main as job_main
     from tflaunch.launchers.batch.state import BatchDetails, JobState
     from tflaunch.launchers.clouds.base import (
+        POLL_SECONDS,
+        AdminOption,
+        Feature,
+        Provider,
+        ProviderSpec,
+        ProvisionSection,
+        Say,
+        Unsupported,
+    )
+    from tflaunch.launchers.clouds.costs import Price
+    from tflaunch.launchers.clouds.records import (
         ALIVE_STATES,
         GONE_STATES,
-        POLL_SECONDS,
         TAG_AUTOSTOP,
         TAG_CLUSTER,
         TAG_HOST,
         TAG_KEEP,
         TAG_ROLE,
         TAG_RUN,
-        AdminOption,
-        Feature,
         Instance,
         LockHolder,
         PlannedInstance,
-        Provider,
-        ProviderSpec,
-        ProvisionSection,
-        Say,
-        Unsupported,
         network_name,
         pending_hosts,
     )
-    from tflaunch.launchers.clouds.costs import Price
     from tflaunch.runtime.agent import preflight_here
     from tflaunch.runtime.link import ProcessLink, StreamLink, agent_args, agent_argv, agent_output
     from tflaunch.runtime.procs import free_ports, spawn, terminate_group

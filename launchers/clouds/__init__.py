@@ -105,7 +105,7 @@ def spec_of(name: str, where: str = "ssh.provision.cloud") -> ProviderSpec:
     return known[name]
 
 
-def spec_for_section(section: Any) -> ProviderSpec:
+def spec_for_section(section: ProvisionSection) -> ProviderSpec:
     """The cloud whose ``ssh.provision`` class ``section`` is."""
     for spec in providers().values():
         if type(section) is spec.section:
@@ -128,7 +128,7 @@ def provider_class(name: str, where: str = "ssh.provision.cloud") -> type[Provid
     return spec_of(name, where).load()
 
 
-def provider_for(section: Any, say: Say) -> Provider:
+def provider_for(section: ProvisionSection, say: Say) -> Provider:
     """The provider of a cluster file's ``ssh.provision`` section, with its settings."""
     return spec_for_section(section).load()(section, say)
 

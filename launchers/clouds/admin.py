@@ -21,9 +21,9 @@ from tflaunch.cluster.config import ClusterConfig
 from tflaunch.errors import ConfigError, MissingExtra
 from tflaunch.launchers import clouds
 from tflaunch.launchers.clouds import kept
-from tflaunch.launchers.clouds.base import TAG_RUN, AdminOption, Feature, ProviderSpec, Say
+from tflaunch.launchers.clouds.base import AdminOption, Feature, ProviderSpec, Say
 from tflaunch.launchers.clouds.listing import cloud_json, cloud_table
-from tflaunch.launchers.clouds.records import CloudDetails, access_of, mark_terminated
+from tflaunch.launchers.clouds.records import TAG_RUN, CloudDetails, access_of, mark_terminated
 from tflaunch.launchers.clouds.sweep import format_verdicts, sweep
 from tflaunch.runtime.run import Run
 

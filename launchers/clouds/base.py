@@ -37,8 +37,9 @@ default bodies that refuse (:class:`Unsupported`): kept clusters (:attr:`Feature
 ``take_lock``/``renew_lock``/``drop_lock``, ``kept_networks``) and spot instances
 (:attr:`Feature.SPOT`: ``create`` honours :attr:`PlannedInstance.spot`).
 
-Every instance carries tflaunch's tags (below); they are how a later command, on this machine or
-another, finds the run, cluster and host an instance belongs to.
+What the provisioning hands around and keeps is in :mod:`tflaunch.launchers.clouds.records`
+(the planned and the listed instances, the tags every instance carries, a lock's holder, run.json's
+records), apart from this contract.
 """
 
 from __future__ import annotations
@@ -49,25 +50,22 @@ import importlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from tflaunch.cluster.config import MAX_SECONDS, ClusterConfig
 from tflaunch.cluster.plan import Host, Plan
 from tflaunch.cluster.schema import field
 from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.launchers.clouds.costs import CostLine, Price
-from tflaunch.launchers.clouds.records import NETWORK_KEY
-from tflaunch.runtime.identity import Launcher
+from tflaunch.launchers.clouds.records import (
+    ALIVE_STATES,
+    GONE_STATES,
+    NETWORK_KEY,
+    Instance,
+    LockHolder,
+    PlannedInstance,
+)
 
-TAG_RUN, TAG_CLUSTER, TAG_HOST = "tflaunch:run", "tflaunch:cluster", "tflaunch:host"
-TAG_ROLE, TAG_LAUNCHER, TAG_RUN_DIR = "tflaunch:role", "tflaunch:launcher", "tflaunch:run-dir"
-TAG_KEEP = "tflaunch:keep"  # a kept cluster's instances: 'up' of that cluster name reuses them
-TAG_AUTOSTOP = "tflaunch:autostop"  # seconds idle after which the instance ends itself
-# What the launcher says of an instance's use, for 'status --cloud' on any machine, whether the
-# instance answers or not: the run using it now, or when the last run on it ended.
-TAG_BUSY, TAG_IDLE_SINCE = "tflaunch:busy", "tflaunch:idle-since"  # run id; epoch seconds
-ALIVE_STATES = ("pending", "running", "stopping", "stopped")
-GONE_STATES = ("shutting-down", "terminated")
 POLL_SECONDS = 2.0  # between state queries
 Say = Callable[[str], None]
 
@@ -158,8 +156,9 @@ class ProviderSpec:
                 "that has them, or leave that out."
             )
 
-    def discover_hosts(self, section: Any, allow_private_connect: bool) -> list[Host]:
-        """The hosts ``ssh.<name>`` finds (:attr:`discover`)."""
+    def discover_hosts(self, section: object, allow_private_connect: bool) -> list[Host]:
+        """The hosts ``ssh.<name>`` finds (:attr:`discover`); ``section``: the file's
+        ``ssh.<name>``, of the :attr:`discovery` class, which the discover function reads."""
         if self.discover is None:
             raise ConfigError(f"cloud '{self.name}' does not discover hosts.")
         return _attribute(self.discover, f"the '{self.name}' cloud")(section, allow_private_connect)
@@ -176,99 +175,24 @@ def _attribute(path: str, what: str) -> Any:
     return getattr(module, attr)
 
 
-@dataclasses.dataclass(frozen=True)
-class PlannedInstance:
-    """One instance the run needs: its host name in the plan, role and type."""
-
-    name: str
-    role: str  # "worker" (chief, workers, evaluator and co-located PS) or "ps" (dedicated)
-    instance_type: str
-    gpus: int
-    spot: bool
+SettingsT = TypeVar("SettingsT")  # what a provider reads its settings from
 
 
-@dataclasses.dataclass(frozen=True)
-class Instance:
-    """One instance as the provider reports it."""
-
-    id: str
-    state: str  # pending, running, stopping, stopped, shutting-down, terminated
-    instance_type: str
-    tags: Mapping[str, str]
-    launched: float  # seconds since the epoch
-    connect_address: str | None = None  # reachable from the launcher (public)
-    cluster_address: str | None = None  # between the cluster's hosts (private)
-    networks: Mapping[str, str] = dataclasses.field(default_factory=dict)  # id -> name
-    spot: bool = False
-    zone: str | None = None  # where it runs (EC2: its availability zone)
-
-    @property
-    def host(self) -> str:
-        return self.tags.get(TAG_HOST, "")
-
-
-@dataclasses.dataclass(frozen=True)
-class LockHolder:
-    """Who holds a kept cluster's lock, as the cloud keeps it (so every machine sees it): what
-    holds it ("run ID", "tflaunch down --cluster"), its process (a
-    :class:`~tflaunch.runtime.identity.Launcher`'s tag: machine, pid, start time), since when,
-    and its last heartbeat (epoch seconds)."""
-
-    what: str
-    launcher: str
-    since: float
-    heartbeat: float
-
-    @property
-    def identity(self) -> Launcher | None:
-        """The holder's process; None for a tag that is not one (an older tflaunch's)."""
-        return Launcher.from_tag(self.launcher)
-
-    @property
-    def laptop(self) -> str:
-        return self.launcher.partition(":")[0] or "?"
-
-    @property
-    def pid(self) -> str:
-        return self.launcher.split(":")[1] if self.launcher.count(":") >= 1 else "?"
-
-    def describe(self, now: float) -> str:
-        since = time.strftime("%H:%M:%S UTC", time.gmtime(self.since))
-        return (
-            f"{self.what} on {self.laptop} (pid {self.pid}, since {since}, last heartbeat "
-            f"{max(0.0, now - self.heartbeat):.0f} s ago)"
-        )
-
-
-def pending_hosts(planned: Sequence[PlannedInstance]) -> list[Host]:
-    """Hosts for planning before the instances exist: their addresses are not known yet."""
-    return [
-        Host(p.name, f"{p.name}.pending", f"{p.name}.pending", tuple(map(str, range(p.gpus))))
-        for p in planned
-    ]
-
-
-NETWORK_PREFIX = "tflaunch-"  # of the network rules' names: a run's own, a kept cluster's lock
-
-
-def network_name(run_id: str) -> str:
-    """The name of the network rules (security group) a run makes for itself."""
-    return f"{NETWORK_PREFIX}{run_id}"
-
-
-class Provider(ABC):
+class Provider(ABC, Generic[SettingsT]):
     """A cloud account seen by tflaunch: instances in, instances out, and what they cost.
 
     The abstract methods are the core every cloud implements; the rest have default bodies
     (optional abilities refuse with :class:`Unsupported`; declare them in the spec's
-    ``features``). ``section`` is the provider's own ``ssh.provision`` dataclass, or whatever
-    :meth:`from_access` builds from run.json; ``say`` prints one line for the user."""
+    ``features``). ``section`` holds its settings, of the type it names as ``SettingsT``: its
+    own ``ssh.provision`` dataclass (a :class:`ProvisionSection`), and where :meth:`from_access`
+    builds it from run.json without a cluster file, what that builds (EC2:
+    ``Provider[Ec2ProvisionSection | Access]``); ``say`` prints one line for the user."""
 
     name: ClassVar[str] = ""
     key: ClassVar[str] = "ssh.provision"  # where the settings are, for messages
     spot_setting: ClassVar[str] = ""  # Feature.SPOT: the setting that asks for spot instances
 
-    def __init__(self, section: Any, say: Say):
+    def __init__(self, section: SettingsT, say: Say):
         self.section, self.say = section, say
 
     # ---- core: planning and prices ----------------------------------------------------------
@@ -369,7 +293,9 @@ class Provider(ABC):
         """The provider for an account as :meth:`access` recorded it."""
 
     @classmethod
-    def account(cls, section: Any | None, options: Mapping[str, Any]) -> dict[str, Any]:
+    def account(
+        cls, section: ProvisionSection | None, options: Mapping[str, Any]
+    ) -> dict[str, Any]:
         """The access of the account the command line names (``gc``, ``down --cluster``,
         ``status --cloud``): each admin option given, else the cluster file's setting of that
         name (``section``: its ``ssh.provision``, or None). ``options`` holds every admin

@@ -15,8 +15,14 @@ from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Host
 from tflaunch.errors import LaunchError
 from tflaunch.launchers.clouds import provider_for
-from tflaunch.launchers.clouds.base import ALIVE_STATES, GONE_STATES, ProvisionSection, Say
-from tflaunch.launchers.clouds.records import CloudDetails, access_of, mark_terminated
+from tflaunch.launchers.clouds.base import ProvisionSection, Say
+from tflaunch.launchers.clouds.records import (
+    ALIVE_STATES,
+    GONE_STATES,
+    CloudDetails,
+    access_of,
+    mark_terminated,
+)
 from tflaunch.launchers.clouds.state import Made, ProvisionState, Reach
 from tflaunch.runtime.run import Run
 

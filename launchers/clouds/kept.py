@@ -29,7 +29,8 @@ from typing import Any
 
 from tflaunch.errors import LaunchError, TflaunchError
 from tflaunch.launchers.clouds import provider_class, spec_of
-from tflaunch.launchers.clouds.base import (
+from tflaunch.launchers.clouds.base import Provider, Say
+from tflaunch.launchers.clouds.records import (
     GONE_STATES,
     NETWORK_PREFIX,
     TAG_KEEP,
@@ -37,8 +38,6 @@ from tflaunch.launchers.clouds.base import (
     Instance,
     LockHolder,
     PlannedInstance,
-    Provider,
-    Say,
 )
 from tflaunch.runtime.identity import Launcher
 

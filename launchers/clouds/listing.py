@@ -20,7 +20,8 @@ from typing import Any
 
 from tflaunch.errors import TflaunchError
 from tflaunch.launchers.clouds import kept, provider_class, provider_of_run, run_access, spec_of
-from tflaunch.launchers.clouds.base import (
+from tflaunch.launchers.clouds.base import Say
+from tflaunch.launchers.clouds.records import (
     ALIVE_STATES,
     GONE_STATES,
     TAG_AUTOSTOP,
@@ -31,9 +32,9 @@ from tflaunch.launchers.clouds.base import (
     TAG_ROLE,
     TAG_RUN,
     Instance,
-    Say,
+    InstanceRecord,
+    instance_records,
 )
-from tflaunch.launchers.clouds.records import InstanceRecord, instance_records
 from tflaunch.runtime.run import Run, list_runs
 from tflaunch.text import aligned
 

@@ -40,21 +40,21 @@ from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Host, Plan, checkpoint_dir, make_plan
 from tflaunch.errors import ConfigError, LaunchError, TflaunchError
 from tflaunch.launchers.clouds import kept, provision_of, spec_of
-from tflaunch.launchers.clouds.base import (
+from tflaunch.launchers.clouds.base import Feature, Provider, Say
+from tflaunch.launchers.clouds.costs import cost_table
+from tflaunch.launchers.clouds.fleet import Fleet
+from tflaunch.launchers.clouds.records import (
     TAG_BUSY,
     TAG_IDLE_SINCE,
     TAG_KEEP,
     TAG_RUN,
-    Feature,
+    CloudDetails,
     Instance,
     PlannedInstance,
-    Provider,
-    Say,
+    mark_terminated,
     pending_hosts,
+    write_access,
 )
-from tflaunch.launchers.clouds.costs import cost_table
-from tflaunch.launchers.clouds.fleet import Fleet
-from tflaunch.launchers.clouds.records import CloudDetails, mark_terminated, write_access
 from tflaunch.launchers.clouds.state import ProvisionState, Reach
 from tflaunch.runtime.run import Run
 from tflaunch.runtime.signals import interrupting

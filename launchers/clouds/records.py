@@ -1,6 +1,10 @@
-"""What a provisioned run keeps in run.json, typed, and its one reader and writer (SkyPilot's
-``provision/common.py`` beside the routed operations of ``provision/__init__.py``; the contract
-a cloud fills in is :mod:`tflaunch.launchers.clouds.base`).
+"""The records the clouds hand around and keep, apart from the contract a cloud fills in
+(:mod:`tflaunch.launchers.clouds.base`), as SkyPilot keeps ``provision/common.py`` beside the
+routed operations of ``provision/__init__.py``: the instances a run needs
+(:class:`PlannedInstance`) and those a provider lists (:class:`Instance`), the tags every
+instance carries (how a later command, on this machine or another, finds the run, cluster and
+host an instance belongs to), a kept cluster's lock holder (:class:`LockHolder`), and what a
+provisioned run keeps in run.json, with its one reader and writer:
 
 * :class:`CloudDetails`: the run's instances (one :class:`InstanceRecord` each), its kept
   cluster and whether it was detached;
@@ -15,12 +19,101 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from tflaunch.cluster.plan import Host
+from tflaunch.runtime.identity import Launcher
 from tflaunch.runtime.run import Run, RunRecord
 
+TAG_RUN, TAG_CLUSTER, TAG_HOST = "tflaunch:run", "tflaunch:cluster", "tflaunch:host"
+TAG_ROLE, TAG_LAUNCHER, TAG_RUN_DIR = "tflaunch:role", "tflaunch:launcher", "tflaunch:run-dir"
+TAG_KEEP = "tflaunch:keep"  # a kept cluster's instances: 'up' of that cluster name reuses them
+TAG_AUTOSTOP = "tflaunch:autostop"  # seconds idle after which the instance ends itself
+# What the launcher says of an instance's use, for 'status --cloud' on any machine, whether the
+# instance answers or not: the run using it now, or when the last run on it ended.
+TAG_BUSY, TAG_IDLE_SINCE = "tflaunch:busy", "tflaunch:idle-since"  # run id; epoch seconds
+ALIVE_STATES = ("pending", "running", "stopping", "stopped")
+GONE_STATES = ("shutting-down", "terminated")
 NETWORK_KEY = "network"  # the run's network rules, beside its provider's access in run.json
+NETWORK_PREFIX = "tflaunch-"  # of the network rules' names: a run's own, a kept cluster's lock
+
+
+def network_name(run_id: str) -> str:
+    """The name of the network rules (security group) a run makes for itself."""
+    return f"{NETWORK_PREFIX}{run_id}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedInstance:
+    """One instance the run needs: its host name in the plan, role and type."""
+
+    name: str
+    role: str  # "worker" (chief, workers, evaluator and co-located PS) or "ps" (dedicated)
+    instance_type: str
+    gpus: int
+    spot: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Instance:
+    """One instance as the provider reports it."""
+
+    id: str
+    state: str  # pending, running, stopping, stopped, shutting-down, terminated
+    instance_type: str
+    tags: Mapping[str, str]
+    launched: float  # seconds since the epoch
+    connect_address: str | None = None  # reachable from the launcher (public)
+    cluster_address: str | None = None  # between the cluster's hosts (private)
+    networks: Mapping[str, str] = dataclasses.field(default_factory=dict)  # id -> name
+    spot: bool = False
+    zone: str | None = None  # where it runs (EC2: its availability zone)
+
+    @property
+    def host(self) -> str:
+        return self.tags.get(TAG_HOST, "")
+
+
+@dataclasses.dataclass(frozen=True)
+class LockHolder:
+    """Who holds a kept cluster's lock, as the cloud keeps it (so every machine sees it): what
+    holds it ("run ID", "tflaunch down --cluster"), its process (a
+    :class:`~tflaunch.runtime.identity.Launcher`'s tag: machine, pid, start time), since when,
+    and its last heartbeat (epoch seconds)."""
+
+    what: str
+    launcher: str
+    since: float
+    heartbeat: float
+
+    @property
+    def identity(self) -> Launcher | None:
+        """The holder's process; None for a tag that is not one (an older tflaunch's)."""
+        return Launcher.from_tag(self.launcher)
+
+    @property
+    def laptop(self) -> str:
+        return self.launcher.partition(":")[0] or "?"
+
+    @property
+    def pid(self) -> str:
+        return self.launcher.split(":")[1] if self.launcher.count(":") >= 1 else "?"
+
+    def describe(self, now: float) -> str:
+        since = time.strftime("%H:%M:%S UTC", time.gmtime(self.since))
+        return (
+            f"{self.what} on {self.laptop} (pid {self.pid}, since {since}, last heartbeat "
+            f"{max(0.0, now - self.heartbeat):.0f} s ago)"
+        )
+
+
+def pending_hosts(planned: Sequence[PlannedInstance]) -> list[Host]:
+    """Hosts for planning before the instances exist: their addresses are not known yet."""
+    return [
+        Host(p.name, f"{p.name}.pending", f"{p.name}.pending", tuple(map(str, range(p.gpus))))
+        for p in planned
+    ]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,20 +14,18 @@ from collections.abc import Mapping, Sequence
 from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Host
 from tflaunch.errors import LaunchError
-from tflaunch.launchers.clouds.base import (
-    POLL_SECONDS,
+from tflaunch.launchers.clouds.base import POLL_SECONDS, Provider, ProvisionSection, Say
+from tflaunch.launchers.clouds.costs import Price
+from tflaunch.launchers.clouds.records import (
     TAG_AUTOSTOP,
     TAG_BUSY,
     TAG_KEEP,
     TAG_LAUNCHER,
     TAG_RUN_DIR,
+    InstanceRecord,
     PlannedInstance,
-    Provider,
-    ProvisionSection,
-    Say,
+    add_instances,
 )
-from tflaunch.launchers.clouds.costs import Price
-from tflaunch.launchers.clouds.records import InstanceRecord, add_instances
 from tflaunch.launchers.clouds.watchdog import user_data
 from tflaunch.runtime.identity import Launcher
 from tflaunch.runtime.run import Run

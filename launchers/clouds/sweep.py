@@ -21,17 +21,17 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from tflaunch.launchers.clouds.base import (
+from tflaunch.launchers.clouds.base import Provider, Say
+from tflaunch.launchers.clouds.records import (
     TAG_KEEP,
     TAG_LAUNCHER,
     TAG_RUN,
     TAG_RUN_DIR,
+    CloudDetails,
     Instance,
-    Provider,
-    Say,
+    mark_terminated,
     network_name,
 )
-from tflaunch.launchers.clouds.records import CloudDetails, mark_terminated
 from tflaunch.runtime.identity import Launcher
 from tflaunch.runtime.run import Run
 

@@ -14,7 +14,8 @@ import dataclasses
 from collections.abc import Sequence
 
 from tflaunch.launchers.clouds import kept, provider_for
-from tflaunch.launchers.clouds.base import PlannedInstance, Provider, Say
+from tflaunch.launchers.clouds.base import Provider, Say
+from tflaunch.launchers.clouds.records import PlannedInstance
 from tflaunch.launchers.clouds.state import Reach
 from tflaunch.launchers.ssh.connect import SshOptions
 from tflaunch.launchers.ssh.section import SshSection, host_run_dir

@@ -21,11 +21,11 @@ from tests.helpers import FAKE_TASK, ROOT, checkout_python, gone_launcher, tflau
 from tests.hosts import hostlock
 from tflaunch.cluster.config import parse_config
 from tflaunch.errors import ConfigError, LaunchError
-from tflaunch.launchers.clouds.base import TAG_RUN, PlannedInstance
 from tflaunch.launchers.clouds.lab import hosts
 from tflaunch.launchers.clouds.lab.provider import LabProvider, authorized_keys
 from tflaunch.launchers.clouds.lab.section import LabProvisionSection
-from tflaunch.launchers.clouds.lab.state import MACHINE_LOCK, InstanceRecord, State
+from tflaunch.launchers.clouds.lab.state import MACHINE_LOCK, LabInstance, State
+from tflaunch.launchers.clouds.records import TAG_RUN, PlannedInstance
 from tflaunch.launchers.ssh.section import SshSection
 
 GOOD = {
@@ -178,7 +178,7 @@ def test_every_accepted_rate_round_trips_through_the_record(tmp_path, spelling):
     section = parse_config(text).section(SshSection).provision
     assert section.rate == "1000000000bit"
     state, said = state_with(tmp_path, {})
-    record = InstanceRecord(**{**GOOD, "rate": section.rate})
+    record = LabInstance(**{**GOOD, "rate": section.rate})
     with state.locked():
         state.save_instance(record)
     assert state.instances() == [record] and said == []
@@ -462,7 +462,7 @@ def test_up_runs_on_four_lab_hosts_at_1gbit_until_down(lab_root, tmp_path):
 
 @pytest.mark.ssh
 def test_gc_ends_hosts_whose_launcher_is_gone(lab_root, tmp_path):
-    from tflaunch.launchers.clouds.base import TAG_LAUNCHER
+    from tflaunch.launchers.clouds.records import TAG_LAUNCHER
 
     key = client_key(tmp_path)
     state = str(tmp_path / "state")

@@ -25,7 +25,7 @@ from tests.helpers import (
     wait_until_gone,
 )
 from tests.hosts import ssh_hosts
-from tflaunch.launchers.clouds.base import TAG_RUN
+from tflaunch.launchers.clouds.records import TAG_RUN
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
 

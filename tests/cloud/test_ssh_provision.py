@@ -22,19 +22,26 @@ from tests.helpers import gone_launcher, in_second_pid_namespace
 from tflaunch.cluster.config import parse_config
 from tflaunch.cluster.plan import make_plan
 from tflaunch.errors import LaunchError
-from tflaunch.launchers.clouds import admin, base, listing, provider_for, provisioning, sweep
-from tflaunch.launchers.clouds.base import (
-    TAG_CLUSTER,
-    TAG_HOST,
-    TAG_LAUNCHER,
-    TAG_ROLE,
-    TAG_RUN,
+from tflaunch.launchers.clouds import (
+    admin,
+    listing,
+    provider_for,
+    provisioning,
+    records,
+    sweep,
 )
 from tflaunch.launchers.clouds.costs import CostLine, cost_table
 from tflaunch.launchers.clouds.ec2.pricing import PRICE_LIST, resolve_prices
 from tflaunch.launchers.clouds.ec2.provider import ADDRESS_MAP_ENV, Ec2Provider, port_ranges
 from tflaunch.launchers.clouds.provisioning import Provisioning
-from tflaunch.launchers.clouds.records import CloudDetails
+from tflaunch.launchers.clouds.records import (
+    TAG_CLUSTER,
+    TAG_HOST,
+    TAG_LAUNCHER,
+    TAG_ROLE,
+    TAG_RUN,
+    CloudDetails,
+)
 from tflaunch.launchers.clouds.state import Reach
 from tflaunch.launchers.ssh.section import SshSection, host_run_dir
 from tflaunch.runtime.run import Run
@@ -373,7 +380,7 @@ def test_a_fresh_heartbeat_is_never_broken_even_from_a_second_pid_namespace(
     tmp_path, ec2_endpoint, aws_env, second_pid_namespace
 ):
     from tflaunch.launchers.clouds import kept
-    from tflaunch.launchers.clouds.base import LockHolder
+    from tflaunch.launchers.clouds.records import LockHolder
 
     now = time.time()
     gone = gone_launcher()  # of this machine, and gone: still not broken within two periods
@@ -555,7 +562,7 @@ def test_status_cloud_shows_idle_time_from_the_instances_tags_also_when_stopped(
     ids = [r["instance"] for r in after]
     client = ec2(ec2_endpoint)
     ended = f"{time.time() - 1800:.0f}"
-    client.create_tags(Resources=ids, Tags=[{"Key": base.TAG_IDLE_SINCE, "Value": ended}])
+    client.create_tags(Resources=ids, Tags=[{"Key": records.TAG_IDLE_SINCE, "Value": ended}])
     client.stop_instances(InstanceIds=[ids[1]])
     other = tmp_path / "other-laptop"
     access = ("ec2", {"region": "us-east-1", "endpoint_url": ec2_endpoint})
@@ -578,8 +585,8 @@ def test_status_cloud_shows_idle_time_from_the_instances_tags_also_when_stopped(
     assert [line.split()[7:9] for line in table[1:3]] == [["30", "min"], ["30", "min"]]
 
     # A detached run that this runs directory knows has ended is idle since its end.
-    client.delete_tags(Resources=ids, Tags=[{"Key": base.TAG_IDLE_SINCE}])
-    client.create_tags(Resources=ids, Tags=[{"Key": base.TAG_BUSY, "Value": run.id}])
+    client.delete_tags(Resources=ids, Tags=[{"Key": records.TAG_IDLE_SINCE}])
+    client.create_tags(Resources=ids, Tags=[{"Key": records.TAG_BUSY, "Value": run.id}])
     assert {r["busy_run"] for r in cloud_json(runs, None, print)["instances"]} == {run.id}
     run.update_meta(state="succeeded", ended=time.time() - 120)
     listed = cloud_json(runs, None, print)["instances"]
@@ -686,8 +693,8 @@ def test_a_kept_clusters_lock_holds_across_machines_and_a_stale_one_is_broken(
     import time
 
     from tflaunch.launchers.clouds import kept
-    from tflaunch.launchers.clouds.base import LockHolder
     from tflaunch.launchers.clouds.ec2.lock import TAG_HEARTBEAT, TAG_SINCE, group_name
+    from tflaunch.launchers.clouds.records import LockHolder
 
     monkeypatch.setattr(kept, "HEARTBEAT_SECONDS", 0.2)
     config = provision_config(tmp_path, "roles: {ps: 1, worker: 1}\n", ec2_endpoint,
@@ -758,7 +765,7 @@ def test_a_kept_clusters_lock_holds_across_machines_and_a_stale_one_is_broken(
     assert not any("did not mark them idle" in m for m in said)
     # A run that marked the cluster in use and never idle (detached, or killed) is named.
     instance_ids = [i.id for i in kept.find(provider, "tflaunch")]
-    provider.tag(instance_ids, {base.TAG_BUSY: "detached-1"})
+    provider.tag(instance_ids, {records.TAG_BUSY: "detached-1"})
     said = up(tmp_path / "laptop-b")
     assert (
         "kept cluster tflaunch: run detached-1 marked its instances in use and did not mark them "

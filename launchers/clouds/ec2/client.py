@@ -5,15 +5,28 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from tflaunch.plugin import ConfigError, LaunchError, MissingExtra
 
 
-def ec2_client(section: Any, key: str = "ssh.ec2") -> Any:
+class Account(Protocol):
+    """Where the EC2 API is: what ``ssh.ec2``, ``ssh.provision`` and a run's recorded access
+    (:class:`~tflaunch.launchers.clouds.ec2.provider.Access`) all say."""
+
+    @property
+    def region(self) -> str | None: ...
+    @property
+    def profile(self) -> str | None: ...
+    @property
+    def endpoint_url(self) -> str | None: ...
+
+
+def ec2_client(section: Account, key: str = "ssh.ec2") -> Any:
     """A boto3 EC2 client for a cluster-file section with region, profile and endpoint_url
-    (``ssh.ec2`` or ``ssh.provision``, named by ``key`` in the errors). boto3 is the optional
-    'aws' extra, imported only here and only when EC2 is asked for."""
+    (``ssh.ec2`` or ``ssh.provision``, named by ``key`` in the errors, or a run's recorded
+    access). boto3 is the optional 'aws' extra, imported only here and only when EC2 is asked
+    for."""
     try:
         import boto3
         import botocore.exceptions

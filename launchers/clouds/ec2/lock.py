@@ -3,7 +3,7 @@
 EC2 refuses a second security group of the same name in one VPC (``InvalidGroup.Duplicate``), so
 creating the group is an atomic test-and-set that every machine with the account sees, whether
 or not the cluster's instances exist or answer. The group admits nothing and no instance uses
-it; its tags say who holds the lock (:class:`~tflaunch.launchers.clouds.base.LockHolder`), and
+it; its tags say who holds the lock (:class:`~tflaunch.launchers.clouds.records.LockHolder`), and
 the holder moves the heartbeat tag on while it runs. Releasing is deleting the group.
 """
 

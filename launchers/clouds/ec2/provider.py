@@ -26,6 +26,7 @@ from typing import Any
 from tflaunch.launchers.clouds.ec2 import lock
 from tflaunch.launchers.clouds.ec2.client import aws_errors, ec2_client
 from tflaunch.launchers.clouds.ec2.pricing import gpus_of, resolve_prices
+from tflaunch.launchers.clouds.ec2.section import Ec2ProvisionSection
 from tflaunch.plugin import (
     ALIVE_STATES,
     POLL_SECONDS,
@@ -41,6 +42,7 @@ from tflaunch.plugin import (
     PlannedInstance,
     Price,
     Provider,
+    ProvisionSection,
     Say,
     network_name,
 )
@@ -91,13 +93,13 @@ def _address_map() -> dict[str, dict[str, str]] | None:
     return json.loads(Path(path).read_text()) if path else None
 
 
-class Ec2Provider(Provider):
+class Ec2Provider(Provider[Ec2ProvisionSection | Access]):
     """Create, find and terminate tflaunch's EC2 instances and security groups."""
 
     name = "ec2"
     spot_setting = "ssh.provision.spot_workers"
 
-    def __init__(self, section: Any, say: Say):
+    def __init__(self, section: Ec2ProvisionSection | Access, say: Say):
         super().__init__(section, say)
         self.client = ec2_client(section, self.key)
         self._vpc: str | None = None  # where the kept clusters' locks are, once asked
@@ -130,7 +132,9 @@ class Ec2Provider(Provider):
         return super().recorded_network(access) or (legacy if isinstance(legacy, str) else None)
 
     @classmethod
-    def account(cls, section: Any | None, options: Mapping[str, Any]) -> dict[str, Any]:
+    def account(
+        cls, section: ProvisionSection | None, options: Mapping[str, Any]
+    ) -> dict[str, Any]:
         """The options over the file's region, profile and endpoint, and the file's subnet
         (its VPC holds a kept cluster's lock)."""
         return {**super().account(section, options), "subnet": getattr(section, "subnet", None)}
@@ -205,15 +209,7 @@ class Ec2Provider(Provider):
                 VpcId=self._vpc_of(self.section.subnet),
                 TagSpecifications=[{"ResourceType": "security-group", "Tags": group_tags}],
             )["GroupId"]
-            members = [{"GroupId": group}]
-            rules = [
-                {"IpProtocol": "tcp", "FromPort": low, "ToPort": high, "UserIdGroupPairs": members}
-                for low, high in port_ranges(ports)
-            ]
-            rules.append(
-                {"IpProtocol": "tcp", "FromPort": ssh_port, "ToPort": ssh_port,
-                 "IpRanges": [{"CidrIp": ssh_from, "Description": "tflaunch launcher"}]}
-            )  # fmt: skip
+            rules = _ingress(group, ports, ssh_port, ssh_from)
             self.client.authorize_security_group_ingress(GroupId=group, IpPermissions=rules)
         return group
 
@@ -227,39 +223,19 @@ class Ec2Provider(Provider):
         user_data: str,
         same_address: Mapping[str, Instance] | None = None,
     ) -> dict[str, str]:
+        section = self.section
+        if not isinstance(section, Ec2ProvisionSection):
+            raise LaunchError("ec2: instances are created from a cluster file's ssh.provision.")
         created: dict[str, str] = {}
         for p in planned:
             instance_tags = self._tags(
                 run_id, cluster, **tags, **{TAG_HOST: p.name, TAG_ROLE: p.role,
                                             "Name": f"{cluster}-{p.name}"}
             )  # fmt: skip
-            kwargs: dict[str, Any] = {
-                "ImageId": self.section.image,
-                "InstanceType": p.instance_type,
-                "MinCount": 1,
-                "MaxCount": 1,
-                "SecurityGroupIds": [network],
-                "UserData": user_data,
-                "InstanceInitiatedShutdownBehavior": "terminate",
-                "TagSpecifications": [{"ResourceType": "instance", "Tags": instance_tags}],
-            }
-            if self.section.key_name:
-                kwargs["KeyName"] = self.section.key_name
-            if self.section.subnet:
-                kwargs["SubnetId"] = self.section.subnet
             old = (same_address or {}).get(p.name)
-            if old is not None and old.cluster_address:  # the replaced instance's address:
-                kwargs["PrivateIpAddress"] = old.cluster_address  # in the named subnet, else
-                if not self.section.subnet and old.zone:  # the default one of its zone
-                    kwargs["Placement"] = {"AvailabilityZone": old.zone}
-            if p.spot:
-                kwargs["InstanceMarketOptions"] = {
-                    "MarketType": "spot",
-                    "SpotOptions": {"SpotInstanceType": "one-time",
-                                    "InstanceInterruptionBehavior": "terminate"},
-                }  # fmt: skip
+            request = _launch_request(section, p, network, user_data, instance_tags, old)
             with aws_errors(f"creating {p.name} ({p.instance_type})"):
-                reply = self.client.run_instances(**kwargs)
+                reply = self.client.run_instances(**request)
             created[p.name] = reply["Instances"][0]["InstanceId"]
         return created
 
@@ -355,21 +331,79 @@ class Ec2Provider(Provider):
         return f"ec2 {region}" + (f" (profile {section.profile})" if section.profile else "")
 
     def delete_network(self, network: str, wait: float) -> None:
-        import botocore.exceptions
+        _delete_group(self.client, network, wait, self.say)
 
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                self.client.delete_security_group(GroupId=network)
+
+def _ingress(
+    group: str, ports: Sequence[int], ssh_port: int, ssh_from: str
+) -> list[dict[str, Any]]:
+    """The run's group's rules: the cluster's ports from its members, SSH from ``ssh_from``."""
+    members = [{"GroupId": group}]
+    rules: list[dict[str, Any]] = [
+        {"IpProtocol": "tcp", "FromPort": low, "ToPort": high, "UserIdGroupPairs": members}
+        for low, high in port_ranges(ports)
+    ]
+    rules.append(
+        {"IpProtocol": "tcp", "FromPort": ssh_port, "ToPort": ssh_port,
+         "IpRanges": [{"CidrIp": ssh_from, "Description": "tflaunch launcher"}]}
+    )  # fmt: skip
+    return rules
+
+
+def _launch_request(
+    section: Ec2ProvisionSection,
+    p: PlannedInstance,
+    network: str,
+    user_data: str,
+    tags: list[dict[str, str]],
+    old: Instance | None,
+) -> dict[str, Any]:
+    """run_instances' arguments for one planned instance; ``old``: the ended instance it
+    replaces, whose cluster address it takes."""
+    request: dict[str, Any] = {
+        "ImageId": section.image,
+        "InstanceType": p.instance_type,
+        "MinCount": 1,
+        "MaxCount": 1,
+        "SecurityGroupIds": [network],
+        "UserData": user_data,
+        "InstanceInitiatedShutdownBehavior": "terminate",
+        "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}],
+    }
+    if section.key_name:
+        request["KeyName"] = section.key_name
+    if section.subnet:
+        request["SubnetId"] = section.subnet
+    if old is not None and old.cluster_address:  # the replaced instance's address:
+        request["PrivateIpAddress"] = old.cluster_address  # in the named subnet, else
+        if not section.subnet and old.zone:  # the default one of its zone
+            request["Placement"] = {"AvailabilityZone": old.zone}
+    if p.spot:
+        request["InstanceMarketOptions"] = {
+            "MarketType": "spot",
+            "SpotOptions": {"SpotInstanceType": "one-time",
+                            "InstanceInterruptionBehavior": "terminate"},
+        }  # fmt: skip
+    return request
+
+
+def _delete_group(client: Any, network: str, wait: float, say: Say) -> None:
+    """Delete the run's security group once no instance uses it (waiting up to ``wait``)."""
+    import botocore.exceptions
+
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            client.delete_security_group(GroupId=network)
+            return
+        except botocore.exceptions.ClientError as err:
+            code = err.response.get("Error", {}).get("Code", "")
+            if code in ("InvalidGroup.NotFound", "InvalidGroupId.NotFound"):
                 return
-            except botocore.exceptions.ClientError as err:
-                code = err.response.get("Error", {}).get("Code", "")
-                if code in ("InvalidGroup.NotFound", "InvalidGroupId.NotFound"):
-                    return
-                if code != "DependencyViolation" or time.monotonic() > deadline:
-                    self.say(f"could not delete security group {network}: {err}")
-                    return
-            time.sleep(POLL_SECONDS)
+            if code != "DependencyViolation" or time.monotonic() > deadline:
+                say(f"could not delete security group {network}: {err}")
+                return
+        time.sleep(POLL_SECONDS)
 
 
 def _instance(raw: dict[str, Any]) -> Instance:

@@ -22,10 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from tflaunch.launchers.clouds.lab import hosts
-from tflaunch.launchers.clouds.lab.section import DEFAULT_STATE_DIR, state_dir_problem
+from tflaunch.launchers.clouds.lab.section import (
+    DEFAULT_STATE_DIR,
+    LabProvisionSection,
+    state_dir_problem,
+)
 from tflaunch.launchers.clouds.lab.state import (
     INSTANCE_ID,
-    InstanceRecord,
+    LabInstance,
     NetworkRecord,
     State,
     check_tags,
@@ -102,14 +106,14 @@ def _key_line(line: str) -> bool:
     )
 
 
-class LabProvider(Provider):
+class LabProvider(Provider[LabProvisionSection]):
     """Namespace hosts on this machine, as instances of a cloud."""
 
     name = "lab"
 
-    def __init__(self, section: Any, say: Say):
+    def __init__(self, section: LabProvisionSection, say: Say):
         super().__init__(section, say)
-        self.state = State(getattr(section, "state_dir", None) or DEFAULT_STATE_DIR, say)
+        self.state = State(section.state_dir, say)
 
     @classmethod
     def from_access(cls, access: Mapping[str, Any], say: Say) -> LabProvider:
@@ -117,7 +121,7 @@ class LabProvider(Provider):
         problem = state_dir_problem(state_dir)
         if problem:
             raise LaunchError(f"lab: the state directory recorded for the run: {problem}.")
-        return cls(_Access(state_dir), say)
+        return cls(LabProvisionSection(state_dir=state_dir), say)
 
     def access(self) -> dict[str, Any]:
         return {"state_dir": str(self.state.root)}
@@ -176,7 +180,7 @@ class LabProvider(Provider):
         return network_id
 
     def _tags(self, run_id: str, cluster: str, **extra: str) -> dict[str, str]:
-        return {**getattr(self.section, "tags", {}), TAG_RUN: run_id, TAG_CLUSTER: cluster, **extra}
+        return {**self.section.tags, TAG_RUN: run_id, TAG_CLUSTER: cluster, **extra}
 
     def create(
         self,
@@ -191,8 +195,8 @@ class LabProvider(Provider):
         """One namespace host per planned host, each recorded (pending) before it is built and
         running once its sshd greets. The user data is not run (see the module's note)."""
         self._require()
-        keys = authorized_keys(getattr(self.section, "authorized_key", None))
-        rate = getattr(self.section, "rate", None)
+        keys = authorized_keys(self.section.authorized_key)
+        rate = self.section.rate
         network_index = network_number(network)
         created: dict[str, str] = {}
         for p in planned:
@@ -207,7 +211,7 @@ class LabProvider(Provider):
                     raise LaunchError(f"lab: network {network} does not exist (ended meanwhile?).")
                 self.state.prune(time.time())
                 instance_id, index = self.state.new_instance_id(wanted)
-                record = InstanceRecord(
+                record = LabInstance(
                     instance_id, index, network, p.instance_type, "pending", record_tags,
                     time.time(), rate=rate,
                 )  # fmt: skip
@@ -248,7 +252,7 @@ class LabProvider(Provider):
         return found
 
     def _instance(
-        self, record: InstanceRecord, network: NetworkRecord | None, aliases: dict[str, str]
+        self, record: LabInstance, network: NetworkRecord | None, aliases: dict[str, str]
     ) -> Instance:
         """The instance as it is now: a running record whose host is gone (ended outside
         tflaunch; its number's links are absent or another instance's) is terminated, one
@@ -333,14 +337,6 @@ class LabProvider(Provider):
                 hosts.remove_public_bridge()
 
 
-class _Access:
-    """The settings ``down`` and ``gc`` need, from run.json."""
-
-    def __init__(self, state_dir: str):
-        self.state_dir = state_dir
-        self.tags: dict[str, str] = {}
-
-
 def _index_of(instance_id: str) -> int:
     match = INSTANCE_ID.fullmatch(instance_id)
     if not match:
@@ -348,9 +344,9 @@ def _index_of(instance_id: str) -> int:
     return int(match.group(1))
 
 
-def _with(record: InstanceRecord, **changes: Any) -> InstanceRecord:
+def _with(record: LabInstance, **changes: Any) -> LabInstance:
     return dataclasses.replace(record, **changes)
 
 
-def _ended(record: InstanceRecord) -> InstanceRecord:
+def _ended(record: LabInstance) -> LabInstance:
     return _with(record, state="terminated", terminated=time.time())

@@ -47,7 +47,7 @@ from tflaunch.launchers.clouds.lab.hosts import (
     numbers_in_use,
     owner,
 )
-from tflaunch.plugin import LaunchError
+from tflaunch.plugin import LaunchError, Say
 
 RATE = re.compile(r"[1-9][0-9]{0,15}bit")  # the one form a rate is written in: bits per second
 
@@ -58,11 +58,13 @@ TOMBSTONE_SECONDS = 3600.0  # a terminated instance stays listed this long, as o
 INSTANCE_ID = re.compile(r"lab-([1-9][0-9]{0,2})-[0-9a-f]{8}")
 NETWORK_ID = re.compile(r"labnet-([1-9][0-9]?)-[0-9a-f]{8}")
 STATES = ("pending", "running", "stopped", "terminated")
-Say = Callable[[str], None]
 
 
 @dataclasses.dataclass(frozen=True)
-class InstanceRecord:
+class LabInstance:
+    """One lab instance as lab's state directory keeps it (its namespace host, network and
+    rate); run.json's record of it is :class:`~tflaunch.launchers.clouds.records.InstanceRecord`."""
+
     id: str
     index: int
     network: str  # the network record's id
@@ -173,7 +175,7 @@ class State:
             raise LaunchError(f"lab: '{instance_id}' is not a lab instance id.")
         return self.root / "hosts" / instance_id
 
-    def host_of(self, record: InstanceRecord, network_index: int) -> NamespaceHost:
+    def host_of(self, record: LabInstance, network_index: int) -> NamespaceHost:
         return NamespaceHost(record.index, network_index, self.host_folder(record.id), record.id)
 
     # ---- reading -------------------------------------------------------------------------
@@ -204,7 +206,7 @@ class State:
             return None
         return data
 
-    def instances(self) -> list[InstanceRecord]:
+    def instances(self) -> list[LabInstance]:
         """Every instance record that passes the checks, by number."""
         found = []
         folder = self.root / "instances"
@@ -253,7 +255,7 @@ class State:
             json.dump(data, file)
         os.replace(temporary, path)
 
-    def save_instance(self, record: InstanceRecord) -> None:
+    def save_instance(self, record: LabInstance) -> None:
         data = dataclasses.asdict(record)
         del data["damaged"]
         self._write(self.root / "instances" / f"{record.id}.json", data)
@@ -353,7 +355,7 @@ def check_tags(tags: Any) -> dict[str, str]:
     return dict(tags)
 
 
-def _instance_record(data: Mapping[str, Any], file_id: str) -> InstanceRecord:
+def _instance_record(data: Mapping[str, Any], file_id: str) -> LabInstance:
     instance_id = _text(data, "id", 32)
     match = INSTANCE_ID.fullmatch(instance_id)
     if not match or instance_id != file_id:
@@ -367,7 +369,7 @@ def _instance_record(data: Mapping[str, Any], file_id: str) -> InstanceRecord:
     state = _text(data, "state", 16)
     if state not in STATES:
         raise ValueError(f"state {state!r} is not one of {', '.join(STATES)}")
-    return InstanceRecord(
+    return LabInstance(
         id=instance_id,
         index=index,
         network=network,
@@ -392,7 +394,7 @@ def _rate(data: Mapping[str, Any]) -> str | None:
     return rate
 
 
-def _salvaged_record(data: Mapping[str, Any], file_id: str) -> InstanceRecord | None:
+def _salvaged_record(data: Mapping[str, Any], file_id: str) -> LabInstance | None:
     """What can be read of a record that fails a check, when its file's name is an instance id
     (so its number, namespace and links are known): each field that passes its own check, a
     neutral value for the others. Its state is kept when readable, else ``running``: the host
@@ -409,7 +411,7 @@ def _salvaged_record(data: Mapping[str, Any], file_id: str) -> InstanceRecord | 
 
     network = data.get("network")
     state = data.get("state")
-    return InstanceRecord(
+    return LabInstance(
         id=file_id,
         index=int(match.group(1)),
         network=network if isinstance(network, str) and NETWORK_ID.fullmatch(network) else "",
