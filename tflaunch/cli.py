@@ -35,6 +35,7 @@ from tflaunch.text import aligned, for_terminal
 from tflaunch.tools.bench_sweep import bench_command
 from tflaunch.tools.model_command import model_command
 from tflaunch.tools.netbench_command import netbench_command
+from tflaunch.tools.options import runs_dir_option
 from tflaunch.tools.placement_command import placement
 from tflaunch.tools.tensorboard_command import tensorboard_command
 from tflaunch.tools.tune_command import tune_command
@@ -412,14 +413,7 @@ def _show_trace(config: ClusterConfig, request: TraceRequest, run: Run) -> None:
         show.show_verdict(trace_dir, click.echo)
 
 
-run_dir_option = click.option(
-    "--runs-dir",
-    "--run-dir",
-    "runs_dir",
-    default="runs",
-    show_default=True,
-    help="Where the run directories are.",
-)
+run_dir_option = runs_dir_option()
 
 
 @cli.command()

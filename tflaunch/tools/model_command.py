@@ -13,9 +13,9 @@ from typing import Any
 
 import click
 
-from tflaunch.models.registry import model_names
 from tflaunch.tools import perfmodel as pm
 from tflaunch.tools import perfmodel_inputs as pi
+from tflaunch.tools.options import model_option, runs_dir_option
 from tflaunch.tools.perfmodel_text import inputs_line, mode_line, prediction_lines
 
 
@@ -162,14 +162,7 @@ _PATH = click.Path(path_type=Path)
     help="Instead of --compute-img-s: a traced one-worker run (up --trace) of any program; its "
     "step time less communication is the compute per step of --batch-size images.",
 )
-@click.option(
-    "--runs-dir",
-    "--run-dir",
-    "runs_dir",
-    default="runs",
-    show_default=True,
-    help="Where --from-run's run is.",
-)
+@runs_dir_option("Where --from-run's run is.")
 @click.option(
     "--link",
     callback=_link,
@@ -177,13 +170,7 @@ _PATH = click.Path(path_type=Path)
     help="Instead of --netbench: one link's latency (µs) and bandwidth (MB/s).",
 )
 @click.option("--batch-size", type=int, default=32, show_default=True)
-@click.option(
-    "--model",
-    type=click.Choice(model_names(aliases=True)),
-    default="inception3",
-    show_default=True,
-    help="A network of tflaunch.models.registry (as 'tflaunch placement --model').",
-)
+@model_option("A network of tflaunch.models.registry (as 'tflaunch placement --model').")
 @click.option("--num-classes", type=int, default=1001, show_default=True)
 @click.option(
     "--per-variable-us", "per_variable_s", type=float, default=0.0, callback=_seconds,

@@ -17,7 +17,8 @@ import click
 from tflaunch.errors import TflaunchError
 from tflaunch.models import placement_math as pm
 from tflaunch.models.placement_math import STRATEGIES, VariableSpec
-from tflaunch.models.registry import ModelSpec, get_model_spec, model_names
+from tflaunch.models.registry import ModelSpec, get_model_spec
+from tflaunch.tools.options import model_option
 
 MAX_PS = 4096
 MB = 1e6
@@ -159,13 +160,7 @@ def model_variables(
 
 
 @click.command()
-@click.option(
-    "--model",
-    type=click.Choice(model_names(aliases=True)),
-    default="inception3",
-    show_default=True,
-    help="A network of tflaunch.models.registry (tf_cnn_benchmarks' names; aliases accepted).",
-)
+@model_option("A network of tflaunch.models.registry (tf_cnn_benchmarks' names; aliases accepted).")
 @click.option(
     "--num-ps",
     "ps_counts",

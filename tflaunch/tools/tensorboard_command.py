@@ -15,18 +15,12 @@ import click
 from tflaunch import launch
 from tflaunch.launchers.tensorboard_serve import DEFAULT_PORT
 from tflaunch.runtime.run import Run
+from tflaunch.tools.options import runs_dir_option
 
 
 @click.command("tensorboard")
 @click.argument("run_id")
-@click.option(
-    "--runs-dir",
-    "--run-dir",
-    "runs_dir",
-    default="runs",
-    show_default=True,
-    help="Where the run directories are.",
-)
+@runs_dir_option()
 @click.option("--logdir", default=None, help="Default: the run directory (on the host, for SSH).")
 @click.option("--port", type=int, default=DEFAULT_PORT, show_default=True, help="Local port.")
 @click.option("--remote-port", type=int, default=DEFAULT_PORT, show_default=True)
