@@ -218,7 +218,8 @@ class Session:
             rows.append(replace(row, notes=ts.caveats(row, ctx)))
         self.ranked = ts.rank(rows)
         self.say(f"mode: {self.program.knobs.mode}")
-        self.say(f"{len(runnable)} settings ranked" + self.left_out_summary())
+        ranked_line = f"{len(runnable)} setting{'' if len(runnable) == 1 else 's'} ranked"
+        self.say(ranked_line + self.left_out_summary())
         for line in ts.left_out_lines(self.left_out):
             self.say(line)
         for line in ts.table_lines(self.ranked, limit=12):
