@@ -32,7 +32,8 @@ way, as on a real full-duplex NIC, with ``gso_max_size``/``gro_max_size`` of 64 
 so that no super-packet larger than tbf's bucket reaches it. The public links stay unshaped.
 
 CLI: ``python tests/hosts/ssh_hosts.py [--set S] up [N] [--rate RATE]`` / ``shape RATE`` /
-``unshape`` / ``down`` / ``status``.
+``unshape`` / ``down`` / ``status``. Hosts it leaves up hold no lock: the next test session or
+benchmark sweeps them away with what killed sessions left (:func:`sweep`).
 """
 
 from __future__ import annotations
@@ -410,11 +411,29 @@ def claim(index: int | None = None, timeout: float = 1800.0) -> Iterator[int]:
         yield index
 
 
+def sweep(sets: int = FREE_SETS) -> list[int]:
+    """Remove what killed sessions left in the first ``sets`` sets that nobody holds now (a
+    session ended by a signal releases its lock but skips its tear-down); the sets swept."""
+    swept = []
+    for index in range(sets):
+        if not state_dir(index).exists() and not any(lab_hosts.numbers_in_use(plan_of(index))):
+            continue
+        try:
+            with exclusive(index, timeout=0):
+                teardown(index)
+        except TimeoutError:
+            continue  # in use
+        swept.append(index)
+    return swept
+
+
 @contextlib.contextmanager
 def session(count: int, timeout: float = 1800.0, index: int | None = None) -> Iterator[TestHosts]:
     """``count`` test hosts for a test session or a benchmark, in a set of its own (see
     :func:`claim`): the set's lock held throughout (no other session tears them down
-    meanwhile), set up on entry and torn down on exit, however it exits."""
+    meanwhile), set up on entry and torn down on exit, however it exits; first, what killed
+    sessions left in sets nobody holds is swept away."""
+    sweep()
     with claim(index, timeout) as held:
         hosts = setup(count, held)
         try:
