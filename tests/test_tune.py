@@ -363,6 +363,7 @@ def test_a_program_tune_cannot_read_needs_model_and_batch(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # its tune is given 900 s (a loaded machine), and then --apply
 def test_tune_verify_apply_on_the_local_backend(tmp_path) -> None:
     """The whole command on real TensorFlow: calibration, netbench, the model, --verify 1 and
     --apply, which trains the tuned file; everything measured is in the tune run's directory."""
