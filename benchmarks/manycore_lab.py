@@ -119,7 +119,8 @@ def linklimit_grid(ps_count: int = 2) -> list[Point]:
     beside today's packs, then every
     setting of the peer like for like (its collective_all_reduce with a spec, distributed
     all-reduce xring and pscpu, distributed_replicated, parameter_server with and without staged
-    variables) and ours' PS; then asynchronous: PS and distributed_replicated on both sides."""
+    variables) and ours' PS, staged and past the barrier (``--per_variable_sync``); then
+    asynchronous: PS and distributed_replicated on both sides."""
     rows: list[Point] = []
     model, rate, p = "inception3", "1gbit", ps_count
     for w in (8, 4):
@@ -131,6 +132,7 @@ def linklimit_grid(ps_count: int = 2) -> list[Point]:
             Point("peer", model, rate, w, p, DAR, True, ("--all_reduce_spec=pscpu",)),
             Point("peer", model, rate, w, p, PS, True, ("--staged_vars",)),
             Point("ours", model, rate, w, p, PS, True, ("--staged_vars", "--variable_placement=lpt")),  # noqa: E501
+            Point("ours", model, rate, w, p, PS, True, ("--per_variable_sync", "--variable_placement=lpt")),  # noqa: E501
             Point("peer", model, rate, w, p, DR, True),
             Point("peer", model, rate, w, p, PS, True),
             Point("ours", model, rate, w, p, PS, True, ("--variable_placement=lpt",)),

@@ -3,8 +3,8 @@
     python -m tflaunch.models.benchmark --model inception3 --batch_size 8 --num_batches 100 \
         [--variable_update parameter_server|distributed_replicated|collective_all_reduce] \
         [--staged_vars] [--transfer_order none|tic|tac] [--transfer_buckets 8] \
-        [--cross_replica_sync] [--gradient_repacking N] [--compact_gradient_transfer] \
-        [--all_reduce_bucket_mb MB] \
+        [--cross_replica_sync [--per_variable_sync]] [--gradient_repacking N] \
+        [--compact_gradient_transfer] [--all_reduce_bucket_mb MB] \
         [--data_dir DIR] [--job_name worker --task_index 0 --ps_hosts ... --worker_hosts ...]
 
 Flag names follow tf_cnn_benchmarks. The cluster comes from ``--job_name/--task_index/--ps_hosts/
@@ -24,6 +24,9 @@ Variable updates (one device per worker: ``--batch_size`` is per worker):
   variables (on ``--local_parameter_device``) for its forward and backward pass; the gradients
   are applied to the master copy on the PS, and the updated values are copied back into the local
   copy in the same step. ``--cross_replica_sync`` as for parameter_server.
+* ``--per_variable_sync`` (parameter_server with ``--cross_replica_sync``): no step-end
+  barrier; the chief applies each variable's mean gradient (all workers', once) as soon as it is
+  in and releases that variable alone to the workers' next reads (:mod:`.benchmark_runners.sync_vars`).
 * ``--staged_vars`` (parameter_server) and ``--transfer_order tic|tac`` (both TF1 modes) change
   when the variables cross the link, not what is computed: see :mod:`.benchmark_runners.transfers`.
 * ``collective_all_reduce``: TF2 ``MultiWorkerMirroredStrategy``: every worker holds a mirrored
@@ -143,6 +146,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="parameter_server, distributed_replicated: synchronous steps (every worker waits "
         "for all at the end of each step, as tf_cnn_benchmarks' default); default asynchronous. "
         "collective_all_reduce is always synchronous",
+    )
+    p.add_argument(
+        "--per_variable_sync",
+        type=_boolean,
+        nargs="?",
+        const=True,
+        default=False,
+        help="parameter_server with --cross_replica_sync: no step-end barrier; each variable "
+        "is applied (the mean of every worker's gradient, once) and released to the workers "
+        "as soon as its gradients are in",
     )
     p.add_argument(
         "--gradient_repacking",
@@ -265,6 +278,18 @@ def check_transfer_flags(args: argparse.Namespace) -> None:
         raise BenchmarkError(
             "--transfer_order orders the transfers of variables from the PS, which "
             "collective_all_reduce does not use; use parameter_server or distributed_replicated."
+        )
+    if args.per_variable_sync and not (
+        args.variable_update == "parameter_server" and args.cross_replica_sync
+    ):
+        raise BenchmarkError(
+            "--per_variable_sync replaces the synchronous step-end barrier of parameter_server; "
+            "give --variable_update parameter_server --cross_replica_sync."
+        )
+    if args.per_variable_sync and (args.staged_vars or args.transfer_order != "none"):
+        raise BenchmarkError(
+            "--per_variable_sync gates each variable's read itself; drop --staged_vars and "
+            "--transfer_order."
         )
     if args.transfer_buckets < 1:
         raise BenchmarkError(f"--transfer_buckets must be at least 1, not {args.transfer_buckets}.")

@@ -24,7 +24,7 @@ from contextlib import nullcontext
 
 import tensorflow as tf
 
-from tflaunch.models.benchmark_runners import transfers
+from tflaunch.models.benchmark_runners import sync_vars, transfers
 from tflaunch.models.benchmark_runners.common import (
     BenchmarkError,
     Timing,
@@ -209,6 +209,8 @@ class WorkerGraph:
         with v1.device(worker_device + "/device:CPU:0"):
             images, labels = _inputs(args, info)
         optimizer = _optimizer(args)
+        self.local_step = None  # --per_variable_sync: fed with this worker's step count
+        self.sync_prime = None
         if args.variable_update == "parameter_server":
             graph = v1.get_default_graph()
             with v1.device(setter):
@@ -218,6 +220,10 @@ class WorkerGraph:
             region = graph.get_operations()[first:]
             variables = master.trainable_variables
             self.plan = _plan(args, variables, region, measured)
+            self.grad_names = {i: [g.op.name] for i, g in enumerate(grads) if g is not None}
+            if args.per_variable_sync:
+                self._build_per_variable_sync(args, info, variables, grads, region, optimizer)
+                return
             scheduled = transfers.schedule_reads(
                 variables,
                 transfers.variable_reads(region, variables),
@@ -227,7 +233,6 @@ class WorkerGraph:
                 staged=args.staged_vars,
             )
             self.read_names = scheduled.read_names
-            self.grad_names = {i: [g.op.name] for i, g in enumerate(grads) if g is not None}
             with v1.device(setter):
                 updates = v1.get_collection(v1.GraphKeys.UPDATE_OPS)
                 with tf.control_dependencies(updates):
@@ -244,11 +249,32 @@ class WorkerGraph:
         if args.cross_replica_sync and info.num_training_tasks > 1:
             barrier = step_end_barrier(info, [self.update_op])
             self.train_op = tf.group(self.update_op, barrier, name="sync_step")
+        self._shared(info)
+
+    def _shared(self, info: ClusterInfo) -> None:
         self.shared_vars = [v for v in v1.global_variables() if v.device.startswith("/job:ps")]
         self.shared_init = v1.variables_initializer(self.shared_vars)
         self.uninitialized = (
             v1.report_uninitialized_variables(self.shared_vars) if info.rank > 0 else None
         )
+
+    def _build_per_variable_sync(self, args, info, variables, grads, region, optimizer) -> None:
+        """parameter_server, synchronous, each variable released on its own (sync_vars)."""
+        with v1.device(info.device):
+            sync = sync_vars.per_variable_sync(
+                variables,
+                grads,
+                transfers.variable_reads(region, variables),
+                optimizer,
+                info.num_training_tasks,
+                info.rank,
+                v1.get_collection(v1.GraphKeys.UPDATE_OPS),
+            )
+        self.train_op = self.update_op = sync.train_op
+        self.local_step, self.sync_prime = sync.local_step, sync.prime
+        self.read_names = {}
+        self.local_init = v1.local_variables_initializer()
+        self._shared(info)
 
     def _build_replicated(
         self,
@@ -364,6 +390,8 @@ def run_worker(args: argparse.Namespace, info: ClusterInfo) -> tuple[Timing, flo
     with v1.Session(server.target, graph=graph, config=_session_config(args, info)) as sess:
         if info.rank == 0:
             sess.run(ops.shared_init)
+            if ops.sync_prime is not None:
+                sess.run(ops.sync_prime)  # every worker's first read of every variable
         else:
             _wait(lambda: len(sess.run(ops.uninitialized)) == 0, "the chief to initialise")
         sess.run(ops.local_init)
@@ -375,9 +403,14 @@ def run_worker(args: argparse.Namespace, info: ClusterInfo) -> tuple[Timing, flo
             f"{'synchronous' if args.cross_replica_sync else 'asynchronous'} steps"
         )
         fetches = [ops.train_op, ops.loss]
+        steps_done = [0]
 
         def step() -> float:
-            return sess.run(fetches)[1]
+            if ops.local_step is None:
+                return sess.run(fetches)[1]
+            loss = sess.run(fetches, {ops.local_step: steps_done[0]})[1]
+            steps_done[0] += 1
+            return loss
 
         def barrier() -> None:
             sess.run(ops.arrive)

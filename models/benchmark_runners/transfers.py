@@ -141,7 +141,7 @@ def _stage_name(var) -> str:
     return "tflaunch_stage/" + var.handle.op.name
 
 
-def _explicit_read(var, index: int, after: Sequence) -> tf.Tensor:
+def explicit_read(var, index: int, after: Sequence) -> tf.Tensor:
     """One read of ``var`` on its own device, run only after the ops in ``after``."""
     with v1.device(var.device), tf.control_dependencies(list(after)):
         return tf.raw_ops.ReadVariableOp(
@@ -149,7 +149,7 @@ def _explicit_read(var, index: int, after: Sequence) -> tf.Tensor:
         )
 
 
-def _reroute(old_reads: Sequence[tf.Operation], value: tf.Tensor) -> None:
+def reroute(old_reads: Sequence[tf.Operation], value: tf.Tensor) -> None:
     """Make every consumer of ``old_reads`` consume ``value`` instead. Graph surgery through
     ``Operation._update_input`` (the only way to change an input of an op that exists): done
     before the graph is finalised and before any session runs it."""
@@ -191,7 +191,7 @@ def schedule_reads(
         marks = []
         for i in bucket:
             var = variables[i]
-            read = _explicit_read(var, i, arrived)
+            read = explicit_read(var, i, arrived)
             names[i] = [read.op.name]
             with v1.device(worker_device):
                 if staged:
@@ -206,7 +206,7 @@ def schedule_reads(
                 else:
                     value = tf.identity(read, name=f"transfer_arrived_{i}")
                     marks.append(value.op)
-            _reroute(reads.get(i, []), value)
+            reroute(reads.get(i, []), value)
         if ordered and b + 1 < len(buckets):
             with v1.device(worker_device):
                 arrived = [tf.group(*marks, name=f"transfer_bucket_{b}_arrived")]
@@ -235,7 +235,7 @@ def ordered_pulls(
     for b, bucket in enumerate(plan.buckets):
         marks = []
         for i in bucket:
-            read = _explicit_read(masters[i], i, gate)
+            read = explicit_read(masters[i], i, gate)
             names[i] = [read.op.name]
             with v1.device(local_device):
                 marks.append(replicas[i].assign(read, read_value=False))

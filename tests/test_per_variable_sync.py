@@ -1,0 +1,97 @@
+"""``--per_variable_sync``: synchronous parameter_server steps without the step-end barrier, each
+variable applied once (the mean of every worker's gradient) and released on its own. The flag
+checks, synchronous semantics on a real in-process cluster (tests/programs/per_variable_sync.py:
+a PS and two workers, five steps equal to SGD on the mean gradient), and the benchmark's graph."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers import free_port_base
+from tflaunch.models.benchmark_runners.common import BenchmarkError
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["--model", "inception3", "--image_size", "75", "--batch_size", "2"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--per_variable_sync"], "give --variable_update parameter_server --cross_replica_sync"),
+        (
+            ["--variable_update", "distributed_replicated", "--cross_replica_sync"]
+            + ["--per_variable_sync"],
+            "give --variable_update parameter_server",
+        ),
+        (
+            ["--cross_replica_sync", "--per_variable_sync", "--staged_vars"],
+            "drop --staged_vars and --transfer_order",
+        ),
+    ],
+)
+def test_bad_per_variable_sync_flags(argv, message) -> None:
+    from tflaunch.models.benchmark import build_parser, validate
+
+    with pytest.raises(BenchmarkError, match=message):
+        validate(build_parser().parse_args([*TINY, *argv]))
+
+
+def test_each_step_applies_the_mean_of_every_workers_gradient_once(tmp_path) -> None:
+    pytest.importorskip("tensorflow")
+    out = tmp_path / "sync.json"
+    proc = subprocess.run(
+        [sys.executable, "tests/programs/per_variable_sync.py", str(free_port_base(3)), "5"]
+        + [str(out)],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    for got, want in zip(result["weights"], result["reference"], strict=True):
+        np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-6)
+    # moved away from the start: five steps of the mean, not nothing
+    assert np.abs(np.array(result["reference"][0])).sum() > 0
+    # each worker reads through its own token queue per variable; no step-end barrier
+    expected = sorted(f"sync_release/{v}/{w}" for v in ("w", "b") for w in (0, 1))
+    assert result["queues_0"] == result["queues_1"] == expected
+
+
+@pytest.mark.slow  # builds InceptionV3's graph twice
+def test_the_benchmarks_graph_has_no_step_end_barrier() -> None:
+    tf = pytest.importorskip("tensorflow")
+    from tflaunch.models.benchmark import build_parser, validate
+    from tflaunch.models.benchmark_runners import graph as runner
+    from tflaunch.models.cluster import ClusterInfo
+
+    hosts = {"ps": ["localhost:1", "localhost:2"], "worker": ["w:0", "w:1", "w:2"]}
+    for rank in (0, 1):
+        args = build_parser().parse_args([*TINY, "--cross_replica_sync", "--per_variable_sync"])
+        validate(args)
+        graph = tf.Graph()
+        with graph.as_default():
+            ops = runner.WorkerGraph(args, ClusterInfo(hosts, "worker", rank))
+        types = [op.type for op in graph.get_operations()]
+        names = [op.get_attr("shared_name").decode() for op in graph.get_operations()
+                 if op.type == "FIFOQueueV2"]  # fmt: skip
+        assert not [n for n in names if n.startswith("sync_queues_step_end")]
+        # a token queue per variable of the model (InceptionV3's 190) and worker
+        trainable = len(names) // 3
+        assert len(names) == 3 * trainable and trainable > 100
+        assert {n.rsplit("/", 1)[1] for n in names} == {"0", "1", "2"}
+        assert (
+            types.count("ResourceConditionalAccumulator") + types.count("ConditionalAccumulator")
+            == trainable
+        )
+        assert ops.local_step is not None
+        assert (ops.sync_prime is not None) == (rank == 0)  # the chief applies and releases
+        takes = [t for t in types if "TakeGradient" in t]
+        assert len(takes) == (trainable if rank == 0 else 0)
