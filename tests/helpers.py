@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -152,6 +153,19 @@ def start_tflaunch(*args: str, cwd: Path | None = None) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+
+
+@contextmanager
+def up_until(
+    cluster: Path, needle: str, *args: str, timeout: float = 30
+) -> Iterator[tuple[subprocess.Popen, str]]:
+    """``tflaunch up CLUSTER ARGS`` started, its output read until a line holds ``needle``:
+    yields the process and what was read; the process is killed on the way out."""
+    proc = start_tflaunch("up", str(cluster), *args)
+    try:
+        yield proc, read_until(proc.stdout, needle, timeout=timeout)
+    finally:
+        proc.kill()
 
 
 def processes_mentioning(marker: str) -> list[psutil.Process]:

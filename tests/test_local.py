@@ -16,8 +16,8 @@ from tests.helpers import (
     fake_cluster,
     processes_mentioning,
     read_until,
-    start_tflaunch,
     tflaunch,
+    up_until,
     wait_until_gone,
     write_cluster,
 )
@@ -63,12 +63,8 @@ def test_failed_worker_ends_cluster_with_its_code_and_a_report(tmp_path):
 
 def test_worker_killed_mid_run_ends_cluster_within_5s(tmp_path):
     cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "60"})
-    proc = start_tflaunch("up", str(cluster))
-    try:
-        read_until(proc.stdout, "[worker:1] all ps reachable", timeout=30)
+    with up_until(cluster, "[worker:1] all ps reachable") as (proc, _):
         assert_kill_ends_cluster(proc, str(cluster.parent))
-    finally:
-        proc.kill()
     assert wait_until_gone(str(cluster.parent)) == []
 
 
@@ -77,33 +73,31 @@ def test_worker_killed_mid_run_ends_cluster_within_5s(tmp_path):
 )
 def test_signal_to_launcher_leaves_no_process(tmp_path, sig, code):
     cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "60", "SPAWN_CHILD": "1"})
-    proc = start_tflaunch("up", str(cluster))
-    try:
+    with up_until(cluster, "cluster ready") as (proc, seen):
         # A task says "child pid" as it starts, before or after the cluster is ready.
-        if "child pid" not in read_until(proc.stdout, "cluster ready", timeout=30):
+        if "child pid" not in seen:
             read_until(proc.stdout, "child pid", timeout=10)
         children = [p for p in processes_mentioning(str(tmp_path)) if p.name() == "sleep"]
         assert children
         proc.send_signal(sig)
         proc.wait(timeout=20)
         assert proc.returncode == code
-    finally:
-        proc.kill()
     assert wait_until_gone(str(cluster.parent)) == []
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
 
 
-def test_killed_launcher_leaves_no_process(tmp_path):
-    """kill -9 of tflaunch: the agent sees its input close and tears the tasks down."""
+def test_killed_launcher_leaves_no_process_and_status_says_lost(tmp_path):
+    """kill -9 of tflaunch: the agent sees its input close and tears the tasks down; the run's
+    record, left saying running, reads lost."""
     cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "60"})
-    proc = start_tflaunch("up", str(cluster))
-    try:
-        read_until(proc.stdout, "cluster ready", timeout=30)
+    with up_until(cluster, "cluster ready") as (proc, _):
         proc.kill()
         proc.wait(timeout=5)
-    finally:
-        proc.kill()
     assert wait_until_gone(str(cluster.parent), timeout=15) == []
+    (run,) = (tmp_path / "runs").iterdir()
+    assert json.loads((run / "run.json").read_text())["state"] == "running"  # as left behind
+    status = tflaunch("status", run.name, "--runs-dir", str(tmp_path / "runs"))
+    assert status.returncode == 0 and f"run {run.name}: lost" in status.stdout, status.stdout
 
 
 def test_task_children_die_with_the_task(tmp_path):
@@ -191,22 +185,6 @@ def test_unknown_run_is_bad_input(tmp_path):
     assert "run 'nope' was not found" in result.stderr
 
 
-def test_status_says_lost_after_kill_9_of_up(tmp_path):
-    cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "60"})
-    proc = start_tflaunch("up", str(cluster))
-    try:
-        read_until(proc.stdout, "cluster ready", timeout=30)
-        proc.kill()
-        proc.wait(timeout=5)
-    finally:
-        proc.kill()
-    wait_until_gone(str(cluster.parent), timeout=15)
-    (run,) = (tmp_path / "runs").iterdir()
-    assert json.loads((run / "run.json").read_text())["state"] == "running"  # as left behind
-    status = tflaunch("status", run.name, "--runs-dir", str(tmp_path / "runs"))
-    assert status.returncode == 0 and f"run {run.name}: lost" in status.stdout, status.stdout
-
-
 def test_down_signals_nothing_when_the_coordinator_pid_was_reused(tmp_path):
     """run.json names a pid that now belongs to another process (here: a sleep started after
     the recorded coordinator start time): down must leave it alone."""
@@ -256,15 +234,12 @@ def test_setsid_daemon_of_a_task_is_gone_after_success(tmp_path):
 
 def test_setsid_daemon_of_a_task_is_gone_after_ctrl_c(tmp_path):
     cluster = _daemon_cluster(tmp_path, WORK_SECONDS="60")
-    proc = start_tflaunch("up", str(cluster))
-    try:
+    with up_until(cluster, "cluster ready") as (proc, seen):
         # Said as the task starts, before or after the cluster is ready.
-        if "daemon pid" not in read_until(proc.stdout, "cluster ready", timeout=30):
+        if "daemon pid" not in seen:
             read_until(proc.stdout, "daemon pid", timeout=30)
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
-    finally:
-        proc.kill()
     assert proc.returncode == 130
     assert wait_until_gone(str(tmp_path), timeout=10) == []
 

@@ -11,8 +11,8 @@ from tests.helpers import (
     fake_cluster,
     processes_mentioning,
     read_until,
-    start_tflaunch,
     tflaunch,
+    up_until,
     wait_until_gone,
 )
 
@@ -88,16 +88,12 @@ def test_exit_code_policy_restarts_a_worker_killed_with_sigkill(tmp_path):
         env={"WORK_SECONDS": "6", "WORK_STEP": "0"},
         supervision=supervision(worker="exit-code"),
     )
-    proc = start_tflaunch("up", str(cluster))
-    try:
-        read_until(proc.stdout, "[worker:1] all ps reachable", timeout=30)
+    with up_until(cluster, "[worker:1] all ps reachable") as (proc, _):
         kill_task(marker, "worker:1")
         read_until(proc.stdout, "worker:1 exited with code 137 (SIGKILL); restarting it", 10)
         end = read_until(proc.stdout, "succeeded", timeout=60)
         assert "worker:1 restarted 1 time(s) (failures: 137 (SIGKILL))" in end
         assert proc.wait(timeout=30) == 0, proc.stderr.read()
-    finally:
-        proc.kill()
     assert wait_until_gone(marker) == []
 
 
@@ -124,16 +120,12 @@ def test_ps_loss_restarts_the_whole_cluster(tmp_path):
         env={"WORK_SECONDS": "5"},
         supervision=supervision(ps="on-failure"),
     )
-    proc = start_tflaunch("up", str(cluster))
-    try:
-        read_until(proc.stdout, "[worker:1] all ps reachable", timeout=30)
+    with up_until(cluster, "[worker:1] all ps reachable") as (proc, _):
         kill_task(marker, "ps:0")
         read_until(proc.stdout, "restarting the whole cluster from its checkpoints", 10)
         end = read_until(proc.stdout, "succeeded", timeout=60)
         assert "ps:0 restarted 1 time(s)" in end and "the cluster restarted 1 time(s)" in end
         assert proc.wait(timeout=30) == 0, proc.stderr.read()
-    finally:
-        proc.kill()
     evs = events(tmp_path)
     for task in ("ps:0", "worker:0", "worker:1"):
         generations = [
@@ -149,9 +141,7 @@ def test_silent_worker_is_reported_stalled_within_timeout_plus_5s(tmp_path):
         env={"HANG_INDEX": "1", "WORK_SECONDS": "0.2"},
         supervision={"grace_period": 1, "stall_timeout": 3},
     )
-    proc = start_tflaunch("up", str(cluster))
-    try:
-        read_until(proc.stdout, "[worker:1] done", timeout=30)
+    with up_until(cluster, "[worker:1] done") as (proc, _):
         silent_since = time.monotonic()
         read_until(proc.stdout, "worker:1 stalled: no output for", timeout=3 + 5)
         assert time.monotonic() - silent_since < 3 + 5
@@ -160,21 +150,15 @@ def test_silent_worker_is_reported_stalled_within_timeout_plus_5s(tmp_path):
         assert "worker:1 on localhost stalled and was stopped (exit 143 (SIGTERM))" in (
             proc.stderr.read()
         )
-    finally:
-        proc.kill()
     assert wait_until_gone(str(cluster.parent)) == []
 
 
 def test_sigusr1_to_the_launcher_is_passed_on_to_every_task_and_stops_nothing(tmp_path):
     cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "4"})
-    proc = start_tflaunch("up", str(cluster))
-    try:
-        read_until(proc.stdout, "[worker:1] all ps reachable", timeout=30)
+    with up_until(cluster, "[worker:1] all ps reachable") as (proc, _):
         proc.send_signal(signal.SIGUSR1)
         seen = read_until(proc.stdout, "succeeded", timeout=30)
         assert proc.wait(timeout=30) == 0, proc.stderr.read()
-    finally:
-        proc.kill()
     for task in ("ps:0", "worker:0", "worker:1"):
         assert f"[{task}]".ljust(10) + " got SIGUSR1" in seen
     assert [e["signal"] for e in events(tmp_path) if e["event"] == "signal_passed_on"] == [

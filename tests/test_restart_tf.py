@@ -12,7 +12,7 @@ import pytest
 from tests.helpers import (
     processes_mentioning,
     read_until,
-    start_tflaunch,
+    up_until,
     wait_until_gone,
     write_cluster,
 )
@@ -62,14 +62,10 @@ def run_events(tmp_path):
 def test_worker_killed_mid_training_is_restarted_and_training_completes(tmp_path):
     marker = str(tmp_path)
     cluster = pss_cluster(tmp_path, {"worker": "on-failure"})
-    proc = start_tflaunch("up", str(cluster))
-    try:
-        read_until(proc.stdout, "[chief:0]  global step 100:", timeout=240)
+    with up_until(cluster, "[chief:0]  global step 100:", timeout=240) as (proc, _):
         kill_task(marker, "worker:1")
         seen = read_until(proc.stdout, "succeeded", timeout=240)
         assert proc.wait(timeout=60) == 0, proc.stderr.read()
-    finally:
-        proc.kill()
     assert "worker:1 exited with code 137 (SIGKILL); restarting it" in seen
     assert "global step 300:" in seen
     assert "restarts: worker:1 restarted 1 time(s) (failures: 137 (SIGKILL))" in seen
@@ -83,15 +79,11 @@ def test_worker_killed_mid_training_is_restarted_and_training_completes(tmp_path
 def test_ps_killed_restarts_the_cluster_which_resumes_from_its_checkpoint(tmp_path):
     marker = str(tmp_path)
     cluster = pss_cluster(tmp_path, {"ps": "on-failure"})
-    proc = start_tflaunch("up", str(cluster))
-    try:
-        saved = read_until(proc.stdout, "[chief:0]  saved checkpoint", timeout=240)
+    with up_until(cluster, "[chief:0]  saved checkpoint", timeout=240) as (proc, saved):
         checkpoint_step = int(re.findall(r"at global step (\d+)", saved)[-1])
         kill_task(marker, "ps:1")
         seen = read_until(proc.stdout, "succeeded", timeout=300)
         assert proc.wait(timeout=60) == 0, proc.stderr.read()
-    finally:
-        proc.kill()
     assert "restarting the whole cluster from its checkpoints" in seen
     resumed = int(re.search(r"resumed from \S+ at global step (\d+)", seen).group(1))
     assert resumed >= checkpoint_step > 0

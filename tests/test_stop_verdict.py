@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.coordinator_fakes import FakeLink
-from tests.helpers import fake_cluster, read_until, start_tflaunch, tflaunch
+from tests.helpers import fake_cluster, tflaunch, up_until
 from tflaunch.cluster.config import parse_config
 from tflaunch.cluster.plan import Host, make_plan
 from tflaunch.launchers.batch.follow import CaughtSignals, follow
@@ -25,13 +25,9 @@ TWO = ["ps:0", "worker:0"]
 
 def test_sigterm_to_up_prints_stopped_once(tmp_path):
     path = fake_cluster(tmp_path, env={"WORK_SECONDS": "120"})
-    proc = start_tflaunch("up", str(path))
-    try:
-        read_until(proc.stdout, "cluster ready", timeout=60)
+    with up_until(path, "cluster ready", timeout=60) as (proc, _):
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
     assert proc.returncode == 143, err
     verdicts = [line for line in err.splitlines() if line.startswith("tflaunch: run ")]
     assert len(verdicts) == 1 and " stopped: interrupted by SIGTERM" in verdicts[0], err

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from tests.conftest import skip_or_fail
-from tests.helpers import fake_cluster, read_until, start_tflaunch, tflaunch, wait_until_gone
+from tests.helpers import fake_cluster, read_until, tflaunch, up_until, wait_until_gone
 from tflaunch.launchers.local.terminals import TerminalsDetails, follow_command, session_name
 from tflaunch.runtime.run import Run
 
@@ -78,9 +78,7 @@ def assert_nothing_left(tmp_path: Path, directory: str) -> None:
 
 def test_tmux_windows_show_each_task_and_close_after_the_run(tmp_path, tmux_env):
     cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "6"})
-    proc = start_tflaunch("up", str(cluster), "--terminals", "tmux")
-    try:
-        read_until(proc.stdout, "cluster ready", timeout=30)
+    with up_until(cluster, "cluster ready", "--terminals", "tmux") as (proc, _):
         run = run_of(tmp_path)
         session = session_name(run)
         assert run.record().part(TerminalsDetails).terminals_session == session
@@ -103,35 +101,25 @@ def test_tmux_windows_show_each_task_and_close_after_the_run(tmp_path, tmux_env)
             assert not any(f"{t} CUDA" in screen for t in others)  # one task per window
         proc.wait(timeout=60)
         assert proc.returncode == 0, proc.stderr.read()
-    finally:
-        proc.kill()
     assert_nothing_left(tmp_path, tmux_env)
 
 
 def test_ctrl_c_closes_the_windows_with_the_cluster(tmp_path, tmux_env):
     cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "60"})
-    proc = start_tflaunch("up", str(cluster), "--terminals", "tmux")
-    try:
-        read_until(proc.stdout, "cluster ready", timeout=30)
+    with up_until(cluster, "cluster ready", "--terminals", "tmux") as (proc, _):
         assert tmux("has-session", "-t", session_name(run_of(tmp_path))).returncode == 0
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
         assert proc.returncode == 130
-    finally:
-        proc.kill()
     assert_nothing_left(tmp_path, tmux_env)
 
 
 def test_kill_9_of_the_launcher_closes_the_windows_too(tmp_path, tmux_env):
     cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "60"})
-    proc = start_tflaunch("up", str(cluster), "--terminals", "tmux")
-    try:
-        read_until(proc.stdout, "cluster ready", timeout=30)
+    with up_until(cluster, "cluster ready", "--terminals", "tmux") as (proc, _):
         assert tmux("has-session", "-t", session_name(run_of(tmp_path))).returncode == 0
         proc.kill()
         proc.wait(timeout=5)
-    finally:
-        proc.kill()
     assert_nothing_left(tmp_path, tmux_env)
 
 
