@@ -115,8 +115,11 @@ def test_a_kept_cluster_that_does_not_fit_is_refused_unless_recreate(
 
     # Two laptops (runs directories and homes of their own: no local file is shared) start an
     # 'up' of the cluster at once: the second is refused, naming the first and where it runs.
+    # Laptop A's run works until this test releases it (a fixed 8 s could end, on a loaded
+    # machine, before laptop B's 'up' had even started).
+    release = tmp_path / "release-laptop-a"
     data = yaml.safe_load(cluster.read_text())
-    data["program"]["env"]["WORK_SECONDS"] = "8"
+    data["program"]["env"]["RELEASE_FILE"] = str(release)
     cluster.write_text(yaml.safe_dump(data))
     laptop_b = ["--runs-dir", str(tmp_path / "laptop-b")]
     b_env = {"HOME": str(tmp_path / "home-b")}
@@ -133,6 +136,7 @@ def test_a_kept_cluster_that_does_not_fit_is_refused_unless_recreate(
         busy = tflaunch("up", str(cluster), "--keep", *laptop_b, env=b_env, timeout=120)
         listed = cloud_status(clean_region, laptop_b, b_env)
     finally:
+        release.touch()
         assert holder.wait(timeout=120) == 0, a_log.read_text()[-3000:]
     assert busy.returncode == 2, busy.stderr[-3000:]
     assert (
@@ -144,6 +148,7 @@ def test_a_kept_cluster_that_does_not_fit_is_refused_unless_recreate(
     assert (row["busy_run"], row["idle_seconds"], row["kept"]) == ("laptop-a-run", None, True)
 
     # Once the first ended, laptop B's 'up' takes the cluster; afterwards it shows idle.
+    del data["program"]["env"]["RELEASE_FILE"]
     data["program"]["env"]["WORK_SECONDS"] = "1"
     cluster.write_text(yaml.safe_dump(data))
     after = tflaunch("up", str(cluster), "--keep", *laptop_b, env=b_env, timeout=180)

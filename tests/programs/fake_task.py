@@ -12,7 +12,9 @@ $TFLAUNCH_TASK_RESTARTS and $TFLAUNCH_CLUSTER_RESTARTS, which every task prints 
 With WRITE_CHECKPOINT=1 a worker writes a file named after it into $TFLAUNCH_CHECKPOINT_DIR
 (made if missing) and prints that directory and its own arguments (``{checkpoint_dir}``).
 With TOTAL_IMAGES_PER_SEC set, a worker prints tf_cnn_benchmarks' last line, ``total images/sec: N``
-(N = that + its index), after 'done' (what ``tflaunch bench`` reads). SIGUSR1 prints 'got SIGUSR1'. SPAWN_CHILD=1 makes every task start a long-sleeping child of its own;
+(N = that + its index), after 'done' (what ``tflaunch bench`` reads). With RELEASE_FILE set, a worker works until that file exists (at most RELEASE_WAIT
+seconds, default 300) instead of WORK_SECONDS: a test ends the work on cue, not on the clock.
+SIGUSR1 prints 'got SIGUSR1'. SPAWN_CHILD=1 makes every task start a long-sleeping child of its own;
 SPAWN_DAEMON=1 a child in a session of its own that ignores SIGTERM (what escapes a process-group
 teardown).
 """
@@ -92,7 +94,12 @@ if "RESTART_WORK_SECONDS" in os.environ:
 seconds = float(work) + index * float(os.environ.get("WORK_STEP", "0"))
 if "FINISH_AT_RESTART" in os.environ and restarts >= int(os.environ["FINISH_AT_RESTART"]):
     seconds = float(os.environ.get("FINISH_WORK_SECONDS", "0.2"))
-time.sleep(seconds)
+if "RELEASE_FILE" in os.environ:  # work until the test says so, however slow the machine
+    deadline = time.monotonic() + float(os.environ.get("RELEASE_WAIT", "300"))
+    while not os.path.exists(os.environ["RELEASE_FILE"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+else:
+    time.sleep(seconds)
 print("done", flush=True)
 if "TOTAL_IMAGES_PER_SEC" in os.environ:
     print(f"total images/sec: {float(os.environ['TOTAL_IMAGES_PER_SEC']) + index:.2f}", flush=True)
