@@ -1,8 +1,8 @@
 """What the registries' entry-point scans cost, and what caching them once a process saves.
 
-Two registries scan entry points: the backends' (``tflaunch.cluster.backends.registry``, cached
-once a process since it was written) and the clouds' (``tflaunch.launchers.clouds.providers``,
-which ``status --cloud`` asks once per run directory, ``down`` and ``gc`` once per provider
+Two registries scan entry points, both a ``tflaunch.cluster.registry.Registry`` cached once a
+process: the backends' (``tflaunch.cluster.backends.BACKENDS``) and the clouds'
+(``tflaunch.launchers.clouds.CLOUDS``, which ``status --cloud`` asks once per run directory, ``down`` and ``gc`` once per provider
 lookup). Each scan reads every installed package's metadata, so its cost grows with the venv.
 
 Measured in this process, same run, medians of --repeats:
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 FRESH = """
 import time
 from tflaunch.cluster import backends
-a = time.perf_counter(); backends.registry(); b = time.perf_counter(); backends.registry()
+a = time.perf_counter(); backends.BACKENDS.specs(); b = time.perf_counter(); backends.BACKENDS.specs()
 c = time.perf_counter()
 print((b - a) * 1e3, (c - b) * 1e3)
 """
@@ -69,21 +69,21 @@ def main() -> None:
     import tflaunch.launchers.clouds as clouds
     from tflaunch.launchers.clouds import listing
 
-    cached = clouds.providers  # swapped for the bare scan below, to time "before"
+    registry = clouds.CLOUDS
     scan = median_ms(lambda: list(entry_points(group="tflaunch.clouds")), args.repeats)
-    clouds.providers()
-    hit = median_ms(clouds.providers, args.repeats)
+    registry.specs()
+    hit = median_ms(registry.specs, args.repeats)
     print(f"one entry-point scan:           {scan:8.3f} ms")
     print(f"providers(), cached:            {hit:8.3f} ms   ({scan / hit:,.0f}x)")
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         make_runs(root, args.runs)
-        clouds.providers = clouds.scan_providers
+        registry.specs = registry.scan  # type: ignore[method-assign]  # the bare scan: "before"
         try:
             before = median_ms(lambda: listing.accounts(root, None), args.repeats)
         finally:
-            clouds.providers = cached
+            del registry.specs
         after = median_ms(lambda: listing.accounts(root, None), args.repeats)
     print(f"accounts() over {args.runs} runs, scan uncached: {before:8.1f} ms")
     print(

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from tests.helpers import ROOT
 from tflaunch.cli import cli
-from tflaunch.cluster import backends
+from tflaunch.cluster import backends, registry
 from tflaunch.cluster.backends import BackendSpec
 from tflaunch.cluster.config import config_schema, parse_config
 from tflaunch.cluster.schema import field
@@ -62,11 +62,11 @@ def installed(monkeypatch):
 
     def use(*entries: tuple[str, str]):
         points = [EntryPoint(n, v, backends.GROUP) for n, v in entries]
-        monkeypatch.setattr(backends, "entry_points", lambda group: points)
-        backends.registry.cache_clear()
+        monkeypatch.setattr(registry, "entry_points", lambda group: points)
+        backends.BACKENDS.clear()
 
     yield use
-    backends.registry.cache_clear()
+    backends.BACKENDS.clear()
 
 
 def test_the_built_ins_are_registered_in_folder_order_and_in_pyproject():

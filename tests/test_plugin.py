@@ -13,7 +13,7 @@ import pytest
 
 import tflaunch.plugin as plugin
 from tests.helpers import ROOT
-from tflaunch.cluster.backends import BackendSpec, registry
+from tflaunch.cluster.backends import BACKENDS, BackendSpec
 
 PLUGIN_FILE = ROOT / "tflaunch" / "plugin.py"
 
@@ -125,13 +125,15 @@ def test_importing_it_is_cheap_and_a_name_brings_only_its_module():
 
 def test_the_surface_holds_what_a_batch_backend_needs():
     assert issubclass(plugin.BatchBackend, plugin.Backend)
-    assert isinstance(registry()["slurm"], BackendSpec)
+    assert isinstance(BACKENDS.specs()["slurm"], BackendSpec)
     assert plugin.JobState("F", ending="failed").ended
     with pytest.raises(ValueError, match="ending 'lost' is not one of"):
         plugin.JobState("X", ending="lost")
 
 
-@pytest.mark.parametrize("name", sorted(n for n in registry() if (ROOT / "launchers" / n).is_dir()))
+@pytest.mark.parametrize(
+    "name", sorted(n for n in BACKENDS.specs() if (ROOT / "launchers" / n).is_dir())
+)
 def test_in_tree_backends_import_tflaunch_only_through_the_plugin(name):
     folder = ROOT / "launchers" / name
     found = around_the_surface(folder, f"tflaunch.launchers.{name}")

@@ -1,6 +1,7 @@
 """Cloud providers: where provisioned machines come from, one folder per provider.
 
-The registry of clouds, as :mod:`tflaunch.cluster.backends` is the backends': each cloud's
+The registry of clouds (:class:`tflaunch.cluster.registry.Registry`, the one the backends'
+(:mod:`tflaunch.cluster.backends`) is too): each cloud's
 folder exports ``PROVIDER``, a :class:`~tflaunch.launchers.clouds.base.ProviderSpec` (its
 name, its ``ssh.provision`` section class and checks, its features, its admin options, and
 optionally host discovery). The built-ins are the sub-packages of this package that export one;
@@ -9,19 +10,16 @@ packages installed beside tflaunch add theirs through the entry-point group ``tf
 the provider's name, so that ``down``, ``gc`` and ``status --cloud`` find the account again.
 
 The cloud-neutral orchestration that uses a provider (cost table, create-or-reuse, waiting,
-replacement) is :mod:`tflaunch.launchers.clouds.provisioning` and :mod:`tflaunch.launchers.clouds.fleet`; no
-module outside a cloud's folder names a cloud.
+replacement) is :mod:`tflaunch.launchers.clouds.provisioning` and
+:mod:`tflaunch.launchers.clouds.fleet`; no module outside a cloud's folder names a cloud.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
-import pkgutil
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 from tflaunch.cluster import schema
+from tflaunch.cluster.registry import Registry
 from tflaunch.errors import ConfigError
 from tflaunch.launchers.clouds.base import ProviderSpec, ProvisionSection
 
@@ -36,73 +34,22 @@ SPEC_NAME = "PROVIDER"  # what a cloud's folder exports
 TAG = "cloud"  # the key of ssh.provision that picks the cloud
 
 
+# Every known cloud by name (the built-ins, then installed packages), scanned once a process.
+CLOUDS: Registry[ProviderSpec] = Registry("cloud", ProviderSpec, BUILTIN_PACKAGE, SPEC_NAME, GROUP)
+
+
 def providers() -> dict[str, ProviderSpec]:
-    """Every known cloud by name (the built-ins, then installed packages), scanned once a
-    process."""
-    return dict(_scanned())
-
-
-@functools.cache
-def _scanned() -> tuple[tuple[str, ProviderSpec], ...]:
-    return tuple(scan_providers().items())
-
-
-def scan_providers() -> dict[str, ProviderSpec]:
-    """The scan itself (it reads every installed package's metadata; ``status --cloud`` asks
-    :func:`providers` once per run directory)."""
-    found = {spec.name: spec for spec in _builtin_specs()}
-    values = {name: f"{BUILTIN_PACKAGE}." for name in found}
-    for entry in sorted(entry_points(group=GROUP), key=lambda e: (e.name, e.value)):
-        if entry.value.startswith(values.get(entry.name, "\0")):
-            continue  # an installed tflaunch declaring its own built-ins, or the same twice
-        if entry.name in found:
-            raise ConfigError(
-                f"two installed packages register a cloud called '{entry.name}' (entry points "
-                f"{values[entry.name]!r} and {entry.value!r}, group {GROUP}); uninstall one."
-            )
-        found[entry.name] = _load_entry(entry)
-        values[entry.name] = entry.value
-    return found
-
-
-def _builtin_specs() -> list[ProviderSpec]:
-    package = importlib.import_module(BUILTIN_PACKAGE)
-    specs = []
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
-        if info.ispkg:
-            spec = getattr(importlib.import_module(f"{BUILTIN_PACKAGE}.{info.name}"), SPEC_NAME)
-            if isinstance(spec, ProviderSpec):
-                specs.append(spec)
-    return specs
-
-
-def _load_entry(entry: Any) -> ProviderSpec:
-    where = f"entry point '{entry.name} = {entry.value}' (group {GROUP})"
-    try:
-        spec = entry.load()
-    except Exception as err:
-        raise ConfigError(
-            f"the cloud '{entry.name}' of an installed package cannot be loaded from its "
-            f"{where}: {type(err).__name__}: {err}. Fix or uninstall that package."
-        ) from None
-    if not isinstance(spec, ProviderSpec) or spec.name != entry.name:
-        raise ConfigError(
-            f"the {where} does not name a tflaunch ProviderSpec called '{entry.name}'; fix or "
-            "uninstall the package that declares it."
-        )
-    return spec
+    """Every known cloud by name."""
+    return CLOUDS.specs()
 
 
 def names() -> list[str]:
-    return list(providers())
+    return CLOUDS.names()
 
 
 def spec_of(name: str, where: str = "ssh.provision.cloud") -> ProviderSpec:
-    """The cloud called ``name``; ConfigError naming the known ones if none."""
-    known = providers()
-    if name not in known:
-        raise ConfigError(f"{where}: unknown cloud '{name}'; choose one of {', '.join(known)}.")
-    return known[name]
+    """The cloud called ``name`` (or by an alias); ConfigError naming the known ones if none."""
+    return CLOUDS.lookup(name, where)
 
 
 def spec_for_section(section: ProvisionSection) -> ProviderSpec:
@@ -137,20 +84,19 @@ def provider_for(section: ProvisionSection, say: Say) -> Provider:
 
 
 def provision_variants() -> dict[str, schema.Section]:
-    """``ssh.provision``'s classes, by the value of its ``cloud`` key."""
-    return {name: schema.Section(s.section, s.section_doc) for name, s in providers().items()}
+    """``ssh.provision``'s classes, by the value of its ``cloud`` key (a name or an alias)."""
+    return {
+        name: schema.Section(spec.section, spec.section_doc)
+        for name in CLOUDS.choices()
+        for spec in (spec_of(name),)
+    }
 
 
 def default_cloud() -> str | None:
     """The cloud an ``ssh.provision`` without a ``cloud`` key means: the one whose spec says
     ``default``, if one does."""
-    chosen = [name for name, spec in providers().items() if spec.default]
-    if len(chosen) > 1:
-        raise ConfigError(
-            f"clouds {', '.join(chosen)} each claim to be the default of ssh.provision.cloud; "
-            "uninstall one of them."
-        )
-    return chosen[0] if chosen else None
+    spec = CLOUDS.default()
+    return spec.name if spec is not None else None
 
 
 PROVISION = schema.Variants(TAG, provision_variants, default=default_cloud, noun="cloud")

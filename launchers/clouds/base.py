@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import importlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -54,6 +53,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from tflaunch.cluster.config import MAX_SECONDS, ClusterConfig
 from tflaunch.cluster.plan import Host, Plan
+from tflaunch.cluster.registry import load_attribute
 from tflaunch.cluster.schema import field
 from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.launchers.clouds.costs import CostLine, Price
@@ -137,10 +137,11 @@ class ProviderSpec:
     discovery_doc: str = ""
     discover: str | None = None  # "module:function"(section, allow_private_connect) -> hosts
     default: bool = False  # what ssh.provision means without a 'cloud' key (one cloud at most)
+    aliases: tuple[str, ...] = ()  # other names ssh.provision.cloud and --cloud may give it
 
     def load(self) -> type[Provider]:
         """The provider class (imported on demand, so each cloud stays optional)."""
-        return _attribute(self.provider, f"the '{self.name}' cloud")
+        return load_attribute(self.provider, f"the '{self.name}' cloud")
 
     def supports(self, feature: Feature) -> bool:
         return feature in self.features
@@ -161,18 +162,9 @@ class ProviderSpec:
         ``ssh.<name>``, of the :attr:`discovery` class, which the discover function reads."""
         if self.discover is None:
             raise ConfigError(f"cloud '{self.name}' does not discover hosts.")
-        return _attribute(self.discover, f"the '{self.name}' cloud")(section, allow_private_connect)
-
-
-def _attribute(path: str, what: str) -> Any:
-    module_name, _, attr = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name and module_name.startswith(err.name):
-            raise ConfigError(f"{what} is not available in this installation.") from None
-        raise
-    return getattr(module, attr)
+        return load_attribute(self.discover, f"the '{self.name}' cloud")(
+            section, allow_private_connect
+        )
 
 
 SettingsT = TypeVar("SettingsT")  # what a provider reads its settings from

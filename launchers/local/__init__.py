@@ -3,4 +3,6 @@ one terminal window per task (``up --terminals``)."""
 
 from tflaunch.plugin import BackendSpec
 
-BACKEND = BackendSpec(name="local", backend="tflaunch.launchers.local.backend:LocalBackend")
+BACKEND = BackendSpec(
+    name="local", backend="tflaunch.launchers.local.backend:LocalBackend", default=True
+)

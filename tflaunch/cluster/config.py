@@ -389,7 +389,7 @@ class ClusterConfig:
     backend: str = field(
         "local",
         doc="how tasks are started",
-        choices=lambda: backends.names(),
+        choices=lambda: backends.BACKENDS.choices(),
         unknown_choice="backends are those of the packages installed here (tflaunch's own and "
         "plugins registering the entry point group tflaunch.backends, docs/plugins.md): install "
         "the package that provides it into this Python",
@@ -652,7 +652,7 @@ def _check(config: ClusterConfig, positions: Mapping[tuple, int]) -> None:
             f"({supervision.heartbeat:g} s), so one late heartbeat would tear the run down; "
             "raise heartbeat_timeout or lower heartbeat",
         )
-    for spec in backends.registry().values():  # each backend's section, and its own rules
+    for spec in backends.BACKENDS.specs().values():  # each backend's section, and its own rules
         if spec.check is not None:
             spec.check(config, fail)
 
