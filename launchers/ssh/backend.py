@@ -12,10 +12,11 @@ its stdin carries the coordinator's commands and heartbeats.
 No orphans: a channel without a PTY does not kill its remote process, and sshd notices a cut link
 only after TCP gives up, so the agent itself stops its tasks when its input closes *or* when no
 heartbeat arrived for ``supervision.heartbeat_timeout`` seconds. The launcher in turn probes every
-connection (an SSH global request, like ``ServerAliveInterval``) and reports a host whose
+connection (:mod:`tflaunch.launchers.ssh.link`: an SSH global request, like
+``ServerAliveInterval``) and reports a host whose
 connection stopped answering as lost, which fails the run — unless ``ssh.host_wait`` is
 set: then once the lost host accepts a connection again (within ``host_wait``) a new agent is
-started there from the plan in its run directory, which starts its tasks, alone when their
+started there (:mod:`tflaunch.launchers.ssh.revive`) from the plan in its run directory, which starts its tasks, alone when their
 roles' restart scope allows, else with the whole cluster (see
 :mod:`tflaunch.runtime.coordinator`). A provisioned run also asks the provider every few seconds
 whether its instances still run, and replaces an ended one (same host name, role, type and
@@ -32,26 +33,20 @@ copied into the local run directory when the run ends.
 from __future__ import annotations
 
 import contextlib
-import queue
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import paramiko
-
 from tflaunch.launchers.ssh import detached
 from tflaunch.launchers.ssh.connect import (
     Connection,
-    SshOptions,
     Unreachable,
-    connect,
-    connect_all,
     parallel,
-    remote_command,
 )
 from tflaunch.launchers.ssh.details import SshDetails
+from tflaunch.launchers.ssh.link import SshLink
+from tflaunch.launchers.ssh.revive import SshRevival
 from tflaunch.launchers.ssh.section import SshSection, host_run_dir
 from tflaunch.launchers.ssh.session import HostSession
 from tflaunch.launchers.ssh.sources import resolve_hosts
@@ -65,97 +60,12 @@ from tflaunch.plugin import (
     Plan,
     Revive,
     Run,
-    StreamLink,
     TflaunchError,
     TraceSite,
-    agent_output,
 )
 from tflaunch.runtime import procs, protocol
 
 WATCH_SECONDS = 3.0  # between asking the provider whether a provisioned run's instances run
-
-
-class SshLink(StreamLink):
-    """An agent's event stream over an SSH channel, with a liveness probe of the connection."""
-
-    def __init__(
-        self,
-        host: str,
-        conn: Connection,
-        channel: paramiko.Channel,
-        heartbeat: float,
-        timeout: float,
-        first_events: Sequence[dict[str, Any]] = (),
-    ):
-        super().__init__(host, channel.makefile("r"), channel.makefile_stdin("w"))
-        self.conn, self.channel = conn, channel
-        self.heartbeat, self.timeout = heartbeat, timeout
-        self.first_events = list(first_events)  # what happened to the host before this agent
-        self._closed = threading.Event()
-        self._sink: queue.Queue | None = None
-
-    def start_reader(self, sink: queue.Queue) -> None:
-        self._sink = sink
-        for event in self.first_events:
-            sink.put((self.host, event))
-        super().start_reader(sink)
-        threading.Thread(target=self._pump_stderr, args=(sink,), daemon=True).start()
-        threading.Thread(target=self._probe, args=(sink,), daemon=True).start()
-
-    def _pump_stderr(self, sink: queue.Queue) -> None:
-        """The agent's stderr (Python warnings, a crash) shown as the agent's own output."""
-        with contextlib.suppress(OSError, ValueError, EOFError):
-            for line in self.channel.makefile_stderr("r"):
-                sink.put((self.host, agent_output(self.host, line.rstrip())))
-
-    def _probe(self, sink: queue.Queue) -> None:
-        """Report the host lost when the connection stops answering for ``timeout`` seconds."""
-        transport = self.conn.transport
-
-        def ask(answered: threading.Event) -> None:
-            with contextlib.suppress(Exception):  # any outcome but silence is an answer
-                transport.global_request("keepalive@openssh.com", wait=True)
-            answered.set()
-
-        while not self._closed.wait(self.heartbeat):
-            answered = threading.Event()
-            threading.Thread(target=ask, args=(answered,), daemon=True).start()
-            if not answered.wait(self.timeout) and not self._closed.is_set():
-                message = (
-                    f"its SSH connection ({self.conn.address}) stopped answering for "
-                    f"{self.timeout:g} s"
-                )
-                sink.put((self.host, protocol.HostLost(message=message).wire()))
-                sink.put((self.host, protocol.LinkClosed().wire()))
-                self.conn.close()  # unblocks the reader
-                return
-
-    def report_lost(self, message: str) -> None:
-        """The host is gone (its provider says so): report it lost and cut the connection."""
-        if self._sink is None or self._closed.is_set():
-            return
-        self._closed.set()
-        self._sink.put((self.host, protocol.HostLost(message=message).wire()))
-        self._sink.put((self.host, protocol.LinkClosed().wire()))
-        self.conn.close()
-
-    def send(self, command: dict[str, Any]) -> None:
-        if self.channel.closed:
-            return  # a lost connection: nothing is buffered for a channel that is gone
-        with contextlib.suppress(EOFError, OSError, paramiko.SSHException):
-            super().send(command)  # a lost connection is reported by the probe and the reader
-
-    def close(self, timeout: float) -> None:
-        """Close the agent's input (it tears down), wait up to ``timeout``, then the channel."""
-        self._closed.set()
-        with contextlib.suppress(EOFError, OSError, ValueError, paramiko.SSHException):
-            super().close(timeout)
-        deadline = time.monotonic() + timeout
-        while not self.channel.exit_status_ready() and time.monotonic() < deadline:
-            if self.channel.closed:
-                break
-            time.sleep(0.05)
-        self.channel.close()
 
 
 class SshBackend(Backend):
@@ -178,6 +88,7 @@ class SshBackend(Backend):
         return resolve_hosts(config)
 
     def hosts_pending(self, config: ClusterConfig) -> bool:
+        """Whether the run makes its hosts (``ssh.provision``): the one test of it here."""
         return config.section(SshSection).provision is not None
 
     def check_here(self, config: ClusterConfig, plan: Plan) -> list[str]:
@@ -198,9 +109,7 @@ class SshBackend(Backend):
         options = options or LaunchOptions()
         try:
             with contextlib.ExitStack() as stack:  # a provisioned run's instances end last
-                if (
-                    config.section(SshSection).provision is not None
-                ):  # make the instances: the run's hosts
+                if self.hosts_pending(config):  # make the instances: the run's hosts
                     plan = stack.enter_context(self._provisioning(config, plan, run, options))
                 try:
                     with limits.runtime_limit(config.supervision.max_runtime, self.session.say):
@@ -258,7 +167,8 @@ class SshBackend(Backend):
                 link.close(timeout=10)
             self.session.end_probes()
             raise LaunchError("cannot start the agents:\n  " + "\n  ".join(failures))
-        self._links = {link.host: link for link in links}
+        self._links.clear()  # (kept current by the revival, for the instance watch)
+        self._links.update({link.host: link for link in links})
         if self.fleet is not None:
             threading.Thread(target=self._watch_instances, daemon=True).start()
         return links
@@ -276,76 +186,9 @@ class SshBackend(Backend):
                         link.report_lost(why)
 
     def reviver(self, config: ClusterConfig, plan: Plan, run: Run) -> Revive | None:
-        if self.fleet is not None and plan.supervision.restart.enabled:
-            # a provisioned run whose agents stay up: an ended instance is replaced
-            budget = config.section(SshSection).host_wait or 2 * self.fleet.ready_timeout
-            return Revive(
-                budget,
-                lambda host, deadline: self._replace(config, plan, run, host, deadline),
-                doing=lambda host: (
-                    f"{self.fleet.replacing(host)} on the same cluster address and "
-                    f"preparing it as at the start (sync, setup, pre-flight) within {budget:g} s"
-                ),
-                not_back=f"was not replaced within {budget:g} s",
-            )
-        if not config.section(SshSection).host_wait:
-            return None
-
-        def revive(host: str, deadline: float) -> SshLink:
-            """Connect to ``host`` until it answers or ``deadline``; start a new agent there."""
-            options = SshOptions.from_section(config.section(SshSection), config.base_dir)
-            address = plan.host(host).connect_address
-            while True:
-                try:
-                    if options.jump_host:
-                        conn = connect_all([(host, address)], options)[host]
-                    else:
-                        conn = connect(host, address, options)
-                    break
-                except LaunchError as err:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise LaunchError(f"the last try to connect said: {err}") from None
-                    time.sleep(min(2.0, left))  # the last try is at the deadline
-            old = self.session.connections.get(host)
-            if old is not None:
-                with contextlib.suppress(Exception):
-                    old.close()
-            self.session.connections[host] = conn
-            argv = self.session.agent_argv(
-                config.section(SshSection).python, host, await_start=True
-            )
-            sup = plan.supervision
-            return SshLink(
-                host, conn, conn.start(remote_command(argv)), sup.heartbeat, sup.heartbeat_timeout
-            )
-
-        return Revive(config.section(SshSection).host_wait, revive)
-
-    def _replace(
-        self, config: ClusterConfig, plan: Plan, run: Run, host: str, deadline: float
-    ) -> SshLink:
-        """A new instance for ``host``, prepared as at the start (sync, setup, pre-flight, its
-        plan), with a new agent; its link first reports :class:`protocol.InstanceReplaced`."""
-        made, old_id, new_id = self.fleet.replace(host, deadline)
-        fresh = HostSession(self.session.out)
-        fresh.options = self.session.options  # the run's known_hosts
-        fresh.open(config, plan.with_hosts(made), run, only=host)
-        old = self.session.connections.get(host)
-        if old is not None:
-            with contextlib.suppress(Exception):
-                old.close()
-        conn = self.session.connections[host] = fresh.connections[host]
-        self.session.paths[host] = fresh.paths[host]
-        argv = self.session.agent_argv(config.section(SshSection).python, host, await_start=True)
-        sup = plan.supervision
-        replaced = protocol.InstanceReplaced(old=old_id, new=new_id).wire()
-        link = SshLink(
-            host, conn, conn.start(remote_command(argv)), sup.heartbeat, sup.heartbeat_timeout,
-            first_events=[replaced],
-        )  # fmt: skip
-        self._links[host] = link
-        return link
+        """A lost host's new agent (:mod:`tflaunch.launchers.ssh.revive`): the same host
+        again (``ssh.host_wait``), or a new instance in a provisioned run."""
+        return SshRevival(self.session, self._links, self.fleet, config, plan, run).revive()
 
     # ---- detached runs: the coordinator runs on one of the hosts ----------------------------
 
