@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import queue
@@ -168,6 +169,13 @@ def up_until(
         proc.kill()
 
 
+def up_detached(cluster: Path, *args: str, timeout: float = 120) -> str:
+    """``tflaunch up CLUSTER --detach ARGS``, checked to have started: the run id it printed."""
+    started = tflaunch("up", str(cluster), "--detach", *args, timeout=timeout)
+    assert started.returncode == 0, started.stderr
+    return started.stdout.strip().splitlines()[-1]
+
+
 def processes_mentioning(marker: str) -> list[psutil.Process]:
     """Live processes whose command line mentions ``marker`` or whose TEST_MARKER it is
     (tasks of ``fake_cluster`` carry it in their environment, and so do their children)."""
@@ -251,6 +259,17 @@ def python_files(*tops: str) -> list[Path]:
     """Every ``.py`` file under the repository's top folders ``tops``, sorted: what the
     tree-scanning tests (stray protocol names, raw run.json reads) read."""
     return sorted(p for top in tops for p in (ROOT / top).rglob("*.py"))
+
+
+def imported_modules(path: Path) -> list[str]:
+    """The modules the Python file ``path`` imports by absolute name, in the order written."""
+    modules: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            modules.append(node.module or "")
+        elif isinstance(node, ast.Import):
+            modules += [alias.name for alias in node.names]
+    return modules
 
 
 def gone_launcher():

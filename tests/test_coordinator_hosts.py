@@ -4,6 +4,7 @@ but for a lost host's new agent, with real agents and fake_task over pipes."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -356,6 +357,25 @@ def agent_link(run: Run, host: str, await_start: bool = False) -> LosableLink:
     return LosableLink(ProcessLink(host, proc))
 
 
+@contextlib.contextmanager
+def coordinating_a_and_revivable_b(plan, run):
+    """Real agents on hosts a and b, coordinate() over them in a thread, and a lost b revived by
+    a new agent (started awaiting its start command); yields (a, b, thread, result, output) and
+    closes every link on the way out."""
+    a, b = agent_link(run, "a"), agent_link(run, "b")
+    new_b: list[LosableLink] = []
+
+    def revive(host: str, deadline: float) -> LosableLink:
+        new_b.append(agent_link(run, host, await_start=True))
+        return new_b[0]
+
+    try:
+        yield (a, b, *run_in_thread(plan, run, [a, b], revive=Revive(30, revive)))
+    finally:
+        for link in [a, b, *new_b]:
+            link.close(10)
+
+
 def task_pid(link: LosableLink, task: str, runs: int = 1) -> int:
     """The pid of ``task``'s latest start on ``link``'s agent, once its ``runs``-th run
     printed its restart counters."""
@@ -382,15 +402,7 @@ def test_a_task_restarted_on_a_lost_hosts_new_agent_counts_every_restart_of_the_
         # worker:0 ends after 1 s, worker:1 only in a run that counts 2 restarts
         {"WORK_SECONDS": "1", "WORK_STEP": "120", "FINISH_AT_RESTART": "2"},
     )
-    a, b = agent_link(run, "a"), agent_link(run, "b")
-    new_b: list[LosableLink] = []
-
-    def revive(host: str, deadline: float) -> LosableLink:
-        new_b.append(agent_link(run, host, await_start=True))
-        return new_b[0]
-
-    thread, result, out = run_in_thread(plan, run, [a, b], revive=Revive(30, revive))
-    try:
+    with coordinating_a_and_revivable_b(plan, run) as (a, b, thread, result, out):
         first = task_pid(b, "worker:1")
         os.kill(first, signal.SIGKILL)  # restarted in place by its agent: restart 1
         second = task_pid(b, "worker:1", runs=2)
@@ -401,9 +413,6 @@ def test_a_task_restarted_on_a_lost_hosts_new_agent_counts_every_restart_of_the_
         outcome = result["outcome"]
         assert outcome.code == 0, outcome.message + out.getvalue()
         assert not psutil.pid_exists(second) or psutil.Process(second).status() == "zombie"
-    finally:
-        for link in [a, b, *new_b]:
-            link.close(10)
     assert restart_lines(run, "worker:1") == [
         "worker:1 restarts: task 0 cluster 0",
         "worker:1 restarts: task 1 cluster 0",
@@ -425,15 +434,7 @@ def test_a_cluster_restart_for_a_lost_host_counts_on_and_frees_the_old_ps_port(t
         tmp_path, "{ps: exit-code}", {"WORK_SECONDS": "120", "FINISH_AT_RESTART": "1"}, "ba"
     )
     assert [t.name for t in plan.tasks_on("b")] == ["ps:0", "worker:0"]
-    a, b = agent_link(run, "a"), agent_link(run, "b")
-    new_b: list[LosableLink] = []
-
-    def revive(host: str, deadline: float) -> LosableLink:
-        new_b.append(agent_link(run, host, await_start=True))
-        return new_b[0]
-
-    thread, result, out = run_in_thread(plan, run, [a, b], revive=Revive(30, revive))
-    try:
+    with coordinating_a_and_revivable_b(plan, run) as (a, b, thread, result, out):
         task_pid(b, "worker:0")
         # worker:1, on a, starts only once a's agent sees ps:0's port (on b) accept: under load
         # that can come after b's PS is ready; losing b before it printed its first line would
@@ -445,9 +446,6 @@ def test_a_cluster_restart_for_a_lost_host_counts_on_and_frees_the_old_ps_port(t
         assert not thread.is_alive()
         outcome = result["outcome"]
         assert outcome.code == 0, outcome.message + out.getvalue()
-    finally:
-        for link in [a, b, *new_b]:
-            link.close(10)
     for task in ("ps:0", "worker:0", "worker:1"):
         assert restart_lines(run, task) == [
             f"{task} restarts: task 0 cluster 0",

@@ -17,6 +17,7 @@ from tests.helpers import (
     processes_mentioning,
     read_until,
     tflaunch,
+    up_detached,
     up_until,
     wait_until_gone,
     write_cluster,
@@ -154,9 +155,7 @@ def test_missing_program_is_bad_input(tmp_path):
 def test_detach_status_logs_down(tmp_path):
     cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "60"})
     runs = str(tmp_path / "runs")
-    started = tflaunch("up", str(cluster), "--detach")
-    assert started.returncode == 0, started.stderr
-    run_id = started.stdout.strip()
+    run_id = up_detached(cluster)
     try:
         status = tflaunch("status", run_id, "--run-dir", runs)
         assert f"run {run_id}: running" in status.stdout
@@ -247,9 +246,7 @@ def test_setsid_daemon_of_a_task_is_gone_after_ctrl_c(tmp_path):
 def test_setsid_daemon_of_a_task_is_gone_after_down(tmp_path):
     cluster = _daemon_cluster(tmp_path, WORK_SECONDS="60")
     runs = str(tmp_path / "runs")
-    up = tflaunch("up", str(cluster), "--detach", timeout=120)
-    assert up.returncode == 0, up.stderr
-    run_id = up.stdout.strip().splitlines()[-1]
+    run_id = up_detached(cluster)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and len(processes_mentioning(str(tmp_path))) < 4:
         time.sleep(0.2)  # three tasks and at least one daemon

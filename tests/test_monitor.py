@@ -13,7 +13,14 @@ import time
 import psutil
 import pytest
 
-from tests.helpers import FAKE_TASK, tflaunch, traffic_cluster, wait_until_gone, write_cluster
+from tests.helpers import (
+    FAKE_TASK,
+    tflaunch,
+    traffic_cluster,
+    up_detached,
+    wait_until_gone,
+    write_cluster,
+)
 from tests.hosts import ssh_hosts
 from tflaunch.cluster.config import Supervision
 from tflaunch.runtime.monitor import (
@@ -270,9 +277,7 @@ def test_sampling_off_writes_no_samples(tmp_path):
 def test_status_shows_live_cpu_rss_and_uptime_then_watch_ends_with_the_run(tmp_path):
     cluster = traffic_cluster(tmp_path, 0, BURN_SECONDS="3", HOLD_SECONDS="3")
     runs = str(tmp_path / "runs")
-    started = tflaunch("up", str(cluster), "--detach")
-    assert started.returncode == 0, started.stderr
-    run_id = started.stdout.strip()
+    run_id = up_detached(cluster)
     try:
         status = tflaunch("status", run_id, "--run-dir", runs)
         lines = status.stdout.splitlines()

@@ -4,12 +4,11 @@ every listed package is such a folder; and tests import no other test module."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import tomllib
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, imported_modules
 
 
 def setuptools_table() -> dict:
@@ -62,16 +61,9 @@ def test_tests_import_fixtures_and_helpers_never_another_test_module():
     for path in sorted((ROOT / "tests").rglob("*.py")):
         if "data" in path.relative_to(ROOT / "tests").parts:
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom) and node.level == 0:
-                modules = [node.module or ""]
-            elif isinstance(node, ast.Import):
-                modules = [alias.name for alias in node.names]
-            else:
-                continue
-            found += [
-                f"{path.relative_to(ROOT)}: {m}"
-                for m in modules
-                if m.rpartition(".")[2].startswith("test_")
-            ]
+        found += [
+            f"{path.relative_to(ROOT)}: {m}"
+            for m in imported_modules(path)
+            if m.rpartition(".")[2].startswith("test_")
+        ]
     assert found == []

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import tflaunch.plugin as plugin
-from tests.helpers import ROOT
+from tests.helpers import ROOT, imported_modules
 from tflaunch.cluster.backends import BACKENDS, BackendSpec
 
 PLUGIN_FILE = ROOT / "tflaunch" / "plugin.py"
@@ -54,16 +54,9 @@ def tflaunch_imports(folder: Path) -> dict[str, set[str]]:
     """Every tflaunch module the ``.py`` files under ``folder`` import -> the files that do."""
     found: dict[str, set[str]] = {}
     for path in sorted(folder.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom) and node.level == 0:
-                modules = [node.module or ""]
-            elif isinstance(node, ast.Import):
-                modules = [alias.name for alias in node.names]
-            else:
-                continue
-            for module in modules:
-                if module == "tflaunch" or module.startswith("tflaunch."):
-                    found.setdefault(module, set()).add(str(path.relative_to(ROOT)))
+        for module in imported_modules(path):
+            if module == "tflaunch" or module.startswith("tflaunch."):
+                found.setdefault(module, set()).add(str(path.relative_to(ROOT)))
     return found
 
 

@@ -186,32 +186,11 @@ def test_a_symlinked_out_is_refused_and_a_new_one_gets_the_runs_mode(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (tmp_path / "link").symlink_to(elsewhere)
-    refused = CliRunner().invoke(
-        cli,
-        [
-            "report",
-            run.id,
-            "--runs-dir",
-            str(tmp_path / "runs"),
-            "--html",
-            "--out",
-            str(tmp_path / "link"),
-        ],
-    )
+    report = ["report", run.id, "--runs-dir", str(tmp_path / "runs"), "--html", "--out"]
+    refused = CliRunner().invoke(cli, [*report, str(tmp_path / "link")])
     assert refused.exit_code == 2 and "is a symlink" in refused.output, refused.output
     assert list(elsewhere.iterdir()) == []
-    made = CliRunner().invoke(
-        cli,
-        [
-            "report",
-            run.id,
-            "--runs-dir",
-            str(tmp_path / "runs"),
-            "--html",
-            "--out",
-            str(tmp_path / "new"),
-        ],
-    )
+    made = CliRunner().invoke(cli, [*report, str(tmp_path / "new")])
     assert made.exit_code == 0, made.output
     assert _mode(tmp_path / "new") == 0o700 and _mode(tmp_path / "new" / "report.html") == 0o600
 

@@ -18,6 +18,7 @@ from tests.helpers import (
     in_second_pid_namespace,
     left_behind_run,
     tflaunch,
+    up_detached,
 )
 from tflaunch.runtime.identity import Launcher, machine_id
 from tflaunch.runtime.run import Run
@@ -108,9 +109,7 @@ def test_a_created_run_is_live_while_its_launcher_runs_and_lost_after(tmp_path):
 def test_rm_and_prune_from_a_second_pid_namespace_refuse_a_live_run(tmp_path, second_pid_namespace):
     cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "60"})
     runs = tmp_path / "runs"
-    started = tflaunch("up", str(cluster), "--detach", "--runs-dir", str(runs))
-    assert started.returncode == 0, started.stderr
-    run_id = started.stdout.strip().splitlines()[-1]
+    run_id = up_detached(cluster, "--runs-dir", str(runs))
     try:
         listed = in_second_pid_namespace("status", "--runs-dir", str(runs), "--json")
         (row,) = json.loads(listed.stdout)

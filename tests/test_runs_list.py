@@ -10,7 +10,14 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from tests.helpers import cpu_bounded, cpu_seconds, fake_cluster, left_behind_run, tflaunch
+from tests.helpers import (
+    cpu_bounded,
+    cpu_seconds,
+    fake_cluster,
+    left_behind_run,
+    tflaunch,
+    up_detached,
+)
 from tflaunch.cli import cli
 from tflaunch.launchers.slurm.script import SlurmDetails
 from tflaunch.runtime.run import Outcome, Run
@@ -89,9 +96,7 @@ def test_prune_age_needs_a_unit_it_knows():
 def test_live_detached_run_is_listed_running_and_refused_by_rm_and_prune(tmp_path):
     cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "60"})
     runs = tmp_path / "runs"
-    started = tflaunch("up", str(cluster), "--detach", "--runs-dir", str(runs))
-    assert started.returncode == 0, started.stderr
-    run_id = started.stdout.strip().splitlines()[-1]
+    run_id = up_detached(cluster, "--runs-dir", str(runs))
     try:
         listed = tflaunch("status", "--runs-dir", str(runs), "--json")
         (row,) = json.loads(listed.stdout)

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from tests.conftest import skip_or_fail
-from tests.helpers import fake_cluster, read_until, tflaunch, up_until, wait_until_gone
+from tests.helpers import fake_cluster, read_until, tflaunch, up_detached, up_until, wait_until_gone
 from tflaunch.launchers.local.terminals import TerminalsDetails, follow_command, session_name
 from tflaunch.runtime.run import Run
 
@@ -126,9 +126,7 @@ def test_kill_9_of_the_launcher_closes_the_windows_too(tmp_path, tmux_env):
 def test_attach_opens_the_session_in_a_terminal(tmp_path, tmux_env):
     cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "60"})
     runs = str(tmp_path / "runs")
-    started = tflaunch("up", str(cluster), "--detach", "--terminals", "tmux")
-    assert started.returncode == 0, started.stderr
-    run_id = started.stdout.strip()
+    run_id = up_detached(cluster, "--terminals", "tmux")
     session = session_name(run_of(tmp_path))
     pid, fd = pty.fork()
     if pid == 0:  # the child: `tflaunch attach` on a pseudo-terminal, as a person would run it
