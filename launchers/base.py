@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tflaunch.cluster.backends import BackendFeature
 from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Host, Plan
 from tflaunch.errors import LaunchError, TflaunchError
@@ -43,6 +44,15 @@ class LaunchOptions:
     keep: bool = False  # up --keep: keep them as the file's named cluster, or reuse that one
     recreate: bool = False  # up --recreate: replace a kept cluster that does not fit the plan
     trace: TraceRequest | None = None  # up --trace (in the config's program env already)
+
+    def features(self) -> list[tuple[BackendFeature, str]]:
+        """The optional abilities these options ask of the backend, each with its option (``up``
+        refuses those the backend does not declare: BackendSpec.features)."""
+        asked = [
+            (BackendFeature.TERMINALS, "--terminals" if self.terminals else ""),
+            (BackendFeature.KEEP, "--keep" if self.keep else ""),
+        ]
+        return [(feature, option) for feature, option in asked if option]
 
     def argv(self) -> list[str]:
         """The same options as ``up`` arguments (for the background half of ``up --detach``)."""
@@ -121,13 +131,11 @@ class Backend(ABC):
         return run.id
 
     def check_options(self, options: LaunchOptions) -> None:
-        """Refuse options of ``up`` this backend cannot honour (LaunchError, exit 2) before
-        anything starts. Default: no terminal windows; ``--down`` has nothing to end."""
-        if options.terminals:
-            raise LaunchError(
-                f"--terminals works with the local backend only; this cluster file uses "
-                f"'{self.name}'. Follow the tasks with 'tflaunch logs RUN -f' instead."
-            )
+        """Refuse options of ``up`` this backend cannot honour here (LaunchError, exit 2)
+        before anything starts, beyond the features its spec declares, which ``up`` checks
+        first (local: the terminal program is installed). Default: nothing more; ``--down``
+        has nothing to end."""
+        return None
 
     def choose_ports(self, config: ClusterConfig, plan: Plan) -> Plan:
         """The plan a run starts (and ``validate`` checks) with its ports settled: the local

@@ -17,10 +17,10 @@ from click.testing import CliRunner
 from tests.helpers import ROOT
 from tflaunch.cli import cli
 from tflaunch.cluster import backends, registry
-from tflaunch.cluster.backends import BackendSpec
+from tflaunch.cluster.backends import BackendFeature, BackendSpec
 from tflaunch.cluster.config import config_schema, parse_config
 from tflaunch.cluster.schema import field
-from tflaunch.errors import ConfigError
+from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.launchers import get_backend
 from tflaunch.launchers.base import LaunchOptions
 from tflaunch.launchers.slurm.section import SlurmSection
@@ -207,3 +207,17 @@ def test_no_class_grows_past_300_lines_unnoticed(tmp_path, monkeypatch):
     assert "more than its known" in checker.problems({known: 10_000}, complete=False)[0]
     monkeypatch.setattr(checker, "KNOWN", {})
     assert checker.main([]) == 0
+
+
+def test_options_ask_for_declared_abilities_and_are_refused_naming_who_has_them():
+    asked = LaunchOptions(terminals="tmux", keep=True).features()
+    assert asked == [(BackendFeature.TERMINALS, "--terminals"), (BackendFeature.KEEP, "--keep")]
+    assert LaunchOptions(down_at_end=True).features() == []
+    assert BackendFeature.TERMINALS in backends.spec_of("local").features
+    backends.spec_of("ssh").require(BackendFeature.KEEP, "--keep")  # declared: nothing raised
+    with pytest.raises(LaunchError, match=r"^--terminals works with the local backend only; "
+                       r"this cluster file uses 'kube'\. Follow the tasks with"):  # fmt: skip
+        KUBE.require(BackendFeature.TERMINALS, "--terminals")
+    with pytest.raises(LaunchError, match="--keep keeps the machines .* backend 'kube' makes none "
+                       r"\(the ssh backend does"):  # fmt: skip
+        KUBE.require(BackendFeature.KEEP, "--keep")

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tflaunch.cluster import backends
 from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Plan, gpu_notices, make_plan
 from tflaunch.errors import ConfigError, LaunchError, PlanError, TflaunchError
@@ -227,8 +228,13 @@ def up(
     options: LaunchOptions | None = None,
 ) -> Outcome | str:
     """``tflaunch up``: the run's outcome, or with ``detach`` what to print (the run id).
-    ``options`` go to the backend, which first refuses those it cannot honour."""
+    ``options`` go to the backend: those asking for an ability its spec does not declare
+    (``BackendSpec.features``) are refused here, once, then those it cannot honour here."""
     backend = backend_for(config.backend)
+    if options is not None:
+        spec = backends.spec_of(config.backend)
+        for feature, asked in options.features():
+            spec.require(feature, asked)
     if options is not None and options.keep and not backend.hosts_pending(config):
         raise ConfigError(
             f"{config.source}: --keep keeps the machines tflaunch makes for a run "

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 _SOURCES: dict[str, str] = {
     # Registering a backend, and its section of the cluster file
     "BackendSpec": "tflaunch.cluster.backends",
+    "BackendFeature": "tflaunch.cluster.backends",  # what up's options need, declared
     "Fail": "tflaunch.cluster.backends",
     "field": "tflaunch.cluster.schema",
     "MAX_GPUS": "tflaunch.cluster.config",
@@ -137,7 +138,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from tflaunch.cluster.backends import BackendSpec, Fail
+    from tflaunch.cluster.backends import BackendFeature, BackendSpec, Fail
     from tflaunch.cluster.config import (
         MAX_GPUS,
         MAX_HOSTS,

@@ -2,7 +2,7 @@
 pre-flight, host sources, and the ``ssh:`` section of the cluster file."""
 
 from tflaunch.launchers.ssh.section import SshSection, check
-from tflaunch.plugin import BackendSpec
+from tflaunch.plugin import BackendFeature, BackendSpec
 
 BACKEND = BackendSpec(
     name="ssh",
@@ -11,4 +11,5 @@ BACKEND = BackendSpec(
     section_doc="SSH backend settings",
     check=check,
     workdir_on_hosts=True,  # the program runs on the hosts, in a directory there
+    features=frozenset({BackendFeature.KEEP}),  # up --keep: ssh.provision's machines
 )

@@ -16,12 +16,14 @@ loaded, are errors that name the entry points.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from tflaunch.cluster import schema
 from tflaunch.cluster.registry import Registry, load_attribute
+from tflaunch.errors import LaunchError
 
 GROUP = "tflaunch.backends"
 BUILTIN_PACKAGE = "tflaunch.launchers"
@@ -29,6 +31,23 @@ SPEC_NAME = "BACKEND"  # what a built-in backend's folder exports
 
 # fail(key path, message) raises the located ConfigError ("file:line: key: message.")
 Fail = Callable[[tuple, str], None]
+
+
+class BackendFeature(enum.Enum):
+    """An optional ability a backend declares in its spec, as a cloud declares its own
+    (:class:`tflaunch.launchers.clouds.base.Feature`): ``up`` refuses a request for one the
+    file's backend lacks, once, in one paragraph (exit code 2), naming the backends that have
+    it. The value is that refusal, after the option asked (``{name}``: the file's backend,
+    ``{having}``: those that declare it)."""
+
+    TERMINALS = (
+        "works with the {having} backend only; this cluster file uses '{name}'. Follow the "
+        "tasks with 'tflaunch logs RUN -f' instead."
+    )
+    KEEP = (
+        "keeps the machines tflaunch makes for a run, and backend '{name}' makes none (the "
+        "{having} backend does, where its section says to make them)."
+    )
 
 
 @dataclass(frozen=True)
@@ -50,10 +69,21 @@ class BackendSpec:
     aliases: tuple[str, ...] = ()  # other names ``backend:`` may give it
     # what a file without ``backend:`` means (one backend at most: the built-in 'local')
     default: bool = False
+    features: frozenset[BackendFeature] = frozenset()  # the optional abilities it has
 
     def load(self) -> Any:
         """The backend's ``Backend`` class (imported on demand, so each stays optional)."""
         return load_attribute(self.backend, f"the '{self.name}' backend")
+
+    def require(self, feature: BackendFeature, asked: str) -> None:
+        """Refuse ``asked`` (the option, e.g. ``--terminals``) unless this backend declares
+        ``feature``: one paragraph naming the backends that do (LaunchError, exit code 2)."""
+        if feature in self.features:
+            return
+        having = [s.name for s in BACKENDS.specs().values() if feature in s.features]
+        raise LaunchError(
+            f"{asked} " + feature.value.format(name=self.name, having=" or ".join(having) or "no")
+        )
 
 
 # Every backend by name: the built-ins first (in folder order), then installed packages.
