@@ -12,7 +12,6 @@ Usage: python benchmarks/launch_latency.py [--repeats 3] [--train-steps 40]
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import statistics
 import subprocess
@@ -26,7 +25,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tflaunch.runtime import protocol  # noqa: E402
+from tests.helpers import ready_and_last_worker_exit  # noqa: E402
 
 
 def free_base() -> int:
@@ -69,14 +68,7 @@ def one_run(work: Path, train_steps: int) -> dict[str, float]:
     if result.returncode != 0:
         raise RuntimeError(f"run failed ({result.returncode}):\n{result.stderr[-2000:]}")
     run_dir = max((work / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
-    lines = (run_dir / "events.jsonl").read_text().splitlines()
-    events = list(protocol.records(json.loads(line) for line in lines))
-    ready = next(r.time for r in events if isinstance(r.event, protocol.ClusterReady))
-    last_exit = max(
-        r.time
-        for r in events
-        if isinstance(r.event, protocol.Exited) and r.event.task.startswith("worker")
-    )
+    ready, last_exit = ready_and_last_worker_exit(run_dir)
     return {"up_to_ready": ready - started, "teardown": ended - last_exit}
 
 

@@ -31,9 +31,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.helpers import mnist_argv  # noqa: E402
+from tests.helpers import mnist_argv, ready_and_last_worker_exit  # noqa: E402
 from tests.hosts import slurm_cluster  # noqa: E402
-from tflaunch.runtime import protocol  # noqa: E402
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
@@ -101,14 +100,7 @@ def one_run(work: Path, workload: str, train_steps: int) -> dict[str, float]:
     if code != 0 or ended_at is None or running_at is None:
         raise SystemExit(f"{workload} run failed (exit {code}): {proc.stderr.read()[-2000:]}")
     (run,) = [p for p in runs.iterdir() if p not in before]
-    lines = (run / "events.jsonl").read_text().splitlines()
-    events = list(protocol.records(json.loads(line) for line in lines))
-    ready = next(r.time for r in events if isinstance(r.event, protocol.ClusterReady))
-    last_exit = max(
-        r.time
-        for r in events
-        if isinstance(r.event, protocol.Exited) and r.event.task.startswith("worker")
-    )
+    ready, last_exit = ready_and_last_worker_exit(run)
     return {
         "scheduling": running_at - submitted,
         "start_to_ready": ready - running_at,

@@ -272,6 +272,21 @@ def imported_modules(path: Path) -> list[str]:
     return modules
 
 
+def ready_and_last_worker_exit(run_dir: Path) -> tuple[float, float]:
+    """From a run's events: when its cluster was ready, and when its last worker exited."""
+    from tflaunch.runtime import protocol
+
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    events = list(protocol.records(json.loads(line) for line in lines))
+    ready = next(r.time for r in events if isinstance(r.event, protocol.ClusterReady))
+    last_exit = max(
+        r.time
+        for r in events
+        if isinstance(r.event, protocol.Exited) and r.event.task.startswith("worker")
+    )
+    return ready, last_exit
+
+
 def gone_launcher():
     """The identity of a process of this machine that ran and is gone (a killed launcher)."""
     from tflaunch.runtime.identity import Launcher, machine_id

@@ -236,15 +236,22 @@ def test_a_host_wait_shorter_than_the_grace_period_still_brings_the_host_back(tm
     assert result["outcome"].code == 0, result["outcome"].message + out.getvalue()
 
 
-def test_a_lost_host_past_its_tasks_restart_limit_fails_the_run(tmp_path):
-    plan, run = make(tmp_path, "{worker: {policy: on-failure, max_restarts: 0}}")
+def outcome_of_losing_b(plan, run):
+    """The outcome of a run whose host b (worker:1) is lost once, its agent back at once."""
     a, b = Agent("a", ["ps:0", "worker:0"]), Agent("b", ["worker:1"])
     thread, result, _ = run_in_thread(plan, run, [a, b], revive=Revive(30, lambda h, d: b))
     wait_for(lambda: b.sink is not None)
     b.lose()
     thread.join(10)
-    message = result["outcome"].message
-    assert result["outcome"].code == 1
+    return result["outcome"]
+
+
+def test_a_lost_host_past_its_tasks_restart_limit_fails_the_run(tmp_path):
+    outcome = outcome_of_losing_b(
+        *make(tmp_path, "{worker: {policy: on-failure, max_restarts: 0}}")
+    )
+    message = outcome.message
+    assert outcome.code == 1
     assert message.startswith(
         "host b was lost: silent for 6 s. Not restarted: worker:1: it was restarted 0 time(s), "
         "the limit of supervision.restart.worker.max_restarts (0)"
@@ -274,13 +281,7 @@ def test_a_host_still_silent_after_host_wait_fails_the_run_naming_it(tmp_path):
 
 
 def test_host_losses_past_max_cluster_restarts_fail_the_run(tmp_path):
-    plan, run = make(tmp_path, "{max_cluster_restarts: 0}")
-    a, b = Agent("a", ["ps:0", "worker:0"]), Agent("b", ["worker:1"])
-    thread, result, _ = run_in_thread(plan, run, [a, b], revive=Revive(30, lambda h, d: b))
-    wait_for(lambda: b.sink is not None)
-    b.lose()
-    thread.join(10)
-    message = result["outcome"].message
+    message = outcome_of_losing_b(*make(tmp_path, "{max_cluster_restarts: 0}")).message
     assert "host b was lost: silent for 6 s. Not restarted: the cluster was " in (message)
     assert "supervision.restart.max_cluster_restarts (0)" in message
 

@@ -27,6 +27,7 @@ from tests.helpers import (
     free_port_base,
     mnist_argv,
     processes_mentioning,
+    start_tflaunch,
     tflaunch,
 )
 from tests.hosts import slurm_cluster
@@ -183,12 +184,7 @@ def test_dedicated_ps_runs_as_heterogeneous_job(cluster, tmp_path) -> None:
 
 def test_worker_killed_on_node2_ends_the_job_within_10s(cluster, tmp_path) -> None:
     path = fake(tmp_path, {"ps": 1, "worker": 3}, {"WORK_SECONDS": "120", "SPAWN_CHILD": "1"})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tflaunch", "up", str(path)],
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = start_tflaunch("up", str(path))
     try:
         worker = _wait_started(tmp_path, "worker:1", timeout=60)
         assert worker["host"] == "node2"
@@ -364,12 +360,7 @@ def test_nasty_names_and_paths_reach_slurm_and_the_shell_intact(cluster, tmp_pat
 
 def test_cancelled_while_following_stops_the_job(cluster, tmp_path) -> None:
     path = fake(tmp_path, {"ps": 1, "worker": 2}, {"WORK_SECONDS": "300"})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tflaunch", "up", str(path)],
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = start_tflaunch("up", str(path))
     try:
         _wait_started(tmp_path, "worker:1", timeout=60)
         proc.send_signal(signal.SIGINT)
