@@ -109,3 +109,13 @@ def test_steps_a_run_beat_the_step_to_step_spread() -> None:
     assert tv.steps_for(noisy, 6, 24) == 24
     assert tv.steps_for([1.0, 1.1, 0.95, 1.05], 2, 100) == 7  # 6.3 %: (0.063 / 0.025)^2 = 6.4
     assert tv.steps_for([], 6, 24) == 6
+
+
+def test_one_round_picks_the_measured_best_and_says_its_spread_is_unknown() -> None:
+    rows = _rows()[:2]
+    a, b = (r.setting.label for r in rows)
+    measure, calls = _measurements({a: [10.4], b: [10.0]})
+    outcome = tv.Race(rows, measure, rounds=1).run()
+    assert calls == [a, b] and outcome.pick.row.setting.label == a  # no spread: the faster
+    assert any("spread is not known" in line for line in outcome.lines)
+    assert not any(line.startswith("within noise") for line in outcome.lines)

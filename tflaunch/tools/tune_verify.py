@@ -161,7 +161,7 @@ class Race:
                 e.dropped_after = round_no
 
     def outcome(self) -> Outcome:
-        spread, _ = self.pooled_spread()
+        spread, df = self.pooled_spread()
         measured = [e for e in self.entries if e.runs]
         lines = []
         for e in self.entries:
@@ -175,6 +175,12 @@ class Race:
         low = self.interval(leader)[0]
         close = [e for e in racing if self.interval(e)[1] >= low]
         pick = min(close, key=lambda e: ts.simplicity(e.row.setting)) if close else leader
+        if df < 1 and len(racing) > 1:  # one run each: no spread to call anything noise
+            pick, close = leader, [leader]
+            lines.append(
+                "one run a setting: their spread is not known, so the order may be noise "
+                "(--verify-rounds 2 or more measures it)"
+            )
         if len(close) > 1:
             lines.append(
                 "within noise: "
