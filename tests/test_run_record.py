@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import python_files
-from tflaunch.launchers.clouds.records import CloudDetails, access_part
+from tflaunch.launchers.clouds.records import (
+    CloudDetails,
+    InstanceRecord,
+    access_part,
+    add_instances,
+    instance_records,
+    mark_terminated,
+)
 from tflaunch.launchers.slurm.script import SlurmDetails
 from tflaunch.launchers.ssh.details import SshDetails
 from tflaunch.runtime.run import Run, RunRecord
@@ -93,6 +100,22 @@ def test_the_scan_leaves_messages_and_docstrings_alone(tmp_path):
         'def f(run):\n    return f"no job id in {run.meta_path}; see run.json"\n'
     )
     assert raw_reads([module]) == []
+
+
+def test_instance_records_are_read_typed_and_entries_that_are_not_records_left_out(tmp_path):
+    run = Run.create(tmp_path, "r")
+    made = InstanceRecord("i-1", "worker-1", "c5.xlarge", "worker", True, 0.17, 1.0, None, "k")
+    other = InstanceRecord("i-2", "ps-1", "c5.xlarge", "ps")
+    add_instances(run, [made])
+    add_instances(run, [other])
+    assert instance_records(run) == [made, other]
+    assert json.loads(run.meta_path.read_text())["instances"][0]["type"] == "c5.xlarge"
+    bad = [{"id": 7}, "i-3", {**made.to_json(), "spot": "yes"}, {**made.to_json(), "launched": "x"}]
+    run.update_part(CloudDetails, instances=[made.to_json(), *bad])
+    assert instance_records(run) == [made]
+    mark_terminated(run, {"i-1"})
+    (ended,) = instance_records(run)
+    assert ended.terminated is not None and ended.kept == "k"
 
 
 def test_a_backend_part_round_trips_beside_the_core_fields(tmp_path):

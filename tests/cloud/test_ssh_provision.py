@@ -451,7 +451,8 @@ def test_a_provisioned_up_plans_twice_and_writes_the_plan_once(
     tmp_path, ec2_endpoint, aws_env, banner_port, monkeypatch
 ):
     """Once on the pending hosts (which instances, which ports), once on the real ones: the
-    only plan.json. The banner-only listener ends the run at the SSH connect."""
+    only plan.json; the provider is built once, for the plan, and handed to the provisioning.
+    The banner-only listener ends the run at the SSH connect."""
     import tflaunch.cluster.plan as plan_module
     from tflaunch import launch
     from tflaunch.launchers.base import LaunchOptions
@@ -473,9 +474,17 @@ def test_a_provisioned_up_plans_twice_and_writes_the_plan_once(
     for module in (launch, provisioning):
         monkeypatch.setattr(module, "make_plan", counted_plan)
     monkeypatch.setattr(Run, "write_plan", counted_write)
+    built, init = [], Ec2Provider.__init__
+
+    def counted_init(provider, *args, **kwargs):
+        built.append(provider)
+        init(provider, *args, **kwargs)
+
+    monkeypatch.setattr(Ec2Provider, "__init__", counted_init)
     with pytest.raises(LaunchError, match="cannot connect"):
         launch.up(config, str(tmp_path / "c.yaml"), options=LaunchOptions(down_at_end=True))
     assert calls == {"plan": 2, "write": 1}
+    assert len(built) == 1
     (run_dir,) = (tmp_path / "runs").iterdir()
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["cluster"]["ps"] == ["127.0.0.1:2230"]  # the real addresses, not pending ones
