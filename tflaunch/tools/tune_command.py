@@ -4,26 +4,32 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from tflaunch.tools import tune_settings as ts
+from tflaunch.tools.perfmodel import Link
 from tflaunch.tools.perfmodel_inputs import parse_link
 from tflaunch.tools.tune import tune
 from tflaunch.tools.tune_calibrate import TuneOptions
 from tflaunch.tools.tune_settings import TuneError
 
 
-def _names(text: str) -> tuple[str, ...]:
+def _names(ctx: click.Context, param: click.Parameter, text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
 
 
-def _ps_hosts(text: str) -> tuple[str, ...]:
-    names = _names(text)
+def _ps_hosts(ctx: click.Context, param: click.Parameter, text: str) -> tuple[str, ...]:
+    names = _names(ctx, param, text)
     bad = [n for n in names if n not in ts.PS_HOSTS]
     if bad or not names:
         raise TuneError(f"--ps-hosts {text!r}: give colocated, dedicated or both.")
     return names
+
+
+def _link(ctx: click.Context, param: click.Parameter, text: str | None) -> Link | None:
+    return parse_link(text) if text else None
 
 
 @click.command("tune")
@@ -35,7 +41,7 @@ def _ps_hosts(text: str) -> tuple[str, ...]:
     metavar="K",
     help="Race the top K settings (interleaved runs until they separate); pick by measurement.",
 )
-@click.option("--apply", "apply_", is_flag=True, help="Start the tuned cluster file at the end.")
+@click.option("--apply", "apply", is_flag=True, help="Start the tuned cluster file at the end.")
 @click.option(
     "--steps",
     type=click.IntRange(min=1),
@@ -74,14 +80,12 @@ def _ps_hosts(text: str) -> tuple[str, ...]:
 )
 @click.option(
     "--link",
-    "link_text",
-    default=None,
+    callback=_link,
     metavar="US,MB_S",
     help="The link's latency and bandwidth, instead of running netbench.",
 )
 @click.option(
     "--model",
-    "model_name",
     default=None,
     help="For a program other than tflaunch.models.benchmark: its network's name.",
 )
@@ -102,13 +106,17 @@ def _ps_hosts(text: str) -> tuple[str, ...]:
 @click.option(
     "--updates",
     default="",
+    callback=_names,
     metavar="LIST",
     help="Narrow the grid: variable updates (comma-separated; default: all the program takes).",
 )
-@click.option("--placements", default="", metavar="LIST", help="Narrow the grid: placements.")
+@click.option(
+    "--placements", default="", callback=_names, metavar="LIST", help="Narrow the grid: placements."
+)
 @click.option(
     "--transfers",
     default="",
+    callback=_names,
     metavar="LIST",
     help="Narrow the grid: none, staged (--staged_vars: values one step staler), tic; for "
     "all-reduce packed (--gradient_repacking 4), float16 (--compact_gradient_transfer: gradients "
@@ -117,15 +125,15 @@ def _ps_hosts(text: str) -> tuple[str, ...]:
 @click.option(
     "--ps-hosts",
     default=",".join(ts.PS_HOSTS),
+    callback=_ps_hosts,
     show_default=True,
     metavar="LIST",
     help="Narrow the grid: colocated, dedicated.",
 )
 @click.option(
     "--out",
-    "out_path",
     default=None,
-    type=click.Path(dir_okay=False),
+    type=click.Path(dir_okay=False, path_type=Path),
     help="Where the tuned cluster file goes (default: <file>.tuned.yaml beside it).",
 )
 @click.option(
@@ -137,49 +145,7 @@ def _ps_hosts(text: str) -> tuple[str, ...]:
 @click.option(
     "--runs-dir", "--run-dir", "runs_dir", default=None, help="Default: the file's runs_dir."
 )
-def tune_command(
-    cluster_file: str,
-    verify: int,
-    apply_: bool,
-    steps: int,
-    warmup: int,
-    verify_steps: int,
-    verify_rounds: int,
-    verify_budget_s: float,
-    max_ps: int | None,
-    link_text: str | None,
-    model_name: str | None,
-    batch_size: int | None,
-    trace_steps: str,
-    updates: str,
-    placements: str,
-    transfers: str,
-    ps_hosts: str,
-    out_path: str | None,
-    force: bool,
-    runs_dir: str | None,
-) -> None:
+def tune_command(cluster_file: str, **options: Any) -> None:
     """Measure the cluster (compute, network), rank every setting the file allows by the
     performance model, and write the fastest as a cluster file."""
-    options = TuneOptions(
-        steps=steps,
-        warmup=warmup,
-        max_ps=max_ps,
-        verify=verify,
-        verify_steps=verify_steps,
-        verify_rounds=verify_rounds,
-        verify_budget_s=verify_budget_s,
-        apply=apply_,
-        link=parse_link(link_text) if link_text else None,
-        model=model_name,
-        batch_size=batch_size,
-        trace_steps=trace_steps,
-        runs_dir=runs_dir,
-        out=Path(out_path) if out_path else None,
-        force=force,
-        updates=_names(updates),
-        placements=_names(placements),
-        transfers=_names(transfers),
-        ps_hosts=_ps_hosts(ps_hosts),
-    )
-    sys.exit(tune(cluster_file, options, click.echo))
+    sys.exit(tune(cluster_file, TuneOptions(**options), click.echo))  # each parsed to its type
