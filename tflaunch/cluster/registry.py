@@ -151,7 +151,9 @@ class Registry(Generic[SpecT]):
         where = f"entry point '{entry.name} = {entry.value}' (group {self.group})"
         try:
             spec = entry.load()
-        except Exception as err:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as err:  # SystemExit too: a plugin exiting at import ends no command
             raise ConfigError(
                 f"the {self.kind} '{entry.name}' of an installed package cannot be loaded from "
                 f"its {where}: {type(err).__name__}: {err}. Fix or uninstall that package."
