@@ -287,6 +287,35 @@ def ready_and_last_worker_exit(run_dir: Path) -> tuple[float, float]:
     return ready, last_exit
 
 
+def run_program(*argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python ARGV`` from the checkout (a program of tests/programs and its arguments) with
+    TensorFlow's C++ log quiet and nothing else of this environment, checked to succeed."""
+    proc = subprocess.run(
+        [sys.executable, *argv],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def upstream(op) -> set[str]:
+    """The names of every TensorFlow op that ``op`` waits for, through inputs and control
+    inputs (a graph's ``Operation``; nothing here imports TensorFlow)."""
+    seen: set[str] = set()
+    todo = [op]
+    while todo:
+        current = todo.pop()
+        for dep in [*current.control_inputs, *(t.op for t in current.inputs)]:
+            if dep.name not in seen:
+                seen.add(dep.name)
+                todo.append(dep)
+    return seen
+
+
 def gone_launcher():
     """The identity of a process of this machine that ran and is gone (a killed launcher)."""
     from tflaunch.runtime.identity import Launcher, machine_id

@@ -7,16 +7,13 @@ all-reduce does, in float32 and in float16 on the wire."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.helpers import run_program
 from tflaunch.models.benchmark_runners.common import BenchmarkError, cut_buckets
 
-ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--model", "inception3", "--image_size", "75", "--batch_size", "2"]
 
 
@@ -69,15 +66,7 @@ def test_bucket_flag_with_float16_is_accepted() -> None:
 def test_buckets_start_before_the_backward_pass_ends_and_match_one_all_reduce(tmp_path) -> None:
     pytest.importorskip("tensorflow")
     out = tmp_path / "steps.json"
-    proc = subprocess.run(
-        [sys.executable, "tests/programs/bucketed_all_reduce.py", str(out)],
-        cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_program("tests/programs/bucketed_all_reduce.py", str(out))
     plain32, buckets32, plain16, buckets16 = json.loads(out.read_text())
     n = len(plain32["weights"])
     backward = list(range(n - 1, -1, -1))  # a chain of layers: the last layer's first

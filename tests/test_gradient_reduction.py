@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port_base
+from tests.helpers import free_port_base, upstream
 from tflaunch.models.benchmark_runners.common import bytes_per_pack_for, pack_sizes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,19 +95,6 @@ def _ps_graph(extra: list[str], workers: int = 3, rank: int = 1):
     return graph, ops
 
 
-def _upstream(op) -> set[str]:
-    """Every op that ``op`` waits for, through control dependencies and inputs."""
-    seen: set[str] = set()
-    todo = [op]
-    while todo:
-        current = todo.pop()
-        for dep in [*current.control_inputs, *(t.op for t in current.inputs)]:
-            if dep.name not in seen:
-                seen.add(dep.name)
-                todo.append(dep)
-    return seen
-
-
 @pytest.mark.slow  # builds InceptionV3's graph twice
 @pytest.mark.parametrize("update", ["parameter_server", "distributed_replicated"])
 def test_cross_replica_sync_adds_the_step_end_barrier(update) -> None:
@@ -126,7 +113,7 @@ def test_cross_replica_sync_adds_the_step_end_barrier(update) -> None:
         assert ops.update_op.name in [c.name for c in op.control_inputs]
     # the step's fetch waits for the barrier (and the update)
     assert ops.train_op.name == "sync_step"
-    waited = _upstream(ops.train_op)
+    waited = upstream(ops.train_op)
     assert {dequeues[0].name, ops.update_op.name} <= waited
     # asynchronous (default): no queue at all
     graph, _ = _ps_graph(["--variable_update", update])

@@ -6,17 +6,13 @@ a PS and two workers, five steps equal to SGD on the mean gradient), and the ben
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.helpers import free_port_base
+from tests.helpers import free_port_base, run_program
 from tflaunch.models.benchmark_runners.common import BenchmarkError
 
-ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--model", "inception3", "--image_size", "75", "--batch_size", "2"]
 
 
@@ -45,16 +41,7 @@ def test_bad_per_variable_sync_flags(argv, message) -> None:
 def test_each_step_applies_the_mean_of_every_workers_gradient_once(tmp_path) -> None:
     pytest.importorskip("tensorflow")
     out = tmp_path / "sync.json"
-    proc = subprocess.run(
-        [sys.executable, "tests/programs/per_variable_sync.py", str(free_port_base(3)), "5"]
-        + [str(out)],
-        cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_program("tests/programs/per_variable_sync.py", str(free_port_base(3)), "5", str(out))
     result = json.loads(out.read_text())
     for got, want in zip(result["weights"], result["reference"], strict=True):
         np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-6)

@@ -20,6 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tests.helpers import upstream  # noqa: E402
 from tflaunch.models.benchmark_runners.eager import (  # noqa: E402
     GradientReduction,
     Optimizer,
@@ -41,19 +42,6 @@ def strategy_of_two() -> tf.distribute.Strategy:
         devices, group_size=2, options=tf.distribute.experimental.CommunicationOptions()
     )
     return tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
-
-
-def upstream(op) -> set[str]:
-    """Every op that ``op`` waits for, through inputs and control inputs."""
-    seen: set[str] = set()
-    todo = [op]
-    while todo:
-        current = todo.pop()
-        for dep in [*current.control_inputs, *(t.op for t in current.inputs)]:
-            if dep.name not in seen:
-                seen.add(dep.name)
-                todo.append(dep)
-    return seen
 
 
 def one_step(strategy, compact: bool, bucket_bytes: int, data) -> dict:
