@@ -12,10 +12,10 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tflaunch.models.nets.layers import (
+    Classifier,
     ConvBN,
     Dense,
     avg_pool,
-    check_data_format,
     concat,
     global_avg_pool,
 )
@@ -205,7 +205,7 @@ def _chain(layers: list[ConvBN], x: tf.Tensor, training: bool) -> tf.Tensor:
     return x
 
 
-class InceptionV3(tf.Module):
+class InceptionV3(Classifier):
     """InceptionV3 classifier: images [N, H, W, 3] (or [N, 3, H, W] for NCHW) -> logits."""
 
     default_image_size = DEFAULT_IMAGE_SIZE
@@ -214,10 +214,7 @@ class InceptionV3(tf.Module):
     def __init__(
         self, num_classes: int = 1000, data_format: str = "NHWC", name: str = "inception_v3"
     ) -> None:
-        check_data_format(data_format)
-        super().__init__(name=name)
-        self.data_format = data_format
-        self.num_classes = num_classes
+        super().__init__(num_classes, data_format, name)
         b = _Builder(data_format)
         with self.name_scope:
             self.stem = [

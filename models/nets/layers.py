@@ -39,6 +39,17 @@ def check_data_format(data_format: str) -> None:
         )
 
 
+class Classifier(tf.Module):
+    """What the networks here have in common: images [N, H, W, 3] (or [N, 3, H, W] for NCHW) to
+    ``num_classes`` logits, in a ``data_format`` checked to run on this machine."""
+
+    def __init__(self, num_classes: int, data_format: str, name: str) -> None:
+        check_data_format(data_format)
+        super().__init__(name=name)
+        self.data_format = data_format
+        self.num_classes = num_classes
+
+
 def channel_axis(data_format: str) -> int:
     """Axis of the channels in a 4-D activation."""
     return 1 if data_format == "NCHW" else 3

@@ -11,9 +11,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tflaunch.models.nets.layers import (
+    Classifier,
     ConvBN,
     Dense,
-    check_data_format,
     global_avg_pool,
     max_pool,
     zero_pad,
@@ -67,7 +67,7 @@ class Bottleneck(tf.Module):
         return tf.nn.relu(shortcut + y)
 
 
-class ResNet50(tf.Module):
+class ResNet50(Classifier):
     """ResNet-50 classifier: images [N, H, W, 3] (or [N, 3, H, W] for NCHW) -> logits."""
 
     default_image_size = DEFAULT_IMAGE_SIZE
@@ -76,10 +76,7 @@ class ResNet50(tf.Module):
     def __init__(
         self, num_classes: int = 1000, data_format: str = "NHWC", name: str = "resnet50"
     ) -> None:
-        check_data_format(data_format)
-        super().__init__(name=name)
-        self.data_format = data_format
-        self.num_classes = num_classes
+        super().__init__(num_classes, data_format, name)
         df = data_format
         with self.name_scope:
             self.conv1 = _conv_bn(3, 64, 7, 2, True, df, "conv1")
