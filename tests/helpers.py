@@ -97,6 +97,13 @@ def mnist_argv(python: str = sys.executable, *extra: str) -> list[str]:
     ]
 
 
+def tiny_benchmark_argv(extra: list[str]) -> list[str]:
+    """The benchmark at its smallest that still builds InceptionV3 (75 px, batch 2, 6 steps)."""
+    argv = [sys.executable, "-m", "tflaunch.models.benchmark", "--model", "inception3"]
+    argv += ["--image_size", "75", "--batch_size", "2", "--num_batches", "6"]
+    return argv + ["--num_warmup_batches", "1", "--display_every", "3", *extra]
+
+
 def logged_accuracy(log: str, what: str) -> float:
     """The one ``<what> accuracy: X`` line of an MNIST task's log (``train`` or ``test``)."""
     found = re.findall(rf"^{what} accuracy: ([0-9.]+)$", log, flags=re.MULTILINE)

@@ -8,13 +8,11 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import checkout_python, tflaunch, wait_until_gone, write_cluster
-from tests.hosts import ssh_hosts
+from tests.helpers import tflaunch, tiny_benchmark_argv, wait_until_gone, write_cluster
 from tflaunch.tools import perfmodel
 from tflaunch.trace import transfers as tt
 from tflaunch.trace.format import Event, TaskTrace, merge
@@ -22,7 +20,6 @@ from tflaunch.trace.format import Event, TaskTrace, merge
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--model", "inception3", "--image_size", "75", "--batch_size", "2"]
 MS = 1_000_000
-ssh_test_hosts = ssh_hosts.ssh_test_hosts  # the session fixture
 
 
 # --- pure parts --------------------------------------------------------------------------------
@@ -247,11 +244,6 @@ def test_bad_transfer_flags_exit_2(argv, message, capsys) -> None:
 # --- real runs ---------------------------------------------------------------------------------
 
 
-def _argv(extra: list[str]) -> list[str]:
-    argv = [sys.executable, "-m", "tflaunch.models.benchmark", *TINY, "--num_batches", "6"]
-    return argv + ["--num_warmup_batches", "1", "--display_every", "3", *extra]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "extra",
@@ -263,7 +255,7 @@ def _argv(extra: list[str]) -> list[str]:
     ids=["ps-tic", "ps-staged-tac", "replicated-tic"],
 )
 def test_ordered_and_staged_runs_through_the_local_backend(extra, tmp_path) -> None:
-    program = {"argv": _argv(extra), "env": {"TEST_MARKER": str(tmp_path)}}
+    program = {"argv": tiny_benchmark_argv(extra), "env": {"TEST_MARKER": str(tmp_path)}}
     cluster = write_cluster(
         tmp_path / "c.yaml",
         program,
@@ -277,29 +269,6 @@ def test_ordered_and_staged_runs_through_the_local_backend(extra, tmp_path) -> N
     totals = re.findall(r"^\[worker:\d\]\s+total images/sec: ([\d.]+)$", result.stdout, re.M)
     assert len(totals) == 2 and float(totals[0]) > 0
     assert wait_until_gone(str(tmp_path)) == []
-
-
-@pytest.mark.slow
-@pytest.mark.ssh
-def test_tic_and_staged_on_the_ssh_backend(ssh_test_hosts, tmp_path) -> None:
-    argv = _argv(["--staged_vars", "--transfer_order", "tic"])
-    program = {"argv": argv, "workdir": str(ROOT), "env": {"TEST_MARKER": str(tmp_path)}}
-    cluster = write_cluster(
-        tmp_path / "c.yaml",
-        program,
-        backend="ssh",
-        roles={"ps": 1, "worker": 2},
-        placement={"ps": "dedicated", "workers_per_host": 1},
-        supervision={"ready_timeout": 300},
-        hosts=ssh_test_hosts.cluster_hosts(),
-        ssh=ssh_test_hosts.ssh_section(checkout_python(tmp_path), tmp_path / "remote"),
-    )
-    result = tflaunch("up", str(cluster), cwd=tmp_path, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "transfer order tic: 190 variables in 8 buckets" in result.stdout
-    assert "staged variables:" in result.stdout
-    totals = re.findall(r"^\[worker:\d\]\s+total images/sec: ([\d.]+)$", result.stdout, re.M)
-    assert len(totals) == 2 and float(totals[0]) > 0
 
 
 def test_gradient_order_on_the_ps_per_worker_step() -> None:
