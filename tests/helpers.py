@@ -323,6 +323,35 @@ def upstream(op) -> set[str]:
     return seen
 
 
+def hook_env(tmp_path: Path, *extra_path: Path, **more: str) -> dict[str, str]:
+    """The environment of a program the trace hook traces as worker:0 of a one-worker cluster:
+    its cluster_spec.json in ``tmp_path`` (a free port), the trace in ``tmp_path/trace``, the
+    profiler at the worker's port + 7 (:func:`hooked_profiler_port`), no other TFLAUNCH_
+    variable of this process, ``extra_path`` as PYTHONPATH; ``more``: other variables."""
+    from tflaunch.trace import files as trace_files
+
+    cluster = tmp_path / "cluster_spec.json"
+    cluster.write_text(json.dumps({"cluster": {"worker": [f"127.0.0.1:{free_port_base(8)}"]}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TFLAUNCH_")}
+    env.update(
+        TFLAUNCH_TRACE_HOOK="1",
+        TFLAUNCH_TRACE_DIR=str(tmp_path / "trace"),
+        TFLAUNCH_TRACE_PORT_OFFSET="7",
+        TFLAUNCH_TASK="worker:0",
+        TFLAUNCH_CLUSTER_FILE=str(cluster),
+        PYTHONPATH=os.pathsep.join(str(p) for p in extra_path),
+        **more,
+    )
+    return trace_files.with_hook(env)
+
+
+def hooked_profiler_port(tmp_path: Path) -> int:
+    """The port the hook gives worker:0's profiler in a :func:`hook_env` run: its cluster port
+    + the offset 7."""
+    cluster = json.loads((tmp_path / "cluster_spec.json").read_text())["cluster"]
+    return int(cluster["worker"][0].rsplit(":", 1)[1]) + 7
+
+
 def gone_launcher():
     """The identity of a process of this machine that ran and is gone (a killed launcher)."""
     from tflaunch.runtime.identity import Launcher, machine_id

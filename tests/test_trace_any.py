@@ -16,7 +16,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import cpu_seconds, free_port_base, tflaunch, wait_until_gone, write_cluster
+from tests.helpers import (
+    cpu_seconds,
+    free_port_base,
+    hook_env,
+    hooked_profiler_port,
+    tflaunch,
+    wait_until_gone,
+    write_cluster,
+)
 from tflaunch.runtime import protocol
 from tflaunch.runtime.progress import ProgressLog, StepParser, read_progress, straggler_figures
 from tflaunch.runtime.run import Run
@@ -35,34 +43,13 @@ PROGRAMS = Path(__file__).resolve().parent / "programs"
 # -- the hook ---------------------------------------------------------------------------------
 
 
-def _profiler_port(tmp_path: Path) -> int:
-    """The port the hook gives worker:0's profiler: its cluster port + the offset 7."""
-    cluster = json.loads((tmp_path / "cluster_spec.json").read_text())["cluster"]
-    return int(cluster["worker"][0].rsplit(":", 1)[1]) + 7
-
-
-def _hook_env(tmp_path: Path, *extra_path: Path) -> dict[str, str]:
-    cluster = tmp_path / "cluster_spec.json"
-    cluster.write_text(json.dumps({"cluster": {"worker": [f"127.0.0.1:{free_port_base(8)}"]}}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TFLAUNCH_")}
-    env.update(
-        TFLAUNCH_TRACE_HOOK="1",
-        TFLAUNCH_TRACE_DIR=str(tmp_path / "trace"),
-        TFLAUNCH_TRACE_PORT_OFFSET="7",
-        TFLAUNCH_TASK="worker:0",
-        TFLAUNCH_CLUSTER_FILE=str(cluster),
-        PYTHONPATH=os.pathsep.join(str(p) for p in extra_path),
-    )
-    return trace_files.with_hook(env)
-
-
 def test_hook_chains_to_the_sitecustomize_it_hides_and_imports_no_tensorflow(tmp_path) -> None:
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     (theirs / "sitecustomize.py").write_text(
         "import os\nopen(os.environ['THEIRS_MARK'], 'w').write('ran')\n"
     )
-    env = {**_hook_env(tmp_path, theirs), "THEIRS_MARK": str(tmp_path / "mark")}
+    env = {**hook_env(tmp_path, theirs), "THEIRS_MARK": str(tmp_path / "mark")}
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(trace_files.HOOK_DIR)
     code = "import sys, sitecustomize; print('tensorflow' in sys.modules, sitecustomize.__file__)"
     out = subprocess.run(
@@ -90,7 +77,7 @@ def test_hook_starts_the_profiler_once_tensorflow_has_imported(tmp_path) -> None
         "server = types.SimpleNamespace(start=_start)\n"
         "profiler = types.SimpleNamespace(experimental=types.SimpleNamespace(server=server))\n"
     )
-    env = {**_hook_env(tmp_path, fake), "STARTED_MARK": str(tmp_path / "started")}
+    env = {**hook_env(tmp_path, fake), "STARTED_MARK": str(tmp_path / "started")}
     code = (
         "import subprocess, sys, tensorflow\n"
         "assert tensorflow.__spec__.loader.__class__.__name__ != '_Loader'\n"
@@ -98,9 +85,9 @@ def test_hook_starts_the_profiler_once_tensorflow_has_imported(tmp_path) -> None
     )
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
     # the child left the port to its parent
-    assert (tmp_path / "started").read_text() == f"{_profiler_port(tmp_path)}\n"
+    assert (tmp_path / "started").read_text() == f"{hooked_profiler_port(tmp_path)}\n"
     notes = trace_files.read_notes(tmp_path / "trace")
-    assert notes.tf_ports == {"worker:0": _profiler_port(tmp_path)}
+    assert notes.tf_ports == {"worker:0": hooked_profiler_port(tmp_path)}
 
 
 _FAKE_HEADER = """#include <cstdint>
@@ -156,7 +143,7 @@ def test_hook_builds_the_profiler_fix_only_against_a_matching_tensorflow_header(
     }
     for name, (header, status, symbol) in cases.items():
         fake = _fake_tensorflow_with_header(tmp_path / name, header)
-        env = {**_hook_env(tmp_path / name, fake), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+        env = {**hook_env(tmp_path / name, fake), "XDG_CACHE_HOME": str(tmp_path / "cache")}
         for _ in range(2):  # the second time from the cache
             out = subprocess.run(
                 [sys.executable, "-c", "import tensorflow"],
@@ -175,7 +162,7 @@ def test_hook_builds_the_profiler_fix_only_against_a_matching_tensorflow_header(
             )
     built = sorted(p.name.partition(".")[2] for p in (tmp_path / "cache" / "tflaunch").iterdir())
     assert built == ["failed", "so", "so.lock", "so.lock", "so.sum"]  # .sum: size and checksum
-    off = {**_hook_env(tmp_path / "same", tmp_path / "same"), "TFLAUNCH_PROFILER_FIX": "0"}
+    off = {**hook_env(tmp_path / "same", tmp_path / "same"), "TFLAUNCH_PROFILER_FIX": "0"}
     subprocess.run([sys.executable, "-c", "import tensorflow"], env=off, check=True, timeout=60)
     note = json.loads((tmp_path / "same" / "trace" / "tasks" / "worker-0.tf").read_text())
     assert note["profiler_fix"] == "off (TFLAUNCH_PROFILER_FIX=0)"
@@ -187,7 +174,7 @@ def test_profiler_fix_takes_the_place_of_tensorflows_vector_growth(tmp_path) -> 
     collection calls it instead of TensorFlow's own copy of the function that copied the
     per-thread events and left dangling pointers (the Keras MWMS crash)."""
     pytest.importorskip("tensorflow")
-    env = {**_hook_env(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {**hook_env(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     env["OMP_NUM_THREADS"] = "1"
     code = (
         "import ctypes, sys, tensorflow as tf\n"
@@ -217,7 +204,7 @@ def test_hook_costs_a_process_that_never_imports_tensorflow_little(tmp_path) -> 
     the seconds a TensorFlow import would. CPU time, not wall time: a descheduled child's wall
     time says nothing of what the hook costs."""
     plain = {k: v for k, v in os.environ.items() if not k.startswith("TFLAUNCH_")}
-    hooked = _hook_env(tmp_path)
+    hooked = hook_env(tmp_path)
     used: dict[str, list[float]] = {"plain": [], "hooked": []}
     for _ in range(11):
         for name, env in (("plain", plain), ("hooked", hooked)):

@@ -17,7 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, cpu_bounded, free_port_base, tflaunch, write_cluster
+from tests.helpers import (
+    ROOT,
+    cpu_bounded,
+    hook_env,
+    hooked_profiler_port,
+    tflaunch,
+    write_cluster,
+)
 from tflaunch.trace import files as trace_files
 
 PYENV = Path("/root/.pyenv/versions")
@@ -30,26 +37,9 @@ _FAKE_TF = (
 )
 
 
-def _profiler_port(tmp_path: Path) -> int:
-    """The port the hook gives worker:0's profiler: its cluster port + the offset 7."""
-    cluster = json.loads((tmp_path / "cluster_spec.json").read_text())["cluster"]
-    return int(cluster["worker"][0].rsplit(":", 1)[1]) + 7
-
-
 def _hook_env(tmp_path: Path, *extra_path: Path) -> dict[str, str]:
-    cluster = tmp_path / "cluster_spec.json"
-    cluster.write_text(json.dumps({"cluster": {"worker": [f"127.0.0.1:{free_port_base(8)}"]}}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TFLAUNCH_")}
-    env.update(
-        TFLAUNCH_TRACE_HOOK="1",
-        TFLAUNCH_TRACE_DIR=str(tmp_path / "trace"),
-        TFLAUNCH_TRACE_PORT_OFFSET="7",
-        TFLAUNCH_TASK="worker:0",
-        TFLAUNCH_CLUSTER_FILE=str(cluster),
-        PYTHONPATH=os.pathsep.join(str(p) for p in extra_path),
-        STARTED_MARK=str(tmp_path / "started"),
-    )
-    return trace_files.with_hook(env)
+    """:func:`hook_env`, the hook's start marked in ``tmp_path/started``."""
+    return hook_env(tmp_path, *extra_path, STARTED_MARK=str(tmp_path / "started"))
 
 
 def _fake_tf(tmp_path: Path) -> Path:
@@ -85,9 +75,9 @@ def test_a_find_spec_probe_before_the_import_is_still_traced(tmp_path) -> None:
         "print(os.getpid())\n"
     )
     pid = int(_python(tmp_path, code, env).stdout)
-    assert _started(tmp_path) == [(pid, _profiler_port(tmp_path))]
+    assert _started(tmp_path) == [(pid, hooked_profiler_port(tmp_path))]
     assert trace_files.read_notes(tmp_path / "trace").tf_ports == {
-        "worker:0": _profiler_port(tmp_path)
+        "worker:0": hooked_profiler_port(tmp_path)
     }
 
 
@@ -102,9 +92,9 @@ def test_a_child_that_imports_tensorflow_first_leaves_the_port_to_its_task(tmp_p
         "print(os.getpid())\n"
     )
     pid = int(_python(tmp_path, code, env).stdout)
-    assert _started(tmp_path) == [(pid, _profiler_port(tmp_path))]
+    assert _started(tmp_path) == [(pid, hooked_profiler_port(tmp_path))]
     notes = trace_files.read_notes(tmp_path / "trace")
-    assert notes.tf_ports == {"worker:0": _profiler_port(tmp_path)}
+    assert notes.tf_ports == {"worker:0": hooked_profiler_port(tmp_path)}
     assert notes.tf_children["worker:0"]["claimant"] == str(pid)
 
     (tmp_path / "started").unlink()
@@ -119,7 +109,7 @@ def test_a_child_that_imports_tensorflow_first_leaves_the_port_to_its_task(tmp_p
     while not _started(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.1)
     time.sleep(0.2)
-    assert _started(tmp_path) == [(int(out.read_text()), _profiler_port(tmp_path))]
+    assert _started(tmp_path) == [(int(out.read_text()), hooked_profiler_port(tmp_path))]
 
 
 def test_the_hook_folder_twice_on_the_path_registers_once(tmp_path) -> None:
