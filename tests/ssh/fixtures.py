@@ -84,6 +84,20 @@ def tf1_argv(steps: int) -> list[str]:
     return argv
 
 
+def sleeper_cluster(tmp_path: Path, hosts) -> Path:
+    """The traced-program tests' two folders (``sleep``, ``tf1``) and, in ``sleep``, a cluster
+    file of two workers running ``sleep 1``: a program that is not Python."""
+    for folder in ("sleep", "tf1"):
+        (tmp_path / folder).mkdir()
+    return ssh_cluster(
+        tmp_path / "sleep",
+        hosts,
+        program={"argv": ["sleep", "1"], "workdir": str(tmp_path)},
+        roles={"ps": 0, "worker": 2},
+        ssh={"upload": []},
+    )
+
+
 def only_run(tmp_path: Path) -> Path:
     (run,) = (tmp_path / "runs").iterdir()
     return run

@@ -21,7 +21,14 @@ import yaml
 
 from tests.helpers import FAKE_TASK, ROOT, read_until, start_tflaunch, tflaunch
 from tests.hosts import ssh_hosts
-from tests.ssh.fixtures import left_on_hosts, only_run, ssh_cluster, tf1_argv, wait_hosts_clean
+from tests.ssh.fixtures import (
+    left_on_hosts,
+    only_run,
+    sleeper_cluster,
+    ssh_cluster,
+    tf1_argv,
+    wait_hosts_clean,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
 SITE_PACKAGES = Path(__import__("sysconfig").get_paths()["purelib"])
@@ -479,15 +486,7 @@ def test_any_program_traced_from_the_leaders_host(ssh_test_hosts, tmp_path):
     summary and every host's notes come back into the local run directory. A program that is
     not Python ends with the one "no trace because" line and its own exit code."""
     pytest.importorskip("tensorflow")
-    for folder in ("sleep", "tf1"):
-        (tmp_path / folder).mkdir()
-    sleeper = ssh_cluster(
-        tmp_path / "sleep",
-        ssh_test_hosts,
-        program={"argv": ["sleep", "1"], "workdir": str(tmp_path)},
-        roles={"ps": 0, "worker": 2},
-        ssh={"upload": []},
-    )
+    sleeper = sleeper_cluster(tmp_path, ssh_test_hosts)
     result = tflaunch("up", str(sleeper), "--trace", "5", timeout=120)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert [x for x in result.stdout.splitlines() if "no trace" in x] == [

@@ -12,6 +12,7 @@ from tests.hosts import ssh_hosts
 from tests.ssh.fixtures import (
     cli,
     left_on_hosts,
+    sleeper_cluster,
     ssh_cluster,
     tf1_argv,
     wait_ended,
@@ -76,15 +77,7 @@ def test_detached_run_traces_any_program_with_profiles_sent_between_hosts(ssh_te
     merge runs on host1 and the laptop copies the trace back. A program that is not Python ends
     with the same one line as attached."""
     pytest.importorskip("tensorflow")
-    for folder in ("sleep", "tf1"):
-        (tmp_path / folder).mkdir()
-    sleeper = ssh_cluster(
-        tmp_path / "sleep",
-        ssh_test_hosts,
-        program={"argv": ["sleep", "1"], "workdir": str(tmp_path)},
-        roles={"ps": 0, "worker": 2},
-        ssh={"upload": []},
-    )
+    sleeper = sleeper_cluster(tmp_path, ssh_test_hosts)
     result = tflaunch("up", "--detach", str(sleeper), "--trace", "5", timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     run_id = result.stdout.strip().splitlines()[-1]
