@@ -27,6 +27,8 @@ Below them:
   strategies, and ``resolver_for`` (a resolver for a cluster from any source);
 - ``placement`` (on TensorFlow graphs) and ``placement_math`` (the arithmetic): variable
   placement across PS tasks, for any TF1-style program.
+- ``program``: what ``mnist`` and ``pss`` share: their usage error, positive-number flags and
+  the one line a failed task prints before its exit code; no TensorFlow.
 
 Nothing here imports tflaunch's core or its launchers: programs learn their cluster from their
 arguments and environment only. The benchmark alone imports tracing's program side

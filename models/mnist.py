@@ -71,15 +71,17 @@ from tflaunch.models.cluster import (  # noqa: E402
 from tflaunch.models.data import digits  # noqa: E402
 from tflaunch.models.nets.deep_mnist import build_on_placeholder, deep_mnist  # noqa: E402
 from tflaunch.models.placement_math import STRATEGIES  # noqa: E402
+from tflaunch.models.program import (  # noqa: E402
+    UsageError,
+    error_exit,
+    positive_float,
+    positive_int,
+)
 
 v1 = tf.compat.v1
 
 TRAIN_EVAL_EXAMPLES = 2000
 EVAL_CHUNK = 500
-
-
-class UsageError(Exception):
-    """Bad flags or cluster description (exit 2); the message says what to fix."""
 
 
 class TaskTimeout(Exception):
@@ -138,14 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_cluster_flags(parser)
     train = parser.add_argument_group("training")
-    train.add_argument("--train_steps", type=_positive_int, default=200, help="global steps")
-    train.add_argument("--batch_size", type=_positive_int, default=50)
-    train.add_argument("--learning_rate", type=_positive_float, default=1e-3, help="Adam's")
+    train.add_argument("--train_steps", type=positive_int, default=200, help="global steps")
+    train.add_argument("--batch_size", type=positive_int, default=50)
+    train.add_argument("--learning_rate", type=positive_float, default=1e-3, help="Adam's")
     train.add_argument("--dropout", type=float, default=0.0, help="dense-layer drop rate [0, 1)")
     train.add_argument("--data_format", choices=("NHWC", "NCHW"), default="NHWC")
     train.add_argument("--data_dir", help="MNIST IDX files or mnist.npz; default: sklearn digits")
     train.add_argument("--seed", type=int, default=1)
-    train.add_argument("--log_every", type=_positive_int, default=20, help="local steps")
+    train.add_argument("--log_every", type=positive_int, default=20, help="local steps")
     train.add_argument("--variable_placement", choices=STRATEGIES, default="round_robin")
     train.add_argument(
         "--checkpoint_dir",
@@ -154,50 +156,36 @@ def build_parser() -> argparse.ArgumentParser:
         "(default $TFLAUNCH_CHECKPOINT_DIR; unset: no checkpoints)",
     )
     train.add_argument(
-        "--checkpoint_steps", type=_positive_int, default=100, help="global steps between saves"
+        "--checkpoint_steps", type=positive_int, default=100, help="global steps between saves"
     )
     runtime = parser.add_argument_group("runtime")
-    runtime.add_argument("--intra_op_threads", type=_positive_int, default=1, help="per process")
-    runtime.add_argument("--inter_op_threads", type=_positive_int, default=2, help="per process")
+    runtime.add_argument("--intra_op_threads", type=positive_int, default=1, help="per process")
+    runtime.add_argument("--inter_op_threads", type=positive_int, default=2, help="per process")
     runtime.add_argument(
         "--op_timeout_secs",
-        type=_positive_float,
+        type=positive_float,
         default=60.0,
         help="bound on one training step or evaluation; then exit 1",
     )
     runtime.add_argument(
         "--startup_timeout_secs",
-        type=_positive_float,
+        type=positive_float,
         default=300.0,
         help="bound on reaching the PS and the chief's initialisation; then exit 1",
     )
     runtime.add_argument(
         "--worker_wait_secs",
-        type=_positive_float,
+        type=positive_float,
         default=300.0,
         help="how long the chief waits for the other training tasks to finish; then exit 1",
     )
     runtime.add_argument(
         "--eval_interval_secs",
-        type=_positive_float,
+        type=positive_float,
         default=10.0,
         help="evaluator: seconds between test-set evaluations",
     )
     return parser
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -601,18 +589,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_evaluator(info, args, data, watchdog)
         return run_training(info, args, data, watchdog)
     except (UsageError, digits.DataError) as exc:
-        print(f"{name}: error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        return error_exit(name, exc, 2)
     except TaskTimeout as exc:
-        print(f"{name}: error: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return error_exit(name, exc, 1)
     except tf.errors.OpError as exc:
-        print(
-            f"{name}: error: TensorFlow {type(exc).__name__}: {exc.message}",
-            file=sys.stderr,
-            flush=True,
-        )
-        return 1
+        return error_exit(name, f"TensorFlow {type(exc).__name__}: {exc.message}", 1)
 
 
 if __name__ == "__main__":

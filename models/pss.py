@@ -49,25 +49,22 @@ import tensorflow as tf  # noqa: E402
 from tflaunch.models.cluster import ClusterError, add_cluster_flags, cluster_from_args  # noqa: E402
 from tflaunch.models.cluster_file_resolver import resolver_for  # noqa: E402
 from tflaunch.models.data import digits  # noqa: E402
+from tflaunch.models.program import UsageError, error_exit, positive_int  # noqa: E402
 
 HIDDEN = 128
 SERVER_JOBS = ("ps", "worker")
-
-
-class UsageError(Exception):
-    """Bad flags or cluster (exit 2); the message says what to fix."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pss", description="Digit classification with TF2 ParameterServerStrategy."
     )
-    parser.add_argument("--train_steps", type=_positive_int, default=400, help="global steps")
-    parser.add_argument("--batch_size", type=_positive_int, default=64, help="per step")
+    parser.add_argument("--train_steps", type=positive_int, default=400, help="global steps")
+    parser.add_argument("--batch_size", type=positive_int, default=64, help="per step")
     parser.add_argument("--learning_rate", type=float, default=0.1, help="SGD with momentum")
     parser.add_argument(
         "--steps_per_round",
-        type=_positive_int,
+        type=positive_int,
         default=10,
         help="steps scheduled before the chief waits for them (join)",
     )
@@ -78,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--checkpoint_steps",
-        type=_positive_int,
+        type=positive_int,
         default=50,
         help="save every this many global steps",
     )
@@ -90,16 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--data_dir", help="MNIST IDX files or mnist.npz; default: sklearn digits")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--threads", type=_positive_int, default=1, help="per process")
+    parser.add_argument("--threads", type=positive_int, default=1, help="per process")
     add_cluster_flags(parser)
     return parser
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
 
 
 def resolve(args: argparse.Namespace) -> tf.distribute.cluster_resolver.ClusterResolver:
@@ -302,15 +292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return serve(resolver, args.threads)
         return run_chief(resolver, args)
     except (UsageError, digits.DataError) as exc:
-        print(f"{name}: error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        return error_exit(name, exc, 2)
     except tf.errors.OpError as exc:
-        print(
-            f"{name}: error: TensorFlow {type(exc).__name__}: {exc.message}",
-            file=sys.stderr,
-            flush=True,
-        )
-        return 1
+        return error_exit(name, f"TensorFlow {type(exc).__name__}: {exc.message}", 1)
 
 
 if __name__ == "__main__":
