@@ -141,15 +141,21 @@ def fake_cluster(tmp_path: Path, env: dict | None = None, **overrides) -> Path:
 
 
 def tflaunch(
-    *args: str, cwd: Path | None = None, timeout: float = 120, env: dict | None = None
+    *args: str,
+    cwd: Path | None = None,
+    timeout: float = 120,
+    env: dict | None = None,
+    unset: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess:
+    """``tflaunch ARGS`` run to its end, in this environment plus ``env`` less ``unset``."""
+    environ = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset}
     return subprocess.run(
         [sys.executable, "-m", "tflaunch", *args],
         cwd=cwd,
         text=True,
         capture_output=True,
         timeout=timeout,
-        env={**os.environ, **(env or {})},
+        env=environ,
     )
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import os
 import stat
-import subprocess
 import sys
 
 import pytest
@@ -59,14 +58,7 @@ def test_env_from_reaches_the_task_but_no_run_file(tmp_path, usual_umask):
         "env_from": ["TFL_SECRET"],
     }
     cluster = write_cluster(tmp_path / "c.yaml", program, roles={"ps": 0, "worker": 1})
-    unset = {k: v for k, v in os.environ.items() if k != "TFL_SECRET"}
-    missing = subprocess.run(
-        [sys.executable, "-m", "tflaunch", "up", str(cluster)],
-        env=unset,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    missing = tflaunch("up", str(cluster), unset=("TFL_SECRET",))
     assert missing.returncode == 2
     assert "program.env_from names TFL_SECRET, which is not set" in missing.stderr
     assert not (tmp_path / "runs").exists()

@@ -225,13 +225,8 @@ def test_attach_to_a_run_without_terminals_is_bad_input(tmp_path):
 
 def test_xterm_without_a_display_is_bad_input_and_starts_nothing(tmp_path):
     cluster = fake_cluster(tmp_path)
-    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
-    result = subprocess.run(
-        [sys.executable, "-m", "tflaunch", "up", str(cluster), "--terminals", "xterm"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    result = tflaunch(
+        "up", str(cluster), "--terminals", "xterm", unset=("DISPLAY", "WAYLAND_DISPLAY"), timeout=60
     )
     assert result.returncode == 2
     assert "--terminals xterm needs an X display, and DISPLAY is not set" in result.stderr
