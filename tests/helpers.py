@@ -189,6 +189,21 @@ def up_detached(cluster: Path, *args: str, timeout: float = 120) -> str:
     return started.stdout.strip().splitlines()[-1]
 
 
+@contextmanager
+def live_detached_run(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A fake-task run (60 s of work) left running by ``up --detach`` under ``tmp_path/runs``:
+    yields that folder and the run id; on the way out the run is brought down, and then
+    removed (``rm`` must succeed)."""
+    cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "60"})
+    runs = tmp_path / "runs"
+    run_id = up_detached(cluster, "--runs-dir", str(runs))
+    try:
+        yield runs, run_id
+    finally:
+        tflaunch("down", run_id, "--runs-dir", str(runs))
+    assert tflaunch("rm", run_id, "--runs-dir", str(runs)).returncode == 0
+
+
 def processes_mentioning(marker: str) -> list[psutil.Process]:
     """Live processes whose command line mentions ``marker`` or whose TEST_MARKER it is
     (tasks of ``fake_cluster`` carry it in their environment, and so do their children)."""

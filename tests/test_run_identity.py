@@ -13,12 +13,11 @@ import time
 
 from tests.helpers import (
     ROOT,
-    fake_cluster,
     gone_launcher,
     in_second_pid_namespace,
     left_behind_run,
+    live_detached_run,
     tflaunch,
-    up_detached,
 )
 from tflaunch.runtime.identity import Launcher, machine_id
 from tflaunch.runtime.run import Run
@@ -107,10 +106,7 @@ def test_a_created_run_is_live_while_its_launcher_runs_and_lost_after(tmp_path):
 
 
 def test_rm_and_prune_from_a_second_pid_namespace_refuse_a_live_run(tmp_path, second_pid_namespace):
-    cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "60"})
-    runs = tmp_path / "runs"
-    run_id = up_detached(cluster, "--runs-dir", str(runs))
-    try:
+    with live_detached_run(tmp_path) as (runs, run_id):
         listed = in_second_pid_namespace("status", "--runs-dir", str(runs), "--json")
         (row,) = json.loads(listed.stdout)
         assert row["state"] == "unknown", row
@@ -130,6 +126,3 @@ def test_rm_and_prune_from_a_second_pid_namespace_refuse_a_live_run(tmp_path, se
         assert (runs / run_id / "run.json").is_file()
         here = json.loads(tflaunch("status", "--runs-dir", str(runs), "--json").stdout)
         assert [r["state"] for r in here] == ["running"]  # as this machine sees it
-    finally:
-        tflaunch("down", run_id, "--runs-dir", str(runs))
-    assert tflaunch("rm", run_id, "--runs-dir", str(runs)).returncode == 0

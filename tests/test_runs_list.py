@@ -13,10 +13,9 @@ from click.testing import CliRunner
 from tests.helpers import (
     cpu_bounded,
     cpu_seconds,
-    fake_cluster,
     left_behind_run,
+    live_detached_run,
     tflaunch,
-    up_detached,
 )
 from tflaunch.cli import cli
 from tflaunch.launchers.slurm.script import SlurmDetails
@@ -94,10 +93,7 @@ def test_prune_age_needs_a_unit_it_knows():
 
 
 def test_live_detached_run_is_listed_running_and_refused_by_rm_and_prune(tmp_path):
-    cluster = fake_cluster(tmp_path, env={"WORK_SECONDS": "60"})
-    runs = tmp_path / "runs"
-    run_id = up_detached(cluster, "--runs-dir", str(runs))
-    try:
+    with live_detached_run(tmp_path) as (runs, run_id):
         listed = tflaunch("status", "--runs-dir", str(runs), "--json")
         (row,) = json.loads(listed.stdout)
         assert (row["id"], row["state"], row["tasks"]) == (run_id, "running", 3)
@@ -106,9 +102,6 @@ def test_live_detached_run_is_listed_running_and_refused_by_rm_and_prune(tmp_pat
         assert f"run {run_id} is still running (state running)" in refused.stderr
         kept = tflaunch("prune", "--older-than", "0s", "--runs-dir", str(runs))
         assert f"kept {run_id}: still running" in kept.stdout and (runs / run_id).is_dir()
-    finally:
-        tflaunch("down", run_id, "--runs-dir", str(runs))
-    assert tflaunch("rm", run_id, "--runs-dir", str(runs)).returncode == 0
     assert not (runs / run_id).exists()
 
 
