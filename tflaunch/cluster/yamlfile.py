@@ -37,26 +37,23 @@ _INT_TAG = "tag:yaml.org,2002:int"
 _FLOAT_TAG = "tag:yaml.org,2002:float"
 
 
-class YamlInt(int):
+class _Written:
+    """A number from the file that remembers how it was written (``yaml_text``)."""
+
+    yaml_text: str
+
+    def __new__(cls, value: float, text: str):
+        obj = super().__new__(cls, value)  # int's or float's
+        obj.yaml_text = text
+        return obj
+
+
+class YamlInt(_Written, int):
     """An integer from the file that remembers how it was written (``0123`` was read as 83)."""
 
-    yaml_text: str
 
-    def __new__(cls, value: int, text: str) -> YamlInt:
-        obj = super().__new__(cls, value)
-        obj.yaml_text = text
-        return obj
-
-
-class YamlFloat(float):
+class YamlFloat(_Written, float):
     """A number with a fraction or a base-60 time (``1:00:00`` was read as 3600) and its text."""
-
-    yaml_text: str
-
-    def __new__(cls, value: float, text: str) -> YamlFloat:
-        obj = super().__new__(cls, value)
-        obj.yaml_text = text
-        return obj
 
 
 class YamlFileError(Exception):
