@@ -108,14 +108,17 @@ def test_cluster_file_mode_plans_big_clusters_linearly(tmp_path):
         plan_json = tflaunch("plan", "--json", path, cwd=tmp_path).stdout
         sizes[nodes] = len(plan_json)
     assert sizes[1024] / sizes[256] < 4.2  # linear: 4x the tasks, the cluster held once
-    assert tflaunch("validate", path, cwd=tmp_path).returncode == 0
+    (tmp_path / "train.py").write_text("")  # validate checks the script a start would run
+    checked = tflaunch("validate", path, cwd=tmp_path)
+    assert checked.returncode == 0, checked.stderr
     data = json.loads(plan_json)
     assert len(data["cluster"]["worker"]) == 8192 and "env" not in data["tasks"][0]
     env = tflaunch("render", path, "--task", "worker:8191", "--format", "env").stdout
     assert "TF_CONFIG" not in env
     assert "export TFLAUNCH_CLUSTER_FILE='<run directory>/cluster_spec.json'" in env
     table = tflaunch("plan", path, cwd=tmp_path).stdout.splitlines()
-    assert len(table) == 1 + 8320 + 1 and table[-2].startswith("worker:8191")
+    assert len(table) == 1 + 8320 + 2 and table[-3].startswith("worker:8191")
+    assert table[-2].startswith("ports: the ps, worker tasks get free ports")  # no ports: in it
     assert table[-1] == "GPUs: 8 on n0, n1, n2 and 1021 more (hosts[].gpus)"  # one line, not 1024
 
 
