@@ -225,15 +225,32 @@ def assert_kill_ends_cluster(
 ) -> None:
     """SIGKILL ``task`` (a local task of the run ``proc`` launched) and check that the whole
     cluster ends within ``within`` seconds, with exit 137 and a report naming the task."""
-    (victim,) = [
-        p for p in processes_mentioning(marker) if p.environ().get("TFLAUNCH_TASK") == task
-    ]
+    victims: list[psutil.Process] = []
+    deadline = time.monotonic() + 30  # a loaded machine may list a task late
+    while not victims and time.monotonic() < deadline and proc.poll() is None:
+        victims = [p for p in processes_mentioning(marker) if _task_of(p) == task]
+        if not victims:
+            time.sleep(0.2)
+    if len(victims) != 1:
+        out = "" if proc.poll() is None else proc.stderr.read()[-3000:]
+        raise AssertionError(
+            f"{len(victims)} process(es) of {task} found; the launcher "
+            f"{'runs' if proc.poll() is None else f'exited {proc.returncode}'}: {out}"
+        )
+    (victim,) = victims
     killed_at = time.monotonic()
     victim.kill()
     proc.wait(timeout=within + 10)
     assert time.monotonic() - killed_at < within
     assert proc.returncode == 137
     assert f"{task} on localhost exited with code 137 (SIGKILL)" in proc.stderr.read()
+
+
+def _task_of(process: psutil.Process) -> str | None:
+    try:
+        return process.environ().get("TFLAUNCH_TASK")
+    except psutil.Error:  # ended, or between exec and its new environment
+        return None
 
 
 def wait_until_gone(marker: str, timeout: float = 10.0) -> list[psutil.Process]:
