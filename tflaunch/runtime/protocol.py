@@ -122,22 +122,26 @@ _EVENTS: dict[str, type[Event]] = {}
 _COMMANDS: dict[str, type[Command]] = {}
 
 
+@typing.dataclass_transform(frozen_default=True)
 def _event(name: str, recorded: bool = False):
-    """Register an event class under ``name``; ``recorded``: the coordinator keeps the agents'
-    events of this kind in events.jsonl."""
+    """Make an event class a frozen dataclass registered under ``name``; ``recorded``: the
+    coordinator keeps the agents' events of this kind in events.jsonl."""
 
     def register(cls):
         cls.NAME, cls.RECORDED = name, recorded
-        _EVENTS[name] = cls
+        _EVENTS[name] = cls = dataclass(frozen=True)(cls)
         return cls
 
     return register
 
 
+@typing.dataclass_transform(frozen_default=True)
 def _command(name: str):
+    """Make a command class a frozen dataclass registered under ``name``."""
+
     def register(cls):
         cls.NAME = name
-        _COMMANDS[name] = cls
+        _COMMANDS[name] = cls = dataclass(frozen=True)(cls)
         return cls
 
     return register
@@ -147,14 +151,12 @@ def _command(name: str):
 
 
 @_event("agent_started", recorded=True)
-@dataclass(frozen=True)
 class AgentStarted(Event):
     pid: int | None = None
     tasks: list[str] = field(default_factory=list)
 
 
 @_event("started", recorded=True)
-@dataclass(frozen=True)
 class Started(Event):
     """A task's process started (again: ``restarts`` in place, ``generation`` cluster restarts)."""
 
@@ -168,7 +170,6 @@ class Started(Event):
 
 
 @_event("ready", recorded=True)
-@dataclass(frozen=True)
 class Ready(Event):
     """A PS accepts connections."""
 
@@ -176,14 +177,12 @@ class Ready(Event):
 
 
 @_event("waiting", recorded=True)
-@dataclass(frozen=True)
 class Waiting(Event):
     what: str = ""
     tasks: list[str] = field(default_factory=list)
 
 
 @_event("exited", recorded=True)
-@dataclass(frozen=True)
 class Exited(Event):
     """A task's process ended; ``stopped_by`` says why when its agent stopped it."""
 
@@ -193,7 +192,6 @@ class Exited(Event):
 
 
 @_event("error", recorded=True)
-@dataclass(frozen=True)
 class AgentError(Event):
     """The agent cannot run its tasks (pre-flight, readiness timeout): the run fails."""
 
@@ -202,46 +200,39 @@ class AgentError(Event):
 
 
 @_event("stopping", recorded=True)
-@dataclass(frozen=True)
 class Stopping(Event):
     tasks: list[str] = field(default_factory=list)
     reason: str = ""
 
 
 @_event("agent_exit", recorded=True)
-@dataclass(frozen=True)
 class AgentExit(Event):
     reason: str = ""
 
 
 @_event("host_started", recorded=True)
-@dataclass(frozen=True)
 class HostStarted(Event):
     """Every task of the host started."""
 
 
 @_event("stalled", recorded=True)
-@dataclass(frozen=True)
 class Stalled(Event):
     task: str = ""
     what: str = ""
 
 
 @_event("tasks_stopped", recorded=True)
-@dataclass(frozen=True)
 class TasksStopped(Event):
     """Every task of the host stopped, for a cluster restart."""
 
 
 @_event("signal_passed_on", recorded=True)
-@dataclass(frozen=True)
 class SignalPassedOn(Event):
     signal: str = ""
     tasks: list[str] = field(default_factory=list)
 
 
 @_event("old_tasks_stopped", recorded=True)
-@dataclass(frozen=True)
 class OldTasksStopped(Event):
     """A lost host's new agent found ``tasks`` of the run still running there, left by the old
     agent, and stopped them before starting its own."""
@@ -250,13 +241,11 @@ class OldTasksStopped(Event):
 
 
 @_event("strays_killed")
-@dataclass(frozen=True)
 class StraysKilled(Event):
     count: int = 0
 
 
 @_event("output")
-@dataclass(frozen=True)
 class Output(Event):
     """One line a task printed (or an agent, as ``agent@HOST``)."""
 
@@ -265,7 +254,6 @@ class Output(Event):
 
 
 @_event("sample")
-@dataclass(frozen=True)
 class Sample(Event):
     """Resource usage of the node and its tasks; its fields are the sampler's own."""
 
@@ -280,13 +268,11 @@ class Sample(Event):
 
 
 @_event("sample_error")
-@dataclass(frozen=True)
 class SampleError(Event):
     message: str = ""
 
 
 @_event("trace_note")
-@dataclass(frozen=True)
 class TraceNote(Event):
     """``up --trace``: a note the trace hook left in the host's trace directory ``dir`` (its
     file ``name``, e.g. ``worker-1.tf``, and text), so the coordinator sees every host's notes
@@ -298,7 +284,6 @@ class TraceNote(Event):
 
 
 @_event("trace_file")
-@dataclass(frozen=True)
 class TraceFile(Event):
     """``up --trace``: a piece of a file of the host's trace directory (a task's raw profile),
     ``path`` relative to it, ``data`` base64 from byte ``offset`` of ``size``."""
@@ -310,7 +295,6 @@ class TraceFile(Event):
 
 
 @_event("trace_sent", recorded=True)
-@dataclass(frozen=True)
 class TraceSent(Event):
     """``up --trace``: the host sent its trace directory's files (``files``: relative paths)
     to the coordinator, ``bytes`` in all, or says why not (``error``)."""
@@ -324,13 +308,11 @@ class TraceSent(Event):
 
 
 @_event("link_closed", recorded=True)
-@dataclass(frozen=True)
 class LinkClosed(Event):
     """The agent's stream ended (the last event of every link)."""
 
 
 @_event("host_lost")
-@dataclass(frozen=True)
 class HostLost(Event):
     """A host stopped answering (an SSH link's probe); recorded by the coordinator with its host."""
 
@@ -339,7 +321,6 @@ class HostLost(Event):
 
 
 @_event("instance_replaced", recorded=True)
-@dataclass(frozen=True)
 class InstanceReplaced(Event):
     """A provisioned host's instance was gone and a new one took its place (``ssh.provision``);
     the new agent's link reports it before the agent's own first event."""
@@ -352,7 +333,6 @@ class InstanceReplaced(Event):
 
 
 @_event("host_back")
-@dataclass(frozen=True)
 class HostBack(Event):
     """A lost host answers again with a new agent (``seconds`` after it was lost)."""
 
@@ -361,7 +341,6 @@ class HostBack(Event):
 
 
 @_event("host_gone")
-@dataclass(frozen=True)
 class HostGone(Event):
     """A lost host stayed silent until its deadline."""
 
@@ -369,26 +348,22 @@ class HostGone(Event):
 
 
 @_event("coordinator_started")
-@dataclass(frozen=True)
 class CoordinatorStarted(Event):
     hosts: list[str] = field(default_factory=list)
 
 
 @_event("cluster_ready")
-@dataclass(frozen=True)
 class ClusterReady(Event):
     seconds: float = 0.0
 
 
 @_event("running_again")
-@dataclass(frozen=True)
 class RunningAgain(Event):
     task: str = ""
     seconds: float = 0.0
 
 
 @_event("restarting")
-@dataclass(frozen=True)
 class Restarting(Event):
     """A task is restarted in place after ``delay`` seconds."""
 
@@ -400,7 +375,6 @@ class Restarting(Event):
 
 
 @_event("cluster_restarting")
-@dataclass(frozen=True)
 class ClusterRestarting(Event):
     """Every task is restarted: after a task's failure (``task``), or a host lost (``host``)."""
 
@@ -414,26 +388,22 @@ class ClusterRestarting(Event):
 
 
 @_event("requeue_scheduled")
-@dataclass(frozen=True)
 class RequeueScheduled(Event):
     signal: str = ""
     after: float = 0.0
 
 
 @_event("requeueing")
-@dataclass(frozen=True)
 class Requeueing(Event):
     signal: str = ""
 
 
 @_event("stopping_cluster")
-@dataclass(frozen=True)
 class StoppingCluster(Event):
     pass
 
 
 @_event("failed")
-@dataclass(frozen=True)
 class Failed(Event):
     task: str | None = None
     code: int = 1
@@ -444,7 +414,6 @@ class Failed(Event):
 
 
 @_command("stop")
-@dataclass(frozen=True)
 class Stop(Command):
     """Stop every task and end the agent."""
 
@@ -452,13 +421,11 @@ class Stop(Command):
 
 
 @_command("ping")
-@dataclass(frozen=True)
 class Ping(Command):
     """A sign of life: an agent that hears nothing for its heartbeat timeout stops."""
 
 
 @_command("restart")
-@dataclass(frozen=True)
 class Restart(Command):
     """Start one exited task again in place."""
 
@@ -466,7 +433,6 @@ class Restart(Command):
 
 
 @_command("stop_tasks")
-@dataclass(frozen=True)
 class StopTasks(Command):
     """Stop every task of the host, answer ``tasks_stopped``, and stay up."""
 
@@ -474,7 +440,6 @@ class StopTasks(Command):
 
 
 @_command("start_tasks")
-@dataclass(frozen=True)
 class StartTasks(Command):
     """Start every task of the host again, as cluster restart ``generation``."""
 
@@ -482,7 +447,6 @@ class StartTasks(Command):
 
 
 @_command("pass_on")
-@dataclass(frozen=True)
 class PassOn(Command):
     """Send ``signal`` (SIGUSR1 or SIGUSR2) to every task."""
 
@@ -490,7 +454,6 @@ class PassOn(Command):
 
 
 @_command("start")
-@dataclass(frozen=True)
 class Start(Command):
     """Begin: sent once to an agent that joined over the rendezvous (Slurm's other nodes), and
     to a lost host's new agent (started with ``--await-start``), which then counts its tasks'
@@ -501,7 +464,6 @@ class Start(Command):
 
 
 @_command("trace_window")
-@dataclass(frozen=True)
 class TraceWindow(Command):
     """``up --trace``: the capture window (unix times): write it where the host's trace hooks
     read it, so a task that ends inside it waits for its end."""
@@ -511,7 +473,6 @@ class TraceWindow(Command):
 
 
 @_command("trace_collect")
-@dataclass(frozen=True)
 class TraceCollect(Command):
     """``up --trace``: at its end, send the files of the host's trace directory to the
     coordinator (:class:`TraceFile`, then :class:`TraceSent`), unless that directory is ``to``
