@@ -51,7 +51,6 @@ KUBE = BackendSpec(
     name="kube",
     backend="tflaunch.launchers.local.backend:LocalBackend",
     section=KubeSection,
-    section_doc="Kube backend settings",
     check=_kube_check,
 )
 

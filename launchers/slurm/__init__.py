@@ -8,6 +8,5 @@ BACKEND = BackendSpec(
     name="slurm",
     backend="tflaunch.launchers.slurm.backend:SlurmBackend",
     section=SlurmSection,
-    section_doc="Slurm backend settings",
     check=check,
 )

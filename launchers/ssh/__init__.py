@@ -8,7 +8,6 @@ BACKEND = BackendSpec(
     name="ssh",
     backend="tflaunch.launchers.ssh.backend:SshBackend",
     section=SshSection,
-    section_doc="SSH backend settings",
     check=check,
     workdir_on_hosts=True,  # the program runs on the hosts, in a directory there
     features=frozenset({BackendFeature.KEEP}),  # up --keep: ssh.provision's machines

@@ -59,7 +59,7 @@ class BackendSpec:
     backend: str
     # the dataclass of the backend's own top-level section (e.g. ``slurm:``), named as the backend
     section: type | None = None
-    section_doc: str = ""
+    section_doc: str = ""  # its description in the schema; default: the section's docstring
     # check(config, fail): rules on its section (checked in every file, as every file may hold
     # every section) and on files that choose this backend; calls fail for the first problem.
     # (config is a ClusterConfig, which sits above this registry and is not imported here.)
@@ -105,7 +105,9 @@ def spec_of(name: str) -> BackendSpec:
 def sections() -> dict[str, schema.Section]:
     """The top-level sections the backends add to the cluster file, by key."""
     return {
-        spec.name: schema.Section(spec.section, spec.section_doc)
+        spec.name: schema.Section(
+            spec.section, spec.section_doc or schema.description(spec.section)
+        )
         for spec in BACKENDS.specs().values()
         if spec.section is not None
     }

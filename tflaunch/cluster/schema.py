@@ -414,6 +414,11 @@ def json_schema(
     return schema
 
 
+def description(cls: type) -> str:
+    """A class's docstring on one line: how the schema describes it."""
+    return " ".join((cls.__doc__ or "").split())
+
+
 def _schema_of(tp: Any) -> dict:
     origin = get_origin(tp)
     if dataclasses.is_dataclass(tp):
@@ -452,7 +457,7 @@ def _schema_of(tp: Any) -> dict:
             }
         out = {"type": "object", "properties": props, "additionalProperties": False}
         if tp.__doc__:
-            out["description"] = " ".join(tp.__doc__.split())
+            out["description"] = description(tp)
         if required:
             out["required"] = required
         return out

@@ -31,6 +31,5 @@ BACKEND = BackendSpec(
     name="pbs",
     backend="tflaunch_pbs.backend:PbsBackend",
     section=PbsSection,
-    section_doc="PBS backend settings",
     check=check,
 )
