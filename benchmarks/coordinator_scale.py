@@ -73,7 +73,8 @@ def serve(agents: int, run_dir: Path, sample_interval: float) -> int:
 
 def fake_plan(agents: int, sample_interval: float):
     from tflaunch.cluster.config import parse_config
-    from tflaunch.cluster.plan import Host, make_plan
+    from tflaunch.cluster.placement import make_plan
+    from tflaunch.cluster.plan import Host
 
     text = json.dumps(
         {

@@ -19,7 +19,8 @@ import psutil
 
 from tests.helpers import FAKE_TASK, free_port_base
 from tflaunch.cluster.config import parse_config
-from tflaunch.cluster.plan import Host, make_plan
+from tflaunch.cluster.placement import make_plan
+from tflaunch.cluster.plan import Host
 from tflaunch.runtime.coordinator import Requeue, Revive, coordinate
 from tflaunch.runtime.link import ProcessLink, agent_argv
 from tflaunch.runtime.run import Run

@@ -122,7 +122,7 @@ def _reports(**gpus):
 
 
 def test_ssh_hosts_without_gpus_in_the_file_get_what_pre_flight_found():
-    from tflaunch.cluster.plan import make_plan
+    from tflaunch.cluster.placement import make_plan
     from tflaunch.launchers.ssh.gpus import adopt_found_gpus
     from tflaunch.launchers.ssh.sources import resolve_hosts
 
@@ -142,7 +142,7 @@ def test_ssh_hosts_without_gpus_in_the_file_get_what_pre_flight_found():
 
 
 def test_pre_flight_gpus_that_do_not_fit_are_a_launch_error():
-    from tflaunch.cluster.plan import make_plan
+    from tflaunch.cluster.placement import make_plan
     from tflaunch.errors import LaunchError
     from tflaunch.launchers.ssh.gpus import adopt_found_gpus
     from tflaunch.launchers.ssh.sources import resolve_hosts
@@ -154,7 +154,7 @@ def test_pre_flight_gpus_that_do_not_fit_are_a_launch_error():
 
 
 def test_pre_flight_gpus_too_few_for_a_hosts_workers_leave_them_on_cpu():
-    from tflaunch.cluster.plan import make_plan
+    from tflaunch.cluster.placement import make_plan
     from tflaunch.launchers.ssh.gpus import adopt_found_gpus
     from tflaunch.launchers.ssh.sources import resolve_hosts
 

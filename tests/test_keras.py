@@ -11,7 +11,8 @@ import yaml
 
 from tests.helpers import tflaunch, wait_until_gone, write_cluster
 from tflaunch.cluster.config import parse_config
-from tflaunch.cluster.plan import hosts_from_config, make_plan, render_task
+from tflaunch.cluster.placement import hosts_from_config, make_plan
+from tflaunch.cluster.render import render_task
 from tflaunch.errors import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

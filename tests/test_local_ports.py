@@ -14,7 +14,8 @@ import yaml
 
 from tests.helpers import ROOT, free_port_base, start_tflaunch, tflaunch
 from tflaunch.cluster.config import parse_config
-from tflaunch.cluster.plan import Host, make_plan
+from tflaunch.cluster.placement import make_plan
+from tflaunch.cluster.plan import Host
 from tflaunch.launchers.local.backend import LocalBackend
 
 

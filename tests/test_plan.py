@@ -14,7 +14,9 @@ from tests.golden import assert_golden
 from tests.helpers import cpu_bounded
 from tflaunch.cli import cli
 from tflaunch.cluster.config import parse_config
-from tflaunch.cluster.plan import Host, Plan, make_plan, render_task
+from tflaunch.cluster.placement import make_plan
+from tflaunch.cluster.plan import Host, Plan
+from tflaunch.cluster.render import render_task
 from tflaunch.errors import PlanError
 
 GOLDEN = Path(__file__).parent / "golden" / "plan"
@@ -62,7 +64,7 @@ def test_plan_table_shows_every_task():
 
 def plan_of(text: str, hosts=None) -> Plan:
     config = parse_config(text)
-    from tflaunch.cluster.plan import hosts_from_config
+    from tflaunch.cluster.placement import hosts_from_config
 
     return make_plan(config, hosts or hosts_from_config(config))
 
@@ -243,7 +245,7 @@ def test_a_plan_holds_the_cluster_once():
 
 def test_cpus_per_task_gives_each_task_on_a_host_its_own_core_slots(tmp_path) -> None:
     from tflaunch.cluster.config import load_config
-    from tflaunch.cluster.plan import cpu_list
+    from tflaunch.cluster.placement import cpu_list
 
     path = tmp_path / "c.yaml"
     path.write_text(
@@ -279,7 +281,7 @@ def test_checkpoint_dir_stays_a_path_of_the_hosts_over_ssh_and_the_agent_resolve
     resolved on the laptop but by each host's agent (home: where sshd starts it); the default
     is checkpoints/ in the run's directory on the hosts. Locally nothing changes."""
     from tflaunch import launch
-    from tflaunch.cluster.plan import on_this_host
+    from tflaunch.cluster.placement import on_this_host
     from tflaunch.runtime.run import Run
 
     hosts = [Host("a", "10.0.0.1", "10.0.0.1")]

@@ -13,14 +13,9 @@ import yaml
 
 from tests.helpers import FAKE_TASK, fake_cluster, tflaunch, wait_until_gone
 from tflaunch.cluster.config import parse_config
-from tflaunch.cluster.plan import (
-    MAX_ARG_STRLEN,
-    Host,
-    Plan,
-    make_plan,
-    render_task,
-    tf_config_text,
-)
+from tflaunch.cluster.placement import make_plan
+from tflaunch.cluster.plan import Host, Plan
+from tflaunch.cluster.render import MAX_ARG_STRLEN, render_task, tf_config_text
 from tflaunch.errors import PlanError
 
 

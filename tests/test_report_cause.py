@@ -15,7 +15,8 @@ import yaml
 from tests.coordinator_fakes import FakeLink
 from tests.helpers import FAKE_TASK, fake_cluster, free_port_base, tflaunch, write_cluster
 from tflaunch.cluster.config import parse_config
-from tflaunch.cluster.plan import Host, make_plan
+from tflaunch.cluster.placement import make_plan
+from tflaunch.cluster.plan import Host
 from tflaunch.runtime import diagnose, procs
 from tflaunch.runtime.coordinator import coordinate
 from tflaunch.runtime.run import Run

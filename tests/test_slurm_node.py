@@ -11,7 +11,8 @@ from pathlib import Path
 import yaml
 
 from tflaunch.cluster.config import parse_config
-from tflaunch.cluster.plan import Host, render_task
+from tflaunch.cluster.plan import Host
+from tflaunch.cluster.render import render_task
 from tflaunch.launchers.slurm.node import (
     Node,
     allocation_hosts,

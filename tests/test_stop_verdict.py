@@ -14,7 +14,8 @@ from pathlib import Path
 from tests.coordinator_fakes import FakeLink
 from tests.helpers import fake_cluster, tflaunch, up_until
 from tflaunch.cluster.config import parse_config
-from tflaunch.cluster.plan import Host, make_plan
+from tflaunch.cluster.placement import make_plan
+from tflaunch.cluster.plan import Host
 from tflaunch.launchers.batch.follow import CaughtSignals, follow
 from tflaunch.launchers.batch.state import BatchDetails, JobState
 from tflaunch.runtime.coordinator import coordinate

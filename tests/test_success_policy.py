@@ -17,7 +17,8 @@ import yaml
 from tests.coordinator_fakes import FakeLink
 from tests.helpers import fake_cluster, tflaunch
 from tflaunch.cluster.config import parse_config
-from tflaunch.cluster.plan import Host, make_plan
+from tflaunch.cluster.placement import make_plan
+from tflaunch.cluster.plan import Host
 from tflaunch.runtime.coordinator import coordinate
 from tflaunch.runtime.run import Run
 from tflaunch.runtime.tasks import TaskBoard

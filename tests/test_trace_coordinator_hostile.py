@@ -21,7 +21,8 @@ import yaml
 
 from tests.coordinator_fakes import FakeLink
 from tflaunch.cluster.config import parse_config
-from tflaunch.cluster.plan import Host, make_plan
+from tflaunch.cluster.placement import make_plan
+from tflaunch.cluster.plan import Host
 from tflaunch.runtime.coordinator import coordinate
 from tflaunch.runtime.run import Run
 from tflaunch.trace import files as trace_files

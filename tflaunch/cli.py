@@ -20,15 +20,9 @@ import click
 
 from tflaunch import __version__, launch
 from tflaunch.cluster.config import ClusterConfig, config_schema, env_name_problem, load_config
-from tflaunch.cluster.plan import (
-    Plan,
-    cpu_list,
-    gpu_sources,
-    long_placeholders,
-    parse_task_name,
-    render_task,
-    tf_config,
-)
+from tflaunch.cluster.placement import cpu_list, gpu_sources
+from tflaunch.cluster.plan import Plan, parse_task_name
+from tflaunch.cluster.render import long_placeholders, render_task, tf_config
 from tflaunch.errors import ConfigError, MissingExtra, TflaunchError
 from tflaunch.runtime.run import Run, new_run_id
 from tflaunch.text import aligned, for_terminal

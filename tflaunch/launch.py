@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from tflaunch.cluster import backends
 from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Plan, gpu_notices, make_plan
+from tflaunch.cluster.placement import gpu_notices, make_plan
+from tflaunch.cluster.plan import Plan
 from tflaunch.errors import ConfigError, LaunchError, PlanError, TflaunchError
 from tflaunch.runtime.identity import Launcher
 from tflaunch.runtime.run import ENDED, Outcome, Run, new_run_id

@@ -35,11 +35,11 @@ _SOURCES: dict[str, str] = {
     "load_config": "tflaunch.cluster.config",
     "Host": "tflaunch.cluster.plan",
     "Plan": "tflaunch.cluster.plan",
-    "make_plan": "tflaunch.cluster.plan",
-    "hosts_from_config": "tflaunch.cluster.plan",
-    "unset_gpus": "tflaunch.cluster.plan",
-    "render_task": "tflaunch.cluster.plan",  # a task's argv and environment on its host
-    "gpu_ids": "tflaunch.cluster.plan",  # a host's GPU count -> its ids ("0", "1", ...)
+    "make_plan": "tflaunch.cluster.placement",
+    "hosts_from_config": "tflaunch.cluster.placement",
+    "unset_gpus": "tflaunch.cluster.placement",
+    "render_task": "tflaunch.cluster.render",  # a task's argv and environment on its host
+    "gpu_ids": "tflaunch.cluster.placement",  # a host's GPU count -> its ids ("0", "1", ...)
     "expand_hostlist": "tflaunch.cluster.hostlist:expand",  # "nid0[01-03]" -> names
     "compress_hostlist": "tflaunch.cluster.hostlist:compress",  # names -> "nid0[01-03]"
     # Errors (each carries its exit code; bad input is 2, with a one-paragraph message)
@@ -152,15 +152,9 @@ if TYPE_CHECKING:
     )
     from tflaunch.cluster.hostlist import compress as compress_hostlist
     from tflaunch.cluster.hostlist import expand as expand_hostlist
-    from tflaunch.cluster.plan import (
-        Host,
-        Plan,
-        gpu_ids,
-        hosts_from_config,
-        make_plan,
-        render_task,
-        unset_gpus,
-    )
+    from tflaunch.cluster.placement import gpu_ids, hosts_from_config, make_plan, unset_gpus
+    from tflaunch.cluster.plan import Host, Plan
+    from tflaunch.cluster.render import render_task
     from tflaunch.cluster.schema import field
     from tflaunch.errors import ConfigError, LaunchError, MissingExtra, PlanError, TflaunchError
     from tflaunch.launchers.base import Backend, LaunchOptions, spawn_agent

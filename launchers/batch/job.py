@@ -33,7 +33,8 @@ from typing import ClassVar
 
 from tflaunch.cluster import hostlist
 from tflaunch.cluster.config import ClusterConfig, parse_config
-from tflaunch.cluster.plan import Host, Plan, make_plan
+from tflaunch.cluster.placement import make_plan
+from tflaunch.cluster.plan import Host, Plan
 from tflaunch.errors import TflaunchError
 from tflaunch.launchers.agent import serve
 from tflaunch.launchers.base import Backend, LaunchOptions, spawn_agent

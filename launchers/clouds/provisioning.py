@@ -37,7 +37,8 @@ import time
 from collections.abc import Sequence
 
 from tflaunch.cluster.config import ClusterConfig
-from tflaunch.cluster.plan import Host, Plan, checkpoint_dir, make_plan
+from tflaunch.cluster.placement import checkpoint_dir, make_plan
+from tflaunch.cluster.plan import Host, Plan
 from tflaunch.errors import ConfigError, LaunchError, TflaunchError
 from tflaunch.launchers.clouds import kept, provision_of, spec_of
 from tflaunch.launchers.clouds.base import Feature, Provider, Say

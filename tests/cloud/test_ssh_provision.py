@@ -20,7 +20,7 @@ import pytest
 from tests.cloud.fixtures import HEAD, provision_config, provision_text
 from tests.helpers import gone_launcher, in_second_pid_namespace
 from tflaunch.cluster.config import parse_config
-from tflaunch.cluster.plan import make_plan
+from tflaunch.cluster.placement import make_plan
 from tflaunch.errors import LaunchError
 from tflaunch.launchers.clouds import (
     admin,
@@ -453,7 +453,7 @@ def test_a_provisioned_up_plans_twice_and_writes_the_plan_once(
     """Once on the pending hosts (which instances, which ports), once on the real ones: the
     only plan.json; the provider is built once, for the plan, and handed to the provisioning.
     The banner-only listener ends the run at the SSH connect."""
-    import tflaunch.cluster.plan as plan_module
+    import tflaunch.cluster.placement as placement_module
     from tflaunch import launch
     from tflaunch.launchers.base import LaunchOptions
 
@@ -461,7 +461,7 @@ def test_a_provisioned_up_plans_twice_and_writes_the_plan_once(
     config = provision_config(tmp_path, extra, ec2_endpoint, ssh_port=banner_port)
     address_map(tmp_path, ["worker-1", "worker-2", "ps-1"], monkeypatch)
     calls = {"plan": 0, "write": 0}
-    make_plan, write_plan = plan_module.make_plan, Run.write_plan
+    make_plan, write_plan = placement_module.make_plan, Run.write_plan
 
     def counted_plan(*args, **kwargs):
         calls["plan"] += 1

@@ -269,7 +269,7 @@ def test_a_detached_runs_coordinator_runs_on_an_on_demand_instance_when_there_is
     the coordinator, so that every spot instance can be replaced while the run goes on; with
     every instance spot it is the first host, and ``up`` says what its loss does."""
     from tests.cloud.fixtures import provision_config
-    from tflaunch.cluster.plan import make_plan
+    from tflaunch.cluster.placement import make_plan
     from tflaunch.launchers.clouds import provider_for
     from tflaunch.launchers.clouds.provisioning import candidate_hosts, planned_instances
     from tflaunch.launchers.ssh.cloud import coordinator_host

@@ -12,7 +12,8 @@ import pytest
 
 from tests.helpers import free_port_base
 from tflaunch.cluster.config import parse_config
-from tflaunch.cluster.plan import Host, make_plan
+from tflaunch.cluster.placement import make_plan
+from tflaunch.cluster.plan import Host
 from tflaunch.errors import LaunchError
 from tflaunch.launchers.ssh.preflight import (
     PROBE,

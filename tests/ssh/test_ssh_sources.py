@@ -9,7 +9,8 @@ import pytest
 
 from tests.helpers import ROOT
 from tflaunch.cluster.config import parse_config
-from tflaunch.cluster.plan import Host, render_task
+from tflaunch.cluster.plan import Host
+from tflaunch.cluster.render import render_task
 from tflaunch.errors import ConfigError, LaunchError
 from tflaunch.launchers.clouds.ec2.discover import discover_ec2
 from tflaunch.launchers.clouds.ec2.section import Ec2Section
@@ -201,7 +202,7 @@ def test_aws_example_plans_one_gpu_workers_and_gpu_less_colocated_ps(ec2_endpoin
     import dataclasses
 
     from tflaunch.cluster.config import load_config
-    from tflaunch.cluster.plan import make_plan
+    from tflaunch.cluster.placement import make_plan
 
     example = ROOT / "examples" / "aws.yaml"
     cfg = load_config(example)

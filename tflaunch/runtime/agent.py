@@ -43,7 +43,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from tflaunch.cluster.config import LEGACY_KERAS_ENV
-from tflaunch.cluster.plan import Plan, Task, TaskView, on_this_host, render_task
+from tflaunch.cluster.placement import on_this_host
+from tflaunch.cluster.plan import Plan, Task, TaskView
+from tflaunch.cluster.render import render_task
 from tflaunch.runtime import procs, programcheck, protocol
 from tflaunch.runtime.diagnose import program_path
 from tflaunch.runtime.link import read_lines

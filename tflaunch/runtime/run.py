@@ -30,7 +30,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tflaunch.cluster.plan import Plan, cluster_file_path, cluster_file_text
+from tflaunch.cluster.plan import Plan
+from tflaunch.cluster.render import cluster_file_path, cluster_file_text
 from tflaunch.errors import RunNotFoundError
 from tflaunch.runtime.identity import Launcher
 from tflaunch.runtime.runfiles import (

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tflaunch.cluster.plan import render_task
+from tflaunch.cluster.render import render_task
 from tflaunch.errors import ConfigError, TflaunchError
 from tflaunch.outfiles import write_outside
 from tflaunch.runtime.monitor import NET_FIELDS, read_samples
