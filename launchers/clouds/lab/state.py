@@ -206,17 +206,21 @@ class State:
             return None
         return data
 
+    def _records(self, kind: str) -> Iterator[tuple[Path, str, dict[str, Any]]]:
+        """Each readable record of folder ``kind`` ("instances", "networks"): its path, its id
+        (the file's name) and its JSON object, by name."""
+        folder = self.root / kind
+        if not self.exists() or not self._check_dir(folder, create=False):
+            return
+        for path in sorted(folder.glob("*.json")):
+            data = self._read(path)
+            if data is not None:
+                yield path, path.name[: -len(".json")], data
+
     def instances(self) -> list[LabInstance]:
         """Every instance record that passes the checks, by number."""
         found = []
-        folder = self.root / "instances"
-        if not self.exists() or not self._check_dir(folder, create=False):
-            return []
-        for path in sorted(folder.glob("*.json")):
-            data = self._read(path)
-            if data is None:
-                continue
-            file_id = path.name[: -len(".json")]
+        for path, file_id, data in self._records("instances"):
             try:
                 found.append(_instance_record(data, file_id))
             except ValueError as err:
@@ -232,16 +236,11 @@ class State:
         return sorted(found, key=lambda r: r.index)
 
     def networks(self) -> list[NetworkRecord]:
+        """Every network record that passes the checks, by id."""
         found = []
-        folder = self.root / "networks"
-        if not self.exists() or not self._check_dir(folder, create=False):
-            return []
-        for path in sorted(folder.glob("*.json")):
-            data = self._read(path)
-            if data is None:
-                continue
+        for path, network_id, data in self._records("networks"):
             try:
-                found.append(_network_record(data, path.name[: -len(".json")]))
+                found.append(_network_record(data, network_id))
             except ValueError as err:
                 self.say(f"lab: skipping {path}: {err}")
         return found
