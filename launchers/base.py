@@ -111,23 +111,19 @@ class Backend(ABC):
         return None
 
     def detach(
-        self,
-        config: ClusterConfig,
-        plan: Plan,
-        run: Run,
-        cluster_file: str,
-        run_root: str,
-        options: LaunchOptions | None = None,
+        self, config: ClusterConfig, plan: Plan, run: Run, options: LaunchOptions | None = None
     ) -> str:
         """Start the run in the background; return what ``up --detach`` prints (the run id).
 
-        Default: a detached local coordinator given the same options, returning once the
-        cluster is ready. Slurm returns once the job is submitted."""
+        Default: a detached local coordinator (``up`` of the run's cluster file, in its runs
+        directory) given the same options, returning once the cluster is ready. Slurm returns
+        once the job is submitted."""
         from tflaunch.runtime import runctl
 
         timeout = config.supervision.ready_timeout + 60
         extra = (options or LaunchOptions()).argv()
-        runctl.spawn_detached(cluster_file, run, run_root, timeout, extra)
+        cluster_file = str(run.record().cluster_file)
+        runctl.spawn_detached(cluster_file, run, str(run.dir.parent), timeout, extra)
         return run.id
 
     def check_options(self, options: LaunchOptions) -> None:

@@ -256,7 +256,7 @@ def up(
             print(f"[tflaunch] {notice}", file=sys.stderr, flush=True)
     try:
         if detach:
-            return backend.detach(config, plan, run, cluster_file, runs_dir, options)
+            return backend.detach(config, plan, run, options)
         return backend.launch(config, plan, run, options)
     except (TflaunchError, OSError) as err:
         # Detached, a run past 'created' has a coordinator of its own, which finishes it.

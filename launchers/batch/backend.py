@@ -164,13 +164,7 @@ class BatchBackend(Backend):
             return follow(self, run, job_id, caught)
 
     def detach(
-        self,
-        config: ClusterConfig,
-        plan: Plan,
-        run: Run,
-        cluster_file: str,
-        run_root: str,
-        options: LaunchOptions | None = None,
+        self, config: ClusterConfig, plan: Plan, run: Run, options: LaunchOptions | None = None
     ) -> str:
         """Submit and return: the job runs on without the login node."""
         self.submit(config, run, out=sys.stderr)

@@ -193,13 +193,7 @@ class SshBackend(Backend):
     # ---- detached runs: the coordinator runs on one of the hosts ----------------------------
 
     def detach(
-        self,
-        config: ClusterConfig,
-        plan: Plan,
-        run: Run,
-        cluster_file: str,
-        run_root: str,
-        options: LaunchOptions | None = None,
+        self, config: ClusterConfig, plan: Plan, run: Run, options: LaunchOptions | None = None
     ) -> str:
         """``up --detach``: the run lives on the hosts; the laptop may disconnect."""
         if self.hosts_pending(config):  # make the instances; they outlive this command
