@@ -36,6 +36,7 @@ from tflaunch.runtime.runfiles import (
     SAMPLES_PREFIX,
     RunFileError,
     json_lines,
+    json_objects,
     open_for_reading,
     open_run_file,
 )
@@ -363,14 +364,7 @@ def _last_record(path: Path, chunk: int = 65536) -> dict[str, Any] | None:
         size = f.tell()
         f.seek(max(0, size - chunk))
         lines = f.read().splitlines()
-    for line in reversed(lines):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            return record
-    return None
+    return next(json_objects(reversed(lines)), None)
 
 
 # ---- live usage for `tflaunch status` ---------------------------------------------------------

@@ -22,7 +22,7 @@ import json
 import os
 import stat
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -249,9 +249,14 @@ def run_file_lines(
 
 
 def json_lines(path: str | os.PathLike, limit: int | None = None) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a ``.jsonl`` run file, one a line; a line that is not one (cut
-    short by a crash, a piece of an over-long line) is skipped."""
-    for line in run_file_lines(path, limit):
+    """The JSON objects of a ``.jsonl`` run file, one a line (:func:`json_objects`)."""
+    return json_objects(run_file_lines(path, limit))
+
+
+def json_objects(lines: Iterable[str | bytes]) -> Iterator[dict[str, Any]]:
+    """The JSON objects among ``lines``, one a line; a line that is not one (cut short by a
+    crash, a piece of an over-long line) is skipped."""
+    for line in lines:
         try:
             record = json.loads(line)
         except ValueError:
