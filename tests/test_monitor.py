@@ -22,7 +22,7 @@ from tests.helpers import (
     write_cluster,
 )
 from tests.hosts import ssh_hosts
-from tflaunch.cluster.config import Supervision
+from tflaunch.cluster.supervision import Supervision
 from tflaunch.runtime.monitor import (
     MAX_SAMPLES_PER_SECOND,
     NET_FIELDS,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tflaunch.cluster.config import Restart, RoleRestart, parse_config
+from tflaunch.cluster.config import parse_config
+from tflaunch.cluster.supervision import Restart, RoleRestart
 from tflaunch.errors import ConfigError
 from tflaunch.runtime.restart import LOST, STALLED, Failure, RestartBook, restartable
 from tflaunch.runtime.stall import StallWatch

@@ -23,11 +23,11 @@ _SOURCES: dict[str, str] = {
     "BackendFeature": "tflaunch.cluster.backends",  # what up's options need, declared
     "Fail": "tflaunch.cluster.backends",
     "field": "tflaunch.cluster.schema",
-    "MAX_GPUS": "tflaunch.cluster.config",
-    "MAX_HOSTS": "tflaunch.cluster.config",
-    "MAX_ITEMS": "tflaunch.cluster.config",
-    "MAX_PORT": "tflaunch.cluster.config",
-    "MAX_SECONDS": "tflaunch.cluster.config",
+    "MAX_GPUS": "tflaunch.cluster.bounds",
+    "MAX_HOSTS": "tflaunch.cluster.bounds",
+    "MAX_ITEMS": "tflaunch.cluster.bounds",
+    "MAX_PORT": "tflaunch.cluster.bounds",
+    "MAX_SECONDS": "tflaunch.cluster.bounds",
     "env_name_problem": "tflaunch.cluster.config",  # why a name is no environment variable's
     # The cluster file and the plan
     "ClusterConfig": "tflaunch.cluster.config",
@@ -139,17 +139,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from tflaunch.cluster.backends import BackendFeature, BackendSpec, Fail
-    from tflaunch.cluster.config import (
-        MAX_GPUS,
-        MAX_HOSTS,
-        MAX_ITEMS,
-        MAX_PORT,
-        MAX_SECONDS,
-        ClusterConfig,
-        env_name_problem,
-        load_config,
-        parse_config,
-    )
+    from tflaunch.cluster.bounds import MAX_GPUS, MAX_HOSTS, MAX_ITEMS, MAX_PORT, MAX_SECONDS
+    from tflaunch.cluster.config import ClusterConfig, env_name_problem, load_config, parse_config
     from tflaunch.cluster.hostlist import compress as compress_hostlist
     from tflaunch.cluster.hostlist import expand as expand_hostlist
     from tflaunch.cluster.placement import gpu_ids, hosts_from_config, make_plan, unset_gpus

@@ -51,7 +51,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
-from tflaunch.cluster.config import MAX_SECONDS, ClusterConfig
+from tflaunch.cluster.bounds import MAX_SECONDS
+from tflaunch.cluster.config import ClusterConfig
 from tflaunch.cluster.plan import Host, Plan
 from tflaunch.cluster.registry import load_attribute
 from tflaunch.cluster.schema import field

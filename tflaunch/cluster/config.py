@@ -23,22 +23,13 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from tflaunch.cluster import backends, schema, yamlfile
+from tflaunch.cluster.bounds import MAX_GPUS, MAX_HOSTS, MAX_ITEMS, MAX_PORT, MAX_TASKS
 from tflaunch.cluster.schema import field
+from tflaunch.cluster.supervision import Supervision
 from tflaunch.errors import ConfigError
 
-JOBS = ("ps", "chief", "worker", "evaluator")
 S = TypeVar("S")  # a backend's section class (ClusterConfig.section)
 
-# Bounds on every count: far above any real cluster, low enough that no file can make the launcher
-# build huge lists. The plan grows linearly with the tasks (benchmarks/plan_scale.py: 33,280 tasks,
-# 4,096 nodes x 8 GPUs, plan in about a second), so tasks are bounded at twice that scale.
-MAX_TASKS = 65_536  # tasks of one role, and of all roles together
-MAX_HOSTS = 4096  # hosts listed, and slurm.nodes
-MAX_GPUS = 256  # GPUs of one host or node, and per worker
-MAX_ITEMS = 4096  # items of any list: argv, sbatch options, setup lines, uploads, instance ids
-MAX_SECONDS = 30 * 24 * 3600.0  # any timeout or interval: 30 days
-MAX_RESTARTS = 10_000  # any restart limit
-MAX_PORT = 65_535
 LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"  # tf.keras is tf_keras (Keras 2) when it is 1
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A cluster name prefixes run ids, which commands take as arguments: one starting with '-' would
@@ -51,22 +42,15 @@ DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 def namespace_problem(namespace: str) -> str | None:
     """Why ``namespace`` cannot be a Kubernetes namespace, or None."""
-    if DNS_LABEL.fullmatch(namespace):
-        return None
-    return (
-        f"{namespace!r} is not a Kubernetes namespace: use lower-case letters, digits and '-', "
-        "starting and ending with a letter or digit, at most 63 characters (e.g. ml-team)"
-    )
+    why = "is not a Kubernetes namespace: use lower-case letters, digits and '-', starting and"
+    why += " ending with a letter or digit, at most 63 characters (e.g. ml-team)"
+    return None if DNS_LABEL.fullmatch(namespace) else f"{namespace!r} {why}"
 
 
 def env_name_problem(name: str) -> str | None:
     """Why ``name`` cannot be an environment variable name (POSIX: letters, digits, _), or None."""
-    if ENV_NAME.fullmatch(name):
-        return None
-    return (
-        f"{name!r} is not a valid environment variable name; use letters, digits and _, "
-        "not starting with a digit"
-    )
+    why = "is not a valid environment variable name; use letters, digits and _, not starting with"
+    return None if ENV_NAME.fullmatch(name) else f"{name!r} {why} a digit"
 
 
 def _mode_problem(value: str) -> str | None:
@@ -210,150 +194,6 @@ class Ports:
         minimum=1,
         maximum=MAX_PORT,
         doc="chief port (the evaluator needs none: it is not in the cluster)",
-    )
-
-
-def _role_restart_entry(raw: Any) -> Any:
-    """A role's restart policy may be written as the policy alone: ``worker: on-failure``."""
-    return {"policy": raw} if isinstance(raw, str) else raw
-
-
-RestartPolicyName = Literal["never", "on-failure", "exit-code"]
-CLUSTER_SCOPED_JOBS = ("ps", "chief")  # their loss takes the model's state (or its driver) away
-
-
-@dataclass(frozen=True)
-class RoleRestart:
-    """How a failed task of one role is restarted. A task restarted alone keeps its host, port,
-    GPUs and TF_CONFIG; a cluster restart stops every task and starts them all again, and the
-    programs resume from their checkpoints."""
-
-    policy: RestartPolicyName = field(
-        "never",
-        doc="never: a failure ends the run; on-failure: restart on any non-zero exit or stall; "
-        "exit-code: restart only when killed by a signal or exiting 128+N (preemption, OOM "
-        "kill, stall), not on an exit such as 1 (a bug)",
-    )
-    scope: Literal["task", "cluster"] | None = field(
-        None,
-        doc="task: restart the failed task alone; cluster: restart every task from the "
-        "checkpoints (default: cluster for ps and chief, task for worker and evaluator)",
-    )
-    max_restarts: int = field(
-        3, minimum=0, maximum=MAX_RESTARTS, doc="restarts of one task of this role, at most"
-    )
-
-
-@dataclass(frozen=True)
-class Restart:
-    """Restart policies per role, and the bounds over the whole run."""
-
-    ps: RoleRestart = field(factory=RoleRestart, doc="PS", coerce=_role_restart_entry)
-    chief: RoleRestart = field(factory=RoleRestart, doc="chief", coerce=_role_restart_entry)
-    worker: RoleRestart = field(factory=RoleRestart, doc="workers", coerce=_role_restart_entry)
-    evaluator: RoleRestart = field(factory=RoleRestart, doc="evaluator", coerce=_role_restart_entry)
-    max_restarts: int = field(
-        10,
-        minimum=0,
-        maximum=MAX_RESTARTS,
-        doc="restarts of single tasks in the run, all tasks together, at most",
-    )
-    max_cluster_restarts: int = field(
-        2, minimum=0, maximum=MAX_RESTARTS, doc="whole-cluster restarts in the run, at most"
-    )
-    backoff: float = field(
-        1.0,
-        minimum=0,
-        maximum=MAX_SECONDS,
-        doc="seconds before a task's first restart; each further restart of it waits twice as long",
-    )
-    backoff_max: float = field(
-        30.0, minimum=0, maximum=MAX_SECONDS, doc="the longest wait before a restart"
-    )
-
-    def of(self, job: str) -> RoleRestart:
-        return getattr(self, job)
-
-    def scope_of(self, job: str) -> str:
-        """What a restart of ``job`` restarts: its ``scope``, else the role's default."""
-        scope = self.of(job).scope
-        if scope is not None:
-            return scope
-        return "cluster" if job in CLUSTER_SCOPED_JOBS else "task"
-
-    @property
-    def enabled(self) -> bool:
-        return any(self.of(job).policy != "never" for job in JOBS)
-
-
-@dataclass(frozen=True)
-class Supervision:
-    """How tasks are watched and stopped."""
-
-    ready_timeout: float = field(
-        120.0,
-        minimum=0,
-        maximum=MAX_SECONDS,
-        doc="seconds to wait for every PS port to accept connections",
-    )
-    grace_period: float = field(
-        5.0, minimum=0, maximum=MAX_SECONDS, doc="seconds between SIGTERM and SIGKILL at teardown"
-    )
-    finish_timeout: float = field(
-        300.0,
-        minimum=0,
-        maximum=MAX_SECONDS,
-        doc="seconds the other workers may run on after the chief finished successfully",
-    )
-    heartbeat: float = field(
-        2.0,
-        minimum=0.1,
-        maximum=MAX_SECONDS,
-        doc="seconds between launcher heartbeats to the agents",
-    )
-    heartbeat_timeout: float = field(
-        20.0,
-        minimum=1,
-        maximum=MAX_SECONDS,
-        doc="an agent that hears nothing from its launcher this long tears its tasks down "
-        "(at least twice the heartbeat)",
-    )
-    sample_interval: float = field(
-        1.0, minimum=0, maximum=MAX_SECONDS, doc="seconds between resource samples (0: off)"
-    )
-    success: Literal["auto", "workers", "chief"] = field(
-        "auto",
-        doc="auto: with a chief, as Kubeflow's TFJob, the chief's exit 0 ends the run: workers "
-        "still busy (printing, or using CPU) may finish first, and workers that serve, idle, "
-        "until stopped (TF2 ParameterServerStrategy's join()) are stopped; without a chief, as "
-        "workers. workers: the run succeeds when the chief (else worker 0) and every worker exit "
-        "0. chief: when the chief exits 0, the other tasks stopped at once",
-    )
-    restart: Restart = field(factory=Restart, doc="restart policies (default: never restart)")
-    stall_timeout: float = field(
-        0.0,
-        minimum=0,
-        maximum=MAX_SECONDS,
-        doc="a task that prints nothing this many seconds (or, once it has printed a step, "
-        "whose step stops growing) fails as 'stalled' and is handled by its restart policy (0: off)",
-    )
-    step_pattern: str = field(
-        r"\bstep[ :=]+(\d+)",
-        doc="regular expression finding a step number (its first group that matched) in a task's "
-        "output line; left at this default, progress samples also recognise global_step, Keras "
-        "fit progress lines and images/sec lines",
-    )
-    rate_pattern: str = field(
-        "",
-        doc="regular expression finding a throughput (images/sec, examples/sec) in its first group "
-        "that matched; empty: recognise 'images/sec: N', 'examples/sec: N', 'N img/s'",
-    )
-    max_runtime: float | None = field(
-        None,
-        minimum=1,
-        maximum=MAX_SECONDS,
-        doc="seconds a run may last; then it is stopped as on Ctrl-C (ssh backend; provisioned "
-        "instances also power off and terminate by themselves at this age)",
     )
 
 

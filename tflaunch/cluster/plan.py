@@ -19,7 +19,7 @@ from functools import cached_property
 from typing import Any
 
 from tflaunch.cluster import schema
-from tflaunch.cluster.config import Supervision
+from tflaunch.cluster.supervision import Supervision
 from tflaunch.errors import PlanError
 
 

@@ -42,7 +42,7 @@ from tflaunch.runtime.runfiles import (
 )
 
 if TYPE_CHECKING:
-    from tflaunch.cluster.config import Supervision
+    from tflaunch.cluster.supervision import Supervision
 
 Emit = Callable[[protocol.Event], None]
 PidSource = Callable[[], Mapping[str, int]]

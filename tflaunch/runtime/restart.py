@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from tflaunch.cluster.config import Restart
+from tflaunch.cluster.supervision import Restart
 
 STALLED = "stalled"
 LOST = "lost"  # the task's host was lost: it stopped answering, or its instance ended

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-from tflaunch.cluster.config import Supervision
+from tflaunch.cluster.supervision import Supervision
 from tflaunch.runtime import protocol
 from tflaunch.runtime.link import AgentLink
 from tflaunch.runtime.reporter import Reporter

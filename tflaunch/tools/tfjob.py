@@ -24,13 +24,9 @@ from collections.abc import Callable
 from typing import Any
 
 from tflaunch import launch
-from tflaunch.cluster.config import (
-    LEGACY_KERAS_ENV,
-    ClusterConfig,
-    RoleRestart,
-    namespace_problem,
-)
+from tflaunch.cluster.config import LEGACY_KERAS_ENV, ClusterConfig, namespace_problem
 from tflaunch.cluster.plan import Plan
+from tflaunch.cluster.supervision import RoleRestart
 from tflaunch.errors import ConfigError
 
 REPLICA_TYPES = {"ps": "PS", "chief": "Chief", "worker": "Worker", "evaluator": "Evaluator"}
