@@ -9,6 +9,7 @@ No TensorFlow here.
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -144,6 +145,22 @@ def timed_loop(
         tracer.finish()
     timing.final_loss = _as_float(result)
     return timing
+
+
+def timed_run(
+    args: argparse.Namespace, step: Callable[[], object], barrier: Callable[[], None]
+) -> Timing:
+    """:func:`timed_loop` as the benchmark's flags say (``--num_warmup_batches``,
+    ``--num_batches``, ``--batch_size``, ``--display_every``), its lines on stdout."""
+    return timed_loop(
+        step,
+        args.num_warmup_batches,
+        args.num_batches,
+        args.batch_size,
+        args.display_every,
+        barrier,
+        log,
+    )
 
 
 def _tracer():

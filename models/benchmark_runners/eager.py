@@ -23,7 +23,7 @@ from tflaunch.models.benchmark_runners.common import (
     images_per_sec,
     log,
     pack_sizes,
-    timed_loop,
+    timed_run,
 )
 from tflaunch.models.cluster import TRAINING_JOBS, ClusterInfo
 from tflaunch.models.cluster_file_resolver import resolver_for
@@ -303,7 +303,7 @@ def run_worker(args: argparse.Namespace, info: ClusterInfo | None) -> tuple[Timi
     _set_threads(args)
     if info is None:
         step = single_step(args)
-        timing = _loop(args, step, barrier=lambda: None)
+        timing = timed_run(args, step, barrier=lambda: None)
         return timing, images_per_sec(args.batch_size, timing)
     strategy = _make_strategy(info)
     log(f"collective_all_reduce: worker {info.rank} of {info.num_training_tasks}, PS tasks unused")
@@ -317,19 +317,7 @@ def run_worker(args: argparse.Namespace, info: ClusterInfo | None) -> tuple[Timi
     def barrier() -> None:  # an all-reduce that every worker has to join
         sum_over_workers(tf.constant(1.0, tf.float64))
 
-    timing = _loop(args, step, barrier)
+    timing = timed_run(args, step, barrier)
     rate = images_per_sec(args.batch_size, timing)
     total = sum_over_workers(tf.constant(rate, tf.float64))
     return timing, float(total)
-
-
-def _loop(args: argparse.Namespace, step: Callable[[], tf.Tensor], barrier) -> Timing:
-    return timed_loop(
-        step,
-        args.num_warmup_batches,
-        args.num_batches,
-        args.batch_size,
-        args.display_every,
-        barrier,
-        log,
-    )

@@ -30,7 +30,7 @@ from tflaunch.models.benchmark_runners.common import (
     Timing,
     images_per_sec,
     log,
-    timed_loop,
+    timed_run,
 )
 from tflaunch.models.cluster import ClusterInfo
 from tflaunch.models.data.imagenet import list_shards, make_dataset
@@ -418,15 +418,7 @@ def run_worker(args: argparse.Namespace, info: ClusterInfo) -> tuple[Timing, flo
                 lambda: sess.run(ops.barrier) >= info.num_training_tasks, "all workers to warm up"
             )
 
-        timing = timed_loop(
-            step,
-            args.num_warmup_batches,
-            args.num_batches,
-            args.batch_size,
-            args.display_every,
-            barrier,
-            log,
-        )
+        timing = timed_run(args, step, barrier)
         sess.run(ops.report, {ops.rate_in: images_per_sec(args.batch_size, timing)})
         _wait(lambda: (sess.run(ops.rates) > 0).all(), "the other workers' figures")
         total = float(sess.run(ops.rates).sum())
