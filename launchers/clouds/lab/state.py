@@ -36,7 +36,7 @@ import secrets
 import stat
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tflaunch.launchers.clouds.lab.hosts import (
     MAX_HOSTS,
@@ -58,6 +58,7 @@ TOMBSTONE_SECONDS = 3600.0  # a terminated instance stays listed this long, as o
 INSTANCE_ID = re.compile(r"lab-([1-9][0-9]{0,2})-[0-9a-f]{8}")
 NETWORK_ID = re.compile(r"labnet-([1-9][0-9]?)-[0-9a-f]{8}")
 STATES = ("pending", "running", "stopped", "terminated")
+RecordT = TypeVar("RecordT")  # a record of the state folder (LabInstance, NetworkRecord)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,25 +207,38 @@ class State:
             return None
         return data
 
-    def _records(self, kind: str) -> Iterator[tuple[Path, str, dict[str, Any]]]:
-        """Each readable record of folder ``kind`` ("instances", "networks"): its path, its id
-        (the file's name) and its JSON object, by name."""
+    def instances(self) -> list[LabInstance]:
+        """Every instance record that passes the checks, by number; one that fails them stays
+        listed with what can be read of it, so that its host can still be ended."""
+        found = self._records("instances", _instance_record, _salvaged_record)
+        return sorted(found, key=lambda r: r.index)
+
+    def networks(self) -> list[NetworkRecord]:
+        """Every network record that passes the checks, by id."""
+        return self._records("networks", _network_record)
+
+    def _records(
+        self,
+        kind: str,
+        parse: Callable[[Mapping[str, Any], str], RecordT],
+        salvage: Callable[[Mapping[str, Any], str], RecordT | None] | None = None,
+    ) -> list[RecordT]:
+        """The records of folder ``kind``, by file name: each file's JSON object read as
+        ``parse(data, id)`` (the id is the file's name); one that fails its checks is skipped
+        with a line, unless ``salvage`` keeps an instance of it."""
         folder = self.root / kind
         if not self.exists() or not self._check_dir(folder, create=False):
-            return
+            return []
+        found = []
         for path in sorted(folder.glob("*.json")):
             data = self._read(path)
-            if data is not None:
-                yield path, path.name[: -len(".json")], data
-
-    def instances(self) -> list[LabInstance]:
-        """Every instance record that passes the checks, by number."""
-        found = []
-        for path, file_id, data in self._records("instances"):
+            if data is None:
+                continue
+            file_id = path.name[: -len(".json")]
             try:
-                found.append(_instance_record(data, file_id))
+                found.append(parse(data, file_id))
             except ValueError as err:
-                salvaged = _salvaged_record(data, file_id)
+                salvaged = salvage(data, file_id) if salvage else None
                 if salvaged is None:
                     self.say(f"lab: skipping {path}: {err}")
                     continue
@@ -233,16 +247,6 @@ class State:
                     f"{salvaged.state}) so that 'tflaunch down' and 'tflaunch gc' can end it"
                 )
                 found.append(salvaged)
-        return sorted(found, key=lambda r: r.index)
-
-    def networks(self) -> list[NetworkRecord]:
-        """Every network record that passes the checks, by id."""
-        found = []
-        for path, network_id, data in self._records("networks"):
-            try:
-                found.append(_network_record(data, network_id))
-            except ValueError as err:
-                self.say(f"lab: skipping {path}: {err}")
         return found
 
     # ---- writing (under the lock) --------------------------------------------------------
