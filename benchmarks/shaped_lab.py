@@ -49,6 +49,7 @@ from tests.helpers import checkout_python  # noqa: E402
 from tests.hosts import ssh_hosts  # noqa: E402
 from tflaunch.tools import bench_sweep as bench  # noqa: E402
 from tflaunch.tools import perfmodel as pm  # noqa: E402
+from tflaunch.tools.bench_results import Point  # noqa: E402
 from tflaunch.tools.perfmodel_inputs import load_inputs  # noqa: E402
 from tflaunch.tools.perfmodel_text import error_pct  # noqa: E402
 
@@ -218,7 +219,7 @@ def sweep(a: argparse.Namespace, hosts: ssh_hosts.TestHosts) -> None:
                             a.out / "bench" / name,
                         )  # fmt: skip
                     )
-                m = runners[key](bench.Point(lp.workers, lp.ps, lp.update, False), repeat)
+                m = runners[key](Point(lp.workers, lp.ps, lp.update, False), repeat)
                 done.append(
                     {**dataclasses.asdict(lp), "repeat": repeat, "img_s": m.images_per_sec,
                      "exit_code": m.exit_code, "run_id": m.run_id}

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tflaunch.errors import ConfigError
-from tflaunch.tools.bench_sweep import (
+from tflaunch.tools.bench_results import (
     Measurement,
     Point,
     Row,
@@ -20,13 +20,15 @@ from tflaunch.tools.bench_sweep import (
     best_rows,
     best_table,
     efficiency,
-    grid,
     io_overhead,
+    table,
+)
+from tflaunch.tools.bench_sweep import (
+    grid,
     parse_sweep,
     parse_total,
     point_argv,
     run_sweep,
-    table,
     write_outputs,
 )
 

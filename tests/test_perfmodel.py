@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from tflaunch.cli import cli
 from tflaunch.tools import perfmodel as pm
 from tflaunch.tools import perfmodel_inputs as pi
-from tflaunch.tools.bench_sweep import Point, Row
+from tflaunch.tools.bench_results import Point, Row
 from tflaunch.tools.perfmodel_text import measured_lines
 
 MB = 1_000_000

@@ -32,7 +32,7 @@ def error_pct(predicted: float, measured: float) -> float:
 
 
 def measured_lines(inputs: Inputs, rows: Iterable, strategy: str) -> tuple[list[str], float | None]:
-    """``tflaunch bench --predict``: each measured row (bench.Row) beside its prediction, and
+    """``tflaunch bench --predict``: each measured row (bench_results.Row) beside its prediction, and
     the median absolute error in percent."""
     table = [("WORKERS", "PS", "VARIABLE UPDATE", "REAL", "MEASURED", "PREDICTED", "ERROR %")]
     errors = []
