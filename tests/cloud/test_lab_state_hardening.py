@@ -39,13 +39,30 @@ def test_a_fifo_for_authorized_key_is_no_key_and_does_not_block(tmp_path):
         authorized_keys(str(fifo))
 
 
-def test_a_state_directory_with_dot_dot_is_refused(tmp_path):
+@pytest.mark.parametrize(
+    ("in_files", "why", "recorded"),
+    [
+        (
+            ["relative/dir", "'/tmp/a b'", '"/tmp/x\\nForceCommand id"'],
+            "not an absolute path of letters",
+            "/tmp/x\nHostKey /etc/shadow",
+        ),
+        (
+            ["/run/x/../tflaunch-lab", "/run/./lab", "/.."],
+            "has a '.' or '..' component",
+            "/home/../run/lab",
+        ),
+    ],
+    ids=["not-plain-absolute", "dot-dot"],
+)
+def test_a_state_directory_must_be_a_plain_absolute_path(tmp_path, in_files, why, recorded):
+    """Refused in a cluster file (ConfigError) and in a run's record (LaunchError)."""
     text = "backend: ssh\nprogram: [x]\nssh:\n  provision: {cloud: lab, state_dir: %s}\n"
-    for bad in ("/run/x/../tflaunch-lab", "/run/./lab", "/.."):
-        with pytest.raises(ConfigError, match="has a '.' or '..' component"):
+    for bad in in_files:
+        with pytest.raises(ConfigError, match=why):
             parse_config(text % bad, source=str(tmp_path / "c.yaml"), base_dir=str(tmp_path))
     with pytest.raises(LaunchError, match="state directory recorded for the run"):
-        LabProvider.from_access({"state_dir": "/home/../run/lab"}, print)
+        LabProvider.from_access({"state_dir": recorded}, print)
 
 
 def _state_under(folder) -> State:
