@@ -37,10 +37,11 @@ from tflaunch.cluster.config import ClusterConfig, parse_config
 from tflaunch.cluster.plan import Host, Plan
 from tflaunch.errors import LaunchError, TflaunchError
 from tflaunch.launchers.base import Backend, LaunchOptions
-from tflaunch.launchers.batch.follow import CaughtSignals, follow, say
+from tflaunch.launchers.batch.follow import follow, say
 from tflaunch.launchers.batch.state import BatchDetails, JobState
 from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.runfiles import write_run_file
+from tflaunch.runtime.signals import CaughtSignals
 
 SETUP_FILE = "job.json"  # the job's setup, read by its nodes (a scheduler may name it otherwise)
 SNAPSHOT_FILE = "cluster.yaml"  # the cluster file as it was submitted

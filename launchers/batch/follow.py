@@ -3,17 +3,14 @@ cancel when the launcher is signalled; then the run's result from ``run.json`` o
 
 from __future__ import annotations
 
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Protocol
 
 from tflaunch.launchers.batch.state import BatchDetails, JobState
 from tflaunch.runtime.run import INTERRUPT_CODES, Outcome, Run, RunRecord
-
-STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+from tflaunch.runtime.signals import CaughtSignals
 
 
 class Scheduler(Protocol):
@@ -28,33 +25,6 @@ class Scheduler(Protocol):
     def output_paths(self, run: Run, job_id: str) -> tuple[Path, Path | None]: ...
     def job_state(self, job_id: str) -> JobState: ...
     def cancel_job(self, job_id: str, check: bool = False) -> None: ...
-
-
-class CaughtSignals:
-    """Ctrl-C, SIGTERM and SIGHUP, recorded instead of acted on while in the block (main thread
-    only); the first one is :attr:`signum`. Handlers are restored after."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> CaughtSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in STOPPING:
-                self._previous[sig] = signal.signal(sig, self._caught)
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _caught(self, signum: int, _frame: Any) -> None:
-        if self.signum is None:
-            self.signum = signum
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name if self.signum else ""
 
 
 class Tail:

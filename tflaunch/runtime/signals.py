@@ -14,9 +14,9 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from tflaunch.runtime import protocol
 from tflaunch.runtime.reporter import Reporter
@@ -43,20 +43,23 @@ def interrupting() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-class SignalWatch:
-    """Handlers for the coordinator's process while it runs (main thread only), restored after."""
+class CaughtSignals:
+    """Ctrl-C, SIGTERM and SIGHUP, recorded instead of acted on while in the block (main thread
+    only); the first one is :attr:`signum`. Handlers are restored after. (A batch job's
+    launcher, which cancels the job; the coordinator's :class:`SignalWatch` is one too.)"""
 
     def __init__(self) -> None:
-        self.stopped_by: int | None = None
-        self.passed_on: list[int] = []
+        self.signum: int | None = None
         self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> SignalWatch:
+    def handlers(self) -> dict[int, Callable[[int, Any], None]]:
+        """The handler of each signal caught in the block."""
+        return {sig: self._on_stop for sig in STOPPING}
+
+    def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():
-            for sig in STOPPING:
-                self._previous[sig] = signal.signal(sig, self._on_stop)
-            for sig in PASSED_ON:
-                self._previous[sig] = signal.signal(sig, self._on_pass_on)
+            for sig, handler in self.handlers().items():
+                self._previous[sig] = signal.signal(sig, handler)
         return self
 
     def __exit__(self, *_exc: object) -> None:
@@ -64,8 +67,29 @@ class SignalWatch:
             signal.signal(sig, handler)
 
     def _on_stop(self, signum: int, _frame: Any) -> None:
-        if self.stopped_by is None:
-            self.stopped_by = signum
+        if self.signum is None:
+            self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+
+class SignalWatch(CaughtSignals):
+    """Handlers for the coordinator's process while it runs: the stopping signals, and SIGUSR1
+    and SIGUSR2 collected to be passed on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.passed_on: list[int] = []
+
+    def handlers(self) -> dict[int, Callable[[int, Any], None]]:
+        return {**super().handlers(), **{sig: self._on_pass_on for sig in PASSED_ON}}
+
+    @property
+    def stopped_by(self) -> int | None:
+        """The first stopping signal (:attr:`signum`), which ends the run."""
+        return self.signum
 
     def _on_pass_on(self, signum: int, _frame: Any) -> None:
         self.passed_on.append(signum)
