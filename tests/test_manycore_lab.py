@@ -1,6 +1,6 @@
-"""benchmarks/manycore_lab.py's pure parts: a loaded PS's measured capacity for a row's worker
-count (the fan-in netbench load nearest it, never extrapolated), and the committed results'
-model errors as docs/performance.md quotes them."""
+"""benchmarks/manycore_lab.py's and manycore_report.py's pure parts: a loaded PS's measured
+capacity for a row's worker count (the fan-in netbench load nearest it, never extrapolated), and
+the committed results' model errors as docs/performance.md quotes them."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ lab = importlib.util.module_from_spec(spec)
 sys.modules["manycore_lab"] = lab  # (its dataclasses look their module up)
 spec.loader.exec_module(lab)
 
+from benchmarks import manycore_report  # noqa: E402 (the lab put the checkout on the path)
+
 
 def _ps_test(workers: int, steps_per_s: float) -> dict:
     """netbench's PS test: one PS of 100 bytes, every worker at ``steps_per_s``."""
@@ -30,13 +32,13 @@ def _ps_test(workers: int, steps_per_s: float) -> dict:
 def test_the_loaded_ps_is_the_measured_load_nearest_the_row():
     cal = {"netbench_unshaped": _ps_test(4, 10.0), "netbench_1gbit": {}}
     four = 4 * 10.0 * 100 * 2  # in and out together
-    assert lab.loaded_ps_rate(cal, 16) == four  # only 4 measured: no extrapolation
+    assert manycore_report.loaded_ps_rate(cal, 16) == four  # only 4 measured: no extrapolation
     cal["netbench_fanin_16"] = _ps_test(16, 5.0)
     sixteen = 16 * 5.0 * 100 * 2
-    assert lab.loaded_ps_rate(cal, 16) == sixteen
-    assert lab.loaded_ps_rate(cal, 2) == four
-    assert lab.loaded_ps_rate(cal, 32) == sixteen
-    assert lab.loaded_ps_rate(cal, 8) == pytest.approx(four + (sixteen - four) * 4 / 12)
+    assert manycore_report.loaded_ps_rate(cal, 16) == sixteen
+    assert manycore_report.loaded_ps_rate(cal, 2) == four
+    assert manycore_report.loaded_ps_rate(cal, 32) == sixteen
+    assert manycore_report.loaded_ps_rate(cal, 8) == pytest.approx(four + (sixteen - four) * 4 / 12)
 
 
 @pytest.mark.parametrize(
@@ -49,7 +51,7 @@ def test_the_committed_rounds_model_errors_are_the_documented_ones(results, medi
     pytest.importorskip("tensorflow")  # the models' variables come from the registry
     store = json.loads((ROOT / "benchmarks/results" / results).read_text())
 
-    lab.report(None, store)
+    manycore_report.report(None, store)
     out = capsys.readouterr().out
     for rate, median in medians.items():
         assert f"model at {rate}: median absolute error {median:.1f} %" in out
@@ -61,14 +63,16 @@ def test_link_limits_are_the_busiest_links_bytes():
     link = types.SimpleNamespace(bandwidth=100e6)
     inputs = types.SimpleNamespace(batch_size=2, model_bytes=100e6, link=link)
     ring = {"workers": 8, "ps": 0, "update": lab.CAR, "options": []}
-    assert lab.link_limit(inputs, ring) == pytest.approx(16 / 1.75)
+    assert manycore_report.link_limit(inputs, ring) == pytest.approx(16 / 1.75)
     compact = {**ring, "options": ["--compact_gradient_transfer"]}
-    assert lab.link_limit(inputs, compact) == pytest.approx(16 / 0.875)
+    assert manycore_report.link_limit(inputs, compact) == pytest.approx(16 / 0.875)
     xring = {**ring, "update": lab.DAR, "options": ["--all_reduce_spec=xring"]}
-    assert lab.link_limit(inputs, xring) == lab.link_limit(inputs, ring)
+    assert manycore_report.link_limit(inputs, xring) == manycore_report.link_limit(inputs, ring)
     for update, opts in ((lab.PS, []), (lab.DR, []), (lab.DAR, ["--all_reduce_spec=pscpu"])):
         row = {"workers": 8, "ps": 2, "update": update, "options": opts}
-        assert lab.link_limit(inputs, row) == pytest.approx(16 / 4.0)  # 8 x 50 MB at 100 MB/s
+        assert manycore_report.link_limit(inputs, row) == pytest.approx(
+            16 / 4.0
+        )  # 8 x 50 MB at 100 MB/s
 
 
 def test_the_linklimit_grid_puts_the_buckets_first_and_every_peer_setting():
