@@ -35,8 +35,9 @@
 
 Agents are reached through links (:class:`tflaunch.runtime.link.AgentLink`): a subprocess's pipes,
 an SSH channel or a TCP socket. The protocol (:mod:`tflaunch.runtime.protocol`) is the same JSON
-lines on all of them. The coordinator dispatches events and decides success and failure; the rest
-is behind seams of its own: restart decisions (:mod:`~tflaunch.runtime.restart`) and carrying
+lines on all of them. The coordinator dispatches events and applies the verdict; the rest
+is behind seams of its own: what a task's exit and the clock mean for the run
+(:mod:`~tflaunch.runtime.verdict`), restart decisions (:mod:`~tflaunch.runtime.restart`) and carrying
 them out (:mod:`~tflaunch.runtime.restarter`), task states (:mod:`~tflaunch.runtime.tasks`), lost
 hosts' new agents (:mod:`~tflaunch.runtime.revival`), signals and Slurm's requeue
 (:mod:`~tflaunch.runtime.signals`), and all it writes and prints
@@ -46,7 +47,6 @@ hosts' new agents (:mod:`~tflaunch.runtime.revival`), signals and Slurm's requeu
 from __future__ import annotations
 
 import queue
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -56,13 +56,13 @@ from tflaunch.cluster.plan import Plan
 from tflaunch.runtime import protocol
 from tflaunch.runtime.link import AgentLink
 from tflaunch.runtime.reporter import Reporter
-from tflaunch.runtime.restart import STALLED, Failure, describe_code
 from tflaunch.runtime.restarter import Restarter
 from tflaunch.runtime.revival import HostRevival, Revive
-from tflaunch.runtime.run import INTERRUPT_CODES, Outcome, Run
+from tflaunch.runtime.run import Outcome, Run
 from tflaunch.runtime.signals import Requeue, RequeueTimer, SignalWatch
-from tflaunch.runtime.tasks import IDLE_S, TaskBoard, TaskState
+from tflaunch.runtime.tasks import TaskBoard, TaskState
 from tflaunch.runtime.tracing import HeldTrace, Trace
+from tflaunch.runtime.verdict import Verdict
 
 __all__ = ["Coordinator", "Requeue", "Revive", "coordinate"]
 
@@ -98,10 +98,10 @@ class Coordinator:
         self.restarter = Restarter(
             sup, self.board, self.report, self.revival, self.links, self.open_links
         )
+        self.verdict = Verdict(plan, self.board, self.restarter)
         self.outcome: Outcome | None = None
-        self.started_at = time.monotonic()
+        self.started_at = self.verdict.started_at
         self.heartbeat = sup.heartbeat
-        self.finish_timeout = sup.finish_timeout
         self.grace = sup.grace_period
 
     # ---- main loop -------------------------------------------------------------------------
@@ -171,45 +171,12 @@ class Coordinator:
         if self.outcome is None and self.signals.stopped_by is None:
             for host, command in self.restarter.due():
                 self._send(command, host)
-        if self.outcome is not None:
-            return
-        self.outcome = self.signals.interrupted() or self.requeue.due()
-        # (idle half the finish window at most: a busy worker is given the rest to finish)
-        serving = self.board.serving(time.monotonic(), min(IDLE_S, self.finish_timeout / 2))
-        if self.outcome is None and serving is not None:
-            self.outcome = self._succeeded(
-                f"{self.board.leader} finished and {', '.join(serving)}, idle since, "
-                f"{'was' if len(serving) == 1 else 'were'} serving: stopped (supervision.success: "
-                "auto)"
+        if self.outcome is None:
+            self.outcome = (
+                self.signals.interrupted()
+                or self.requeue.due()
+                or self.verdict.by_clock(time.monotonic())
             )
-        done_at = self.board.leader_done_at
-        if (
-            self.outcome is None
-            and done_at is not None
-            and time.monotonic() - done_at > self.finish_timeout
-        ):
-            self.outcome = self.restarter.fail_task(
-                self.board.late_trainers()[0],
-                1,
-                f"was still running {self.finish_timeout:g} s after {self.board.leader} "
-                "finished (supervision.finish_timeout); a worker that starts after the chief "
-                f"finished can wait forever{self._serving_hint()}",
-            )
-
-    def _serving_hint(self) -> str:
-        """Where workers that serve until stopped (ParameterServerStrategy's ``join()``) are
-        the likely reason, how to let the chief's exit end the run."""
-        if self.board.chief_decides:
-            return ""  # idle ones are stopped already: these were busy
-        if "chief:0" in self.board.tasks:
-            return (
-                "; if the workers serve until stopped (ParameterServerStrategy), leave "
-                f"supervision.success at auto (it is {self.plan.supervision.success})"
-            )
-        return (
-            "; if the workers serve until stopped (ParameterServerStrategy), give the cluster a "
-            "chief (roles.chief: 1): its exit then ends the run"
-        )
 
     # ---- events ----------------------------------------------------------------------------
 
@@ -275,19 +242,6 @@ class Coordinator:
             if isinstance(name, str) and isinstance(cpu, int | float):
                 self.board.busy(name, now, float(cpu))
 
-    def _succeeded(self, how: str = "") -> Outcome:
-        elapsed = time.monotonic() - self.started_at
-        message = (
-            f"succeeded: {len(self.board)} tasks on "
-            f"{len(self.plan.hosts_with_tasks())} host(s) in {elapsed:.1f} s"
-        )
-        if how:
-            message += f"; {how}"
-        restarts = self.restarter.book.summary()
-        if restarts:
-            message += "; restarts: " + "; ".join(restarts)
-        return Outcome(0, message)
-
     def _link_closed(self, host: str) -> None:
         current = next((link for link in self.links if link.host == host), None)
         ended = getattr(current, "ended", None)
@@ -306,44 +260,7 @@ class Coordinator:
         self.board.set(state, "exited", code=code)
         if self.outcome is not None or self.restarter.cluster_restarting:
             return  # the run is ending, or every task is being restarted anyway
-        signalled = agent_signal(stopped_by)
-        if signalled is not None:
-            # Its agent was signalled (a scheduler's cancel or time limit reaches every process
-            # of the job, 'kill'): the run is being stopped, not failing. A stop, never restarted.
-            self.outcome = Outcome(
-                code if code in INTERRUPT_CODES else 128 + signalled,
-                f"{state.name} on {state.host} was stopped by its agent, which got "
-                f"{signal_name(signalled)}",
-                interrupted=True,
-            )
-            return
-        if stopped_by and stopped_by != STALLED:
-            # Its agent stopped it without being asked (scancel, lost its launcher): never a
-            # reason to restart.
-            self.outcome = self.restarter.fail_task(
-                state, code or 1, f"was stopped by its agent ({stopped_by})"
-            )
-            return
-        cause = STALLED if stopped_by == STALLED else "exited"
-        if state.name.startswith("ps:"):
-            what = (
-                "stalled"
-                if cause == STALLED
-                else f"exited by itself (code {describe_code(code)}); a PS serves until the "
-                "launcher stops it"
-            )
-            self.outcome = self.restarter.task_failed(state, Failure(state.name, code, cause), what)
-        elif code != 0 or cause == STALLED:
-            what = (
-                f"stalled and was stopped (exit {describe_code(code)})"
-                if cause == STALLED
-                else f"exited with code {describe_code(code)}"
-            )
-            self.outcome = self.restarter.task_failed(state, Failure(state.name, code, cause), what)
-        elif self.board.training_done():
-            self.outcome = self._succeeded()
-        elif state.name == self.board.leader:
-            self.board.leader_done_at = time.monotonic()
+        self.outcome = self.verdict.task_exited(state, code, stopped_by)
 
     def _check_ready(self) -> None:
         if self.board.announced or not self.board.ready:
@@ -366,21 +283,6 @@ class Coordinator:
             self._next_event(0.2)
         for link in live:
             link.close(timeout=max(0.0, deadline - time.monotonic()))
-
-
-def agent_signal(stopped_by: str | None) -> int | None:
-    """The signal an agent stopped its tasks on (its reason ``signal N``), or None."""
-    number = (stopped_by or "").removeprefix("signal ")
-    if stopped_by and stopped_by.startswith("signal ") and number.isdigit():
-        return int(number)
-    return None
-
-
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 def coordinate(
