@@ -3,7 +3,7 @@
 # the project's modules, both run against a fresh installed copy (the layout users get, where the
 # repository's launchers/ and models/ are tflaunch.launchers and tflaunch.models); then, on the
 # checkout, no reach into another module's private names, the trace hook on the standard library
-# only, no backend name compared outside its folder, and no class over 300 lines.
+# only, no backend name compared outside its folder, and no class over 250 lines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=$(mktemp -d)

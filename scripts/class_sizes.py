@@ -1,4 +1,5 @@
-"""Fail when a class is over 300 lines, unless it is a known one that does not grow.
+"""Fail when a class is over 250 lines (300 until issue 41), unless it is a known one that does
+not grow.
 
 Usage: python scripts/class_sizes.py [PATH ...] (default: the project's source, tests, benchmarks
 and scripts). A class's size is its lines from ``class`` to its last statement, docstring and
@@ -14,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ROOTS = ("tflaunch", "launchers", "models", "tests", "benchmarks", "scripts")
-MAX_LINES = 300
+MAX_LINES = 250
 
 # "path:Class": (lines it may not exceed, why it is here)
 KNOWN: dict[str, tuple[int, str]] = {}  # Coordinator (569 lines) left it with the split

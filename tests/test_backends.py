@@ -188,20 +188,21 @@ def test_the_trace_hook_imports_the_standard_library_only(tmp_path):
     assert checker.main([]) == 0  # the hook as it is
 
 
-def test_no_class_grows_past_300_lines_unnoticed(tmp_path, monkeypatch):
+def test_no_class_grows_past_250_lines_unnoticed(tmp_path, monkeypatch):
     checker = _script("class_sizes")
-    body = "\n".join(f"    x{i} = {i}" for i in range(300))
+    assert checker.MAX_LINES == 250  # issue 41
+    body = "\n".join(f"    x{i} = {i}" for i in range(250))
     (tmp_path / "big.py").write_text(f"class Big:\n{body}\n\n\nclass Small:\n    pass\n")
     sizes = checker.class_sizes(tmp_path / "big.py")
-    assert sorted(sizes.values()) == [2, 301]
+    assert sorted(sizes.values()) == [2, 251]
     assert checker.problems(sizes, complete=False) == [
-        f"{tmp_path / 'big.py'}:Big: 301 lines; a class has at most 300: split it"
+        f"{tmp_path / 'big.py'}:Big: 251 lines; a class has at most 250: split it"
     ]
     assert checker.KNOWN == {}  # the Coordinator's entry left with the split
     known = "tflaunch/old.py:Old"
     monkeypatch.setattr(checker, "KNOWN", {known: (569, "an old big class")})
     assert checker.problems({known: 250}, complete=True) == [
-        f"{known}: now within 300 lines (or gone); remove it from KNOWN"
+        f"{known}: now within 250 lines (or gone); remove it from KNOWN"
     ]
     assert "more than its known" in checker.problems({known: 10_000}, complete=False)[0]
     monkeypatch.setattr(checker, "KNOWN", {})
