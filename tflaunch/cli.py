@@ -28,6 +28,7 @@ from tflaunch.text import aligned, for_terminal
 from tflaunch.tools.bench_sweep import bench_command
 from tflaunch.tools.model_command import model_command
 from tflaunch.tools.netbench_command import netbench_command
+from tflaunch.tools.options import cluster_file_argument, flag, runs_dir_option
 from tflaunch.tools.placement_command import placement
 from tflaunch.tools.run_commands import RUN_COMMANDS
 from tflaunch.tools.tensorboard_command import tensorboard_command
@@ -53,7 +54,7 @@ class CliGroup(click.Group):
 
 @click.group(cls=CliGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tflaunch")
-@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@flag("--debug", help="Show tracebacks for errors.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
     """Run distributed TensorFlow clusters (PS, workers, chief, evaluator) from one YAML file,
@@ -67,10 +68,9 @@ def _load_plan(path: str) -> tuple[ClusterConfig, Plan]:
 
 
 @cli.command()
-@click.argument("cluster_file", type=click.Path())
-@click.option(
+@cluster_file_argument
+@flag(
     "--offline",
-    is_flag=True,
     help="Check the file and its plan only, not this machine (program on PATH, free ports, "
     "hosts that resolve, program.env_from set).",
 )
@@ -103,11 +103,10 @@ def schema() -> None:
 
 
 @cli.command()
-@click.argument("cluster_file", type=click.Path())
-@click.option("--json", "as_json", is_flag=True, help="Print the whole plan as JSON.")
-@click.option(
+@cluster_file_argument
+@flag("--json", "as_json", help="Print the whole plan as JSON.")
+@flag(
     "--expand",
-    is_flag=True,
     help="With --json: also every task's argv and environment, rendered (grows with the square "
     "of the cluster: for small clusters).",
 )
@@ -156,7 +155,7 @@ def plan(cluster_file: str, as_json: bool, expand: bool) -> None:
 
 
 @cli.command()
-@click.argument("cluster_file", type=click.Path())
+@cluster_file_argument
 @click.option("--task", "task_name", required=True, help="The task, e.g. worker:1.")
 @click.option(
     "--format",
@@ -188,7 +187,7 @@ def render(cluster_file: str, task_name: str, fmt: str) -> None:
 
 
 @cli.command()
-@click.argument("cluster_file", type=click.Path())
+@cluster_file_argument
 @click.option(
     "--format",
     "fmt",
@@ -222,42 +221,25 @@ def export(
 
 
 @cli.command()
-@click.argument("cluster_file", type=click.Path())
-@click.option(
+@cluster_file_argument
+@flag(
     "--detach",
-    is_flag=True,
     help="Return once the cluster is ready (batch backends such as Slurm: once the job is "
     "submitted); print the run id.",
 )
-@click.option(
-    "--runs-dir",
-    "--run-dir",
-    "runs_dir",
-    default=None,
-    help="Where run directories go (default: the file's runs_dir).",
-)
-@click.option(
-    "--dry-run",
-    is_flag=True,
-    help="Print what would be started (Slurm: the job script) and start nothing.",
-)
-@click.option(
+@runs_dir_option("Where run directories go (default: the file's runs_dir).", default=None)
+@flag("--dry-run", help="Print what would be started (Slurm: the job script) and start nothing.")
+@flag(
     "--down",
     "down_at_end",
-    is_flag=True,
     help="Terminate the machines the run created (ssh.provision) when it ends, however it ends.",
 )
-@click.option(
+@flag(
     "--keep",
-    is_flag=True,
     help="Keep the machines (ssh.provision) as the cluster of the file's name, or reuse that "
     "kept cluster when it fits the plan; 'tflaunch down --cluster NAME' ends it.",
 )
-@click.option(
-    "--recreate",
-    is_flag=True,
-    help="With --keep: replace a kept cluster that does not fit the plan.",
-)
+@flag("--recreate", help="With --keep: replace a kept cluster that does not fit the plan.")
 @click.option("--run-id", default=None, hidden=True)
 @click.option("--attached-daemon", is_flag=True, hidden=True)
 @click.option(

@@ -50,6 +50,7 @@ from tflaunch.models.registry import VARIABLE_UPDATES, UnknownModelError, get_mo
 from tflaunch.runtime.statusline import StatusLine
 from tflaunch.tools import bench_results as results
 from tflaunch.tools.bench_results import Measurement, Point, Row
+from tflaunch.tools.options import flag
 
 DATA_KINDS = ("synthetic", "real")
 SWEEP_KEYS = (
@@ -426,7 +427,7 @@ def echo_predictions(sweep: Sweep, rows: Sequence[Row], inputs, echo) -> None:
 @click.option(
     "--repeats", type=click.IntRange(min=1), default=None, help="Override the sweep file's repeats."
 )
-@click.option("--dry-run", is_flag=True, help="List the grid points; run nothing.")
+@flag("--dry-run", help="List the grid points; run nothing.")
 @click.option(
     "--predict",
     default=None,

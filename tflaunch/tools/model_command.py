@@ -15,7 +15,7 @@ import click
 
 from tflaunch.tools import perfmodel as pm
 from tflaunch.tools import perfmodel_inputs as pi
-from tflaunch.tools.options import model_option, runs_dir_option
+from tflaunch.tools.options import flag, link_option, model_option, number, runs_dir_option
 from tflaunch.tools.perfmodel_text import inputs_line, mode_line, prediction_lines
 
 
@@ -132,10 +132,6 @@ def _counts(ctx: click.Context, param: click.Parameter, text: str) -> tuple[int,
     return tuple(parse_ps_counts(text))
 
 
-def _link(ctx: click.Context, param: click.Parameter, text: str | None) -> pm.Link | None:
-    return pi.parse_link(text) if text else None
-
-
 def _rates(ctx: click.Context, param: click.Parameter, texts: tuple[str, ...]) -> tuple:
     return tuple(pi.workers_rate(t) for t in texts)
 
@@ -163,12 +159,7 @@ _PATH = click.Path(path_type=Path)
     "step time less communication is the compute per step of --batch-size images.",
 )
 @runs_dir_option("Where --from-run's run is.")
-@click.option(
-    "--link",
-    callback=_link,
-    metavar="US,MB_S",
-    help="Instead of --netbench: one link's latency (µs) and bandwidth (MB/s).",
-)
+@link_option("Instead of --netbench: one link's latency (µs) and bandwidth (MB/s).", pi.parse_link)
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @model_option("A network of tflaunch.models.registry (as 'tflaunch placement --model').")
 @click.option("--num-classes", type=int, default=1001, show_default=True)
@@ -182,9 +173,8 @@ _PATH = click.Path(path_type=Path)
     show_default=True,
     help="Each host's traffic shares one link of netbench's bandwidth (--no-nic: one host, loopback).",
 )
-@click.option(
+@flag(
     "--shared-cores",
-    is_flag=True,
     help="Every task runs on the cores the lone worker used (namespace hosts of one machine).",
 )
 @click.option(
@@ -199,48 +189,42 @@ _PATH = click.Path(path_type=Path)
 @click.option("--save", "save_path", type=_PATH, help="Write the model inputs here (JSON).")
 @click.option("--workers", default="1,2,4,8", callback=_counts, show_default=True)
 @click.option("--ps", "ps_counts", default="1-4", callback=_counts, show_default=True)
-@click.option("--all", "show_all", is_flag=True, help="Print every prediction, not the best.")
-@click.option(
+@flag("--all", "show_all", help="Print every prediction, not the best.")
+@flag(
     "--overlap",
-    is_flag=True,
     help="PS modes run with --transfer_order tic|tac: communication beside computation "
     "(assumption 8).",
 )
-@click.option(
+@flag(
     "--staged",
-    is_flag=True,
     help="parameter_server runs with --staged_vars: the next step's pull beside this step's "
     "compute and push (assumption 8).",
 )
-@click.option(
+@flag(
     "--sync",
-    is_flag=True,
     help="PS modes run synchronous steps, as --cross_replica_sync does (assumption 10); "
     "all-reduce always does.",
 )
-@click.option(
+@number(
     "--gradient-repacking",
     "packs",
-    type=click.IntRange(min=0),
     default=0,
-    callback=_packs,
-    show_default=True,
+    minimum=0,
     metavar="N",
+    callback=_packs,
     help="All-reduce in N packs, the first beside the backward pass (the benchmark's "
     "--gradient_repacking; assumption 11; 0: one pack).",
 )
-@click.option(
+@flag(
     "--compact-gradient-transfer",
     "compact",
-    is_flag=True,
     help="All-reduce's gradients cross as float16, half the bytes (assumption 11).",
 )
-@click.option(
+@number(
     "--all-reduce-bucket-mb",
     "bucket_mb",
-    type=click.FloatRange(min=0),
     default=0.0,
-    show_default=True,
+    minimum=0,
     metavar="MB",
     help="All-reduce in buckets of MB on the wire in the backward pass's order, each beside the "
     "rest of it (the benchmark's --all_reduce_bucket_mb; assumption 11; 0: off). The model "

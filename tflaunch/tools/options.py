@@ -11,15 +11,49 @@ import click
 from tflaunch.errors import ConfigError
 from tflaunch.models.registry import model_names
 
+Decorator = Callable[[Any], Any]
 
-def runs_dir_option(help: str = "Where the run directories are.") -> Callable[[Any], Any]:
-    """``--runs-dir`` (alias ``--run-dir``), the folder of run directories, ``runs`` by default."""
+# The cluster file a command reads (validate, plan, render, export, up).
+cluster_file_argument = click.argument("cluster_file", type=click.Path())
+
+
+def runs_dir_option(
+    help: str = "Where the run directories are.", default: str | None = "runs"
+) -> Decorator:
+    """``--runs-dir`` (alias ``--run-dir``), the folder of run directories, ``runs`` by default
+    (None: the cluster file's ``runs_dir``, for commands that read one)."""
     return click.option(
-        "--runs-dir", "--run-dir", "runs_dir", default="runs", show_default=True, help=help
+        "--runs-dir", "--run-dir", "runs_dir", default=default, show_default=True, help=help
     )
 
 
-def model_option(help: str) -> Callable[[Any], Any]:
+def flag(*decls: str, help: str) -> Decorator:
+    """An option that is off unless given."""
+    return click.option(*decls, is_flag=True, help=help)
+
+
+def number(
+    *decls: str, default: float, minimum: float, help: str | None = None, **more: Any
+) -> Decorator:
+    """A count (an int ``default``) or an amount (a float one) of at least ``minimum``, its
+    default shown in ``--help``; ``more``: click's other settings (metavar, callback)."""
+    kind = click.IntRange if isinstance(default, int) else click.FloatRange
+    return click.option(
+        *decls, type=kind(min=minimum), default=default, show_default=True, help=help, **more
+    )
+
+
+def link_option(help: str, parse: Callable[[str], Any]) -> Decorator:
+    """``--link US,MB_S``: one link's latency (µs) and bandwidth (MB/s), as ``parse`` reads them
+    (:func:`tflaunch.tools.perfmodel_inputs.parse_link`); None when not given."""
+
+    def given(ctx: click.Context, param: click.Parameter, text: str | None) -> Any:
+        return parse(text) if text else None
+
+    return click.option("--link", callback=given, metavar="US,MB_S", help=help)
+
+
+def model_option(help: str) -> Decorator:
     """``--model``: a network of :mod:`tflaunch.models.registry` (aliases accepted), Inception v3
     by default."""
     return click.option(

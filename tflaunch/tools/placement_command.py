@@ -18,7 +18,7 @@ from tflaunch.errors import TflaunchError
 from tflaunch.models import placement_math as pm
 from tflaunch.models.placement_math import STRATEGIES, VariableSpec
 from tflaunch.models.registry import ModelSpec, get_model_spec
-from tflaunch.tools.options import model_option
+from tflaunch.tools.options import flag, model_option, number
 
 MAX_PS = 4096
 MB = 1e6
@@ -176,13 +176,12 @@ def model_variables(
     multiple=True,
     help="Repeatable; default: all four.",
 )
-@click.option("--num-classes", type=click.IntRange(min=1), default=1000, show_default=True)
-@click.option(
+@number("--num-classes", default=1000, minimum=1)
+@flag(
     "--all-variables",
-    is_flag=True,
     help="Also non-trainable variables (batch-norm moving statistics), as a cluster places them.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@flag("--json", "as_json", help="Print the figures as JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG bar chart here.")
 def placement(
     model: str,

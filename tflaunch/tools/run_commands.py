@@ -20,7 +20,7 @@ from tflaunch import launch
 from tflaunch.cluster.config import load_config
 from tflaunch.runtime.run import Run
 from tflaunch.text import for_terminal
-from tflaunch.tools.options import cloud_account_options, runs_dir_option
+from tflaunch.tools.options import cloud_account_options, flag, runs_dir_option
 
 run_dir_option = runs_dir_option()
 
@@ -37,7 +37,7 @@ def run_command(required: bool = True) -> Callable[[Callable[..., Any]], click.C
 
 
 @run_command(required=False)
-@click.option("--watch", is_flag=True, help="Redraw every --interval seconds until the run ends.")
+@flag("--watch", help="Redraw every --interval seconds until the run ends.")
 @click.option(
     "--interval",
     type=float,
@@ -46,8 +46,8 @@ def run_command(required: bool = True) -> Callable[[Callable[..., Any]], click.C
     help="Seconds between redraws with --watch.",
 )
 @cloud_account_options("With --cloud", cloud_flag=True)
-@click.option("--all", "show_all", is_flag=True, help="Without RUN_ID: list every run, not 20.")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@flag("--all", "show_all", help="Without RUN_ID: list every run, not 20.")
+@flag("--json", "as_json", help="Print machine-readable JSON.")
 @click.pass_context
 def status(
     ctx: click.Context,
@@ -157,9 +157,8 @@ def _list_runs(runs_dir: str, show_all: bool, as_json: bool) -> None:
 @click.command()
 @click.argument("run_ids", nargs=-1, required=True, metavar="RUN_ID...")
 @run_dir_option
-@click.option(
+@flag(
     "--force",
-    is_flag=True,
     help="Also remove runs whose state is unknown (launched from another machine, container or "
     "PID namespace): if one still runs there, its logs, events and plan are lost. Live runs "
     "are refused all the same.",
@@ -184,7 +183,7 @@ def rm(run_ids: tuple[str, ...], runs_dir: str, force: bool) -> None:
     help="Remove runs that ended (or were lost) longer ago than this: 30m, 12h, 7d, 2w.",
 )
 @run_dir_option
-@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+@flag("--dry-run", help="Say what would be removed; remove nothing.")
 def prune(older_than: str, runs_dir: str, dry_run: bool) -> None:
     """Remove old run directories under --runs-dir; live runs are kept, and so are runs whose
     launcher is on another machine (state unknown)."""
@@ -197,7 +196,7 @@ def prune(older_than: str, runs_dir: str, dry_run: bool) -> None:
 @click.command()
 @click.argument("run_id")
 @click.option("--task", "tasks", multiple=True, help="Only this task (repeatable), e.g. worker:1.")
-@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
+@flag("-f", "--follow", help="Keep printing new lines until the run ends.")
 @run_dir_option
 def logs(run_id: str, tasks: tuple[str, ...], follow: bool, runs_dir: str) -> None:
     """Print the logs of a run's tasks."""
@@ -273,7 +272,7 @@ def exec_(run_id: str, command: tuple[str, ...], runs_dir: str) -> None:
 @click.command()
 @click.argument("cluster_file", required=False, type=click.Path())
 @cloud_account_options("The account")
-@click.option("--dry-run", is_flag=True, help="List what would be terminated; terminate nothing.")
+@flag("--dry-run", help="List what would be terminated; terminate nothing.")
 def gc(
     cluster_file: str | None,
     cloud: str | None,
@@ -291,12 +290,9 @@ def gc(
 
 @run_command()
 @click.option("--out", "out_dir", default=None, help="Where to write (default: the run directory).")
-@click.option(
-    "--html", "as_html", is_flag=True, help="Also write report.html: the whole run on one page."
-)
-@click.option(
+@flag("--html", "as_html", help="Also write report.html: the whole run on one page.")
+@flag(
     "--force",
-    is_flag=True,
     help="With --out: replace files there that are not tflaunch's report (a symlink is "
     "replaced itself, never written through).",
 )

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from tflaunch.tools import tune_settings as ts
-from tflaunch.tools.perfmodel import Link
+from tflaunch.tools.options import flag, link_option, number, runs_dir_option
 from tflaunch.tools.perfmodel_inputs import parse_link
 from tflaunch.tools.tune import tune
 from tflaunch.tools.tune_calibrate import TuneOptions
@@ -28,10 +28,6 @@ def _ps_hosts(ctx: click.Context, param: click.Parameter, text: str) -> tuple[st
     return names
 
 
-def _link(ctx: click.Context, param: click.Parameter, text: str | None) -> Link | None:
-    return parse_link(text) if text else None
-
-
 @click.command("tune")
 @click.argument("cluster_file", type=click.Path(dir_okay=False))
 @click.option(
@@ -41,27 +37,19 @@ def _link(ctx: click.Context, param: click.Parameter, text: str | None) -> Link 
     metavar="K",
     help="Race the top K settings (interleaved runs until they separate); pick by measurement.",
 )
-@click.option("--apply", "apply", is_flag=True, help="Start the tuned cluster file at the end.")
-@click.option(
-    "--steps",
-    type=click.IntRange(min=1),
-    default=10,
-    show_default=True,
-    help="Timed steps of each calibration worker.",
-)
-@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
-@click.option(
+@flag("--apply", "apply", help="Start the tuned cluster file at the end.")
+@number("--steps", default=10, minimum=1, help="Timed steps of each calibration worker.")
+@number("--warmup", default=3, minimum=0)
+@number(
     "--verify-steps",
-    type=click.IntRange(min=1),
     default=6,
-    show_default=True,
+    minimum=1,
     help="The fewest timed steps of a verify run (more where calibration's steps vary).",
 )
-@click.option(
+@number(
     "--verify-rounds",
-    type=click.IntRange(min=1),
     default=3,
-    show_default=True,
+    minimum=1,
     help="Rounds of the verify race at the most (each runs every setting still in it once).",
 )
 @click.option(
@@ -78,12 +66,7 @@ def _link(ctx: click.Context, param: click.Parameter, text: str | None) -> Link 
     default=None,
     help="Largest PS count tried (default: the file's PS or workers, the larger).",
 )
-@click.option(
-    "--link",
-    callback=_link,
-    metavar="US,MB_S",
-    help="The link's latency and bandwidth, instead of running netbench.",
-)
+@link_option("The link's latency and bandwidth, instead of running netbench.", parse_link)
 @click.option(
     "--model",
     default=None,
@@ -136,15 +119,12 @@ def _link(ctx: click.Context, param: click.Parameter, text: str | None) -> Link 
     type=click.Path(dir_okay=False, path_type=Path),
     help="Where the tuned cluster file goes (default: <file>.tuned.yaml beside it).",
 )
-@click.option(
+@flag(
     "--force",
-    is_flag=True,
     help="Replace what stands at the tuned file's path even if tune did not write it (a file "
     "of yours; a symlink is replaced itself, never written through).",
 )
-@click.option(
-    "--runs-dir", "--run-dir", "runs_dir", default=None, help="Default: the file's runs_dir."
-)
+@runs_dir_option("Default: the file's runs_dir.", default=None)
 def tune_command(cluster_file: str, **options: Any) -> None:
     """Measure the cluster (compute, network), rank every setting the file allows by the
     performance model, and write the fastest as a cluster file."""
