@@ -5,6 +5,7 @@ from here (never from another test module)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import sys
@@ -68,8 +69,16 @@ def python_here(tmp_path: Path) -> str:
     return str(wrapper)
 
 
-def cloud_cluster(tmp_path: Path, hosts, endpoint: str, monkeypatch, **overrides) -> Path:
-    """Three provisioned worker instances (PS co-located), mapped onto the three test hosts."""
+def cloud_cluster(
+    tmp_path: Path,
+    hosts,
+    endpoint: str,
+    monkeypatch,
+    env: dict[str, str] | None = None,
+    **overrides,
+) -> Path:
+    """Three provisioned worker instances (PS co-located), mapped onto the three test hosts;
+    ``env``: the stand-in's settings (WORK_SECONDS, FAIL_INDEX, ...) beside its TEST_MARKER."""
     known = tmp_path / "known_hosts"
     shutil.copy(hosts.known_hosts, known)
     names = ["worker-1", "worker-2", "worker-3"]
@@ -110,10 +119,18 @@ def cloud_cluster(tmp_path: Path, hosts, endpoint: str, monkeypatch, **overrides
             data[key] = {**data[key], **value}
         else:
             data[key] = value
+    data["program"].setdefault("env", {}).update(env or {})
     uploads_stay_in(tmp_path, data)
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+@pytest.fixture()
+def cloud_file(ssh_test_hosts, tmp_path, clean_region, monkeypatch):
+    """:func:`cloud_cluster` for this test's hosts, folder and clean region:
+    ``cloud_file(env=..., **overrides)`` writes the cluster file and returns its path."""
+    return functools.partial(cloud_cluster, tmp_path, ssh_test_hosts, clean_region, monkeypatch)
 
 
 LIVE_STATES = ("pending", "running", "stopping", "stopped")  # an instance that may still bill

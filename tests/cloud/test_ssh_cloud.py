@@ -16,7 +16,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.cloud.fixtures import cloud_cluster, instances
+from tests.cloud.fixtures import instances
 from tests.helpers import (
     processes_mentioning,
     read_until,
@@ -35,8 +35,8 @@ def only_run(tmp_path: Path) -> Path:
     return run
 
 
-def test_success_with_down_terminates(ssh_test_hosts, tmp_path, clean_region, monkeypatch):
-    cluster = cloud_cluster(tmp_path, ssh_test_hosts, clean_region, monkeypatch)
+def test_success_with_down_terminates(cloud_file, ssh_test_hosts, tmp_path):
+    cluster = cloud_file()
     result = tflaunch("up", str(cluster), "--down", timeout=180)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     err = result.stderr
@@ -54,14 +54,8 @@ def test_success_with_down_terminates(ssh_test_hosts, tmp_path, clean_region, mo
     assert all(r["terminated"] and r["hourly_usd"] == 0.17 for r in meta["instances"])
 
 
-def test_failing_task_with_terminate_at_end(ssh_test_hosts, tmp_path, clean_region, monkeypatch):
-    cluster = cloud_cluster(
-        tmp_path,
-        ssh_test_hosts,
-        clean_region,
-        monkeypatch,
-        program={"env": {"TEST_MARKER": str(tmp_path), "FAIL_INDEX": "1", "FAIL_CODE": "3"}},
-    )
+def test_failing_task_with_terminate_at_end(cloud_file):
+    cluster = cloud_file(env={"FAIL_INDEX": "1", "FAIL_CODE": "3"})
     data = yaml.safe_load(cluster.read_text())
     data["ssh"]["provision"]["terminate_at_end"] = True
     cluster.write_text(yaml.safe_dump(data))
@@ -70,14 +64,8 @@ def test_failing_task_with_terminate_at_end(ssh_test_hosts, tmp_path, clean_regi
     assert "terminating 3 instance(s)" in result.stderr
 
 
-def test_ctrl_c_with_down_terminates(ssh_test_hosts, tmp_path, clean_region, monkeypatch):
-    cluster = cloud_cluster(
-        tmp_path,
-        ssh_test_hosts,
-        clean_region,
-        monkeypatch,
-        program={"env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "120"}},
-    )
+def test_ctrl_c_with_down_terminates(cloud_file, clean_region):
+    cluster = cloud_file(env={"WORK_SECONDS": "120"})
     proc = start_tflaunch("up", str(cluster), "--down")
     try:
         read_until(proc.stdout, "[worker:2]", timeout=120)
@@ -90,14 +78,8 @@ def test_ctrl_c_with_down_terminates(ssh_test_hosts, tmp_path, clean_region, mon
     assert proc.returncode == 130
 
 
-def test_kill_9_then_gc_terminates(ssh_test_hosts, tmp_path, clean_region, monkeypatch):
-    cluster = cloud_cluster(
-        tmp_path,
-        ssh_test_hosts,
-        clean_region,
-        monkeypatch,
-        program={"env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "120"}},
-    )
+def test_kill_9_then_gc_terminates(cloud_file, ssh_test_hosts, tmp_path, clean_region):
+    cluster = cloud_file(env={"WORK_SECONDS": "120"})
     proc = start_tflaunch("up", str(cluster), "--down")
     try:
         read_until(proc.stdout, "[worker:2]", timeout=120)
@@ -123,18 +105,12 @@ def test_kill_9_then_gc_terminates(ssh_test_hosts, tmp_path, clean_region, monke
 
 
 def test_from_provisioning_to_termination_and_report(
-    ssh_test_hosts, tmp_path, clean_region, monkeypatch
+    cloud_file, ssh_test_hosts, tmp_path, clean_region
 ):
     """up --down provisions, runs on the private addresses, terminates and reports the cost.
     The launcher is the subject: the TensorFlow-free stand-in runs (MNIST on SSH hosts is
     tests/ssh/test_ssh_backend.py's one TensorFlow run)."""
-    cluster = cloud_cluster(
-        tmp_path,
-        ssh_test_hosts,
-        clean_region,
-        monkeypatch,
-        program={"env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "0.5"}},
-    )
+    cluster = cloud_file(env={"WORK_SECONDS": "0.5"})
     result = tflaunch("up", str(cluster), "--down", timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     run = only_run(tmp_path)
@@ -154,9 +130,9 @@ def test_from_provisioning_to_termination_and_report(
 
 
 def test_kept_instances_take_exec_and_down_terminates(
-    ssh_test_hosts, tmp_path, clean_region, monkeypatch
+    cloud_file, ssh_test_hosts, tmp_path, clean_region
 ):
-    cluster = cloud_cluster(tmp_path, ssh_test_hosts, clean_region, monkeypatch)
+    cluster = cloud_file()
     result = tflaunch("up", str(cluster), timeout=180)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "the instances keep running: 'tflaunch down" in result.stderr
@@ -174,33 +150,16 @@ def test_kept_instances_take_exec_and_down_terminates(
     assert "terminated 3 instance(s)" in down.stdout
 
 
-def test_max_runtime_stops_the_run_and_terminates(
-    ssh_test_hosts, tmp_path, clean_region, monkeypatch
-):
-    cluster = cloud_cluster(
-        tmp_path,
-        ssh_test_hosts,
-        clean_region,
-        monkeypatch,
-        program={"env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "120"}},
-        supervision={"max_runtime": 8},
-    )
+def test_max_runtime_stops_the_run_and_terminates(cloud_file):
+    cluster = cloud_file(env={"WORK_SECONDS": "120"}, supervision={"max_runtime": 8})
     result = tflaunch("up", str(cluster), "--down", timeout=180)
     assert result.returncode == 130, result.stdout[-3000:] + result.stderr[-3000:]
     assert "reached supervision.max_runtime (8 s); stopping it" in result.stderr
     assert "terminating 3 instance(s)" in result.stderr
 
 
-def test_detached_run_keeps_its_instances_until_down(
-    ssh_test_hosts, tmp_path, clean_region, monkeypatch
-):
-    cluster = cloud_cluster(
-        tmp_path,
-        ssh_test_hosts,
-        clean_region,
-        monkeypatch,
-        program={"env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "120"}},
-    )
+def test_detached_run_keeps_its_instances_until_down(cloud_file, tmp_path, clean_region):
+    cluster = cloud_file(env={"WORK_SECONDS": "120"})
     started = tflaunch("up", str(cluster), "--detach", "--down", timeout=180)
     assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
     run_id = started.stdout.strip().splitlines()[-1]
@@ -211,19 +170,12 @@ def test_detached_run_keeps_its_instances_until_down(
 
 
 def test_down_of_a_detached_run_with_its_hosts_unreachable_still_ends_the_billing(
-    ssh_test_hosts, tmp_path, clean_region, monkeypatch
+    cloud_file, ssh_test_hosts, tmp_path, clean_region
 ):
     """The laptop changed networks (its link to the hosts is down): 'down' cannot reach the
     coordinator, yet terminates the instances with the account alone and says what it could
     not collect; the run is recorded stopped."""
-    cluster = cloud_cluster(
-        tmp_path,
-        ssh_test_hosts,
-        clean_region,
-        monkeypatch,
-        program={"env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "600"}},
-        ssh={"connect_timeout": 2},
-    )
+    cluster = cloud_file(env={"WORK_SECONDS": "600"}, ssh={"connect_timeout": 2})
     started = tflaunch("up", str(cluster), "--detach", timeout=180)
     assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
     run_id = started.stdout.strip().splitlines()[-1]

@@ -59,10 +59,7 @@ def timed_up(*args: str) -> tuple[float, object]:
 
 
 def test_second_up_reuses_the_kept_cluster_and_down_cluster_ends_it(
-    ssh_test_hosts,
-    tmp_path,
-    clean_region,  # noqa: F811 (imported, a fixture)
-    monkeypatch,
+    ssh_test_hosts, tmp_path, clean_region, monkeypatch
 ):
     cluster = kept_cluster(tmp_path, ssh_test_hosts, clean_region, monkeypatch)
     runs = str(tmp_path / "runs")
@@ -102,10 +99,7 @@ def test_second_up_reuses_the_kept_cluster_and_down_cluster_ends_it(
 
 
 def test_a_kept_cluster_that_does_not_fit_is_refused_unless_recreate(
-    ssh_test_hosts,
-    tmp_path,
-    clean_region,  # noqa: F811 (imported, a fixture)
-    monkeypatch,
+    ssh_test_hosts, tmp_path, clean_region, monkeypatch
 ):
     cluster = kept_cluster(tmp_path, ssh_test_hosts, clean_region, monkeypatch)
     runs = tmp_path / "runs"

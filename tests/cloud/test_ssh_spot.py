@@ -8,8 +8,10 @@ is left running afterwards."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -47,6 +49,21 @@ def spot_cluster(tmp_path, hosts, endpoint, monkeypatch, **overrides) -> Path:
     data["ssh"]["provision"]["spot_workers"] = True
     cluster.write_text(yaml.safe_dump(data))
     return cluster
+
+
+def lost_host_cluster(tmp_path, hosts, endpoint, monkeypatch, restart: dict) -> Path:
+    """Spot instances for a detached run that loses one: a PS and three workers, one on each
+    instance (worker:2 alone on worker-3), restarted as ``restart`` says. The first run
+    outlasts the loss and the replacement; a restarted task only has to finish."""
+    return spot_cluster(
+        tmp_path,
+        hosts,
+        endpoint,
+        monkeypatch,
+        env={"WORK_SECONDS": "20", "RESTART_WORK_SECONDS": "1"},
+        roles={"ps": 1, "worker": 3},
+        supervision={"finish_timeout": 300, "restart": restart},
+    )
 
 
 def pss_spot_cluster(tmp_path, hosts, endpoint, monkeypatch, steps: int, worker: dict) -> Path:
@@ -87,26 +104,31 @@ def pss_spot_cluster(tmp_path, hosts, endpoint, monkeypatch, steps: int, worker:
     )
 
 
-@pytest.mark.slow
-@pytest.mark.ssh
-def test_a_reclaimed_spot_worker_is_replaced_and_training_resumes(
-    ssh_test_hosts,
-    tmp_path,
-    clean_region,  # noqa: F811 (imported, a fixture)
-    monkeypatch,
-):
-    worker = {"policy": "on-failure", "scope": "cluster"}  # its loss restarts the cluster
-    cluster = pss_spot_cluster(tmp_path, ssh_test_hosts, clean_region, monkeypatch, 600, worker)
+def up_reclaiming_worker_3(cluster: Path, endpoint: str) -> tuple[str, str, str, str]:
+    """``up --down`` of a :func:`pss_spot_cluster` whose worker-3 instance is reclaimed once the
+    chief saved a checkpoint, until the run succeeds: what was printed up to that checkpoint,
+    the reclaimed instance's id, what was printed after, and the launcher's stderr."""
     proc = start_tflaunch("up", str(cluster), "--down")
     try:
         saved = read_until(proc.stdout, "[chief:0]  saved checkpoint", timeout=300)
-        step = int(re.findall(r"at global step (\d+)", saved)[-1])
-        old = terminate_host(clean_region, "worker-3")
+        old = terminate_host(endpoint, "worker-3")
         seen = read_until(proc.stdout, "succeeded", timeout=400)
         assert proc.wait(timeout=120) == 0, proc.stderr.read()[-3000:]
         err = proc.stderr.read()
     finally:
         proc.kill()
+    return saved, old, seen, err
+
+
+@pytest.mark.slow
+@pytest.mark.ssh
+def test_a_reclaimed_spot_worker_is_replaced_and_training_resumes(
+    ssh_test_hosts, tmp_path, clean_region, monkeypatch
+):
+    worker = {"policy": "on-failure", "scope": "cluster"}  # its loss restarts the cluster
+    cluster = pss_spot_cluster(tmp_path, ssh_test_hosts, clean_region, monkeypatch, 600, worker)
+    saved, old, seen, err = up_reclaiming_worker_3(cluster, clean_region)
+    step = int(re.findall(r"at global step (\d+)", saved)[-1])
     assert step > 0
     resumed = re.search(r"resumed from .* at global step (\d+)", seen)
     assert resumed and int(resumed.group(1)) > 0, seen[-3000:]
@@ -120,25 +142,14 @@ def test_a_reclaimed_spot_worker_is_replaced_and_training_resumes(
 @pytest.mark.slow
 @pytest.mark.ssh
 def test_a_reclaimed_task_scoped_worker_restarts_alone_on_its_replacement(
-    ssh_test_hosts,
-    tmp_path,
-    clean_region,  # noqa: F811 (imported, a fixture)
-    monkeypatch,
+    ssh_test_hosts, tmp_path, clean_region, monkeypatch
 ):
     """A ParameterServerStrategy worker restarts alone (its default scope, task): the chief and
     the PS keep training while worker-3's instance is replaced; its worker starts there again.
     The stand-in's 2400 steps of 0.05 s outlast the replacement (about 30 s) with room."""
     worker = {"policy": "exit-code"}  # a lost host counts as a preemption
     cluster = pss_spot_cluster(tmp_path, ssh_test_hosts, clean_region, monkeypatch, 2400, worker)
-    proc = start_tflaunch("up", str(cluster), "--down")
-    try:
-        read_until(proc.stdout, "[chief:0]  saved checkpoint", timeout=300)
-        old = terminate_host(clean_region, "worker-3")
-        seen = read_until(proc.stdout, "succeeded", timeout=400)
-        assert proc.wait(timeout=120) == 0, proc.stderr.read()[-3000:]
-        err = proc.stderr.read()
-    finally:
-        proc.kill()
+    _, old, seen, err = up_reclaiming_worker_3(cluster, clean_region)
     evs = events_of(tmp_path)
     (replaced,) = [e for e in evs if e["event"] == "instance_replaced"]
     assert (replaced["host"], replaced["old"]) == ("worker-3", old) and replaced["new"] != old
@@ -159,17 +170,14 @@ def test_a_reclaimed_task_scoped_worker_restarts_alone_on_its_replacement(
 @pytest.mark.slow
 @pytest.mark.ssh
 def test_past_the_restart_limit_a_reclaimed_worker_fails_the_run(
-    ssh_test_hosts,
-    tmp_path,
-    clean_region,  # noqa: F811 (imported, a fixture)
-    monkeypatch,
+    ssh_test_hosts, tmp_path, clean_region, monkeypatch
 ):
     cluster = spot_cluster(
         tmp_path,
         ssh_test_hosts,
         clean_region,
         monkeypatch,
-        program={"env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "120"}},
+        env={"WORK_SECONDS": "120"},
         supervision={
             "restart": {
                 "worker": {"policy": "on-failure", "scope": "cluster"},
@@ -198,50 +206,18 @@ def test_past_the_restart_limit_a_reclaimed_worker_fails_the_run(
 @pytest.mark.slow
 @pytest.mark.ssh
 def test_a_detached_runs_lost_instance_is_replaced_by_the_laptops_watcher(
-    ssh_test_hosts,
-    tmp_path,
-    clean_region,  # noqa: F811 (imported, a fixture)
-    monkeypatch,
+    ssh_test_hosts, tmp_path, clean_region, monkeypatch
 ):
     """``up --detach``: the coordinator on worker-1 has no cloud credentials; the watcher that
     ``up`` leaves on the laptop sees worker-3's instance end, tells the coordinator, replaces and
     prepares the instance, and its new agent joins: worker:2 restarts alone there."""
     import time
 
-    from tests.helpers import tflaunch
-
-    cluster = spot_cluster(
-        tmp_path,
-        ssh_test_hosts,
-        clean_region,
-        monkeypatch,
-        # the first run outlasts the replacement; the restarted worker:2 only has to finish
-        program={
-            "env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "20", "RESTART_WORK_SECONDS": "1"}
-        },
-        roles={"ps": 1, "worker": 3},  # worker:2 alone on worker-3
-        supervision={"finish_timeout": 300, "restart": {"worker": "on-failure"}},
-    )
-    runs = str(tmp_path / "runs")
-    started = tflaunch("up", str(cluster), "--detach", "--down", timeout=180)
-    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
-    run_id = started.stdout.strip().splitlines()[-1]
-    meta_path = tmp_path / "runs" / run_id / "run.json"
-    watcher = json.loads(meta_path.read_text())["ssh_watcher_pid"]
-    try:
-        old = terminate_host(clean_region, "worker-3")
-        deadline = time.monotonic() + 300
-        while json.loads(meta_path.read_text()).get("ended") is None:
-            assert time.monotonic() < deadline, (
-                tmp_path / "runs" / run_id / "watch.log"
-            ).read_text()
-            tflaunch("status", run_id, "--run-dir", runs, timeout=120)  # mirrors the hosts
-            time.sleep(3)
-        meta = json.loads(meta_path.read_text())
-        evs = events_of(tmp_path)
-    finally:
-        down = tflaunch("down", run_id, "--run-dir", runs, timeout=120)
-    watch_log = (tmp_path / "runs" / run_id / "watch.log").read_text()
+    restart = {"worker": "on-failure"}
+    cluster = lost_host_cluster(tmp_path, ssh_test_hosts, clean_region, monkeypatch, restart)
+    run = detached_run_losing(tmp_path, cluster, clean_region, "worker-3")
+    meta, evs, old = run.meta, run.events, run.old
+    watch_log = (tmp_path / "runs" / run.id / "watch.log").read_text()
     assert meta["state"] == "succeeded", (meta.get("message"), watch_log[-3000:])
     (replaced,) = [e for e in evs if e["event"] == "instance_replaced"]
     assert (replaced["host"], replaced["old"]) == ("worker-3", old) and replaced["new"] != old
@@ -249,10 +225,10 @@ def test_a_detached_runs_lost_instance_is_replaced_by_the_laptops_watcher(
     (restarting,) = [e for e in evs if e["event"] == "restarting"]
     assert (restarting["task"], restarting["cause"]) == ("worker:2", "host_lost")
     assert f"worker-3 was lost (its instance {old} is terminated, says ec2)" in watch_log
-    assert down.returncode == 0, down.stderr
+    assert run.down.returncode == 0, run.down.stderr
     assert instances(clean_region, ("pending", "running")) == []
     time.sleep(1)
-    assert not running(watcher), "the watcher is still running"
+    assert not running(run.first["ssh_watcher_pid"]), "the watcher is still running"
 
 
 def running(pid: int) -> bool:
@@ -300,27 +276,30 @@ def test_a_detached_runs_coordinator_runs_on_an_on_demand_instance_when_there_is
     )
 
 
-def coordinators_host_lost(tmp_path, hosts, endpoint, monkeypatch, max_cluster_restarts: int):
-    """A detached run on three spot instances (so its coordinator is on worker-1) whose
-    worker-1 is terminated mid-run; waits for the run's end (mirrored by 'status'), then
-    'down'. run.json at the start and at the end, the events, watch.log, and what ``up`` said."""
+@dataclasses.dataclass(frozen=True)
+class LostHostRun:
+    """A detached run that lost an instance, followed to its end: its id, what ``up`` said,
+    run.json at the start and at the end, its events, the lost instance's id, ``down``'s result."""
+
+    id: str
+    said: str
+    first: dict
+    meta: dict
+    events: list[dict]
+    old: str
+    down: subprocess.CompletedProcess
+
+
+def detached_run_losing(
+    tmp_path: Path, cluster: Path, endpoint: str, host: str, after: float = 0.0
+) -> LostHostRun:
+    """``up --detach --down`` of ``cluster``, then ``host``'s instance terminated (``after``
+    seconds later); followed with 'status' (which mirrors the hosts) until the run ended, then
+    'down'."""
     import time
 
     from tests.helpers import tflaunch
 
-    restart = {"worker": "on-failure", "max_cluster_restarts": max_cluster_restarts}
-    cluster = spot_cluster(
-        tmp_path,
-        hosts,
-        endpoint,
-        monkeypatch,
-        # the first run outlasts the loss; the restarted tasks only have to finish
-        program={
-            "env": {"TEST_MARKER": str(tmp_path), "WORK_SECONDS": "20", "RESTART_WORK_SECONDS": "1"}
-        },
-        roles={"ps": 1, "worker": 3},
-        supervision={"finish_timeout": 300, "restart": restart},
-    )
     runs = str(tmp_path / "runs")
     started = tflaunch("up", str(cluster), "--detach", "--down", timeout=180)
     assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
@@ -329,8 +308,8 @@ def coordinators_host_lost(tmp_path, hosts, endpoint, monkeypatch, max_cluster_r
     meta_path = run_dir / "run.json"
     first = json.loads(meta_path.read_text())
     try:
-        time.sleep(3)  # the tasks run
-        old = terminate_host(endpoint, "worker-1")
+        time.sleep(after)
+        old = terminate_host(endpoint, host)
         deadline = time.monotonic() + 300
         while json.loads(meta_path.read_text()).get("ended") is None:
             assert time.monotonic() < deadline, (run_dir / "watch.log").read_text()
@@ -340,22 +319,31 @@ def coordinators_host_lost(tmp_path, hosts, endpoint, monkeypatch, max_cluster_r
         evs = events_of(tmp_path)
     finally:
         down = tflaunch("down", run_id, "--run-dir", runs, timeout=120)
-    assert down.returncode == 0, down.stderr
+    return LostHostRun(run_id, started.stderr, first, meta, evs, old, down)
+
+
+def coordinators_host_lost(tmp_path, hosts, endpoint, monkeypatch, max_cluster_restarts: int):
+    """A detached run on three spot instances (so its coordinator is on worker-1) whose
+    worker-1 is terminated mid-run; waits for the run's end (mirrored by 'status'), then
+    'down'. run.json at the start and at the end, the events, watch.log, and what ``up`` said."""
+    import time
+
+    restart = {"worker": "on-failure", "max_cluster_restarts": max_cluster_restarts}
+    cluster = lost_host_cluster(tmp_path, hosts, endpoint, monkeypatch, restart)
+    run = detached_run_losing(tmp_path, cluster, endpoint, "worker-1", after=3)  # the tasks run
+    assert run.down.returncode == 0, run.down.stderr
     assert instances(endpoint, ("pending", "running")) == []
     time.sleep(1)
-    assert not running(first["ssh_watcher_pid"]), "the watcher is still running"
-    assert not run_processes(run_id, str(tmp_path)), "processes of the run still run"
-    watch_log = (run_dir / "watch.log").read_text()
-    return first, meta, evs, watch_log, old, started.stderr
+    assert not running(run.first["ssh_watcher_pid"]), "the watcher is still running"
+    assert not run_processes(run.id, str(tmp_path)), "processes of the run still run"
+    watch_log = (tmp_path / "runs" / run.id / "watch.log").read_text()
+    return run.first, run.meta, run.events, watch_log, run.old, run.said
 
 
 @pytest.mark.slow
 @pytest.mark.ssh
 def test_a_detached_run_goes_on_when_its_coordinators_instance_ends(
-    ssh_test_hosts,
-    tmp_path,
-    clean_region,  # noqa: F811 (imported, a fixture)
-    monkeypatch,
+    ssh_test_hosts, tmp_path, clean_region, monkeypatch
 ):
     """Every instance is spot, so the coordinator runs on the first host, worker-1. Its instance
     is terminated mid-run: the watcher stops the other hosts' agents, replaces the instance,
@@ -394,10 +382,7 @@ def test_a_detached_run_goes_on_when_its_coordinators_instance_ends(
 @pytest.mark.slow
 @pytest.mark.ssh
 def test_past_the_limit_a_detached_run_fails_when_its_coordinators_instance_ends(
-    ssh_test_hosts,
-    tmp_path,
-    clean_region,  # noqa: F811 (imported, a fixture)
-    monkeypatch,
+    ssh_test_hosts, tmp_path, clean_region, monkeypatch
 ):
     """``max_cluster_restarts: 0``: the coordinator's host lost ends the run at once, failed,
     naming the instance and the limit; the other hosts' agents are stopped."""
@@ -473,10 +458,7 @@ def test_a_coordinator_lost_while_it_ended_the_run_does_not_start_it_again(tmp_p
 @pytest.mark.slow
 @pytest.mark.ssh
 def test_a_detached_benchmarks_own_trace_reaches_the_laptop_from_a_worker_away_from_the_coordinator(
-    ssh_test_hosts,
-    tmp_path,
-    clean_region,  # noqa: F811 (imported, a fixture)
-    monkeypatch,
+    ssh_test_hosts, tmp_path, clean_region, monkeypatch
 ):
     """up --detach --trace of tflaunch.models.benchmark (its own trace hooks: worker:0 captures
     and merges) on a dedicated PS and a spot worker: the coordinator runs on the PS's on-demand
