@@ -22,3 +22,14 @@ MAX_PORT = 65_535
 def seconds(default: float | None, doc: str, minimum: float = 0) -> Any:
     """A duration field: seconds, at least ``minimum`` and at most :data:`MAX_SECONDS`."""
     return field(default, minimum=minimum, maximum=MAX_SECONDS, doc=doc)
+
+
+def task_count(default: int | None, doc: str, minimum: int = 0) -> Any:
+    """A number of tasks (of a role, or on one host): at least ``minimum``, at most
+    :data:`MAX_TASKS`."""
+    return field(default, minimum=minimum, maximum=MAX_TASKS, doc=doc)
+
+
+def gpu_count(default: int | None, doc: str) -> Any:
+    """A number of GPUs (of a host, or per task): 0 to :data:`MAX_GPUS`."""
+    return field(default, minimum=0, maximum=MAX_GPUS, doc=doc)

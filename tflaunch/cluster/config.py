@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from tflaunch.cluster import backends, schema, yamlfile
-from tflaunch.cluster.bounds import MAX_GPUS, MAX_HOSTS, MAX_ITEMS, MAX_PORT, MAX_TASKS
+from tflaunch.cluster.bounds import MAX_HOSTS, MAX_ITEMS, MAX_PORT, MAX_TASKS, gpu_count, task_count
 from tflaunch.cluster.schema import field
 from tflaunch.cluster.supervision import Supervision
 from tflaunch.errors import ConfigError
@@ -116,14 +116,10 @@ class Program:
 class Roles:
     """How many tasks of each kind."""
 
-    ps: int = field(1, minimum=0, maximum=MAX_TASKS, doc="parameter servers")
-    worker: int = field(2, minimum=0, maximum=MAX_TASKS, doc="workers")
-    chief: int = field(
-        0, minimum=0, maximum=MAX_TASKS, doc="chief (0 or 1); without one, worker 0 is the chief"
-    )
-    evaluator: int = field(
-        0, minimum=0, maximum=MAX_TASKS, doc="evaluator (0 or 1); runs beside the training cluster"
-    )
+    ps: int = task_count(1, doc="parameter servers")
+    worker: int = task_count(2, doc="workers")
+    chief: int = task_count(0, doc="chief (0 or 1); without one, worker 0 is the chief")
+    evaluator: int = task_count(0, doc="evaluator (0 or 1); runs beside the training cluster")
 
 
 @dataclass(frozen=True)
@@ -137,10 +133,8 @@ class HostEntry:
     connect: str | None = field(
         None, doc="address the launcher connects to (ssh); default: address", line=True
     )
-    gpus: int | None = field(
+    gpus: int | None = gpu_count(
         None,
-        minimum=0,
-        maximum=MAX_GPUS,
         doc="number of GPUs on the host; absent: found by the backend (local: nvidia-smi -L, "
         "within an inherited CUDA_VISIBLE_DEVICES; ssh: pre-flight's nvidia-smi); 0: none",
     )
@@ -154,23 +148,18 @@ class Placement:
         "colocated",
         doc="colocated: PS i on worker host i; dedicated: one host per PS after the worker hosts",
     )
-    ps_per_host: int | None = field(
+    ps_per_host: int | None = task_count(
         None,
         minimum=1,
-        maximum=MAX_TASKS,
         doc="at most this many co-located PS per host; default: spread evenly over the worker hosts",
     )
-    workers_per_host: int | None = field(
+    workers_per_host: int | None = task_count(
         None,
         minimum=1,
-        maximum=MAX_TASKS,
         doc="worker slots per host (chief and evaluator take slots too); default: as few hosts as the GPUs allow, else spread evenly",
     )
-    gpus_per_worker: int | None = field(
-        None,
-        minimum=0,
-        maximum=MAX_GPUS,
-        doc="GPUs per worker; default 1, or all of the host's GPUs with one worker per host",
+    gpus_per_worker: int | None = gpu_count(
+        None, doc="GPUs per worker; default 1, or all of the host's GPUs with one worker per host"
     )
     cpus_per_task: int | None = field(
         None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from tflaunch.plots import pyplot
 
@@ -31,9 +32,7 @@ def plot_results(
     workers = sorted({r.point.workers for r in rows})
     paths = [out_dir / "images_per_sec.png", out_dir / "efficiency.png"]
 
-    fig, axes = plt.subplots(
-        1, len(kinds), figsize=(5.5 * len(kinds), 4.2), squeeze=False, sharey=True
-    )
+    fig, axes = _panels(plt, len(kinds))
     for ax, real in zip(axes[0], kinds, strict=True):
         for update in sorted({r.point.variable_update for r in rows}):
             series = _best_per_workers(rows, real, update)
@@ -52,20 +51,11 @@ def plot_results(
                     xytext=(4, -12),
                     fontsize=8,
                 )
-        ax.set_title(f"{'real' if real else 'synthetic'} data")
-        ax.set_xlabel("workers")
-        ax.set_xticks(workers)
-        ax.grid(alpha=0.3)
+        _label(ax, real, workers)
         ax.legend(fontsize=8)
-    axes[0][0].set_ylabel("images/sec (mean over repeats)")
-    fig.suptitle(f"{title}: throughput")
-    fig.tight_layout()
-    fig.savefig(paths[0], dpi=110)
-    plt.close(fig)
+    _save(plt, fig, "images/sec (mean over repeats)", f"{title}: throughput", paths[0])
 
-    fig, axes = plt.subplots(
-        1, len(kinds), figsize=(5.5 * len(kinds), 4.2), squeeze=False, sharey=True
-    )
+    fig, axes = _panels(plt, len(kinds))
     for ax, real in zip(axes[0], kinds, strict=True):
         xs = sorted(w for (kind, w) in eff if kind == real)
         ax.plot(xs, [100 * eff[(real, w)] for w in xs], marker="o", label="best row")
@@ -79,17 +69,33 @@ def plot_results(
                 fontsize=8,
             )
         ax.axhline(100, color="k", ls="--", lw=1)
-        ax.set_title(f"{'real' if real else 'synthetic'} data")
-        ax.set_xlabel("workers")
-        ax.set_xticks(workers)
+        _label(ax, real, workers)
         ax.set_ylim(0, 110)
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("scaling efficiency (%)")
-    fig.suptitle(f"{title}: img/s at W workers / (W x img/s at 1 worker)")
-    fig.tight_layout()
-    fig.savefig(paths[1], dpi=110)
-    plt.close(fig)
+    suptitle = f"{title}: img/s at W workers / (W x img/s at 1 worker)"
+    _save(plt, fig, "scaling efficiency (%)", suptitle, paths[1])
     return paths
+
+
+def _panels(plt: Any, count: int) -> Any:
+    """A figure of ``count`` panels side by side, one y axis."""
+    return plt.subplots(1, count, figsize=(5.5 * count, 4.2), squeeze=False, sharey=True)
+
+
+def _label(ax: Any, real: bool, workers: Sequence[int]) -> None:
+    """A panel's title (its data kind), its workers axis and grid."""
+    ax.set_title(f"{'real' if real else 'synthetic'} data")
+    ax.set_xlabel("workers")
+    ax.set_xticks(workers)
+    ax.grid(alpha=0.3)
+
+
+def _save(plt: Any, fig: Any, ylabel: str, title: str, path: Path) -> None:
+    """The first panel's y label and the figure's title; written to ``path`` and closed."""
+    fig.axes[0].set_ylabel(ylabel)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _best_per_workers(rows: Sequence, real: bool, update: str) -> dict[int, float]:
