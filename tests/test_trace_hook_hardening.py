@@ -55,6 +55,14 @@ def _python(tmp_path: Path, code: str, env: dict[str, str], python: str = sys.ex
     )
 
 
+def _profiled_pid(tmp_path: Path, code: str, env: dict[str, str]) -> int:
+    """Run ``code``, which prints its pid, under the hook: that process, and only it, started
+    the profiler server, on the task's port. Its pid."""
+    pid = int(_python(tmp_path, code, env).stdout)
+    assert _started(tmp_path) == [(pid, hooked_profiler_port(tmp_path))]
+    return pid
+
+
 def _started(tmp_path: Path) -> list[tuple[int, int]]:
     mark = tmp_path / "started"
     lines = mark.read_text().split("\n") if mark.exists() else []
@@ -74,8 +82,7 @@ def test_a_find_spec_probe_before_the_import_is_still_traced(tmp_path) -> None:
         "assert not any(getattr(f, 'tflaunch_trace_hook', 0) for f in sys.meta_path)\n"
         "print(os.getpid())\n"
     )
-    pid = int(_python(tmp_path, code, env).stdout)
-    assert _started(tmp_path) == [(pid, hooked_profiler_port(tmp_path))]
+    _profiled_pid(tmp_path, code, env)
     assert trace_files.read_notes(tmp_path / "trace").tf_ports == {
         "worker:0": hooked_profiler_port(tmp_path)
     }
@@ -91,8 +98,7 @@ def test_a_child_that_imports_tensorflow_first_leaves_the_port_to_its_task(tmp_p
         "import tensorflow\n"
         "print(os.getpid())\n"
     )
-    pid = int(_python(tmp_path, code, env).stdout)
-    assert _started(tmp_path) == [(pid, hooked_profiler_port(tmp_path))]
+    pid = _profiled_pid(tmp_path, code, env)
     notes = trace_files.read_notes(tmp_path / "trace")
     assert notes.tf_ports == {"worker:0": hooked_profiler_port(tmp_path)}
     assert notes.tf_children["worker:0"]["claimant"] == str(pid)
