@@ -3,7 +3,8 @@
 # the project's modules, both run against a fresh installed copy (the layout users get, where the
 # repository's launchers/ and models/ are tflaunch.launchers and tflaunch.models); then, on the
 # checkout, no reach into another module's private names, the trace hook on the standard library
-# only, no backend name compared outside its folder, and no class over 250 lines.
+# only, no backend name compared outside its folder, no class over 250 lines
+# and no module of the project's code (not tests/) over 600.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=$(mktemp -d)

@@ -209,6 +209,18 @@ def test_no_class_grows_past_250_lines_unnoticed(tmp_path, monkeypatch):
     assert checker.main([]) == 0
 
 
+def test_no_module_grows_past_600_lines_unnoticed(tmp_path):
+    checker = _script("class_sizes")
+    fits, big = tmp_path / "fits.py", tmp_path / "big.py"
+    fits.write_text("x = 1\n" * 600)
+    big.write_text("x = 1\n" * 601)
+    assert checker.module_problems([fits]) == []
+    assert checker.module_problems([fits, big]) == [
+        f"{big}: 601 lines; a module has at most 600: split it along its jobs"
+    ]
+    assert checker.main([str(big)]) == 1
+
+
 def test_options_ask_for_declared_abilities_and_are_refused_naming_who_has_them():
     asked = LaunchOptions(terminals="tmux", keep=True).features()
     assert asked == [(BackendFeature.TERMINALS, "--terminals"), (BackendFeature.KEEP, "--keep")]
