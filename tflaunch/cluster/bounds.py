@@ -1,4 +1,5 @@
-"""The bounds every count and duration of the cluster file keeps, and the duration field.
+"""The bounds every count, duration and line of text of the cluster file keeps, and the fields
+that carry them.
 
 Far above any real cluster, low enough that no file can make the launcher build huge lists. The
 plan grows linearly with the tasks (benchmarks/plan_scale.py: 33,280 tasks, 4,096 nodes x 8 GPUs,
@@ -6,6 +7,7 @@ plan in about a second), so tasks are bounded at twice that scale."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from tflaunch.cluster.schema import field
@@ -33,3 +35,8 @@ def task_count(default: int | None, doc: str, minimum: int = 0) -> Any:
 def gpu_count(default: int | None, doc: str) -> Any:
     """A number of GPUs (of a host, or per task): 0 to :data:`MAX_GPUS`."""
     return field(default, minimum=0, maximum=MAX_GPUS, doc=doc)
+
+
+def one_line(default: Any = dataclasses.MISSING, *, doc: str) -> Any:
+    """A text setting that must fit on one line (it goes into names, commands and manifests)."""
+    return field(default, doc=doc, line=True)

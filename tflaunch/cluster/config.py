@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from tflaunch.cluster import backends, schema, yamlfile
-from tflaunch.cluster.bounds import MAX_HOSTS, MAX_ITEMS, MAX_PORT, MAX_TASKS, gpu_count, task_count
+from tflaunch.cluster.bounds import (
+    MAX_HOSTS,
+    MAX_ITEMS,
+    MAX_PORT,
+    MAX_TASKS,
+    gpu_count,
+    one_line,
+    task_count,
+)
 from tflaunch.cluster.schema import field
 from tflaunch.cluster.supervision import Supervision
 from tflaunch.errors import ConfigError
@@ -126,12 +134,10 @@ class Roles:
 class HostEntry:
     """One machine. Written as a bare name or as a mapping."""
 
-    name: str = field(
-        doc="host name; also the cluster address unless 'address' is given", line=True
-    )
-    address: str | None = field(None, doc="address the tasks use to reach each other", line=True)
-    connect: str | None = field(
-        None, doc="address the launcher connects to (ssh); default: address", line=True
+    name: str = one_line(doc="host name; also the cluster address unless 'address' is given")
+    address: str | None = one_line(None, doc="address the tasks use to reach each other")
+    connect: str | None = one_line(
+        None, doc="address the launcher connects to (ssh); default: address"
     )
     gpus: int | None = gpu_count(
         None,
@@ -191,21 +197,18 @@ class KubernetesSection:
     """For 'tflaunch export --format tfjob', which writes the cluster as a Kubeflow TFJob. Not a
     backend: tflaunch starts nothing on Kubernetes."""
 
-    image: str | None = field(
-        None, doc="container image with the program and TensorFlow", line=True
+    image: str | None = one_line(None, doc="container image with the program and TensorFlow")
+    namespace: str = one_line("default", doc="namespace of the TFJob")
+    workdir: str | None = one_line(
+        None, doc="working directory in the container (default: the image's)"
     )
-    namespace: str = field("default", doc="namespace of the TFJob", line=True)
-    workdir: str | None = field(
-        None, doc="working directory in the container (default: the image's)", line=True
-    )
-    checkpoint_dir: str | None = field(
+    checkpoint_dir: str | None = one_line(
         None,
         doc="{checkpoint_dir} in the container: a path on a volume every pod mounts "
         "(default: program.checkpoint_dir when it is absolute)",
-        line=True,
     )
-    gpu_resource: str = field(
-        "nvidia.com/gpu", doc="the extended resource GPUs are requested as", line=True
+    gpu_resource: str = one_line(
+        "nvidia.com/gpu", doc="the extended resource GPUs are requested as"
     )
 
 
@@ -214,7 +217,7 @@ class ClusterConfig:
     """A distributed TensorFlow cluster: what runs, how many tasks, where, and how."""
 
     program: Program = field(doc="what every task runs", coerce=_program_entry)
-    name: str = field("tflaunch", doc="cluster name; prefixes run ids", line=True)
+    name: str = one_line("tflaunch", doc="cluster name; prefixes run ids")
     backend: str = field(
         "local",
         doc="how tasks are started",
@@ -233,8 +236,8 @@ class ClusterConfig:
     placement: Placement = field(factory=Placement, doc="task placement")
     ports: Ports = field(factory=Ports, doc="base ports")
     supervision: Supervision = field(factory=Supervision, doc="supervision")
-    runs_dir: str = field(
-        "runs", doc="where run directories go (relative to the working directory)", line=True
+    runs_dir: str = one_line(
+        "runs", doc="where run directories go (relative to the working directory)"
     )
     run_dir_mode: str = field(
         "0700",
