@@ -202,13 +202,7 @@ def render(cluster_file: str, task_name: str, fmt: str) -> None:
     default=None,
     help="{checkpoint_dir} in the containers (default: kubernetes.checkpoint_dir).",
 )
-def export(
-    cluster_file: str,
-    fmt: str,
-    image: str | None,
-    namespace: str | None,
-    checkpoint_dir: str | None,
-) -> None:
+def export(cluster_file: str, fmt: str, **overrides: str | None) -> None:
     """Print the cluster as a manifest for another system (a Kubeflow TFJob); what it cannot
     express is an error, what only tflaunch's launcher watches is a warning."""
     import yaml
@@ -216,7 +210,8 @@ def export(
     from tflaunch.tools.tfjob import export_tfjob
 
     warn = lambda text: click.echo(f"tflaunch: warning: {text}", err=True)  # noqa: E731
-    manifest = export_tfjob(load_config(cluster_file), image, namespace, checkpoint_dir, warn)
+    # --image, --namespace, --checkpoint-dir: export_tfjob's parameters of the same names
+    manifest = export_tfjob(load_config(cluster_file), **overrides, warn=warn)
     click.echo(yaml.safe_dump(manifest, sort_keys=False, width=100), nl=False)
 
 
