@@ -158,44 +158,6 @@ def start_coordinator(
     return coordinator
 
 
-def start(
-    session: HostSession,
-    config: ClusterConfig,
-    plan: Plan,
-    run: Run,
-    replace_wait: float = 0.0,
-    coordinator_host: tuple[str, str] | None = None,
-) -> None:
-    """Pre-flight as for an attached run, then the coordinator on one host, agents everywhere.
-    ``replace_wait``: how long the coordinator waits for a replaced host's agent (a provisioned
-    run, watched by :mod:`tflaunch.launchers.ssh.watch`); 0 for none. ``coordinator_host``: the
-    host for the coordinator and why, in words (default: the first host)."""
-    session.open(config, plan, run, extra={RENDEZVOUS_FILE: Rendezvous.ahead().to_json()})
-    python = config.section(SshSection).python
-    name, why = coordinator_host or (plan.hosts_with_tasks()[0].name, "the first host")
-    coordinator = start_coordinator(session, plan.host(name), run, python, replace_wait)
-    run.update_part(
-        SshDetails,
-        detached=True,
-        ssh_coordinator=name,
-        ssh_coordinator_pid=coordinator.pid,
-        state="starting",
-    )
-
-    results = parallel(
-        lambda conn: start_agent(session, conn, python, coordinator), session.connections.values()
-    )
-    failures = [f"{c.name}: {e}" for c, _, e in results if e is not None]
-    if failures:
-        down(session, run, plan.supervision.grace_period)
-        raise LaunchError("cannot start the agents:\n  " + "\n  ".join(failures))
-    _wait_until_ready(session, run, plan.supervision.ready_timeout + 60)
-    session.say(
-        f"detached: the coordinator runs on {name} ({why}); follow with 'tflaunch logs "
-        f"-f {run.id}', stop with 'tflaunch down {run.id}'"
-    )
-
-
 def launch(
     session: HostSession,
     config: ClusterConfig,
@@ -204,12 +166,36 @@ def launch(
     wait: float = 0.0,
     where: tuple[str, str] | None = None,
 ) -> str:
-    """``up --detach``: the coordinator (on ``where``: a host and why; else the first) and the
-    agents on the hosts (:func:`start`), a failure recorded in the run; with ``wait``, a watcher
-    here that replaces ended instances (the coordinator waits as long for a replacement's
-    agent). The run's id."""
+    """``up --detach``: pre-flight as for an attached run, then the coordinator on one host
+    (``where``: a host and why, in words; default: the first host) and agents everywhere; a
+    failure is recorded in the run. With ``wait``, a watcher here replaces ended instances
+    (:mod:`tflaunch.launchers.ssh.watch`) and the coordinator waits as long for a replaced
+    host's agent. The run's id."""
     try:
-        start(session, config, plan, run, wait, where)
+        session.open(config, plan, run, extra={RENDEZVOUS_FILE: Rendezvous.ahead().to_json()})
+        python = config.section(SshSection).python
+        name, why = where or (plan.hosts_with_tasks()[0].name, "the first host")
+        coordinator = start_coordinator(session, plan.host(name), run, python, wait)
+        run.update_part(
+            SshDetails,
+            detached=True,
+            ssh_coordinator=name,
+            ssh_coordinator_pid=coordinator.pid,
+            state="starting",
+        )
+        results = parallel(
+            lambda conn: start_agent(session, conn, python, coordinator),
+            session.connections.values(),
+        )
+        failures = [f"{c.name}: {e}" for c, _, e in results if e is not None]
+        if failures:
+            down(session, run, plan.supervision.grace_period)
+            raise LaunchError("cannot start the agents:\n  " + "\n  ".join(failures))
+        _wait_until_ready(session, run, plan.supervision.ready_timeout + 60)
+        session.say(
+            f"detached: the coordinator runs on {name} ({why}); follow with 'tflaunch logs "
+            f"-f {run.id}', stop with 'tflaunch down {run.id}'"
+        )
     except TflaunchError as err:
         run.finish(Outcome(err.exit_code, str(err)))
         raise
