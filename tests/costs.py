@@ -4,7 +4,7 @@
 
 For every test (its setup, call and teardown together, so a module-scoped fixture's set-up counts
 against the module's first test) it writes one JSON line to ``DIR/<worker>.jsonl``: the test's id,
-its module, its outcome, wall seconds, and CPU seconds of this process (``self``) and of the
+its module, its outcome, when it began (epoch seconds), wall seconds, and CPU seconds of this process (``self``) and of the
 children it waited for during the test (``children``: the launcher processes a test runs, and the
 tasks they waited for, which is where TensorFlow's imports are counted). Under pytest-xdist each
 worker writes its own file, and a ``session`` line at its end with the worker's totals, so the
@@ -55,6 +55,7 @@ class Recorder:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem):
+        began = time.time()
         wall, own, children = time.perf_counter(), *_cpu()
         yield
         wall_after, own_after, children_after = time.perf_counter(), *_cpu()
@@ -64,6 +65,7 @@ class Recorder:
                 "module": item.nodeid.split("::", 1)[0],
                 "worker": self.worker,
                 "outcome": self.outcomes.pop(item.nodeid, "unknown"),
+                "start": round(began, 3),
                 "wall": round(wall_after - wall, 3),
                 "self": round(own_after - own, 3),
                 "children": round(children_after - children, 3),
