@@ -240,6 +240,30 @@ def reduce_gradients(
     return loss, reduction.reduce(strategy, grads, variables)
 
 
+def synchronous_update(
+    strategy: tf.distribute.Strategy,
+    reduction: GradientReduction,
+    optimizer: Optimizer,
+    grads_fn: Callable,
+    inputs: tuple,
+    variables: Sequence[tf.Variable],
+) -> tf.Tensor:
+    """One synchronous step's work, inside a ``tf.function``: the gradients all-reduced as
+    ``reduction`` says (:func:`reduce_gradients`), each variable updated where it lives with
+    its own (and its optimizer slot); the replicas' mean loss."""
+    loss, reduced = reduce_gradients(strategy, reduction, grads_fn, inputs, variables)
+    replicas = strategy.num_replicas_in_sync
+
+    def apply(var: tf.Variable, grad: tf.Tensor, slot: tf.Variable | None = None):
+        return optimizer.update(var, reduction.finish(grad, var.dtype, replicas), slot)
+
+    slots = optimizer.slots or [None] * len(variables)
+    for var, grad, slot in zip(variables, reduced, slots, strict=True):
+        extra = (slot,) if slot is not None else ()
+        strategy.extended.update(var, apply, args=(grad, *extra), group=False)
+    return strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None)
+
+
 def collective_step(
     args: argparse.Namespace, strategy: tf.distribute.Strategy, rank: int, num_workers: int
 ) -> Callable[[], tf.Tensor]:
@@ -250,7 +274,6 @@ def collective_step(
         variables = model.trainable_variables
         optimizer = Optimizer(args.optimizer, args.learning_rate, args.momentum, variables)
     next_batch = _batches(args, num_workers, rank)
-    extended = strategy.extended
     reduction = GradientReduction(
         variables,
         args.gradient_repacking,
@@ -266,18 +289,9 @@ def collective_step(
     @tf.function
     def step() -> tf.Tensor:
         images, labels = next_batch()
-        loss, reduced = reduce_gradients(strategy, reduction, grads_fn, (images, labels), variables)
-        mean = tf.distribute.ReduceOp.MEAN
-        slots = optimizer.slots or [None] * len(variables)
-        for var, grad, slot in zip(variables, reduced, slots, strict=True):
-            extra = (slot,) if slot is not None else ()
-            extended.update(var, apply, args=(grad, *extra), group=False)
-        return strategy.reduce(mean, loss, axis=None)
-
-    replicas = strategy.num_replicas_in_sync
-
-    def apply(var: tf.Variable, grad: tf.Tensor, slot: tf.Variable | None = None):
-        return optimizer.update(var, reduction.finish(grad, var.dtype, replicas), slot)
+        return synchronous_update(
+            strategy, reduction, optimizer, grads_fn, (images, labels), variables
+        )
 
     step.get_concrete_function()  # traced now (the first step reuses it): the buckets are cut
     if rank == 0:

@@ -24,7 +24,7 @@ from tests.helpers import upstream  # noqa: E402
 from tflaunch.models.benchmark_runners.eager import (  # noqa: E402
     GradientReduction,
     Optimizer,
-    reduce_gradients,
+    synchronous_update,
 )
 
 SIZES = (64, 96, 96, 96, 96, 10)  # 5 layers, 10 variables
@@ -73,9 +73,6 @@ def one_step(strategy, compact: bool, bucket_bytes: int, data) -> dict:
             grad_ops.update({i: g.op.name for i, g in enumerate(grads)})
         return loss, grads
 
-    def apply(var, grad):
-        return optimizer.update(var, reduction.finish(grad, var.dtype, 2))
-
     x, y = data
     inputs = strategy.experimental_distribute_values_from_function(
         lambda ctx: (
@@ -86,10 +83,7 @@ def one_step(strategy, compact: bool, bucket_bytes: int, data) -> dict:
 
     @tf.function
     def step(x, y):
-        loss, reduced = reduce_gradients(strategy, reduction, grads_fn, (x, y), variables)
-        for var, grad in zip(variables, reduced, strict=True):
-            strategy.extended.update(var, apply, args=(grad,), group=False)
-        return strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None)
+        return synchronous_update(strategy, reduction, optimizer, grads_fn, (x, y), variables)
 
     step(*inputs)
     graph = step.get_concrete_function(*inputs).graph

@@ -26,7 +26,7 @@ from sklearn.datasets import load_digits  # noqa: E402
 from tflaunch.models.benchmark_runners.eager import (  # noqa: E402
     GradientReduction,
     Optimizer,
-    reduce_gradients,
+    synchronous_update,
 )
 
 SIZES = (64, 96, 96, 96, 96, 10)  # 10 variables: --gradient_repacking 4 makes 4 packs
@@ -82,17 +82,9 @@ def train(
             )
         return loss, tape.gradient(loss, variables)
 
-    replicas = strategy.num_replicas_in_sync
-
-    def apply(var, grad):
-        return optimizer.update(var, reduction.finish(grad, var.dtype, replicas))
-
     @tf.function
     def step(x, y):
-        loss, reduced = reduce_gradients(strategy, reduction, grads_fn, (x, y), variables)
-        for var, grad in zip(variables, reduced, strict=True):
-            strategy.extended.update(var, apply, args=(grad,), group=False)
-        return strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None)
+        return synchronous_update(strategy, reduction, optimizer, grads_fn, (x, y), variables)
 
     loss = None
     for i in range(steps):
