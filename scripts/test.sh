@@ -42,7 +42,15 @@ unset PYTHONPATH PYTHONHOME
 export VIRTUAL_ENV=$PWD/$venv
 export PATH=$VIRTUAL_ENV/bin:$PATH  # python3, ruff, lint-imports and tflaunch are the venv's
 started=$SECONDS
-python3 -m pip install -q ${pins[@]+"${pins[@]}"} -e '.[dev]'
+# uv installs what pip would (the same constraints, the same resolution rules) in a fraction of
+# the time: parallel downloads, and wheels linked from its cache instead of unpacked anew (the
+# dev extra holds TensorFlow: about 90 s with pip here, 15 s with uv). pip installs uv itself
+# (at the locked version), and is the fallback wherever uv cannot be had.
+if ! { python3 -m pip install -q ${pins[@]+"${pins[@]}"} uv >/dev/null 2>&1 &&
+  python3 -m uv pip install -q --python "$VIRTUAL_ENV/bin/python" ${pins[@]+"${pins[@]}"} -e '.[dev]'; }; then
+  echo "uv could not install the dev extra; installing it with pip"
+  python3 -m pip install -q ${pins[@]+"${pins[@]}"} -e '.[dev]'
+fi
 if ((${#pins[@]})); then
   echo "installed the locked versions (constraints.txt) in $((SECONDS - started)) s"
 else
