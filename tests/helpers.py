@@ -132,6 +132,18 @@ def write_cluster(path: Path, program: dict, **overrides) -> Path:
     return path
 
 
+def up_tensorflow_cluster(tmp_path: Path, program: dict, timeout: float, **overrides):
+    """``tflaunch up`` (in the checkout) of a local cluster of TensorFlow ``program`` (its
+    ``argv`` and more; TEST_MARKER joins its env) under ``tmp_path``, given 240 s to be ready;
+    checked to have succeeded. ``overrides``: the file's other top-level keys."""
+    program = {**program, "env": {"TEST_MARKER": str(tmp_path), **program.get("env", {})}}
+    overrides["supervision"] = {"ready_timeout": 240, **overrides.get("supervision", {})}
+    cluster = write_cluster(tmp_path / "cluster.yaml", program, **overrides)
+    result = tflaunch("up", str(cluster), cwd=ROOT, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
 def fake_cluster(tmp_path: Path, env: dict | None = None, **overrides) -> Path:
     program = {
         "argv": [sys.executable, str(FAKE_TASK)],

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import tflaunch, wait_until_gone, write_cluster
+from tests.helpers import up_tensorflow_cluster, wait_until_gone
 from tflaunch.models.benchmark_runners.common import (
     BenchmarkError,
     perf_line,
@@ -268,15 +268,7 @@ def test_cluster_through_tflaunch_up(variable_update, real_data, tfrecord_dir, t
     argv += ["--result_json", str(tmp_path / "{job_name}-{task_index}.json")]
     if real_data:
         argv += ["--data_dir", str(tfrecord_dir)]
-    program = {"argv": argv, "env": {"TEST_MARKER": str(tmp_path)}}
-    cluster = write_cluster(
-        tmp_path / "cluster.yaml",
-        program,
-        roles={"ps": 1, "worker": 2},
-        supervision={"ready_timeout": 240},
-    )
-    result = tflaunch("up", str(cluster), cwd=ROOT, timeout=400)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = up_tensorflow_cluster(tmp_path, {"argv": argv}, 400, roles={"ps": 1, "worker": 2})
     _check_totals(result.stdout, tmp_path)
     assert wait_until_gone(str(tmp_path)) == []
 
@@ -291,10 +283,7 @@ def test_collective_all_reduce_from_a_cluster_file(tmp_path) -> None:
     argv += ["--num_warmup_batches", "1", "--variable_update", "collective_all_reduce"]
     argv += ["--cluster_file", "{cluster_file}"]
     argv += ["--result_json", str(tmp_path / "{job_name}-{task_index}.json")]
-    program = {"argv": argv, "env": {"TEST_MARKER": str(tmp_path)}, "tf_config": False}
-    config = write_cluster(tmp_path / "cluster.yaml", program, supervision={"ready_timeout": 240})
-    result = tflaunch("up", str(config), cwd=ROOT, timeout=400)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = up_tensorflow_cluster(tmp_path, {"argv": argv, "tf_config": False}, 400)
     (run,) = (tmp_path / "runs").iterdir()
     cluster_file = run / "cluster_spec.json"
     for task in ("ps:0", "worker:0", "worker:1"):

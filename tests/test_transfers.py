@@ -8,16 +8,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import tflaunch, tiny_benchmark_argv, wait_until_gone, write_cluster
+from tests.helpers import tiny_benchmark_argv, up_tensorflow_cluster, wait_until_gone
 from tflaunch.tools import perfmodel
 from tflaunch.trace import transfers as tt
 from tflaunch.trace.format import Event, TaskTrace, merge
 
-ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--model", "inception3", "--image_size", "75", "--batch_size", "2"]
 MS = 1_000_000
 
@@ -255,15 +253,8 @@ def test_bad_transfer_flags_exit_2(argv, message, capsys) -> None:
     ids=["ps-tic", "ps-staged-tac", "replicated-tic"],
 )
 def test_ordered_and_staged_runs_through_the_local_backend(extra, tmp_path) -> None:
-    program = {"argv": tiny_benchmark_argv(extra), "env": {"TEST_MARKER": str(tmp_path)}}
-    cluster = write_cluster(
-        tmp_path / "c.yaml",
-        program,
-        roles={"ps": 2, "worker": 2},
-        supervision={"ready_timeout": 240},
-    )
-    result = tflaunch("up", str(cluster), cwd=ROOT, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    program = {"argv": tiny_benchmark_argv(extra)}
+    result = up_tensorflow_cluster(tmp_path, program, 600, roles={"ps": 2, "worker": 2})
     order = extra[extra.index("--transfer_order") + 1]
     assert f"transfer order {order}: 190 variables in 8 buckets" in result.stdout
     totals = re.findall(r"^\[worker:\d\]\s+total images/sec: ([\d.]+)$", result.stdout, re.M)
