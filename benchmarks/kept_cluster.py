@@ -18,7 +18,6 @@ over ``--repeats``. Usage (as root)::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -28,58 +27,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.cloud.fixtures import kept_cluster  # noqa: E402
 from tests.hosts import ssh_hosts  # noqa: E402
-
-FAKE_TASK = ROOT / "tests" / "programs" / "fake_task.py"
-ADDRESS_MAP_ENV = "TFLAUNCH_EC2_ADDRESS_MAP"
-
-
-def cluster_file(work: Path, hosts: ssh_hosts.TestHosts, endpoint: str, setup: float) -> Path:
-    source = work / "src"
-    source.mkdir()
-    shutil.copy(FAKE_TASK, source / "fake_task.py")
-    (source / "notes.txt").write_text("0\n")
-    known = work / "known_hosts"
-    shutil.copy(hosts.known_hosts, known)
-    host = hosts.hosts[0]
-    (work / "addresses.json").write_text(
-        json.dumps({"worker-1": {"connect": host.public_address, "address": host.private_address}})
-    )
-    python = work / "python"
-    python.write_text(f'#!/bin/sh\nexec env PYTHONPATH={ROOT} {sys.executable} "$@"\n')
-    python.chmod(0o755)
-    data = {
-        "name": "kept-bench",
-        "backend": "ssh",
-        "program": {"argv": [sys.executable, "fake_task.py"], "workdir": str(work / "work")},
-        "roles": {"ps": 1, "worker": 1},
-        "supervision": {"grace_period": 2, "heartbeat": 1, "heartbeat_timeout": 6},
-        "runs_dir": str(work / "runs"),
-        "ssh": hosts.ssh_section(
-            str(python),
-            work / "remote",
-            known,
-            sync=str(source),
-            setup=[f"sleep {setup:g}"],
-            setup_once=True,
-            provision={
-                "image": "ami-12c6146b",
-                "region": "us-east-1",
-                "endpoint_url": endpoint,
-                "worker_instance_type": "c5.xlarge",
-                "ssh_from": f"{hosts.launcher_address}/32",
-                "ready_timeout": 60,
-            },
-        ),
-    }
-    path = work / "cluster.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def tflaunch(*args: str) -> tuple[float, subprocess.CompletedProcess]:
@@ -115,8 +69,8 @@ def main() -> int:
     making, reusing = [], []
     try:
         with ssh_hosts.session(3) as hosts:  # no test session tears them down meanwhile
-            cluster = cluster_file(work, hosts, endpoint, args.setup_seconds)
-            os.environ[ADDRESS_MAP_ENV] = str(work / "addresses.json")
+            # moto's instances are mapped onto the test hosts (cloud_cluster sets the map)
+            cluster = kept_cluster(work, hosts, endpoint, pytest.MonkeyPatch(), args.setup_seconds)
             runs = str(work / "runs")
             for repeat in range(args.repeats):
                 # A new instance's disk is empty; the test host standing in keeps its files.
@@ -127,7 +81,7 @@ def main() -> int:
                 second, reused = tflaunch("up", str(cluster), "--keep")
                 assert "none created" in reused.stderr, reused.stderr
                 assert "instances accepting SSH" not in reused.stderr
-                tflaunch("down", "--cluster", "kept-bench", "--run-dir", runs)
+                tflaunch("down", "--cluster", "cloud-test", "--run-dir", runs)
                 making.append(first)
                 reusing.append(second)
                 print(f"repeat {repeat + 1}: making {first:.2f} s, reusing {second:.2f} s")

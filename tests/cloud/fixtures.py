@@ -126,6 +126,24 @@ def cloud_cluster(
     return path
 
 
+def kept_cluster(
+    tmp_path: Path, hosts, endpoint: str, monkeypatch, setup_seconds: float = 3.0
+) -> Path:
+    """One provisioned worker instance (PS co-located) whose code (the stand-in task and
+    ``src/notes.txt``) comes by ssh.sync; a setup line of ``setup_seconds`` stands for
+    installing requirements: the first ``up --keep`` pays for it, a reuse not."""
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "fake_task.py").write_text(FAKE_TASK.read_text())
+    (source / "notes.txt").write_text("version 1\n")
+    cluster = cloud_cluster(tmp_path, hosts, endpoint, monkeypatch, roles={"ps": 1, "worker": 1})
+    data = yaml.safe_load(cluster.read_text())
+    setup = [f"sleep {setup_seconds:g}; echo set up"]
+    data["ssh"].update(upload=[], sync=str(source), setup=setup, setup_once=True)
+    cluster.write_text(yaml.safe_dump(data))
+    return cluster
+
+
 @pytest.fixture()
 def cloud_file(ssh_test_hosts, tmp_path, clean_region, monkeypatch):
     """:func:`cloud_cluster` for this test's hosts, folder and clean region:

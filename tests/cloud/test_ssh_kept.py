@@ -12,29 +12,14 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.cloud.fixtures import cloud_cluster, instances
-from tests.helpers import FAKE_TASK, tflaunch
+from tests.cloud.fixtures import instances, kept_cluster
+from tests.helpers import tflaunch
 
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
-
-
-def kept_cluster(tmp_path: Path, hosts, endpoint: str, monkeypatch) -> Path:
-    """One provisioned worker instance (PS co-located) whose code comes by ssh.sync."""
-    source = tmp_path / "src"
-    source.mkdir()
-    (source / "fake_task.py").write_text(FAKE_TASK.read_text())
-    (source / "notes.txt").write_text("version 1\n")
-    cluster = cloud_cluster(tmp_path, hosts, endpoint, monkeypatch, roles={"ps": 1, "worker": 1})
-    data = yaml.safe_load(cluster.read_text())
-    # The setup line stands for installing requirements: the first up pays for it, a reuse not.
-    data["ssh"].update(upload=[], sync=str(source), setup=["sleep 3; echo set up"], setup_once=True)
-    cluster.write_text(yaml.safe_dump(data))
-    return cluster
 
 
 def wait_for(condition, timeout: float) -> None:
