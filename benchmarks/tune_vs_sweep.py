@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -62,7 +63,7 @@ FIELDS = ("ps", "update", "strategy", "transfer", "ps_hosts")
 
 
 def cluster_file(a: argparse.Namespace, hosts, path: Path, workers: int, model: str) -> Path:
-    python = local_python(a.out) if a.backend == "local" else checkout_python(a.out, ROOT)
+    python = local_python(a.out) if a.backend == "local" else ssh_python(a.out)
     network, batch = model_batch(model, a.batch)
     argv = [
         python, "-m", "tflaunch.models.benchmark", "--model", network,
@@ -123,6 +124,18 @@ def local_python(folder: Path) -> str:
     return str(path)
 
 
+def ssh_python(folder: Path) -> str:
+    """``ssh.python``: sshd hands remote commands a fresh environment, so this checkout and the
+    caller's PYTHONPATH (where carried wheels, TensorFlow's among them, are) are written in."""
+    given = os.environ.get("PYTHONPATH")
+    if not given:
+        return checkout_python(folder, ROOT)
+    path = folder / f"python-{ROOT.name}-ssh"
+    path.write_text(f'#!/bin/sh\nPYTHONPATH={ROOT}:{given} exec {sys.executable} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
 def tflaunch(*args: str, log: Path) -> tuple[int, str, float]:
     """Run a tflaunch command, its output into ``log``; (exit code, output, seconds)."""
     started = time.monotonic()
@@ -141,6 +154,7 @@ def grid_args(a: argparse.Namespace) -> list[str]:
             out += [f"--{flag}", getattr(a, flag)]
     if a.verify:
         out += ["--verify", str(a.verify), "--verify-steps", str(a.verify_steps)]
+        out += ["--verify-rounds", str(a.verify_rounds)]
     return out
 
 
@@ -369,6 +383,17 @@ def spread_text(case: dict) -> str:
     parts = [f"sweep {100 * statistics.median(repeated):.1f} %"] if repeated else []
     if case.get("verify_spread") is not None:
         parts.append(f"verify {100 * case['verify_spread']:.1f} %")
+    # A setting tune's verify ran and the sweep ran again: two runs of one point (same steps
+    # when --verify-steps is --steps), their difference over their mean.
+    twice = [
+        abs(p["verified"] - p["measured"]) / ((p["verified"] + p["measured"]) / 2)
+        for p in case["sweep"]
+        if p.get("verified") and p.get("measured")
+    ]
+    if twice:
+        parts.append(
+            f"verify vs sweep run of one setting {', '.join(f'{100 * d:.1f}' for d in twice)} %"
+        )
     return ", ".join(parts)
 
 
@@ -492,6 +517,7 @@ def main() -> int:
     )
     p.add_argument("--verify", type=int, default=0, metavar="K", help="tune --verify K")
     p.add_argument("--verify-steps", type=int, default=3)
+    p.add_argument("--verify-rounds", type=int, default=3, help="tune --verify-rounds")
     p.add_argument(
         "--budget",
         type=float,

@@ -35,7 +35,7 @@ prepare)
     (cd "$root" && git ls-files tflaunch models launchers benchmarks pyproject.toml \
         tests/__init__.py tests/helpers.py tests/hosts | tar -cf - -T -) | tar -xf - -C "$dest/tv/code"
     cp "$root/benchmarks/tune_vs_sweep_device.sh" "$dest/tv/run.sh"
-    for piece in "$tf"/tf* "$tf/tools"; do
+    for piece in "$tf"/tf* "$tf/tools" $([ -d "$tf/kit" ] && echo "$tf/kit"); do
         [ -e "$dest/$(basename "$piece")" ] || cp -r "$piece" "$dest/"
     done
     if [ -n "${4:-}" ]; then  # the peer, for 'lab'
@@ -63,6 +63,74 @@ stage)
             --target "$work/site" "$work"/tools/*.whl "$here"/whl/*.whl
         PYTHONPATH="$work/site" python3 -c 'import tensorflow as tf; print("tensorflow", tf.__version__)'
     fi
+    # The SSH kit (prepare's KIT, for --backend ssh: paramiko's wheels, sshd and ssh-keygen
+    # with their libraries), carried in any one call; set up with TensorFlow.
+    if [ -d .device/kit ] && [ ! -d "$work/kit" ]; then cp -r .device/kit "$work/kit"; fi
+    if [ -d "$work/kit" ] && [ -d "$work/site/tensorflow" ] && [ ! -e "$work/kit.done" ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$work/site" "$work"/kit/whl/*.whl
+        cp "$work"/kit/site/* "$work/site/"
+        tar -xzf "$work/kit/ssh.tgz" -C "$work/kit"  # ssh/: sshd.bin, ssh-keygen.bin, lib/
+        mkdir -p "$work/bin"
+        for pair in /usr/sbin/sshd:sshd.bin /usr/bin/ssh-keygen:ssh-keygen.bin; do
+            [ -e "${pair%%:*}" ] || printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' \
+                "$work/kit/ssh/lib" "$work/kit/ssh/${pair##*:}" >"${pair%%:*}"
+            chmod 755 "${pair%%:*}"
+        done
+        id sshd >/dev/null 2>&1 || useradd -r -d /run/sshd -s /usr/sbin/nologin sshd
+        for tool in ip tc; do  # the carried tools where the machine has none
+            command -v "$tool" >/dev/null || printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' \
+                "$work/tools/lib" "$work/tools/$tool" >"$work/bin/$tool"
+            chmod 755 "$work/bin/$tool" 2>/dev/null || true
+        done
+        touch "$work/kit.done"
+        PATH="$work/bin:$PATH" PYTHONPATH="$work/site" python3 -c \
+            'import paramiko, sys; sys.path.insert(0, "'"$here/code"'"); from tests.hosts import ssh_hosts; print("paramiko", paramiko.__version__, ssh_hosts.missing_requirements())'
+    fi
+    ;;
+lane)
+    # bash run.sh lane NAME CORES ARGS...: tune_vs_sweep.py ARGS --out $work/NAME, bound to
+    # CORES (taskset: its launcher, tasks and test hosts on those cores only), in a session of
+    # its own so that it outlives the call (the machine keeps it until it goes back); several
+    # lanes on disjoint cores run side by side. `poll` waits for them and returns the results.
+    name="$2" cores="$3"
+    shift 3
+    [ -d "$work/site/tensorflow" ] || { echo "stage all pieces and tools first" >&2; exit 2; }
+    (
+        export PATH="$work/bin:$PATH" PYTHONPATH="$work/site" PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
+        cd "$here/code"
+        setsid nohup taskset -c "$cores" python3 benchmarks/tune_vs_sweep.py --out "$work/$name" \
+            "$@" >"$work/$name.log" 2>&1 </dev/null &
+        echo $! >"$work/$name.pid"
+    )
+    echo "lane $name on cores $cores: pid $(cat "$work/$name.pid")"
+    ;;
+poll)
+    # bash run.sh poll SECONDS: wait until every lane has ended or SECONDS passed; each lane's
+    # last lines, and $OUT/lanes.tgz with what `run` returns (plus tune's inputs) for every lane.
+    end=$((SECONDS + ${2:-0}))
+    while [ $SECONDS -lt $end ]; do
+        alive=0
+        for f in "$work"/*.pid; do [ -e "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null && alive=1; done
+        [ $alive = 0 ] && break
+        sleep 5
+    done
+    for f in "$work"/*.pid; do
+        [ -e "$f" ] || continue
+        n="$(basename "$f" .pid)"
+        state=ended; kill -0 "$(cat "$f")" 2>/dev/null && state=running
+        echo "=== lane $n ($state)"; grep -v '^\[' "$work/$n.log" | tail -n 25
+    done
+    (cd "$work" && find . -maxdepth 1 -name '*.log' >/tmp/lanes.list
+     for f in "$work"/*.pid; do
+         n="$(basename "$f" .pid)"
+         [ -d "$work/$n" ] && (cd "$work" && find "$n" \( -name results.json -o -name case.json \
+             -o -name tune.txt -o -name tune.json -o -name inputs.json -o -name netbench.json \
+             -o -name 'point*.yaml' -o -name '*.log' \) -not -path '*/remote/*' \
+             -not -path '*/runs/*/runs/*' -not -path '*/runs/*/*/*' ) >>/tmp/lanes.list
+     done
+     tar -czf "${OUT:-/tmp}/lanes.tgz" -T /tmp/lanes.list) || true
+    ls -la "${OUT:-/tmp}/lanes.tgz"
     ;;
 run)
     shift
@@ -98,7 +166,8 @@ lab)
     exit "$code"
     ;;
 *)
-    echo "usage: $0 prepare DEVICE_DIR TF_DIR [PEER] | stage | run ARGS... | lab ARGS..." >&2
+    echo "usage: $0 prepare DEVICE_DIR TF_DIR [PEER] | stage | run ARGS... | lab ARGS... |" \
+        "lane NAME CORES ARGS... | poll SECONDS" >&2
     exit 2
     ;;
 esac
