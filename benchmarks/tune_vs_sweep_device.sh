@@ -21,6 +21,20 @@
 # tune_vs_sweep.py with --backend local --out /tmp/tune-vs-sweep/out (kept between calls on the warm machine,
 # so a run goes on where the last stopped) and leaves $OUT/tvs.tgz: the results, each case's
 # case.json, tune.txt and tune.json (no run logs).
+#
+# Lanes (issue 43's run, 2026-11-29): TF may also hold kit/ (paramiko's cp312 wheels and their
+# needs, hostlist.py under site/, ssh.tgz: sshd and ssh-keygen with the libraries ldd lists, less
+# glibc's), copied like the pieces; carried in call 1 beside tf0, `stage` installs it (wrappers
+# at /usr/sbin/sshd and /usr/bin/ssh-keygen where the machine has none, the sshd user, ip and tc
+# wrappers) and logs in once through a loopback sshd. Then, after the last piece:
+#   bash .device/tv/run.sh lane A 0-7 --backend local --cpus-per-task 1 --cases ... ARGS
+#   bash .device/tv/run.sh lane B 8-11 --backend ssh --hosts 5 --cases ... ARGS
+#   bash .device/tv/run.sh poll 520          # and again each call: carry [.device/tv] alone
+# Each lane is tune_vs_sweep.py on disjoint cores (taskset: launcher, tasks and SSH test hosts
+# alike), in a session of its own, so it runs on between calls; `poll S` returns when every
+# lane has ended or after S seconds, with $OUT/lanes.tgz (results, case.json, point files,
+# tune.json, inputs.json, netbench.json, tune.txt, each lane's log). The lanes share the
+# machine's memory and caches: say so beside their figures.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -110,9 +124,12 @@ lane)
     name="$2" cores="$3"
     shift 3
     [ -d "$work/site/tensorflow" ] || { echo "stage all pieces and tools first" >&2; exit 2; }
+    # Lanes run from a copy: each call's carried .device/tv replaces the one there, and a lane
+    # still running from it lost its files mid-run (2026-11-29: two sweep points failed so).
+    [ -d "$work/code" ] || cp -r "$here/code" "$work/code"
     (
         export PATH="$work/bin:$PATH" PYTHONPATH="$work/site" PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
-        cd "$here/code"
+        cd "$work/code"
         setsid nohup taskset -c "$cores" python3 benchmarks/tune_vs_sweep.py --out "$work/$name" \
             "$@" >"$work/$name.log" 2>&1 </dev/null &
         echo $! >"$work/$name.pid"

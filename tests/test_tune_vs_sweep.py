@@ -123,3 +123,20 @@ def test_the_table_counts_picks_within_5_percent_and_time_ratios() -> None:
     assert f"{results[2]['case']} verify 5.0 %" in spread
     document = {"ranked": [{"verify": {"runs": [9.0, 11.0]}}, {"verify": {"runs": [10.0]}}, {}]}
     assert tvs.verify_spread(document) == pytest.approx(2**0.5 / 10)
+
+
+def test_a_setting_verify_and_the_sweep_both_ran_gives_a_spread() -> None:
+    case = _case(4, 0, [10.0, 9.0, 8.0, 7.0, 6.0], 40.0, verify=2)
+    case["sweep"][0]["verified"] = 11.0  # verify's run of the pick: 11 against the sweep's 10
+    case["sweep"][1]["verified"] = 9.0  # the second: the same figure twice
+    text = tvs.spread_text(case)
+    assert text == "verify vs sweep run of one setting 9.5, 0.0 %"  # |11 - 10| / 10.5
+
+
+def test_the_ssh_python_carries_the_callers_pythonpath(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", "/carried/site")
+    script = Path(tvs.ssh_python(tmp_path)).read_text()
+    assert f"PYTHONPATH={tvs.ROOT}:/carried/site exec " in script
+    monkeypatch.delenv("PYTHONPATH")
+    script = Path(tvs.ssh_python(tmp_path)).read_text()  # the checkout alone, as the tests run it
+    assert f"PYTHONPATH={tvs.ROOT} exec " in script
