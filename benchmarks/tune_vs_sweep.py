@@ -116,12 +116,7 @@ def model_batch(model: str, batch: int) -> tuple[str, int]:
 def local_python(folder: Path) -> str:
     """An interpreter that imports this checkout's tflaunch and keeps the caller's PYTHONPATH
     (where carried wheels, TensorFlow's among them, are)."""
-    path = folder / f"python-{ROOT.name}-local"
-    path.write_text(
-        f'#!/bin/sh\nPYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n'
-    )
-    path.chmod(0o755)
-    return str(path)
+    return _python(folder / f"python-{ROOT.name}-local", f"{ROOT}${{PYTHONPATH:+:$PYTHONPATH}}")
 
 
 def ssh_python(folder: Path) -> str:
@@ -130,8 +125,11 @@ def ssh_python(folder: Path) -> str:
     given = os.environ.get("PYTHONPATH")
     if not given:
         return checkout_python(folder, ROOT)
-    path = folder / f"python-{ROOT.name}-ssh"
-    path.write_text(f'#!/bin/sh\nPYTHONPATH={ROOT}:{given} exec {sys.executable} "$@"\n')
+    return _python(folder / f"python-{ROOT.name}-ssh", f"{ROOT}:{given}")
+
+
+def _python(path: Path, pythonpath: str) -> str:
+    path.write_text(f'#!/bin/sh\nPYTHONPATH={pythonpath} exec {sys.executable} "$@"\n')
     path.chmod(0o755)
     return str(path)
 
@@ -385,15 +383,9 @@ def spread_text(case: dict) -> str:
         parts.append(f"verify {100 * case['verify_spread']:.1f} %")
     # A setting tune's verify ran and the sweep ran again: two runs of one point (same steps
     # when --verify-steps is --steps), their difference over their mean.
-    twice = [
-        abs(p["verified"] - p["measured"]) / ((p["verified"] + p["measured"]) / 2)
-        for p in case["sweep"]
-        if p.get("verified") and p.get("measured")
-    ]
-    if twice:
-        parts.append(
-            f"verify vs sweep run of one setting {', '.join(f'{100 * d:.1f}' for d in twice)} %"
-        )
+    twice = [(p["verified"], p["measured"]) for p in case["sweep"] if p.get("verified")]
+    if twice := [f"{200 * abs(a - b) / (a + b):.1f}" for a, b in twice if b]:
+        parts.append(f"verify vs sweep run of one setting {', '.join(twice)} %")
     return ", ".join(parts)
 
 

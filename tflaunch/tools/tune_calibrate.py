@@ -205,7 +205,7 @@ class Calibrator:
             self.cal.compute_at = ((workers, self.program.batch_size / rate),)
             self.say(
                 f"{workers} lone workers at once on cores of their own: {rate:.2f} img/s each "
-                f"({self.cal.lone_img_s / rate:.2f}x slower than alone, {steps} timed steps): "
+                f"({relative_speed(rate, self.cal.lone_img_s)} than alone, {steps} timed steps): "
                 "the contention input"
             )
         if lone["variables"] is None:
@@ -389,6 +389,15 @@ def host_cores(probes: Sequence[dict], plan: Plan) -> dict[str, int]:
         if host is not None and isinstance(cores, int) and cores > 0:
             out[host] = min(out.get(host, cores), cores)
     return out
+
+
+def relative_speed(rate: float, alone: float) -> str:
+    """How a worker among W compared with one alone: "1.20x slower", or "1.21x faster" (noise,
+    or the lone run's warm-up: on cores of their own W at once measured faster than one alone
+    on the lent 16-core machine, and was printed as "0.83x slower")."""
+    if rate <= alone:
+        return f"{alone / rate:.2f}x slower"
+    return f"{rate / alone:.2f}x faster"
 
 
 def core_sharing(probes: Sequence[dict]) -> str:
