@@ -66,20 +66,24 @@ def lost_host_cluster(tmp_path, hosts, endpoint, monkeypatch, restart: dict) -> 
     )
 
 
-def pss_spot_cluster(tmp_path, hosts, endpoint, monkeypatch, steps: int, worker: dict) -> Path:
+def pss_spot_cluster(
+    tmp_path, hosts, endpoint, monkeypatch, steps: int, worker: dict, hold: Path | None = None
+) -> Path:
     """ParameterServerStrategy's shape on the three instances: chief and PS on worker-1,
     worker:0 on worker-2, worker:1 on worker-3; ``worker``: the workers' restart policy. The
     program is tests/programs/fake_pss.py, tflaunch.models.pss's TensorFlow-free stand-in (the
     launcher's spot replacement is the subject; the real PSS restart is tests/test_restart_tf.py's).
     Steps are slowed (0.05 s each, set by the chief) so that an instance can be lost
     mid-training; once the whole cluster was restarted ($TFLAUNCH_CLUSTER_RESTARTS > 0) the
-    resumed training runs at full speed: it only has to finish."""
+    resumed training runs at full speed: it only has to finish. With ``hold``, the chief goes on
+    past ``steps`` until that file exists (the test makes it once it has seen what it waits for)."""
     pss = (
         'delay=0.05; [ "$TFLAUNCH_CLUSTER_RESTARTS" -gt 0 ] 2>/dev/null && delay=0; '
         'exec "$0" "$1" --train_steps "$2" --step_delay "$delay" '
-        '--checkpoint_steps 50 --checkpoint_dir "$3"'
+        '--checkpoint_steps 50 --checkpoint_dir "$3" --hold_file "$4"'
     )
     argv = ["sh", "-c", pss, sys.executable, str(FAKE_PSS), str(steps), "{checkpoint_dir}"]
+    argv.append(str(hold or ""))
     return spot_cluster(
         tmp_path,
         hosts,
@@ -104,15 +108,24 @@ def pss_spot_cluster(tmp_path, hosts, endpoint, monkeypatch, steps: int, worker:
     )
 
 
-def up_reclaiming_worker_3(cluster: Path, endpoint: str) -> tuple[str, str, str, str]:
+def up_reclaiming_worker_3(
+    cluster: Path, endpoint: str, hold: Path | None = None
+) -> tuple[str, str, str, str]:
     """``up --down`` of a :func:`pss_spot_cluster` whose worker-3 instance is reclaimed once the
     chief saved a checkpoint, until the run succeeds: what was printed up to that checkpoint,
-    the reclaimed instance's id, what was printed after, and the launcher's stderr."""
+    the reclaimed instance's id, what was printed after, and the launcher's stderr. With
+    ``hold`` (the cluster's), the chief is let finish once worker:1 runs again on the new
+    instance."""
     proc = start_tflaunch("up", str(cluster), "--down")
     try:
         saved = read_until(proc.stdout, "[chief:0]  saved checkpoint", timeout=300)
         old = terminate_host(endpoint, "worker-3")
-        seen = read_until(proc.stdout, "succeeded", timeout=400)
+        seen = ""
+        if hold is not None:  # worker:1 serves again (after its restart there was announced)
+            seen = read_until(proc.stdout, "restarting its tasks (worker:1)", timeout=400)
+            seen += read_until(proc.stdout, "[worker:1] serving", timeout=400)
+            hold.touch()
+        seen += read_until(proc.stdout, "succeeded", timeout=400)
         assert proc.wait(timeout=120) == 0, proc.stderr.read()[-3000:]
         err = proc.stderr.read()
     finally:
@@ -146,10 +159,13 @@ def test_a_reclaimed_task_scoped_worker_restarts_alone_on_its_replacement(
 ):
     """A ParameterServerStrategy worker restarts alone (its default scope, task): the chief and
     the PS keep training while worker-3's instance is replaced; its worker starts there again.
-    The stand-in's 2400 steps of 0.05 s outlast the replacement (about 30 s) with room."""
+    The stand-in's chief trains until worker:1 runs again (the hold file), then finishes."""
     worker = {"policy": "exit-code"}  # a lost host counts as a preemption
-    cluster = pss_spot_cluster(tmp_path, ssh_test_hosts, clean_region, monkeypatch, 2400, worker)
-    _, old, seen, err = up_reclaiming_worker_3(cluster, clean_region)
+    hold = tmp_path / "release-the-chief"
+    cluster = pss_spot_cluster(
+        tmp_path, ssh_test_hosts, clean_region, monkeypatch, 100, worker, hold
+    )
+    _, old, seen, err = up_reclaiming_worker_3(cluster, clean_region, hold)
     evs = events_of(tmp_path)
     (replaced,) = [e for e in evs if e["event"] == "instance_replaced"]
     assert (replaced["host"], replaced["old"]) == ("worker-3", old) and replaced["new"] != old

@@ -6,7 +6,9 @@ roles and lines, in milliseconds of CPU instead of seconds.
 ``tf.distribute.Server(...).join()`` does. The ``chief`` waits until every server accepts
 connections, counts global steps to ``--train_steps`` (``--step_delay`` seconds each), writes a
 checkpoint (a file holding the step) every ``--checkpoint_steps`` steps and at the end, starts
-from the newest one it finds (``resumed from ... at global step N``) and exits 0.
+from the newest one it finds (``resumed from ... at global step N``) and exits 0. With
+``--hold_file PATH`` it goes on counting past ``--train_steps`` until PATH exists: a test
+releases it once what it waits for has happened, instead of sizing the training to outlast it.
 """
 
 import argparse
@@ -67,12 +69,18 @@ def run_chief(args: argparse.Namespace, cluster: dict) -> None:
             print(f"no checkpoint in {directory}: starting at global step 0")
     print(f"chief: training to global step {args.train_steps}", flush=True)
     saved = step
-    while step < args.train_steps:
+
+    def held() -> bool:
+        return bool(args.hold_file) and not os.path.exists(args.hold_file)
+
+    last = step >= args.train_steps and not held()
+    while not last:
         time.sleep(args.step_delay)
         step += 1
+        last = step >= args.train_steps and not held()
         if step % 10 == 0 or step == args.train_steps:
             print(f"global step {step}: loss {1.0 / step:.4f}", flush=True)
-        if directory and (step - saved >= args.checkpoint_steps or step >= args.train_steps):
+        if directory and (step - saved >= args.checkpoint_steps or last):
             path = os.path.join(directory, f"ckpt-{step}")
             with open(path, "w") as file:
                 file.write(f"{step}\n")
@@ -87,6 +95,7 @@ def main() -> None:
     parser.add_argument("--step_delay", type=float, default=0.0)
     parser.add_argument("--checkpoint_steps", type=int, default=50)
     parser.add_argument("--checkpoint_dir", default="")
+    parser.add_argument("--hold_file", default="")
     args, _ = parser.parse_known_args()
     config = json.loads(os.environ["TF_CONFIG"])
     job, index = config["task"]["type"], config["task"]["index"]
