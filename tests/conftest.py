@@ -98,3 +98,15 @@ def pytest_configure(config: pytest.Config) -> None:
             "cannot mark groups there): install the versions in constraints.txt (scripts/test.sh "
             "does), or run with TEST_WORKERS=0."
         )
+
+
+@pytest.fixture
+def tiny_cnn(monkeypatch) -> str:
+    """``--model tiny_cnn`` for the benchmark in this process (tests/tiny_cnn.py): the model
+    table with the tiny CNN added for the test."""
+    pytest.importorskip("tensorflow")
+    from tests.tiny_cnn import SPEC
+    from tflaunch.models import registry
+
+    monkeypatch.setitem(registry.MODELS, SPEC.name, SPEC)
+    return SPEC.name

@@ -79,14 +79,18 @@ def test_boolean_flags_take_absl_spellings() -> None:
         parse(["--cross_replica_sync=maybe"])
 
 
-def _ps_graph(extra: list[str], workers: int = 3, rank: int = 1):
+def _ps_graph(model: str, extra: list[str], workers: int = 3, rank: int = 1):
+    """One worker's graph of the benchmark at its smallest: the barrier is the update's, not the
+    network's, so the tiny CNN (tests/tiny_cnn.py) stands in for InceptionV3."""
     import tensorflow as tf
 
     from tflaunch.models.benchmark import build_parser, validate
     from tflaunch.models.benchmark_runners import graph as runner
     from tflaunch.models.cluster import ClusterInfo
 
-    args = build_parser().parse_args([*TINY, *extra])
+    args = build_parser().parse_args(
+        ["--model", model, "--image_size", "8", "--batch_size", "2", *extra]
+    )
     validate(args)
     hosts = {"ps": ["localhost:1", "localhost:2"], "worker": [f"w:{i}" for i in range(workers)]}
     graph = tf.Graph()
@@ -95,11 +99,9 @@ def _ps_graph(extra: list[str], workers: int = 3, rank: int = 1):
     return graph, ops
 
 
-@pytest.mark.slow  # builds InceptionV3's graph twice
 @pytest.mark.parametrize("update", ["parameter_server", "distributed_replicated"])
-def test_cross_replica_sync_adds_the_step_end_barrier(update) -> None:
-    pytest.importorskip("tensorflow")
-    graph, ops = _ps_graph(["--variable_update", update, "--cross_replica_sync"])
+def test_cross_replica_sync_adds_the_step_end_barrier(update, tiny_cnn) -> None:
+    graph, ops = _ps_graph(tiny_cnn, ["--variable_update", update, "--cross_replica_sync"])
     queues = [op for op in graph.get_operations() if op.type == "FIFOQueueV2"]
     # one queue per worker, shared by name across the workers' graphs, on a PS
     names = sorted(op.get_attr("shared_name").decode() for op in queues)
@@ -116,14 +118,12 @@ def test_cross_replica_sync_adds_the_step_end_barrier(update) -> None:
     waited = upstream(ops.train_op)
     assert {dequeues[0].name, ops.update_op.name} <= waited
     # asynchronous (default): no queue at all
-    graph, _ = _ps_graph(["--variable_update", update])
+    graph, _ = _ps_graph(tiny_cnn, ["--variable_update", update])
     assert not [op for op in graph.get_operations() if op.type == "FIFOQueueV2"]
 
 
-@pytest.mark.slow
-def test_one_worker_needs_no_barrier() -> None:
-    pytest.importorskip("tensorflow")
-    graph, _ = _ps_graph(["--cross_replica_sync"], workers=1, rank=0)
+def test_one_worker_needs_no_barrier(tiny_cnn) -> None:
+    graph, _ = _ps_graph(tiny_cnn, ["--cross_replica_sync"], workers=1, rank=0)
     assert not [op for op in graph.get_operations() if op.type == "FIFOQueueV2"]
 
 

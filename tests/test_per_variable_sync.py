@@ -52,16 +52,20 @@ def test_each_step_applies_the_mean_of_every_workers_gradient_once(tmp_path) -> 
     assert result["queues_0"] == result["queues_1"] == expected
 
 
-@pytest.mark.slow  # builds InceptionV3's graph twice
-def test_the_benchmarks_graph_has_no_step_end_barrier() -> None:
-    tf = pytest.importorskip("tensorflow")
+def test_the_benchmarks_graph_has_no_step_end_barrier(tiny_cnn) -> None:
+    """The chief's and another worker's graph, of the tiny CNN (tests/tiny_cnn.py): the queues
+    and accumulators are per variable, whatever the network."""
+    import tensorflow as tf
+
+    from tests.tiny_cnn import TRAINABLE
     from tflaunch.models.benchmark import build_parser, validate
     from tflaunch.models.benchmark_runners import graph as runner
     from tflaunch.models.cluster import ClusterInfo
 
     hosts = {"ps": ["localhost:1", "localhost:2"], "worker": ["w:0", "w:1", "w:2"]}
     for rank in (0, 1):
-        args = build_parser().parse_args([*TINY, "--cross_replica_sync", "--per_variable_sync"])
+        argv = ["--model", tiny_cnn, "--image_size", "8", "--batch_size", "2"]
+        args = build_parser().parse_args([*argv, "--cross_replica_sync", "--per_variable_sync"])
         validate(args)
         graph = tf.Graph()
         with graph.as_default():
@@ -70,15 +74,14 @@ def test_the_benchmarks_graph_has_no_step_end_barrier() -> None:
         names = [op.get_attr("shared_name").decode() for op in graph.get_operations()
                  if op.type == "FIFOQueueV2"]  # fmt: skip
         assert not [n for n in names if n.startswith("sync_queues_step_end")]
-        # a token queue per variable of the model (InceptionV3's 190) and worker
-        trainable = len(names) // 3
-        assert len(names) == 3 * trainable and trainable > 100
+        # a token queue per variable of the model and worker
+        assert len(names) == 3 * TRAINABLE
         assert {n.rsplit("/", 1)[1] for n in names} == {"0", "1", "2"}
         assert (
             types.count("ResourceConditionalAccumulator") + types.count("ConditionalAccumulator")
-            == trainable
+            == TRAINABLE
         )
         assert ops.local_step is not None
         assert (ops.sync_prime is not None) == (rank == 0)  # the chief applies and releases
         takes = [t for t in types if "TakeGradient" in t]
-        assert len(takes) == (trainable if rank == 0 else 0)
+        assert len(takes) == (TRAINABLE if rank == 0 else 0)
