@@ -97,11 +97,42 @@ def mnist_argv(python: str = sys.executable, *extra: str) -> list[str]:
     ]
 
 
-def tiny_benchmark_argv(extra: list[str]) -> list[str]:
-    """The benchmark at its smallest that still builds InceptionV3 (75 px, batch 2, 6 steps)."""
-    argv = [sys.executable, "-m", "tflaunch.models.benchmark", "--model", "inception3"]
-    argv += ["--image_size", "75", "--batch_size", "2", "--num_batches", "6"]
-    return argv + ["--num_warmup_batches", "1", "--display_every", "3", *extra]
+def tiny_benchmark_argv(extra: list[str], tiny_cnn: bool = False) -> list[str]:
+    """The benchmark at its smallest that still builds InceptionV3 (75 px, batch 2, 2 steps after
+    one warm-up); with ``tiny_cnn``, of tests/tiny_cnn.py's network (8 px), through
+    tests/programs/tiny_benchmark.py (give the task PYTHONPATH=ROOT)."""
+    if tiny_cnn:
+        argv = [sys.executable, str(ROOT / "tests" / "programs" / "tiny_benchmark.py")]
+        argv += ["--model", "tiny_cnn", "--image_size", "8"]
+    else:
+        argv = [sys.executable, "-m", "tflaunch.models.benchmark", "--model", "inception3"]
+        argv += ["--image_size", "75"]
+    argv += ["--batch_size", "2", "--num_batches", "2"]
+    return argv + ["--num_warmup_batches", "1", "--display_every", "1", *extra]
+
+
+def tiny_tfrecords(folder: Path) -> Path:
+    """The benchmark's ``--data_dir`` at its smallest: 12 images of 80 px, 5 classes, 3 shards."""
+    from tflaunch.models.data.imagenet import write_dataset
+
+    write_dataset(str(folder), num_images=12, image_size=80, num_classes=5, num_shards=3)
+    return folder
+
+
+def check_benchmark_totals(stdout: str, result_dir: Path, num_ps: int) -> None:
+    """A benchmark run by ``tflaunch up`` with two workers and ``--result_json
+    RESULT_DIR/{job_name}-{task_index}.json``: every worker prints the same total, the sum of
+    both workers' own figures, and each one's document names the cluster's shape."""
+    totals = {
+        worker: float(m.group(1))
+        for worker in ("worker:0", "worker:1")
+        for m in re.finditer(rf"^\[{worker}\]\s+total images/sec: ([\d.]+)$", stdout, re.M)
+    }
+    assert set(totals) == {"worker:0", "worker:1"}, stdout[-3000:]
+    docs = [json.loads((result_dir / f"worker-{i}.json").read_text()) for i in (0, 1)]
+    own = sum(d["images_per_sec"]["worker"] for d in docs)
+    assert abs(totals["worker:0"] - own) <= 0.01 and totals["worker:0"] == totals["worker:1"]
+    assert all(d["cluster"]["num_workers"] == 2 and d["cluster"]["num_ps"] == num_ps for d in docs)
 
 
 def logged_accuracy(log: str, what: str) -> float:

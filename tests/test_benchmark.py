@@ -1,10 +1,12 @@
 """tflaunch.models.benchmark: pure parts, flag errors, tiny single-process runs, and 1 PS + 2 workers
-through `tflaunch up` for every variable update (slow)."""
+through `tflaunch up` under collective_all_reduce (slow; the graph modes' clusters are
+tests/test_transfers.py's)."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -12,7 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import up_tensorflow_cluster, wait_until_gone
+from tests.helpers import (
+    check_benchmark_totals,
+    tiny_benchmark_argv,
+    tiny_tfrecords,
+    up_tensorflow_cluster,
+    wait_until_gone,
+)
 from tflaunch.models.benchmark_runners.common import (
     BenchmarkError,
     perf_line,
@@ -205,10 +213,9 @@ def test_single_process_synthetic(tmp_path, capsys) -> None:
 
 @pytest.fixture(scope="module")
 def tfrecord_dir(tmp_path_factory) -> Path:
-    from tflaunch.models.data.imagenet import list_shards, write_dataset
+    from tflaunch.models.data.imagenet import list_shards
 
-    out = tmp_path_factory.mktemp("tfrecords")
-    write_dataset(str(out), num_images=12, image_size=80, num_classes=5, num_shards=3)
+    out = tiny_tfrecords(tmp_path_factory.mktemp("tfrecords"))
     assert [Path(p).name for p in list_shards(str(out))] == [
         "train-00000-of-00003",
         "train-00001-of-00003",
@@ -231,57 +238,23 @@ def test_single_process_tfrecords(tfrecord_dir, tmp_path, capsys) -> None:
     assert document["settings"]["data_dir"] == str(tfrecord_dir)
 
 
-# --- 1 PS + 2 workers through `tflaunch up` (slow) ---------------------------------------------
-
-
-def _check_totals(stdout: str, result_dir: Path) -> None:
-    """Every worker prints the same total: the sum of both workers' own figures."""
-    totals = {
-        worker: float(m.group(1))
-        for worker in ("worker:0", "worker:1")
-        for m in re.finditer(rf"^\[{worker}\]\s+total images/sec: ([\d.]+)$", stdout, re.M)
-    }
-    assert set(totals) == {"worker:0", "worker:1"}
-    docs = [json.loads((result_dir / f"worker-{i}.json").read_text()) for i in (0, 1)]
-    own = sum(d["images_per_sec"]["worker"] for d in docs)
-    assert totals["worker:0"] == totals["worker:1"] == pytest.approx(own, abs=0.01)
-    assert all(d["cluster"]["num_workers"] == 2 and d["cluster"]["num_ps"] == 1 for d in docs)
-
-
-# Every variable update once, and each data source under a PS and a replicated mode: the input
-# pipeline is each worker's own, the same whatever the update (and each source also runs in one
-# process above). The full 3 x 2 matrix cost 5 clusters of 3 TensorFlow tasks; the pairs, 3.
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("variable_update", "real_data"),
-    [
-        ("parameter_server", False),
-        ("distributed_replicated", True),
-        # collective_all_reduce on synthetic data: test_collective_all_reduce_from_a_cluster_file
-        ("collective_all_reduce", True),
-    ],
-    ids=lambda value: {False: "synthetic", True: "tfrecords"}.get(value, value),
-)
-def test_cluster_through_tflaunch_up(variable_update, real_data, tfrecord_dir, tmp_path) -> None:
-    argv = [sys.executable, "-m", "tflaunch.models.benchmark", *TINY, "--num_batches", "2"]
-    argv += ["--num_warmup_batches", "1", "--variable_update", variable_update]
-    argv += ["--result_json", str(tmp_path / "{job_name}-{task_index}.json")]
-    if real_data:
-        argv += ["--data_dir", str(tfrecord_dir)]
-    result = up_tensorflow_cluster(tmp_path, {"argv": argv}, 400, roles={"ps": 1, "worker": 2})
-    _check_totals(result.stdout, tmp_path)
-    assert wait_until_gone(str(tmp_path)) == []
+# --- a cluster through `tflaunch up` (slow) ------------------------------------------------------
+# The graph modes' clusters (parameter_server on synthetic data with 2 PS, distributed_replicated
+# on TFRecords) run in tests/test_transfers.py, whose ordered-transfer runs carry these checks of
+# the totals too: one TensorFlow cluster for both. Here the eager mode, collective_all_reduce.
 
 
 @pytest.mark.slow
-def test_collective_all_reduce_from_a_cluster_file(tmp_path) -> None:
+def test_collective_all_reduce_from_a_cluster_file(tfrecord_dir, tmp_path) -> None:
     """The cluster only from the cluster file tflaunch writes ({cluster_file}, no TF_CONFIG):
     MultiWorkerMirroredStrategy over the two workers through ClusterFileResolver (the PS left
-    out by its jobs filter, idle). Also the collective_all_reduce/synthetic case of
-    test_cluster_through_tflaunch_up, with its checks of the totals."""
+    out by its jobs filter, idle), reading TFRecords, and every worker prints the same total,
+    the sum of both workers' own figures. (This one run was two: collective_all_reduce on
+    TFRecords through TF_CONFIG, and on synthetic data from the cluster file; the single-process
+    runs above read both sources.)"""
     argv = [sys.executable, "-m", "tflaunch.models.benchmark", *TINY, "--num_batches", "2"]
     argv += ["--num_warmup_batches", "1", "--variable_update", "collective_all_reduce"]
-    argv += ["--cluster_file", "{cluster_file}"]
+    argv += ["--cluster_file", "{cluster_file}", "--data_dir", str(tfrecord_dir)]
     argv += ["--result_json", str(tmp_path / "{job_name}-{task_index}.json")]
     result = up_tensorflow_cluster(tmp_path, {"argv": argv, "tf_config": False}, 400)
     (run,) = (tmp_path / "runs").iterdir()
@@ -292,20 +265,21 @@ def test_collective_all_reduce_from_a_cluster_file(tmp_path) -> None:
         )
         assert re.search(line, result.stdout, re.M), result.stdout[-3000:]
     assert "collective_all_reduce: worker 1 of 2, PS tasks unused" in result.stdout
-    totals = re.findall(r"^\[worker:\d\]\s+total images/sec: ([\d.]+)$", result.stdout, re.M)
-    assert len(totals) == 2 and totals[0] == totals[1]
-    _check_totals(result.stdout, tmp_path)
+    check_benchmark_totals(result.stdout, tmp_path, num_ps=1)
+    docs = [json.loads((tmp_path / f"worker-{i}.json").read_text()) for i in (0, 1)]
+    assert [d["settings"]["data_dir"] for d in docs] == [str(tfrecord_dir)] * 2
     assert wait_until_gone(str(tmp_path)) == []
 
 
 @pytest.mark.slow
 def test_bf16_mixed_precision_is_opt_in_and_trains(tmp_path) -> None:
-    """--mixed_precision bf16 (a per-process graph option, so in its own process)."""
+    """--mixed_precision bf16 (a per-process graph option, so in its own process), on the tiny
+    CNN (tests/tiny_cnn.py: convolutions and a matrix product, what the option rewrites)."""
     result_json = tmp_path / "r.json"
-    argv = [sys.executable, "-m", "tflaunch.models.benchmark", *TINY, "--num_batches", "2"]
-    argv += ["--num_warmup_batches", "1", "--mixed_precision", "bf16"]
+    argv = tiny_benchmark_argv(["--mixed_precision", "bf16"], tiny_cnn=True)
     done = subprocess.run([*argv, "--result_json", str(result_json)], cwd=ROOT, text=True,
-                          capture_output=True, timeout=300)  # fmt: skip
+                          capture_output=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     document = json.loads(result_json.read_text())
     assert document["settings"]["mixed_precision"] == "bf16"

@@ -8,14 +8,22 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 
-from tests.helpers import tiny_benchmark_argv, up_tensorflow_cluster, wait_until_gone
+from tests.helpers import (
+    check_benchmark_totals,
+    tiny_benchmark_argv,
+    tiny_tfrecords,
+    up_tensorflow_cluster,
+    wait_until_gone,
+)
 from tflaunch.tools import perfmodel
 from tflaunch.trace import transfers as tt
 from tflaunch.trace.format import Event, TaskTrace, merge
 
+ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--model", "inception3", "--image_size", "75", "--batch_size", "2"]
 MS = 1_000_000
 
@@ -127,7 +135,9 @@ def test_model_overlap_term() -> None:
 # --- graphs ------------------------------------------------------------------------------------
 
 
-def _graph(extra: list[str], ps: int = 2):
+def _graph(extra: list[str], ps: int = 2, model: str | None = None):
+    """One worker's graph: of InceptionV3, or of ``model`` at 8 px (the ``tiny_cnn`` fixture's,
+    where the property is each variable's and not the network's)."""
     pytest.importorskip("tensorflow")
     import tensorflow as tf
 
@@ -135,7 +145,8 @@ def _graph(extra: list[str], ps: int = 2):
     from tflaunch.models.benchmark_runners import graph as runner
     from tflaunch.models.cluster import ClusterInfo
 
-    args = build_parser().parse_args([*TINY, *extra])
+    net = TINY if model is None else ["--model", model, "--image_size", "8", "--batch_size", "2"]
+    args = build_parser().parse_args([*net, *extra])
     validate(args)
     hosts = {"ps": [f"localhost:{i + 1}" for i in range(ps)], "worker": ["localhost:9"]}
     info = ClusterInfo(hosts, "worker", 0)
@@ -183,15 +194,15 @@ def test_tic_chains_the_reads_bucket_by_bucket_in_consumption_order() -> None:
     assert stale == []
 
 
-def test_none_leaves_the_graph_as_it_was() -> None:
-    graph, ops = _graph([])
+def test_none_leaves_the_graph_as_it_was(tiny_cnn) -> None:
+    graph, ops = _graph([], model=tiny_cnn)
     assert not [op for op in graph.get_operations() if op.name.startswith("transfer_")]
     assert ops.prime is None
     assert len(ops.read_names) == len(ops.plan.names)  # still known: for the trace's order
 
 
-def test_staged_vars_put_each_steps_read_for_the_next() -> None:
-    graph, ops = _graph(["--staged_vars"])
+def test_staged_vars_put_each_steps_read_for_the_next(tiny_cnn) -> None:
+    graph, ops = _graph(["--staged_vars"], model=tiny_cnn)
     stages = [op for op in graph.get_operations() if op.type == "Stage"]
     unstages = [op for op in graph.get_operations() if op.type == "Unstage"]
     n = len(ops.plan.names)
@@ -202,7 +213,7 @@ def test_staged_vars_put_each_steps_read_for_the_next() -> None:
     assert {op.name for op in ops.prime.control_inputs} == {s.name for s in stages} - step_puts
     # the forward pass computes with the staged value; the put carries a fresh read from the PS
     kernel = next(
-        i for i, name in enumerate(ops.plan.names) if name.endswith("conv2d_1/conv/kernel:0")
+        i for i, name in enumerate(ops.plan.names) if name.endswith("conv1/conv/kernel:0")
     )
     read = _reads(graph, ops)[kernel]
     assert read.device.startswith("/job:ps/") and not read.control_inputs
@@ -210,8 +221,10 @@ def test_staged_vars_put_each_steps_read_for_the_next() -> None:
     assert put.type == "Stage" and put.name in step_puts
 
 
-def test_distributed_replicated_pulls_in_buckets_after_the_update() -> None:
-    graph, ops = _graph(["--variable_update", "distributed_replicated", "--transfer_order", "tic"])
+def test_distributed_replicated_pulls_in_buckets_after_the_update(tiny_cnn) -> None:
+    extra = ["--variable_update", "distributed_replicated", "--transfer_order", "tic"]
+    graph, ops = _graph([*extra, "--transfer_buckets", "3"], model=tiny_cnn)
+    assert len(ops.plan.buckets) == 2
     reads = _reads(graph, ops)
     first = ops.plan.buckets[0]
     later = ops.plan.buckets[1]
@@ -242,23 +255,52 @@ def test_bad_transfer_flags_exit_2(argv, message, capsys) -> None:
 # --- real runs ---------------------------------------------------------------------------------
 
 
+# Each run is also one of the benchmark's graph-mode clusters (tests/test_benchmark.py's before):
+# parameter_server on synthetic data over 2 PS, distributed_replicated on TFRecords, each with
+# two workers whose totals are checked. InceptionV3 (190 variables in 8 buckets) in the first;
+# where the mode and not the network is the subject, the tiny CNN (tests/tiny_cnn.py: 6
+# variables; a step moves 14 KB, not 95 MB). Staging is each worker's own: one PS and one worker.
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "extra",
+    ("extra", "roles", "tiny_cnn", "real_data"),
     [
-        ["--transfer_order", "tic"],
-        ["--staged_vars", "--transfer_order", "tac"],
-        ["--variable_update", "distributed_replicated", "--transfer_order", "tic"],
+        (["--transfer_order", "tic"], {"ps": 2, "worker": 2}, False, False),
+        (
+            ["--staged_vars", "--transfer_order", "tac", "--transfer_buckets", "3"],
+            {"ps": 1, "worker": 1},
+            True,
+            False,
+        ),
+        (
+            ["--variable_update", "distributed_replicated", "--transfer_order", "tic"]
+            + ["--transfer_buckets", "3"],
+            {"ps": 1, "worker": 2},
+            True,
+            True,
+        ),
     ],
-    ids=["ps-tic", "ps-staged-tac", "replicated-tic"],
+    ids=["ps-tic", "ps-staged-tac-tiny", "replicated-tic-tfrecords-tiny"],
 )
-def test_ordered_and_staged_runs_through_the_local_backend(extra, tmp_path) -> None:
-    program = {"argv": tiny_benchmark_argv(extra)}
-    result = up_tensorflow_cluster(tmp_path, program, 600, roles={"ps": 2, "worker": 2})
+def test_ordered_and_staged_runs_through_the_local_backend(
+    extra, roles, tiny_cnn, real_data, tmp_path_factory, tmp_path
+) -> None:
+    argv = [*extra, "--result_json", str(tmp_path / "{job_name}-{task_index}.json")]
+    if real_data:
+        argv += ["--data_dir", str(tiny_tfrecords(tmp_path_factory.mktemp("tfrecords")))]
+    program = {
+        "argv": tiny_benchmark_argv(argv, tiny_cnn=tiny_cnn),
+        "env": {"PYTHONPATH": str(ROOT)},
+    }
+    result = up_tensorflow_cluster(tmp_path, program, 600, roles=roles)
     order = extra[extra.index("--transfer_order") + 1]
-    assert f"transfer order {order}: 190 variables in 8 buckets" in result.stdout
+    plan = "6 variables in 2 buckets" if tiny_cnn else "190 variables in 8 buckets"
+    assert f"transfer order {order}: {plan}" in result.stdout
     totals = re.findall(r"^\[worker:\d\]\s+total images/sec: ([\d.]+)$", result.stdout, re.M)
-    assert len(totals) == 2 and float(totals[0]) > 0
+    assert len(totals) == roles["worker"] and float(totals[0]) > 0
+    if roles["worker"] == 2:
+        check_benchmark_totals(result.stdout, tmp_path, num_ps=roles["ps"])
+    if "--staged_vars" in extra:
+        assert "staged variables:" in result.stdout
     assert wait_until_gone(str(tmp_path)) == []
 
 
