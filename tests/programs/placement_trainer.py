@@ -1,14 +1,19 @@
 """Test program: between-graph training with a placement strategy, reporting where variables live.
 
-Run under ``tflaunch up`` (cluster from TF_CONFIG). PS tasks serve; worker 0 builds a small
+    python tests/programs/placement_trainer.py STRATEGY BASE_PORT
+
+One process, one cluster of gRPC servers (two PS and a worker on BASE_PORT..BASE_PORT+2, as
+tests/programs/per_variable_sync.py has it): what is placed where, and where the updates run, is
+TensorFlow's distributed runtime on the cluster's devices, the same whether the PS are this
+process's servers or other processes' (one TensorFlow import, not three). The worker builds a small
 classifier (tflaunch.models.nets.layers.Dense, 64 -> HIDDEN -> 10, on scikit-learn's 8x8 digits) under
-``tflaunch.models.placement.variable_placement(PLACEMENT, num_ps, ...)``, trains it for STEPS steps with
+``tflaunch.models.placement.variable_placement(STRATEGY, num_ps, ...)``, trains it for STEPS steps with
 Adam, and prints one line ``placement-report: {json}`` with:
 
 - ``variables``: what the planning build learned (name, shape, dtype size, trainable);
 - ``graph_devices``: each variable op's device in the graph the worker ran;
 - ``update_devices``: where each variable's optimizer update op actually executed (from a traced
-  step's step_stats), i.e. on which PS process the variable lives;
+  step's step_stats), i.e. on which PS task the variable lives;
 - ``first_loss``, ``last_loss`` and ``accuracy`` on the training set after training.
 """
 
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -60,9 +66,8 @@ def traced_devices(sess: v1.Session, train_op: tf.Operation, feed: dict) -> dict
     }
 
 
-def train(cluster: tf.train.ClusterSpec, task_id: int) -> None:
+def train(cluster: tf.train.ClusterSpec, task_id: int, strategy: str) -> None:
     server = tf.distribute.Server(cluster, job_name="worker", task_index=task_id)
-    strategy = os.environ["PLACEMENT"]
     num_ps = cluster.num_tasks("ps")
     digits = load_digits()
     images = (digits.data / 16.0).astype(np.float32)
@@ -124,12 +129,12 @@ def train(cluster: tf.train.ClusterSpec, task_id: int) -> None:
 
 
 def main() -> None:
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    cluster = resolver.cluster_spec()
-    if resolver.task_type == "ps":
-        tf.distribute.Server(cluster, job_name="ps", task_index=resolver.task_id).join()
-    else:
-        train(cluster, resolver.task_id)
+    strategy, base = sys.argv[1], int(sys.argv[2])
+    hosts = [f"localhost:{base + i}" for i in range(3)]
+    cluster = tf.train.ClusterSpec({"ps": hosts[:2], "worker": hosts[2:]})
+    ps_servers = [tf.distribute.Server(cluster, job_name="ps", task_index=i) for i in range(2)]
+    train(cluster, 0, strategy)
+    del ps_servers  # served until the worker is done
 
 
 if __name__ == "__main__":
