@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import sys
@@ -114,9 +115,10 @@ def test_ps_models_come_from_the_registry(tmp_path, monkeypatch) -> None:
     assert not (tmp_path / "runs").exists()
 
 
+# find_spec, not importorskip: TensorFlow runs in the tasks; importing it here cost 4 s of CPU.
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs TensorFlow")
 def test_loopback_matrix_and_ps_throughput(tmp_path) -> None:
-    pytest.importorskip("tensorflow")
     program = {"argv": [sys.executable, "-c", "pass"], "env": {"TEST_MARKER": str(tmp_path)}}
     cluster = write_cluster(tmp_path / "c.yaml", program, supervision={"ready_timeout": 240})
     args = ["netbench", str(cluster), "--sizes", "1K,64K", "--ps-model", "mnist"]
