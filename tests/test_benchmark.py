@@ -233,8 +233,11 @@ def test_tfrecords_round_trip(tfrecord_dir) -> None:
     assert set(labels.numpy().tolist()) <= {1, 2, 3, 4, 5}
 
 
-def test_single_process_tfrecords(tfrecord_dir, tmp_path, capsys) -> None:
-    document = _run_single(["--data_dir", str(tfrecord_dir)], tmp_path, capsys)
+def test_single_process_tfrecords(tfrecord_dir, tmp_path, capsys, tiny_cnn) -> None:
+    """The input pipeline, not the network, is the subject: the tiny CNN (tests/tiny_cnn.py)
+    reads the shards (InceptionV3 trains in one process above)."""
+    net = ["--model", tiny_cnn, "--image_size", "8"]
+    document = _run_single([*net, "--data_dir", str(tfrecord_dir)], tmp_path, capsys)
     assert document["settings"]["data_dir"] == str(tfrecord_dir)
 
 
