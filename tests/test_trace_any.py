@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.helpers import (
     cpu_seconds,
@@ -687,6 +686,7 @@ def test_plain_tf1_between_graph_program_traced_also_behind_a_find_spec_probe(tm
     argv = [sys.executable, "-c", FIND_SPEC_PROBE, str(PROGRAMS / "tf1_between_graph.py")]
     for flag in ("job_name", "task_index", "ps_hosts", "worker_hosts"):
         argv += [f"--{flag}", "{" + flag + "}"]
+    argv += ["--train_steps", "250"]  # 140 global steps on after the window: time to capture
     program = {"argv": argv, "env": {"TEST_MARKER": str(tmp_path)}}
     cluster = write_cluster(tmp_path / "c.yaml", program)
     result, run, trace = _traced(tmp_path, cluster, "--trace", "100:10")
@@ -704,10 +704,10 @@ def test_keras_fit_under_multi_worker_mirrored_strategy_traced(tmp_path) -> None
     by SIGSEGV/SIGABRT in about a third of these runs as its profiler collected; no retries."""
     pytest.importorskip("tensorflow")
     pytest.importorskip("tf_keras")
-    argv = [sys.executable, str(PROGRAMS / "keras_mwms.py"), "4", "40"]
+    argv = [sys.executable, str(PROGRAMS / "keras_mwms.py"), "3", "25"]
     program = {"argv": argv, "env": {"TEST_MARKER": str(tmp_path), "OMP_NUM_THREADS": "1"}}
     cluster = write_cluster(tmp_path / "c.yaml", program, roles={"ps": 0, "worker": 2})
-    result, run, trace = _traced(tmp_path, cluster, "--trace", "50:10")
+    result, run, trace = _traced(tmp_path, cluster, "--trace", "30:10")
     assert "without tflaunch's fix" not in result.stdout
     fixes = trace_files.read_notes(run / "trace").fixes
     assert fixes == {"worker:0": "loaded", "worker:1": "loaded"}, fixes
@@ -715,7 +715,7 @@ def test_keras_fit_under_multi_worker_mirrored_strategy_traced(tmp_path) -> None
     steps = [e for e in trace["traceEvents"] if e.get("cat") == "step"]
     assert steps and not any("inferred" in e["args"] for e in steps)  # Keras' own markers
     last = {s.task: s.steps[-1] for s in read_progress(run).values()}
-    assert last == {"worker:0": 160, "worker:1": 160}  # 4 epochs of 40, added up
+    assert last == {"worker:0": 75, "worker:1": 75}  # 3 epochs of 25, added up
     assert wait_until_gone(str(tmp_path)) == []
 
 
@@ -779,41 +779,3 @@ def test_compute_from_a_traced_one_worker_run(tmp_path) -> None:
     (trace / "trace_summary.json").write_text(json.dumps(summary))
     with pytest.raises(ModelError, match="needs a traced run of one worker"):
         compute_from_trace(trace)
-
-
-@pytest.mark.slow
-def test_model_from_a_traced_one_worker_mnist_run(tmp_path) -> None:
-    pytest.importorskip("tensorflow")
-    example = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())
-    program = {**example["program"], "env": {"TEST_MARKER": str(tmp_path)}}
-    program["argv"] = [sys.executable, *example["program"]["argv"][1:], "--train_steps", "120"]
-    cluster = write_cluster(tmp_path / "one.yaml", program, roles={"ps": 1, "worker": 1})
-    _, run, trace = _traced(tmp_path, cluster, "--trace", "40:10")
-    _assert_tracks(trace, {"ps:0", "worker:0"}, {"worker:0"})
-    model = tflaunch(
-        "model",
-        "--from-run",
-        run.name,
-        "--runs-dir",
-        str(run.parent),
-        "--link",
-        "50,1000",
-        "--model",
-        "mnist",
-        "--batch-size",
-        "50",
-        "--workers",
-        "1,2,4",
-        "--ps",
-        "1,2",
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert model.returncode == 0, model.stdout[-2000:] + model.stderr[-2000:]
-    assert f"from run {run.name}: worker:0's" in model.stdout
-    assert "Recommended per worker count:" in model.stdout
-    rows = [
-        x.split() for x in model.stdout.splitlines() if x.split()[:1] and x.split()[0].isdigit()
-    ]
-    assert {r[0] for r in rows} == {"1", "2", "4"}
-    assert wait_until_gone(str(tmp_path)) == []

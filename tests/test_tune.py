@@ -365,8 +365,15 @@ def test_a_program_tune_cannot_read_needs_model_and_batch(tmp_path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # its tune is given 900 s (a loaded machine), and then --apply
 def test_tune_verify_apply_on_the_local_backend(tmp_path) -> None:
-    """The whole command on real TensorFlow: calibration, netbench, the model, --verify 1 and
-    --apply, which trains the tuned file; everything measured is in the tune run's directory."""
+    """The whole command on real TensorFlow: calibration, the model, --verify 1 and --apply,
+    which trains the tuned file; everything measured is in the tune run's directory.
+
+    The least that still runs every phase on real clusters: one worker and its PS (the verify
+    run and the applied one are a PS and a worker each: the probe's report mode for a PS, the
+    program's own cluster), PS settings only with one PS, the fewest timed steps, and the link
+    given (--link): netbench inside tune, between hosts, is test_tune_ssh.py's, and netbench's
+    own loopback run test_netbench.py's. It was 2 workers, up to 2 PS and netbench: 12
+    TensorFlow processes, 7 now."""
     pytest.importorskip("tensorflow")
     argv = [
         *BENCH, "--image_size", "32", "--batch_size", "2", "--num_batches", "4",
@@ -375,33 +382,37 @@ def test_tune_verify_apply_on_the_local_backend(tmp_path) -> None:
     ]  # fmt: skip
     program = {"argv": argv, "workdir": str(ROOT)}
     cluster = write_cluster(
-        tmp_path / "c.yaml", program, roles={"ps": 1, "worker": 2},
+        tmp_path / "c.yaml", program, roles={"ps": 1, "worker": 1},
         supervision={"ready_timeout": 300}, runs_dir=str(tmp_path / "runs"),
     )  # fmt: skip
-    args = ["tune", str(cluster), "--steps", "3", "--warmup", "1", "--max-ps", "2"]
-    result = tflaunch(
-        *args, "--verify", "1", "--verify-steps", "3", "--apply", cwd=tmp_path, timeout=900
-    )
+    args = ["tune", str(cluster), "--steps", "2", "--warmup", "1", "--max-ps", "1"]
+    args += ["--updates", PS, "--link", "50,1000", "--verify", "1", "--verify-steps", "1"]
+    args += ["--apply"]
+    result = tflaunch(*args, cwd=tmp_path, timeout=900)
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr[-3000:]
     for phase in ("compute", "network", "model", "verify"):
         assert f"\n{phase}: " in out, out
-    assert "a lone worker: " in out and "on one host (loopback)" in out
+    assert "a lone worker: " in out and "link given (--link): no netbench" in out
+    assert "50 µs, 1000 MB/s on one host (loopback)" in out
     assert "verify-A1: " in out and "measured best: " in out and "timed steps a run" in out
     assert "phases: compute " in out
     tuned = tmp_path / "c.tuned.yaml"
     config = parse_config(tuned.read_text())
-    assert config.roles.worker == 2 and "--num_batches" in config.program.argv
+    assert (config.roles.ps, config.roles.worker) == (1, 1)
+    assert "--num_batches" in config.program.argv
     runs = sorted((tmp_path / "runs").iterdir())
     tune_dir = next(r for r in runs if "-tune-" in r.name)
     document = json.loads((tune_dir / "tune.json").read_text())
     assert document["calibration"]["lone_img_s"] > 0 and document["ranked"]
     assert document["ranked"][0]["measured"] is not None
+    assert {r["update"] for r in document["ranked"]} == {PS}  # --updates narrowed the grid
     pick = document["pick"]  # what tuned.yaml holds: the verified top setting
     assert pick == {k: document["ranked"][0][k] for k in pick}
-    assert {"netbench.json", "inputs.json", "tuned.yaml", "tune.txt"} <= {
+    assert {"lone.log", "inputs.json", "tuned.yaml", "tune.txt"} <= {
         p.name for p in tune_dir.iterdir()
     }
+    assert set(document["calibration"]["runs"]) == {"lone", "verify-A1"}
     applied = [r for r in runs if r != tune_dir]
     assert len(applied) == 1  # the tuned file's own run, which trained
     assert "total images/sec" in (applied[0] / "worker-0.log").read_text()
@@ -420,20 +431,22 @@ def test_unknown_cores_make_no_grpc_claim() -> None:
 
 
 @pytest.mark.slow
-def test_tune_any_program_from_a_traced_worker(tmp_path) -> None:
+def test_tune_any_program_from_a_traced_worker_and_model_from_that_run(tmp_path) -> None:
     """A program that is not the benchmark: one worker traced, its step less communication is
-    the compute; only the PS count and hosts are tuned, and the file it writes validates."""
+    the compute; only the PS count and hosts are tuned, and the file it writes validates. The
+    traced one-worker run is then read by `tflaunch model --from-run`: one TensorFlow cluster for
+    what were two (test_trace_any.py traced a one-worker MNIST run of its own for `model`)."""
     pytest.importorskip("tensorflow")
     program = ROOT / "tests" / "programs" / "tf1_between_graph.py"
     argv = [
         sys.executable, str(program), "--job_name", "{job_name}", "--task_index", "{task_index}",
-        "--ps_hosts", "{ps_hosts}", "--worker_hosts", "{worker_hosts}", "--train_steps", "300",
+        "--ps_hosts", "{ps_hosts}", "--worker_hosts", "{worker_hosts}", "--train_steps", "150",
     ]  # fmt: skip
     cluster = write_cluster(
         tmp_path / "c.yaml", {"argv": argv}, roles={"ps": 1, "worker": 2},
         supervision={"ready_timeout": 300}, runs_dir=str(tmp_path / "runs"),
     )  # fmt: skip
-    args = ["tune", str(cluster), "--model", "mnist", "--batch-size", "32", "--trace", "100:10"]
+    args = ["tune", str(cluster), "--model", "mnist", "--batch-size", "32", "--trace", "40:10"]
     result = tflaunch(*args, "--link", "1000,500", cwd=tmp_path, timeout=600)
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr[-3000:]
@@ -446,6 +459,33 @@ def test_tune_any_program_from_a_traced_worker(tmp_path) -> None:
     assert {r["update"] for r in document["ranked"]} == {PS}
     assert set(document["calibration"]["runs"]) == {"traced"}
     assert wait_until_gone(str(tmp_path)) == []
+
+    # the traced run: the PS and the worker on one time axis, the worker's steps marked
+    runs = tune_dir / "runs"
+    traced = runs / document["calibration"]["runs"]["traced"]
+    trace = json.loads((traced / "trace" / "trace.json").read_text())
+    names = {
+        e["args"]["name"].split()[0]: e["pid"]
+        for e in trace["traceEvents"]
+        if e["name"] == "process_name"
+    }
+    assert set(names) == {"ps:0", "worker:0"}
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    for task, pid in names.items():
+        assert any(e["cat"] == "compute" and e["pid"] == pid for e in spans), task
+    assert any(e["cat"] == "step" and e["pid"] == names["worker:0"] for e in spans)
+    model_args = ["--link", "50,1000", "--model", "mnist", "--batch-size", "50"]
+    model = tflaunch(
+        "model", "--from-run", traced.name, "--runs-dir", str(runs), *model_args,
+        "--workers", "1,2,4", "--ps", "1,2", cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert model.returncode == 0, model.stdout[-2000:] + model.stderr[-2000:]
+    assert f"from run {traced.name}: worker:0's" in model.stdout
+    assert "Recommended per worker count:" in model.stdout
+    rows = [
+        x.split() for x in model.stdout.splitlines() if x.split()[:1] and x.split()[0].isdigit()
+    ]
+    assert {r[0] for r in rows} == {"1", "2", "4"}
 
 
 def test_core_sharing_comes_from_the_kernel_and_the_cores() -> None:
