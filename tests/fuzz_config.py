@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import copy
+import io
 import json
 import os
 import random
@@ -303,6 +305,17 @@ def _read_until(fd: int, deadline: float) -> bytes | None:
             chunks.append(chunk)
 
 
+def warm_up(seeds: list[dict], workdir: Path, seconds: float) -> None:
+    """Every command once on every seed file, here: what the commands import on first use
+    (the clouds' SDKs among it) is then imported once, before the forks, not once per child."""
+    path = workdir / "seed.yaml"
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        for data in seeds:
+            path.write_bytes(_dump(data))
+            run_file(path, seconds)
+    path.unlink()
+
+
 def fuzz(seed: int, count: int, seconds: float, memory_mib: int, keep: Path | None) -> dict:
     import tflaunch.launchers.local
     import tflaunch.launchers.slurm.backend
@@ -318,6 +331,7 @@ def fuzz(seed: int, count: int, seconds: float, memory_mib: int, keep: Path | No
     old_cwd = os.getcwd()
     os.chdir(workdir)  # run_dir and up --dry-run paths land here
     try:
+        warm_up(seeds, workdir, seconds)
         for n in range(count):
             raw = generate(rng, seeds, keys)
             path = workdir / f"cluster-{n}.yaml"
