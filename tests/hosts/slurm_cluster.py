@@ -2,7 +2,9 @@
 
 Each node is a Linux network namespace ``tfl-slurm-node1..3`` with its own address
 (198.18.0.11-13) on the bridge ``tfl-slurm-br``; the controller sits on the bridge at 198.18.0.1
-in the root namespace. One ``munged`` (own key and socket), one ``slurmctld`` in the root namespace
+in the root namespace. The nodes are the lab cloud's namespace hosts
+(:mod:`tflaunch.launchers.clouds.lab.hosts` builds and removes them) under an address plan of their
+own, :data:`PLAN`, with one network and no sshd. One ``munged`` (own key and socket), one ``slurmctld`` in the root namespace
 and one ``slurmd -N nodeX`` per namespace, all configured under :data:`STATE_DIR`; Slurm commands
 find that configuration through ``SLURM_CONF``. The namespaces share the file system, so a run
 directory under /tmp is "shared storage" as on a real cluster.
@@ -29,18 +31,26 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-try:
-    from tests.hosts import hostlock
-except ModuleNotFoundError:  # run as a script: python tests/hosts/<this file>.py
-    import hostlock  # type: ignore[no-redef]
+if not __package__:  # run as a script (python tests/hosts/slurm_cluster.py): from the checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.hosts import hostlock  # noqa: E402
+from tflaunch.launchers.clouds.lab import hosts as lab_hosts  # noqa: E402
 
 STATE_DIR = Path(os.environ.get("TFL_SLURM_DIR", "/tmp/tfl-slurm"))
-BRIDGE = "tfl-slurm-br"
-CONTROLLER_ADDRESS = "198.18.0.1"
-PREFIX_LEN = 24
+# Node N is the namespace tfl-slurm-nodeN at 198.18.0.(10+N), its root-side veth tfls-nN; the
+# bridge holds the controller's address, 198.18.0.1.
+PLAN = lab_hosts.AddressPlan(
+    namespace="tfl-slurm-node{n}",
+    public_veth="tfls-n{n}",
+    public_bridge="tfl-slurm-br",
+    public_net="198.18.0",
+    first_host=11,
+)
+BRIDGE = PLAN.public_bridge
+CONTROLLER_ADDRESS = PLAN.launcher_address
 NODE_COUNT = 3
 CPUS_PER_NODE = 2
 GPUS_PER_NODE = 4
@@ -61,25 +71,28 @@ CRED_EXPIRE_S = 10
 SCHED_INTERVAL_S = 2
 
 
-@dataclass(frozen=True)
-class Node:
-    """One test node: Slurm node name, network namespace, address and host-side veth name."""
+class Node(lab_hosts.NamespaceHost):
+    """One test node: a namespace host of :data:`PLAN`, the Slurm node ``nodeN``."""
 
-    name: str
-    netns: str
-    address: str
-    veth: str
+    @property
+    def name(self) -> str:
+        return f"node{self.index}"
+
+    @property
+    def netns(self) -> str:
+        return self.namespace
+
+    @property
+    def address(self) -> str:
+        return self.public_address
 
 
-NODES = tuple(
-    Node(
-        name=f"node{i}",
-        netns=f"tfl-slurm-node{i}",
-        address=f"198.18.0.{10 + i}",
-        veth=f"tfls-n{i}",
-    )
-    for i in range(1, NODE_COUNT + 1)
-)
+def _node(number: int) -> Node:
+    # The plan has one network; the number 1 a host needs is never used. The folder stays empty.
+    return Node(number, 1, STATE_DIR / f"node{number}", plan=PLAN)
+
+
+NODES = tuple(_node(i) for i in range(1, NODE_COUNT + 1))
 
 
 def conf_path() -> Path:
@@ -112,37 +125,20 @@ def _run(argv: list[str], check: bool = True, timeout: float = 30.0) -> subproce
 
 
 def _create_network() -> None:
-    _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
-    _run(["ip", "addr", "add", f"{CONTROLLER_ADDRESS}/{PREFIX_LEN}", "dev", BRIDGE])
-    _run(["ip", "link", "set", BRIDGE, "up"])
+    lab_hosts.ensure_public_bridge(PLAN)
     for node in NODES:
-        peer = f"{node.veth}p"
-        _run(["ip", "netns", "add", node.netns])
-        _run(["ip", "link", "add", node.veth, "type", "veth", "peer", "name", peer])
-        _run(["ip", "link", "set", peer, "netns", node.netns])
-        _run(["ip", "link", "set", node.veth, "master", BRIDGE])
-        _run(["ip", "link", "set", node.veth, "up"])
-        inside = ["ip", "netns", "exec", node.netns, "ip"]
-        _run([*inside, "link", "set", peer, "name", "eth0"])
-        _run([*inside, "addr", "add", f"{node.address}/{PREFIX_LEN}", "dev", "eth0"])
-        _run([*inside, "link", "set", "eth0", "up"])
-        _run([*inside, "link", "set", "lo", "up"])
-
-
-def _namespace_pids(netns: str) -> list[int]:
-    result = _run(["ip", "netns", "pids", netns], check=False)
-    return [int(p) for p in result.stdout.split() if p.isdigit()]
+        lab_hosts.make_namespace(node)
 
 
 def _remove_network() -> None:
-    existing = set(_run(["ip", "netns", "list"], check=False).stdout.split())
-    for node in NODES:
-        if node.netns in existing:
-            # Anything still running in our namespace (daemons, job steps) belongs to this cluster.
-            _kill_pids(_namespace_pids(node.netns))
-            _run(["ip", "netns", "del", node.netns], check=False)
-        _run(["ip", "link", "del", node.veth], check=False)
-    _run(["ip", "link", "del", BRIDGE], check=False)
+    """Remove every node of :data:`PLAN` found on the machine (whatever run made it) and the
+    bridge; names of no other plan are touched."""
+    numbers = sorted(lab_hosts.numbers_in_use(PLAN)[0])
+    # Anything still running in our namespaces (daemons, job steps) belongs to this cluster.
+    _kill_pids([pid for n in numbers for pid in lab_hosts.namespace_pids(_node(n).namespace)])
+    for number in numbers:
+        lab_hosts.remove_host(_node(number))
+    lab_hosts.remove_public_bridge(PLAN)
 
 
 # --- /etc/hosts --------------------------------------------------------------------------------

@@ -14,8 +14,9 @@ host number N (1 to :data:`MAX_HOSTS`) has
 The root-side ends of the two links are ``tfl-lpN`` and ``tfl-lvN``. The project's SSH test hosts
 (tests/hosts/ssh_hosts.py) are built here too, under plans of their own (``tfl-tS-*`` names and
 198.18.16-215.x, one plan per set S; the launcher there holds its address on a veth of its own,
-which a test can cut); no plan's names match another's, so lab hosts and each set of test hosts
-live side by side without sharing a bridge or a lock.
+which a test can cut), and so are the Slurm test cluster's nodes (tests/hosts/slurm_cluster.py:
+one network, no sshd, built by :func:`make_namespace`); no plan's names match another's, so lab
+hosts and each set of test hosts live side by side without sharing a bridge or a lock.
 
 Each host's sshd runs inside its namespace on port 22 of both addresses, with its own ed25519
 host key, the authorized keys written for it (key login only, ``StrictModes no``, ``UsePAM no``)
@@ -64,18 +65,33 @@ class AddressPlan:
     """Where one family of namespace hosts lives. Names are ``str.format`` patterns of the host
     number ``n`` or the network number ``k`` (a link's name is at most 14 characters, as its
     namespace-side end is first made as the name and ``x``); addresses are two /24 networks
-    (``a.b.c``): the launcher at .1 of the public one, host N at .(9+N) of both."""
+    (``a.b.c``): the launcher at .1 of the public one, host N at .(first_host-1+N) of both
+    (.(9+N) by default). A plan without the three private names has one network: its hosts have
+    a public link only (``eth0``)."""
 
     namespace: str  # the host's namespace, e.g. tfl-lab{n}
     public_veth: str  # the root namespace's end of the host's public link
-    private_veth: str  # ... and of its private link
     public_bridge: str
-    private_bridge: str  # network K's bridge, e.g. tfl-lab-n{k}
     public_net: str  # e.g. 198.19.1
-    private_net: str
+    private_veth: str | None = None  # the root namespace's end of the host's private link
+    private_bridge: str | None = None  # network K's bridge, e.g. tfl-lab-n{k}
+    private_net: str | None = None
     # The launcher's own veth onto the public bridge (its bridge-side end is this and 'x'), which
     # holds the launcher's address and can be cut; None: the public bridge holds the address.
     launcher_veth: str | None = None
+    first_host: int = 10  # the last byte of host 1's addresses
+
+    def __post_init__(self) -> None:
+        private = (self.private_veth, self.private_bridge, self.private_net)
+        if any(name is None for name in private) and any(name is not None for name in private):
+            raise ValueError("a private network needs its veth, bridge and net, or none of them")
+        if not 2 <= self.first_host <= 255 - MAX_HOSTS:
+            raise ValueError(f"host 1's address byte is 2 to {255 - MAX_HOSTS}")
+
+    @property
+    def has_private(self) -> bool:
+        """Whether the plan's hosts have a private link (a second network) besides the public."""
+        return self.private_net is not None
 
     @property
     def launcher_address(self) -> str:
@@ -83,26 +99,37 @@ class AddressPlan:
 
     @property
     def private_network(self) -> str:
-        return f"{self.private_net}.0/24"
+        return f"{self._private(self.private_net)}.0/24"
 
     def public_address(self, n: int) -> str:
-        return f"{self.public_net}.{9 + n}"
+        return f"{self.public_net}.{self.first_host - 1 + n}"
 
     def private_address(self, n: int) -> str:
-        return f"{self.private_net}.{9 + n}"
+        return f"{self._private(self.private_net)}.{self.first_host - 1 + n}"
+
+    def private_link(self, n: int) -> str:
+        """The root namespace's end of host ``n``'s private link."""
+        return self._private(self.private_veth).format(n=n)
 
     def bridge(self, k: int) -> str:
         """The private bridge of network number ``k``."""
-        return self.private_bridge.format(k=k)
+        return self._private(self.private_bridge).format(k=k)
 
     def numbers(self, name: str) -> tuple[int | None, int | None]:
         """(host number, network number) that a namespace or link name of this plan holds."""
         for pattern in (self.namespace, self.public_veth, self.private_veth):
-            if match := re.fullmatch(_number_pattern(pattern, "n") + "x?", name):
+            if pattern and (match := re.fullmatch(_number_pattern(pattern, "n") + "x?", name)):
                 return int(match.group(1)), None
-        if match := re.fullmatch(_number_pattern(self.private_bridge, "k"), name):
+        if self.private_bridge and (
+            match := re.fullmatch(_number_pattern(self.private_bridge, "k"), name)
+        ):
             return None, int(match.group(1))
         return None, None
+
+    def _private(self, name: str | None) -> str:
+        if name is None:
+            raise ValueError(f"the plan of {self.namespace} has no private network")
+        return name
 
 
 def _number_pattern(pattern: str, field: str) -> str:
@@ -155,7 +182,7 @@ class NamespaceHost:
 
     @property
     def private_veth(self) -> str:
-        return self.plan.private_veth.format(n=self.index)
+        return self.plan.private_link(self.index)
 
     @property
     def host_key(self) -> Path:
@@ -319,7 +346,8 @@ def ensure_public_bridge(plan: AddressPlan = LAB) -> None:
     _ip("link", "set", plan.public_bridge, "up")
     # Without this the default route would send private-network packets off the machine; with it
     # the launcher gets "no route to host" at once, as a laptop outside a VPC does.
-    _ip("route", "replace", "unreachable", plan.private_network)
+    if plan.has_private:
+        _ip("route", "replace", "unreachable", plan.private_network)
 
 
 def remove_public_bridge(plan: AddressPlan = LAB) -> None:
@@ -327,7 +355,8 @@ def remove_public_bridge(plan: AddressPlan = LAB) -> None:
     host or network of the plan is left on this machine (of any state directory)."""
     if any(numbers_in_use(plan)):
         return
-    _ip("route", "delete", "unreachable", plan.private_network, check=False)
+    if plan.has_private:
+        _ip("route", "delete", "unreachable", plan.private_network, check=False)
     if plan.launcher_veth is not None:
         _ip("link", "delete", plan.launcher_veth, check=False)
     _ip("link", "delete", plan.public_bridge, check=False)
@@ -375,18 +404,32 @@ def make_host(host: NamespaceHost, authorized_keys: str, rate: str | None = None
     """Build the host from scratch (removing what an earlier try left under its number), start
     its sshd and wait until it greets on the public address; returns sshd's pid. The public
     bridge and the host's network bridge must exist."""
-    remove_host(dataclasses.replace(host, owner=""))
+    make_namespace(host, rate)
     host.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     keygen(host.host_key)
     host.authorized_keys.write_text(authorized_keys)
     host.authorized_keys.chmod(0o600)
-    ns, plan = host.namespace, host.plan
+    return start_sshd(host)
+
+
+def _links(host: NamespaceHost) -> list[tuple[str, str, str, str]]:
+    """The host's links: (root namespace's end, name inside, bridge, address)."""
+    plan = host.plan
+    links_ = [(host.public_veth, "eth0", plan.public_bridge, host.public_address)]
+    if plan.has_private:
+        links_.append((host.private_veth, "eth1", plan.bridge(host.network), host.private_address))
+    return links_
+
+
+def make_namespace(host: NamespaceHost, rate: str | None = None) -> None:
+    """Build the host's namespace and links from scratch (removing what an earlier try left
+    under its number), without a server in it: a host whose daemons its user starts (the Slurm
+    test cluster's slurmd). The public bridge and the host's network bridge must exist."""
+    remove_host(dataclasses.replace(host, owner=""))
+    ns = host.namespace
     _ip("netns", "add", ns)
     _in(ns, "ip", "link", "set", "lo", "up")
-    for root_side, inner, bridge, address in (
-        (host.public_veth, "eth0", plan.public_bridge, host.public_address),
-        (host.private_veth, "eth1", plan.bridge(host.network), host.private_address),
-    ):
+    for root_side, inner, bridge, address in _links(host):
         _ip("link", "add", root_side, "type", "veth", "peer", "name", f"{root_side}x")
         _ip("link", "set", f"{root_side}x", "netns", ns)
         _in(ns, "ip", "link", "set", f"{root_side}x", "name", inner)
@@ -401,7 +444,6 @@ def make_host(host: NamespaceHost, authorized_keys: str, rate: str | None = None
     _ip("neigh", "flush", "to", host.public_address, check=False)
     if rate is not None:
         shape(host, rate)
-    return start_sshd(host)
 
 
 def remove_host(host: NamespaceHost, wait: float = 10.0) -> None:
@@ -416,7 +458,7 @@ def remove_host(host: NamespaceHost, wait: float = 10.0) -> None:
         _ip("netns", "delete", host.namespace, check=False)
     # Deleting a namespace destroys its veths asynchronously: wait until they are gone, so that
     # a host made right after does not meet a half-deleted link of the same name.
-    ends = {host.public_veth, host.private_veth, f"{host.public_veth}x", f"{host.private_veth}x"}
+    ends = {end for root_side, *_ in _links(host) for end in (root_side, f"{root_side}x")}
     deadline = time.monotonic() + wait
     while (left := ends & links()) and time.monotonic() < deadline:
         for link in left:
@@ -443,7 +485,7 @@ def _sshd_config(host: NamespaceHost) -> str:
     return "\n".join([
         "Port 22",
         f"ListenAddress {host.public_address}",
-        f"ListenAddress {host.private_address}",
+        *([f"ListenAddress {host.private_address}"] if host.plan.has_private else []),
         f"HostKey {host.host_key}",
         f"AuthorizedKeysFile {host.authorized_keys}",
         f"PidFile {host.pid_file}",
