@@ -38,10 +38,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tflaunch.launchers.clouds.lab.addresses import MAX_HOSTS, MAX_NETWORKS, NamespaceHost
 from tflaunch.launchers.clouds.lab.hosts import (
-    MAX_HOSTS,
-    MAX_NETWORKS,
-    NamespaceHost,
     canonical_rate,
     link_aliases,
     numbers_in_use,
