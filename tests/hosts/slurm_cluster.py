@@ -3,10 +3,10 @@
 Each node is a Linux network namespace ``tfl-slurm-node1..3`` with its own address
 (198.18.0.11-13) on the bridge ``tfl-slurm-br``; the controller sits on the bridge at 198.18.0.1
 in the root namespace. The nodes are the lab cloud's namespace hosts
-(:mod:`tflaunch.launchers.clouds.lab.hosts` builds and removes them) under an address plan of their
-own, :data:`PLAN`, with one network and no sshd. One ``munged`` (own key and socket), one ``slurmctld`` in the root namespace
-and one ``slurmd -N nodeX`` per namespace, all configured under :data:`STATE_DIR`; Slurm commands
-find that configuration through ``SLURM_CONF``. The namespaces share the file system, so a run
+(:mod:`tflaunch.launchers.clouds.lab.hosts` builds and removes them) under an address plan of
+their own, :data:`PLAN`, with one network and no sshd. One ``munged`` (own key and socket), one
+``slurmctld`` in the root namespace and one ``slurmd -N nodeX`` per namespace, all configured under
+:data:`STATE_DIR`; Slurm commands find that configuration through ``SLURM_CONF``. The namespaces share the file system, so a run
 directory under /tmp is "shared storage" as on a real cluster.
 
 Each node declares ``CPUs=2`` (a PS and a worker fit on one node) and four GPUs backed by character
