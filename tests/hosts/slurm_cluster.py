@@ -6,8 +6,8 @@ in the root namespace. The nodes are the lab cloud's namespace hosts
 (:mod:`tflaunch.launchers.clouds.lab.hosts` builds and removes them) under an address plan of
 their own, :data:`PLAN`, with one network and no sshd. One ``munged`` (own key and socket), one
 ``slurmctld`` in the root namespace and one ``slurmd -N nodeX`` per namespace, all configured under
-:data:`STATE_DIR`; Slurm commands find that configuration through ``SLURM_CONF``. The namespaces share the file system, so a run
-directory under /tmp is "shared storage" as on a real cluster.
+:data:`STATE_DIR`; Slurm commands find that configuration through ``SLURM_CONF``. The namespaces
+share the file system, so a run directory under /tmp is "shared storage" as on a real cluster.
 
 Each node declares ``CPUs=2`` (a PS and a worker fit on one node) and four GPUs backed by character
 devices with /dev/null's numbers: Slurm allocates them and sets ``CUDA_VISIBLE_DEVICES`` exactly as
