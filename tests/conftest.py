@@ -6,9 +6,16 @@ laptop, and fail instead when ``CI`` is set: a green CI must mean they ran.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+import inspect
 import os
 import shutil
 import subprocess
+import sys
+import textwrap
+from functools import cache
+from pathlib import Path
 
 import pytest
 
@@ -75,8 +82,164 @@ def _host_group(module: object) -> str | None:
     return None
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
+# -- TensorFlow in the test process: TensorFlow's behaviour, so slow ------------------------------
+# Importing TensorFlow costs a process seconds of CPU and ~500 MiB before a graph is built, and the
+# quick subset (-m "not slow") is the edit-test loop of the launcher, which never imports it. So a
+# test that imports TensorFlow (or Keras) in the pytest process is marked `tensorflow`, and with it
+# `slow`: where its module does at top level, where its body does, or where a fixture it requests
+# does (`import tensorflow`, `pytest.importorskip("tensorflow")`). A module that imports it at top
+# level is not even imported when the -m expression deselects its tests: importing it to collect
+# them would cost every pytest-xdist worker the import.
+_TENSORFLOW = frozenset({"tensorflow", "keras", "tf_keras"})
+_TESTS = Path(__file__).resolve().parent
+
+
+def _imports_tensorflow(node: ast.AST, package: str = "") -> bool:
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Import):
+            names = [alias.name for alias in sub.names]
+        elif isinstance(sub, ast.ImportFrom):
+            base = sub.module or ""
+            if sub.level:  # relative: from the package of the module it is in
+                parent = package.rsplit(".", sub.level - 1)[0] if sub.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            names = [base, *(f"{base}.{alias.name}" for alias in sub.names)]
+        elif (
+            isinstance(sub, ast.Call)
+            and getattr(sub.func, "attr", getattr(sub.func, "id", None)) == "importorskip"
+            and sub.args
+            and isinstance(sub.args[0], ast.Constant)
+        ):
+            names = [str(sub.args[0].value)]
+        else:
+            continue
+        if any(
+            name.split(".")[0] in _TENSORFLOW or _project_imports_tensorflow(name) for name in names
+        ):
+            return True
+    return False
+
+
+_PROJECT_MODULES: dict[str, bool] = {}  # name: whether importing it imports TensorFlow
+
+
+def _project_imports_tensorflow(name: str) -> bool:
+    """Whether importing the project's module ``name`` imports TensorFlow: its top level does, or
+    that of a project module it imports (`tflaunch.models.benchmark` through its runners)."""
+    if name.split(".")[0] not in ("tflaunch", "models", "launchers"):
+        return False
+    if name not in _PROJECT_MODULES:
+        _PROJECT_MODULES[name] = False  # an import cycle reads False until the answer is known
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.origin and spec.origin.endswith(".py"):
+            package = (
+                name if spec.submodule_search_locations is not None else name.rpartition(".")[0]
+            )
+            _PROJECT_MODULES[name] = _top_level_imports_tensorflow(Path(spec.origin), package)
+    return _PROJECT_MODULES[name]
+
+
+@cache
+def _top_level_imports_tensorflow(path: Path, package: str = "") -> bool:
+    """Whether the module's top level (outside functions and classes) imports TensorFlow."""
+    try:
+        tree = ast.parse(path.read_text(), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return False  # pytest's own collection reports it
+    defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    return any(
+        _imports_tensorflow(stmt, package) for stmt in tree.body if not isinstance(stmt, defs)
+    )
+
+
+def _function_imports_tensorflow(function, seen: frozenset = frozenset()) -> bool:
+    """Whether the function, or a function of the tests it calls by name, imports TensorFlow."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    if _imports_tensorflow(tree):
+        return True
+    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    called = (getattr(function, "__globals__", {}).get(name) for name in names)
+    return any(
+        _cached_imports_tensorflow(helper, seen | {function})
+        for helper in called
+        if inspect.isfunction(helper)
+        and Path(helper.__code__.co_filename).is_relative_to(_TESTS)
+        and helper not in seen
+    )
+
+
+_cached_imports_tensorflow = cache(_function_imports_tensorflow)
+
+
+def _uses_tensorflow(item: pytest.Item) -> bool:
+    path = getattr(item, "path", None)
+    if path is not None and path.suffix == ".py" and _top_level_imports_tensorflow(path):
+        return True
+    function = getattr(item, "function", None)
+    if function is not None and _cached_imports_tensorflow(function):
+        return True
+    fixtures = getattr(item, "_fixtureinfo", None)
+    definitions = fixtures.name2fixturedefs.values() if fixtures is not None else ()
+    return any(_cached_imports_tensorflow(d.func) for defs in definitions for d in defs)
+
+
+def _selected_if_tensorflow(config: pytest.Config) -> bool:
+    """Whether the -m expression keeps a test marked `tensorflow` and `slow` (and no other)."""
+    markexpr = config.getoption("markexpr", "")
+    if not markexpr:
+        return True
+    from _pytest.mark.expression import Expression  # what pytest's -m itself evaluates
+
+    implied = {"tensorflow", "slow"}
+    return Expression.compile(markexpr).evaluate(lambda name, /, **kwargs: name in implied)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if (
+        collection_path.suffix == ".py"
+        and collection_path.name.startswith("test_")
+        and _top_level_imports_tensorflow(collection_path)
+        and not _selected_if_tensorflow(config)
+    ):
+        return True
+    return None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Where the -m expression leaves out the `tensorflow` tests (the quick subset), a test that
+    imports TensorFlow anyway is one the rule above missed: say which, so it gets the marker."""
+    config = item.config
+    if "tensorflow" in sys.modules and not config.stash.get(_TENSORFLOW_SEEN, False):
+        config.stash[_TENSORFLOW_SEEN] = True
+        if not _selected_if_tensorflow(config):
+            pytest.fail(
+                f"{item.nodeid} imported TensorFlow in the test process, in a run that leaves "
+                "out the tensorflow tests: mark it @pytest.mark.tensorflow (and slow), or keep "
+                "TensorFlow out of it (tests/README.md)",
+                pytrace=False,
+            )
+
+
+_TENSORFLOW_SEEN = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups, and -m's
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("tensorflow") or _uses_tensorflow(item):
+            item.add_marker(pytest.mark.tensorflow)
+            item.add_marker(pytest.mark.slow)
+        elif "ec2_endpoint" in getattr(item, "fixturenames", ()):
+            # moto's EC2 and boto3's clients cost about a second of CPU a test: the lab cloud's
+            # tests keep the cloud-neutral provisioning in the quick subset.
+            item.add_marker(pytest.mark.slow)
     groups: dict[object, str | None] = {}
     for item in items:  # a module's group: from its own imports
         module = getattr(item, "module", None)

@@ -52,6 +52,7 @@ def test_bad_bucket_flags(argv, message) -> None:
         validate(build_parser().parse_args([*TINY, *argv]))
 
 
+@pytest.mark.tensorflow  # a valid argv reaches validate()'s data-format check (nets/layers.py)
 def test_bucket_flag_with_float16_is_accepted() -> None:
     from tflaunch.models.benchmark import build_parser, validate
 

@@ -130,6 +130,7 @@ def _lab_inputs(rate_mb_s: float) -> pm.Inputs:
     )  # fmt: skip
 
 
+@pytest.mark.tensorflow  # the model's variables: InceptionV3 built by Keras
 def test_a_synchronous_program_is_ranked_in_its_mode_with_the_all_reduce_options() -> None:
     """16 workers and 2 dedicated PS at 1 Gb/s, as measured on the many-core lab: synchronous
     staged PS 3.84 img/s, the default ring 12.15, packed float16 all-reduce 22.80. tune puts the
