@@ -4,6 +4,7 @@ and a real 1 PS + 2 worker run (stand-in tasks) that leaves samples for every ta
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -108,6 +109,29 @@ def test_tree_cpu_includes_a_busy_child_and_memory_and_threads_add_up():
         assert sample["threads"] == psutil.Process(parent.pid).num_threads() + child.num_threads()
     finally:
         kill_tree(parent)
+
+
+def test_a_task_that_exits_while_it_is_sampled_is_left_out_not_sampled_at_zero_bytes(
+    monkeypatch,
+):
+    """A task can exit between the sampler's status read and its memory read: /proc then has a
+    zombie's zero bytes (seen under load: worker:1 at rss 0). It has ended: no record, as for a
+    zombie found as one."""
+
+    real = psutil.Process
+
+    class ExitingNow:
+        def __init__(self, pid: int) -> None:
+            self._process = real(pid)
+
+        def __getattr__(self, name: str):
+            return getattr(self._process, name)
+
+        def memory_info(self):
+            return self._process.memory_info()._replace(rss=0)
+
+    monkeypatch.setattr("tflaunch.runtime.monitor.psutil.Process", ExitingNow)
+    assert TreeSampler().sample({"task": os.getpid()})["tasks"] == {}
 
 
 def test_a_short_lived_child_between_samples_counts_once():

@@ -160,13 +160,16 @@ class TreeSampler:
             try:
                 proc = psutil.Process(pid)  # not cached: a reused pid must not pass as the old one
                 with proc.oneshot():
-                    if proc.status() == psutil.STATUS_ZOMBIE:
+                    # A process that exits between status() and memory_info() reads as a zombie
+                    # by its memory (all zeros), which no live process has.
+                    memory = proc.memory_info().rss
+                    if proc.status() == psutil.STATUS_ZOMBIE or memory == 0:
                         if pid == root:
                             return None  # the task has ended; its agent reports the exit
                         continue
                     times = proc.cpu_times()
                     created = proc.create_time()
-                    rss += proc.memory_info().rss
+                    rss += memory
                     threads += proc.num_threads()
             except psutil.Error:  # ended between the scan and now: nothing left to count
                 continue
