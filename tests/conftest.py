@@ -7,13 +7,11 @@ laptop, and fail instead when ``CI`` is set: a green CI must mean they ran.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import inspect
 import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from functools import cache
 from pathlib import Path
 
@@ -94,16 +92,12 @@ _TENSORFLOW = frozenset({"tensorflow", "keras", "tf_keras"})
 _TESTS = Path(__file__).resolve().parent
 
 
-def _imports_tensorflow(node: ast.AST, package: str = "") -> bool:
+def _imports_tensorflow(node: ast.AST) -> bool:
     for sub in ast.walk(node):
         if isinstance(sub, ast.Import):
             names = [alias.name for alias in sub.names]
         elif isinstance(sub, ast.ImportFrom):
-            base = sub.module or ""
-            if sub.level:  # relative: from the package of the module it is in
-                parent = package.rsplit(".", sub.level - 1)[0] if sub.level > 1 else package
-                base = f"{parent}.{base}" if base else parent
-            names = [base, *(f"{base}.{alias.name}" for alias in sub.names)]
+            names = [sub.module or ""]
         elif (
             isinstance(sub, ast.Call)
             and getattr(sub.func, "attr", getattr(sub.func, "id", None)) == "importorskip"
@@ -113,68 +107,57 @@ def _imports_tensorflow(node: ast.AST, package: str = "") -> bool:
             names = [str(sub.args[0].value)]
         else:
             continue
-        if any(
-            name.split(".")[0] in _TENSORFLOW or _project_imports_tensorflow(name) for name in names
-        ):
+        if any(name.split(".")[0] in _TENSORFLOW for name in names):
             return True
     return False
 
 
-_PROJECT_MODULES: dict[str, bool] = {}  # name: whether importing it imports TensorFlow
-
-
-def _project_imports_tensorflow(name: str) -> bool:
-    """Whether importing the project's module ``name`` imports TensorFlow: its top level does, or
-    that of a project module it imports (`tflaunch.models.benchmark` through its runners)."""
-    if name.split(".")[0] not in ("tflaunch", "models", "launchers"):
-        return False
-    if name not in _PROJECT_MODULES:
-        _PROJECT_MODULES[name] = False  # an import cycle reads False until the answer is known
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            spec = None
-        if spec is not None and spec.origin and spec.origin.endswith(".py"):
-            package = (
-                name if spec.submodule_search_locations is not None else name.rpartition(".")[0]
-            )
-            _PROJECT_MODULES[name] = _top_level_imports_tensorflow(Path(spec.origin), package)
-    return _PROJECT_MODULES[name]
+@cache
+def _syntax(path: Path) -> ast.Module:
+    try:
+        return ast.parse(path.read_text(), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return ast.Module(body=[], type_ignores=[])  # pytest's own collection reports it
 
 
 @cache
-def _top_level_imports_tensorflow(path: Path, package: str = "") -> bool:
+def _functions(path: Path) -> dict[int, ast.AST]:
+    """A file's functions by their first line (their first decorator's, as in ``co_firstlineno``)."""
+    return {
+        min([node.lineno, *(d.lineno for d in node.decorator_list)]): node
+        for node in ast.walk(_syntax(path))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+
+
+@cache
+def _top_level_imports_tensorflow(path: Path) -> bool:
     """Whether the module's top level (outside functions and classes) imports TensorFlow."""
-    try:
-        tree = ast.parse(path.read_text(), str(path))
-    except (OSError, SyntaxError, ValueError):
-        return False  # pytest's own collection reports it
+    tree = _syntax(path)
     defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-    return any(
-        _imports_tensorflow(stmt, package) for stmt in tree.body if not isinstance(stmt, defs)
-    )
+    return any(_imports_tensorflow(stmt) for stmt in tree.body if not isinstance(stmt, defs))
 
 
-def _function_imports_tensorflow(function, seen: frozenset = frozenset()) -> bool:
-    """Whether the function, or a function of the tests it calls by name, imports TensorFlow."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
-    except (OSError, TypeError, SyntaxError):
-        return False
-    if _imports_tensorflow(tree):
-        return True
-    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
-    called = (getattr(function, "__globals__", {}).get(name) for name in names)
-    return any(
-        _cached_imports_tensorflow(helper, seen | {function})
-        for helper in called
-        if inspect.isfunction(helper)
-        and Path(helper.__code__.co_filename).is_relative_to(_TESTS)
-        and helper not in seen
-    )
+_FUNCTIONS: dict[object, bool] = {}  # a function of tests/: whether it imports TensorFlow
 
 
-_cached_imports_tensorflow = cache(_function_imports_tensorflow)
+def _function_imports_tensorflow(function) -> bool:
+    """Whether a function of tests/, or one of tests/ it calls by name, imports TensorFlow."""
+    function = inspect.unwrap(function)
+    code = getattr(function, "__code__", None)
+    if code is None or not Path(code.co_filename).is_relative_to(_TESTS):
+        return False  # pytest's own fixtures, a library's functions
+    if function not in _FUNCTIONS:
+        _FUNCTIONS[function] = False  # a recursive call reads False until the answer is known
+        tree = _functions(Path(code.co_filename)).get(code.co_firstlineno)
+        if tree is None:
+            return False
+        names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+        called = (function.__globals__.get(name) for name in names)
+        _FUNCTIONS[function] = _imports_tensorflow(tree) or any(
+            _function_imports_tensorflow(helper) for helper in called if inspect.isfunction(helper)
+        )
+    return _FUNCTIONS[function]
 
 
 def _uses_tensorflow(item: pytest.Item) -> bool:
@@ -182,11 +165,11 @@ def _uses_tensorflow(item: pytest.Item) -> bool:
     if path is not None and path.suffix == ".py" and _top_level_imports_tensorflow(path):
         return True
     function = getattr(item, "function", None)
-    if function is not None and _cached_imports_tensorflow(function):
+    if function is not None and _function_imports_tensorflow(function):
         return True
     fixtures = getattr(item, "_fixtureinfo", None)
     definitions = fixtures.name2fixturedefs.values() if fixtures is not None else ()
-    return any(_cached_imports_tensorflow(d.func) for defs in definitions for d in defs)
+    return any(_function_imports_tensorflow(d.func) for defs in definitions for d in defs)
 
 
 def _selected_if_tensorflow(config: pytest.Config) -> bool:
