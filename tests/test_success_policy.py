@@ -135,6 +135,7 @@ def test_without_the_chief_deciding_a_worker_left_running_fails_the_run(tmp_path
     assert hint in outcome.message
 
 
+@pytest.mark.slow  # default supervision: the serving worker is stopped after IDLE_S, 10 s
 def test_the_pss_shape_with_stand_in_tasks_succeeds_with_default_supervision(tmp_path):
     """Chief, PS and workers of the stand-in task: the chief works and exits 0, the workers
     print 'done' and then serve, silent, as join() does (HANG_INDEX). No supervision settings
