@@ -67,12 +67,13 @@ ruff check .
 ruff format --check .
 bash scripts/check_imports.sh
 python3 scripts/check_test_clock.py  # no verdict from the wall clock, no literal port in tests/
-# Two workers (TEST_WORKERS), each with a set of SSH test hosts of its own: the Slurm cluster's
-# tests stay on one worker (tests/conftest.py groups them), the rest spread. TEST_WORKERS=0 runs
+# Three workers (TEST_WORKERS), each with a set of SSH test hosts of its own: the Slurm cluster's
+# tests stay on one worker (tests/conftest.py groups them), the rest spread. Three on two cores:
+# the host tests wait on daemons, timers and remote tasks, and a third worker computes meanwhile. TEST_WORKERS=0 runs
 # in this process. The quick subset (-m "not slow") starts no test hosts and waits more than it
 # computes (stand-in clusters, the launcher's timeouts and idle heuristics): four workers finish
 # it in about half the wall time of two on the 2-core machine, for about the same CPU.
-workers=2
+workers=3
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
   if [[ ${args[i]} == -m && ${args[i + 1]:-} == "not slow" || ${args[i]} == "-mnot slow" ]]; then
