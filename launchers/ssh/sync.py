@@ -111,7 +111,7 @@ def _remote_listing(conn: Connection, workdir: str) -> dict[str, tuple[int, int]
 def sync_host(conn: Connection, files: Mapping[str, LocalFile], workdir: str) -> HostSync:
     """Bring one host's workdir up to date with ``files``."""
     with conn.sftp() as sftp:
-        _makedirs(sftp, "/" if workdir.startswith("/") else "", workdir.strip("/"))
+        makedirs(sftp, "/" if workdir.startswith("/") else "", workdir.strip("/"))
     remote = _remote_listing(conn, workdir)
     changed = [rel for rel, f in files.items() if remote.get(rel) != (f.size, f.mtime)]
     with conn.sftp() as sftp:
@@ -121,7 +121,7 @@ def sync_host(conn: Connection, files: Mapping[str, LocalFile], workdir: str) ->
             target = posixpath.join(workdir, rel)
             parent = posixpath.dirname(rel)
             if parent and parent not in made:
-                _makedirs(sftp, workdir, parent)
+                makedirs(sftp, workdir, parent)
                 made.add(parent)
             local = files[rel]
             sftp.put(str(local.path), target)
@@ -147,15 +147,28 @@ def _read_manifest(sftp, workdir: str) -> list[str]:
         return []
 
 
-def _makedirs(sftp, base: str, rel: str) -> None:
-    """``mkdir -p base/rel`` over SFTP."""
+def makedirs(sftp, base: str, rel: str) -> None:
+    """``mkdir -p base/rel`` over SFTP. A directory that appears between the look and the
+    mkdir (another host's sync making it on a file system they share, as NFS homes are) is
+    as good as one made here: SFTP reports that mkdir only as a generic failure."""
     current = base
     for part in filter(None, rel.split("/")):
         current = posixpath.join(current, part)
         try:
             sftp.stat(current)
         except OSError:
-            sftp.mkdir(current)
+            try:
+                sftp.mkdir(current)
+            except OSError:
+                if not _is_dir(sftp, current):
+                    raise
+
+
+def _is_dir(sftp, path: str) -> bool:
+    try:
+        return stat.S_ISDIR(sftp.stat(path).st_mode or 0)
+    except OSError:
+        return False
 
 
 def sync_all(
