@@ -239,6 +239,12 @@ def set_link(name: str, up: bool) -> None:
     _ip("link", "set", name, "up" if up else "down")
 
 
+def neighbours_flush(*selector: str) -> None:
+    """Drop the root namespace's ARP entries that ``selector`` names (``dev NAME``, ``to
+    ADDRESS``): what was learned, or failed to be, over a link that was down."""
+    _ip("neigh", "flush", *selector)
+
+
 # ---- hosts ---------------------------------------------------------------------------------
 
 
