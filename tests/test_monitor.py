@@ -134,6 +134,52 @@ def test_a_task_that_exits_while_it_is_sampled_is_left_out_not_sampled_at_zero_b
     assert TreeSampler().sample({"task": os.getpid()})["tasks"] == {}
 
 
+def test_a_child_seen_live_then_a_zombie_then_reaped_counts_once():
+    """The child is sampled while it burns, then while it is a zombie (exited, not reaped: no
+    memory, its times unread), then after its parent reaped it: the parent's reaped time then
+    holds all of it, and what the first sample counted must come off, two samples later."""
+    parent = spawn_python("""
+        import os, subprocess, sys
+        child = subprocess.Popen([sys.executable, "-c",
+            "import time\\nend = time.process_time() + 0.3\\n"
+            "while time.process_time() < end: pass\\nprint(flush=True)\\ninput()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        child.stdout.readline()
+        print("burned", flush=True)
+        input()
+        child.stdin.close()  # the child's input() ends: it exits
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, still unreaped
+        print("zombie", flush=True)
+        input()
+        child.wait()
+        print("reaped", flush=True)
+        input()
+        """)
+    try:
+        sampler = TreeSampler()
+        last = sampler.sample({"task": parent.pid})["time"]
+        start_cpu = cpu_seconds(parent.pid)
+        total = 0.0
+        for cue, answer in ((None, "burned"), ("go", "zombie"), ("go", "reaped")):
+            if cue:
+                parent.stdin.write(cue + "\n")
+                parent.stdin.flush()
+            assert parent.stdout.readline().strip() == answer
+            sample = sampler.sample({"task": parent.pid})
+            record = sample["tasks"]["task"]
+            if answer == "zombie":
+                assert record["procs"] == 1  # the zombie is not a live process of the tree
+            total += record["cpu_percent"] / 100 * (sample["time"] - last)
+            last = sample["time"]
+        times = psutil.Process(parent.pid).cpu_times()
+        child_cpu = times.children_user + times.children_system
+        assert 0.25 < child_cpu < 1.0
+        expected = child_cpu + cpu_seconds(parent.pid) - start_cpu
+        assert abs(total - expected) < 0.05, (total, expected)
+    finally:
+        kill_tree(parent)
+
+
 def test_a_short_lived_child_between_samples_counts_once():
     """A child that burns 0.4 s and is reaped: counted while it lives or after, never twice."""
     parent = spawn_python("""

@@ -166,12 +166,14 @@ class TreeSampler:
                     if proc.status() == psutil.STATUS_ZOMBIE or memory == 0:
                         if pid == root:
                             return None  # the task has ended; its agent reports the exit
+                        self._keep_seen(pid, seen)
                         continue
                     times = proc.cpu_times()
                     created = proc.create_time()
                     rss += memory
                     threads += proc.num_threads()
             except psutil.Error:  # ended between the scan and now: nothing left to count
+                self._keep_seen(pid, seen)
                 continue
             total = times.user + times.system + times.children_user + times.children_system
             seen[pid] = _Seen(created, total, parents.get(pid))
@@ -193,6 +195,14 @@ class TreeSampler:
         interval = now - self._last_time if self._last_time is not None else 0.0
         cpu = round(100.0 * max(0.0, cpu_delta) / interval, 1) if interval > 1e-3 else None
         return {"cpu_percent": cpu, "rss": rss, "threads": threads, "procs": count}
+
+    def _keep_seen(self, pid: int, seen: dict[int, _Seen]) -> None:
+        """Carry forward what was counted of a process that has exited but may not be reaped
+        yet: when its parent reaps it, the parent's growth holds its time, and what was already
+        counted of it must be taken off then, however many samples later that is."""
+        before = self._seen.get(pid)
+        if before is not None:
+            seen[pid] = before
 
     def _sample_node(self) -> dict[str, Any]:
         times = psutil.cpu_times()
