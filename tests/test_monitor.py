@@ -24,6 +24,7 @@ from tests.helpers import (
 )
 from tests.hosts import ssh_hosts
 from tflaunch.cluster.supervision import Supervision
+from tflaunch.runtime import monitor
 from tflaunch.runtime.monitor import (
     MAX_SAMPLES_PER_SECOND,
     NET_FIELDS,
@@ -134,43 +135,60 @@ def test_a_task_that_exits_while_it_is_sampled_is_left_out_not_sampled_at_zero_b
     assert TreeSampler().sample({"task": os.getpid()})["tasks"] == {}
 
 
-def test_a_child_seen_live_then_a_zombie_then_reaped_counts_once():
-    """The child is sampled while it burns, then while it is a zombie (exited, not reaped: no
-    memory, its times unread), then after its parent reaped it: the parent's reaped time then
-    holds all of it, and what the first sample counted must come off, two samples later."""
-    parent = spawn_python("""
-        import os, subprocess, sys
-        child = subprocess.Popen([sys.executable, "-c",
-            "import time\\nend = time.process_time() + 0.3\\n"
-            "while time.process_time() < end: pass\\nprint(flush=True)\\ninput()"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        child.stdout.readline()
-        print("burned", flush=True)
-        input()
-        child.stdin.close()  # the child's input() ends: it exits
-        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, still unreaped
-        print("zombie", flush=True)
-        input()
-        child.wait()
-        print("reaped", flush=True)
-        input()
-        """)
+ZOMBIE_PARENT = """
+    import os, subprocess, sys
+    child = subprocess.Popen([sys.executable, "-c",
+        "import time\\nend = time.process_time() + 0.3\\n"
+        "while time.process_time() < end: pass\\nprint(flush=True)\\ninput()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child.stdout.readline()
+    print("burned", flush=True)
+    input()
+    child.stdin.close()  # the child's input() ends: it exits
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, still unreaped
+    print("zombie", flush=True)
+    input()
+    child.wait()
+    print("reaped", flush=True)
+    input()
+    """
+
+
+@pytest.mark.parametrize("race", [False, True], ids=["reaped-after-the-read", "reaped-in-between"])
+def test_a_child_seen_live_then_exited_then_reaped_counts_once(race, monkeypatch):
+    """The child is sampled while it burns, then after it exited (a zombie: no memory, its times
+    unread), then after its parent reaped it: the parent's reaped time then holds all of it, and
+    what the first sample counted comes off. ``reaped-in-between``: the second sample's scan
+    still lists the child, but its parent reaped it before the sample read the parent (the scan
+    is the one taken at the zombie stage), so the parent's growth comes a sample before the
+    child leaves the tree and what it owes is taken off a sample later."""
+    parent = spawn_python(ZOMBIE_PARENT)
     try:
         sampler = TreeSampler()
         last = sampler.sample({"task": parent.pid})["time"]
         start_cpu = cpu_seconds(parent.pid)
-        total = 0.0
+        total, stale = 0.0, None
         for cue, answer in ((None, "burned"), ("go", "zombie"), ("go", "reaped")):
             if cue:
                 parent.stdin.write(cue + "\n")
                 parent.stdin.flush()
             assert parent.stdout.readline().strip() == answer
-            sample = sampler.sample({"task": parent.pid})
-            record = sample["tasks"]["task"]
-            if answer == "zombie":
-                assert record["procs"] == 1  # the zombie is not a live process of the tree
-            total += record["cpu_percent"] / 100 * (sample["time"] - last)
-            last = sample["time"]
+            if answer == "zombie" and race:
+                stale = process_tree([parent.pid])
+                continue
+            if stale is not None:
+                monkeypatch.setattr(monitor, "process_tree", lambda roots, scan=stale: scan)
+            samples = [sampler.sample({"task": parent.pid})]
+            if stale is not None:
+                monkeypatch.undo()
+                time.sleep(0.01)  # an interval for the next sample's rate
+                samples.append(sampler.sample({"task": parent.pid}))
+            for sample in samples:
+                record = sample["tasks"]["task"]
+                if answer == "zombie":
+                    assert record["procs"] == 1  # the zombie is not a live process of the tree
+                total += record["cpu_percent"] / 100 * (sample["time"] - last)
+                last = sample["time"]
         times = psutil.Process(parent.pid).cpu_times()
         child_cpu = times.children_user + times.children_system
         assert 0.25 < child_cpu < 1.0

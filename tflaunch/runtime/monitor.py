@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -117,6 +117,11 @@ class _Seen:
     ppid: int | None
 
 
+def _cpu_total(times: Any) -> float:
+    """A process's CPU seconds, those of the children it reaped included."""
+    return float(times.user + times.system + times.children_user + times.children_system)
+
+
 class TreeSampler:
     """Measures process trees and the node; keeps the baselines between two samples.
 
@@ -155,8 +160,10 @@ class TreeSampler:
         parents: Mapping[int, int],
         seen: dict[int, _Seen],
     ) -> dict[str, Any] | None:
-        cpu_delta, rss, threads, count = 0.0, 0, 0, 0
-        for pid in pids:
+        rss, threads = 0, 0
+        totals: dict[int, float] = {}  # live member -> its CPU time now, reaped children's in it
+        reaped: list[int] = []  # in the scan, but reaped before it was read
+        for pid in pids:  # a parent before its children (process_tree's order)
             try:
                 proc = psutil.Process(pid)  # not cached: a reused pid must not pass as the old one
                 with proc.oneshot():
@@ -166,40 +173,56 @@ class TreeSampler:
                     if proc.status() == psutil.STATUS_ZOMBIE or memory == 0:
                         if pid == root:
                             return None  # the task has ended; its agent reports the exit
-                        self._keep_seen(pid, seen)
+                        self._keep_seen(pid, seen)  # exited, not reaped yet
                         continue
                     times = proc.cpu_times()
                     created = proc.create_time()
                     rss += memory
                     threads += proc.num_threads()
-            except psutil.Error:  # ended between the scan and now: nothing left to count
+            except psutil.ZombieProcess:
                 self._keep_seen(pid, seen)
                 continue
-            total = times.user + times.system + times.children_user + times.children_system
-            seen[pid] = _Seen(created, total, parents.get(pid))
-            count += 1
+            except psutil.NoSuchProcess:
+                reaped.append(pid)
+                continue
+            except psutil.Error:  # not ours to read: nothing to count
+                continue
+            totals[pid] = _cpu_total(times)
+            seen[pid] = _Seen(created, totals[pid], parents.get(pid))
+        if not totals:
+            return None
+        # A child reaped between the scan and its read may have been reaped after its parent was
+        # read: the parent is read again, so that its growth (the child's time, now in its reaped
+        # time) and the child's leaving fall in this one sample.
+        for pid in reaped:
+            parent = parents.get(pid)
+            if parent in totals:
+                with contextlib.suppress(psutil.Error):
+                    totals[parent] = _cpu_total(psutil.Process(parent).cpu_times())
+                    seen[parent] = replace(seen[parent], cpu=totals[parent])
+        last_members = self._trees.get(root, set())
+        cpu_delta = 0.0
+        for pid, total in totals.items():
             before = self._seen.get(pid)
-            if before is not None and before.create_time == created:
+            if before is not None and before.create_time == seen[pid].create_time:
                 cpu_delta += max(0.0, total - before.cpu)
-            elif self._last_time is not None and pid not in self._trees.get(root, ()):
+            elif self._last_time is not None and pid not in last_members:
                 # New in the tree since the last sample: all its time is new. (At the first
                 # sample there is no last one: the processes found then only set the baseline.)
                 cpu_delta += total
-        if count == 0:
-            return None
-        members = set(pids)
-        for pid in self._trees.get(root, set()) - members:
+        left = [pid for pid in last_members - set(pids) if not _alive(pid, parents)]
+        for pid in {*left, *reaped}:
             gone = self._seen.get(pid)
-            if gone is not None and not _alive(pid, parents) and gone.ppid in members:
+            if gone is not None and gone.ppid in totals:
                 cpu_delta -= gone.cpu  # reaped by a tree member: its parent's growth holds it
         interval = now - self._last_time if self._last_time is not None else 0.0
         cpu = round(100.0 * max(0.0, cpu_delta) / interval, 1) if interval > 1e-3 else None
-        return {"cpu_percent": cpu, "rss": rss, "threads": threads, "procs": count}
+        return {"cpu_percent": cpu, "rss": rss, "threads": threads, "procs": len(totals)}
 
     def _keep_seen(self, pid: int, seen: dict[int, _Seen]) -> None:
-        """Carry forward what was counted of a process that has exited but may not be reaped
-        yet: when its parent reaps it, the parent's growth holds its time, and what was already
-        counted of it must be taken off then, however many samples later that is."""
+        """Carry forward what was counted of a process that has exited but is not reaped yet:
+        when its parent reaps it, the parent's growth holds its time, and what was already
+        counted of it is taken off then, however many samples later that is."""
         before = self._seen.get(pid)
         if before is not None:
             seen[pid] = before
