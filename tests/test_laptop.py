@@ -4,8 +4,9 @@ and its base dependencies only, as ``pip install .`` without the ``tf`` extra le
 ``examples/smoke.yaml`` runs to exit 0; ``examples/local.yaml`` (MNIST) stops with one report
 naming the module its tasks' Python lacks and the ``tf`` extra; ``model`` and ``placement`` say
 they need TensorFlow; ``validate examples/aws.yaml`` checks the file without boto3 and says
-running it needs the ``aws`` extra. The base dependencies come from pip's index (or its cache):
-where it cannot be reached the tests skip, and fail under ``CI``.
+running it needs the ``aws`` extra. The base dependencies come from the package index (or uv's or
+pip's cache; uv builds the venv where the dev extra has it, as tests/plugin_venv.py says): where it
+cannot be reached the tests skip, and fail under ``CI``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from tests.helpers import ROOT, free_port_base
+from tests.plugin_venv import install, new_venv
 
 pytestmark = pytest.mark.slow
 SHIPPED = ("pyproject.toml", "README.md", "tflaunch", "launchers", "models", "examples")
@@ -39,28 +40,17 @@ def laptop(tmp_path_factory) -> dict:
             source.mkdir(exist_ok=True)
             shutil.copy(origin, source / name)
     venv = top / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    python = venv / "bin" / "python"
+    python = new_venv(venv)  # by uv where the dev extra has it (tests/plugin_venv.py), else venv
     # The base dependencies: the installed tflaunch's requirements outside any extra.
     base = [r for r in metadata.requires("tflaunch") or [] if "extra ==" not in r]
-    constraints = ["-c", str(ROOT / "constraints.txt")]
-    install = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", *constraints, *base],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if install.returncode != 0:
-        why = f"cannot install the base dependencies from pip's index: {install.stderr[-500:]}"
+    install_base = install(python, "-c", ROOT / "constraints.txt", *base, cwd=top)
+    if install_base.returncode != 0:
+        why = f"cannot install the base dependencies from pip's index: {install_base.stderr[-500:]}"
         if os.environ.get("CI"):
             pytest.fail(why)
         pytest.skip(why)
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", str(source)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    installed = install(python, "--no-deps", source, cwd=top)
+    assert installed.returncode == 0, installed.stderr
     check = subprocess.run([str(python), "-c", "import tensorflow"], capture_output=True)
     assert check.returncode != 0, "the laptop venv must not see TensorFlow"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
