@@ -1,6 +1,6 @@
 """tflaunch.models.benchmark: pure parts, flag errors, tiny single-process runs, and 1 PS + 2 workers
 through `tflaunch up` under collective_all_reduce (slow; the graph modes' clusters are
-tests/test_transfers.py's)."""
+tests/test_transfers.py's and tests/test_trace.py's)."""
 
 from __future__ import annotations
 
@@ -242,9 +242,9 @@ def test_single_process_tfrecords(tfrecord_dir, tmp_path, capsys, tiny_cnn) -> N
 
 
 # --- a cluster through `tflaunch up` (slow) ------------------------------------------------------
-# The graph modes' clusters (parameter_server on synthetic data with 2 PS, distributed_replicated
-# on TFRecords) run in tests/test_transfers.py, whose ordered-transfer runs carry these checks of
-# the totals too: one TensorFlow cluster for both. Here the eager mode, collective_all_reduce.
+# The graph modes' clusters carry these checks of the totals too: parameter_server on synthetic
+# data with 2 PS is tests/test_trace.py's traced run, distributed_replicated on TFRecords one of
+# tests/test_transfers.py's ordered-transfer runs. Here the eager mode, collective_all_reduce.
 
 
 @pytest.mark.slow

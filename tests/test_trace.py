@@ -1,4 +1,4 @@
-"""Traces: the merge and summary of per-task events (pure), the CLI, and a real 1 PS + 2 worker
+"""Traces: the merge and summary of per-task events (pure), the CLI, and a real 2 PS + 2 worker
 benchmark run under ``tflaunch up --trace`` (slow)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.helpers import tflaunch, wait_until_gone, write_cluster
+from tests.helpers import check_benchmark_totals, tflaunch, wait_until_gone, write_cluster
 from tflaunch.cli import cli
 from tflaunch.trace import format as tr
 from tflaunch.trace import request as req
@@ -147,21 +147,36 @@ def test_up_refuses_a_bad_trace_window(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_one_ps_two_workers_give_one_merged_trace_and_the_transfer_report(tmp_path) -> None:
-    """The benchmark (1 PS, 2 workers; staged variables, transfer order tic) under --trace: one
+def test_two_ps_two_workers_give_one_merged_trace_the_transfer_report_and_the_totals(
+    tmp_path,
+) -> None:
+    """The benchmark (2 PS, 2 workers; staged variables, transfer order tic) under --trace: one
     merged trace with kernels on every task and the workers' steps overlapping, and from the same
-    trace the transfer report (arrival order against use, overlap, spread). These were two runs
-    of the same cluster, one here and one in test_transfers."""
+    trace the transfer report (arrival order against use, overlap, spread). The same run is the
+    graph runner's parameter_server cluster over 2 PS on InceptionV3 (its transfer plan and the
+    workers' totals), which test_transfers.py ran as a cluster of its own (ps-tic: the same but
+    unstaged and untraced; ordered reads without staging stay in its graph tests and its
+    distributed_replicated run). One TensorFlow cluster for what were three."""
     pytest.importorskip("tensorflow")
     argv = [sys.executable, "-m", "tflaunch.models.benchmark", "--model", "inception3"]
     argv += ["--image_size", "75", "--batch_size", "2", "--num_batches", "6"]
     argv += ["--num_warmup_batches", "1", "--display_every", "3"]
     argv += ["--staged_vars", "--transfer_order", "tic"]
+    argv += ["--result_json", str(tmp_path / "{job_name}-{task_index}.json")]
     program = {"argv": argv, "env": {"TEST_MARKER": str(tmp_path)}}
-    cluster = write_cluster(tmp_path / "cluster.yaml", program, supervision={"ready_timeout": 240})
+    cluster = write_cluster(
+        tmp_path / "cluster.yaml", program, roles={"ps": 2, "worker": 2},
+        supervision={"ready_timeout": 240},
+    )  # fmt: skip
     result = tflaunch("up", str(cluster), "--trace", "2:3", cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "ui.perfetto.dev" in result.stdout
+    assert "TASK" in result.stdout and "ui.perfetto.dev" in result.stdout  # summary, how to open
+    # the graph runner's parameter_server cluster: its transfer plan, staging and totals
+    assert "transfer order tic: 190 variables in 8 buckets" in result.stdout
+    assert "staged variables:" in result.stdout
+    totals = re.findall(r"^\[worker:\d\]\s+total images/sec: ([\d.]+)$", result.stdout, re.M)
+    assert len(totals) == 2 and float(totals[0]) > 0
+    check_benchmark_totals(result.stdout, tmp_path, num_ps=2)
     run = next((tmp_path / "runs").iterdir())
     trace_dir = run / "trace"
     trace = json.loads((trace_dir / "trace.json").read_text())
@@ -170,7 +185,7 @@ def test_one_ps_two_workers_give_one_merged_trace_and_the_transfer_report(tmp_pa
         for e in trace["traceEvents"]
         if e["name"] == "process_name"
     }
-    assert set(names) == {"worker:0", "worker:1", "ps:0"}
+    assert set(names) == {"worker:0", "worker:1", "ps:0", "ps:1"}
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     for task, pid in names.items():  # every task has kernels on its own threads
         mine = [e for e in spans if e["pid"] == pid]
@@ -182,7 +197,7 @@ def test_one_ps_two_workers_give_one_merged_trace_and_the_transfer_report(tmp_pa
     w1 = (steps["worker:1"][0][1], steps["worker:1"][-1][2])
     assert max(w0[0], w1[0]) < min(w0[1], w1[1]), "the workers' traced steps overlap in time"
     summary = json.loads((trace_dir / "trace_summary.json").read_text())
-    assert set(summary) == {"worker:0", "worker:1", "ps:0"}
+    assert set(summary) == {"worker:0", "worker:1", "ps:0", "ps:1"}
     assert summary["ps:0"]["per_step_ms"]["compute"] > 0
     assert (trace_dir / "trace.png").exists()
 
