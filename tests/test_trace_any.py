@@ -666,39 +666,6 @@ def _assert_tracks(trace: dict, tasks: set[str], steps_of: set[str]) -> None:
         assert any(e["cat"] == "step" and e["pid"] == names[task] for e in spans), task
 
 
-# worker:0 runs the trainer through a wrapper that first asks ``importlib.util.find_spec`` for
-# tensorflow (a common library pattern; it used to disarm the hook: no trace, and a verdict that
-# no task had imported TensorFlow); ps:0 runs it plainly.
-FIND_SPEC_PROBE = (
-    "import importlib.util, os, runpy, sys\n"
-    "if os.environ['TFLAUNCH_TASK'] == 'worker:0':\n"
-    "    assert importlib.util.find_spec('tensorflow') is not None\n"
-    "sys.argv = sys.argv[1:]\n"
-    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
-)
-
-
-@pytest.mark.slow
-def test_plain_tf1_between_graph_program_traced_also_behind_a_find_spec_probe(tmp_path) -> None:
-    """One run for two tests that each started a TensorFlow cluster: a plain TF1 program (the
-    PS), and the same trainer behind a find_spec probe (the worker), traced on one time axis.
-    One worker: a second, plain one, was a TensorFlow process more proving what the PS does
-    (the hook armed by a plain import) and the worker's steps (read from its output)."""
-    pytest.importorskip("tensorflow")
-    argv = [sys.executable, "-c", FIND_SPEC_PROBE, str(PROGRAMS / "tf1_between_graph.py")]
-    for flag in ("job_name", "task_index", "ps_hosts", "worker_hosts"):
-        argv += [f"--{flag}", "{" + flag + "}"]
-    argv += ["--train_steps", "250"]  # 140 global steps on after the window: time to capture
-    program = {"argv": argv, "env": {"TEST_MARKER": str(tmp_path)}}
-    cluster = write_cluster(tmp_path / "c.yaml", program, roles={"ps": 1, "worker": 1})
-    result, run, trace = _traced(tmp_path, cluster, "--trace", "100:10")
-    _assert_tracks(trace, {"ps:0", "worker:0"}, {"worker:0"})
-    summary = json.loads((run / "trace" / "trace_summary.json").read_text())
-    assert summary["ps:0"]["per_step_ms"]["recv_wait"] > 0  # the PS served the worker's steps
-    assert "TASK" in result.stdout and "ui.perfetto.dev" in result.stdout
-    assert wait_until_gone(str(tmp_path)) == []
-
-
 @pytest.mark.slow
 def test_keras_fit_under_multi_worker_mirrored_strategy_traced(tmp_path) -> None:
     """A Keras ``fit`` under MultiWorkerMirroredStrategy, traced: both workers on one time axis.

@@ -435,12 +435,17 @@ def test_unknown_cores_make_no_grpc_claim() -> None:
 def test_tune_any_program_from_a_traced_worker_and_model_from_that_run(tmp_path) -> None:
     """A program that is not the benchmark: one worker traced, its step less communication is
     the compute; only the PS count and hosts are tuned, and the file it writes validates. The
-    traced one-worker run is then read by `tflaunch model --from-run`: one TensorFlow cluster for
-    what were two (test_trace_any.py traced a one-worker MNIST run of its own for `model`)."""
+    traced one-worker run is then read by `tflaunch model --from-run`, and is also the trace of a
+    plain TF1 program: the PS runs it plainly (the hook armed by its import), the worker behind a
+    find_spec probe (tests/programs/find_spec_first.py). One TensorFlow cluster for what were
+    three (test_trace_any.py traced a one-worker MNIST run of its own for `model`, and the same
+    TF1 trainer, PS and worker, behind the probe)."""
     pytest.importorskip("tensorflow")
     program = ROOT / "tests" / "programs" / "tf1_between_graph.py"
+    probe = ROOT / "tests" / "programs" / "find_spec_first.py"
     argv = [
-        sys.executable, str(program), "--job_name", "{job_name}", "--task_index", "{task_index}",
+        sys.executable, str(probe), str(program), "--job_name", "{job_name}",
+        "--task_index", "{task_index}",
         "--ps_hosts", "{ps_hosts}", "--worker_hosts", "{worker_hosts}", "--train_steps", "150",
     ]  # fmt: skip
     cluster = write_cluster(
@@ -475,6 +480,10 @@ def test_tune_any_program_from_a_traced_worker_and_model_from_that_run(tmp_path)
     for task, pid in names.items():
         assert any(e["cat"] == "compute" and e["pid"] == pid for e in spans), task
     assert any(e["cat"] == "step" and e["pid"] == names["worker:0"] for e in spans)
+    summary = json.loads((traced / "trace" / "trace_summary.json").read_text())
+    assert summary["ps:0"]["per_step_ms"]["recv_wait"] > 0  # the PS served the worker's steps
+    assert "TASK" in (traced / "trace" / "trace_summary.txt").read_text()
+    assert "no trace" not in (tune_dir / "traced.log").read_text()
     model_args = ["--link", "50,1000", "--model", "mnist", "--batch-size", "50"]
     model = tflaunch(
         "model", "--from-run", traced.name, "--runs-dir", str(runs), *model_args,
