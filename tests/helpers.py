@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 import json
 import os
 import queue
@@ -20,11 +22,42 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_TASK = Path(__file__).resolve().parent / "programs" / "fake_task.py"
 FAKE_PSS = Path(__file__).resolve().parent / "programs" / "fake_pss.py"  # models.pss stand-in
+
+
+def tensorflow_module(*also: str) -> list[pytest.MarkDecorator]:
+    """``pytestmark`` of a module all of whose tests are TensorFlow's: each marked `tensorflow`
+    and `slow` (as tests/conftest.py marks the tests of a module that imports TensorFlow at top
+    level), and skipped where TensorFlow (or a module of ``also``) is not installed. The module
+    imports TensorFlow where a test uses it (:class:`LazyModule`, or an import in the test), not
+    at top level: every pytest-xdist worker collects every module, and the import costs each
+    about 4.5 s of CPU, run there or not."""
+    missing = [name for name in ("tensorflow", *also) if importlib.util.find_spec(name) is None]
+    reason = f"needs {', '.join(missing)}, not installed"
+    return [
+        pytest.mark.tensorflow,
+        pytest.mark.slow,
+        pytest.mark.skipif(bool(missing), reason=reason),
+    ]
+
+
+class LazyModule:
+    """A module imported at the first read of one of its attributes (``tf.config``), so that a
+    test module can name TensorFlow, or a module that imports it, without importing it when it
+    is collected (see :func:`tensorflow_module`)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attribute: str):
+        if attribute.startswith("_"):  # pytest's collection probes (__test__, fixture markers)
+            raise AttributeError(attribute)
+        return getattr(importlib.import_module(self._name), attribute)
 
 
 def free_port_base(span: int = 20) -> int:

@@ -16,6 +16,7 @@ import pytest
 
 from tests.helpers import (
     check_benchmark_totals,
+    tensorflow_module,
     tiny_benchmark_argv,
     tiny_tfrecords,
     up_tensorflow_cluster,
@@ -147,7 +148,7 @@ def test_placement_choices_are_the_placement_modules() -> None:
 
 # --- flag errors (exit 2, one message) -----------------------------------------------------------
 
-pytest.importorskip("tensorflow")
+pytestmark = tensorflow_module()  # TensorFlow imported in the tests that run it
 
 
 @pytest.mark.parametrize(

@@ -8,23 +8,24 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.helpers import (
     FAKE_TASK,
+    LazyModule,
     assert_kill_ends_cluster,
     logged_accuracy,
     read_until,
     start_tflaunch,
+    tensorflow_module,
     tflaunch,
     wait_until_gone,
     write_cluster,
 )
 from tflaunch.tools.report import PLOTS
 
-tf = pytest.importorskip("tensorflow")
-pytestmark = pytest.mark.slow
+tf = LazyModule("tensorflow")
+pytestmark = tensorflow_module()
 ROOT = Path(__file__).resolve().parent.parent
 REPORT_ENV = Path(__file__).resolve().parent / "programs" / "report_env.py"
 MIB = 1024 * 1024

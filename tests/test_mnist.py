@@ -25,12 +25,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.helpers import LazyModule, logged_accuracy, tensorflow_module
 from tflaunch.models.cluster import ClusterInfo
 from tflaunch.models.data import digits
 
-tf = pytest.importorskip("tensorflow")
-from tests.helpers import logged_accuracy  # noqa: E402
-from tflaunch.models import mnist  # noqa: E402  (imports tensorflow)
+tf = LazyModule("tensorflow")
+mnist = LazyModule("tflaunch.models.mnist")  # imports tensorflow
+pytestmark = tensorflow_module()
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-tf = pytest.importorskip("tensorflow")
+from tests.helpers import LazyModule, tensorflow_module
+from tflaunch.models.registry import get_model_spec
 
-from tflaunch.models.nets.inception import InceptionV3  # noqa: E402
-from tflaunch.models.nets.layers import DataFormatError, check_data_format  # noqa: E402
-from tflaunch.models.nets.resnet import ResNet50  # noqa: E402
-from tflaunch.models.registry import get_model_spec  # noqa: E402
+tf = LazyModule("tensorflow")
+inception = LazyModule("tflaunch.models.nets.inception")  # these three import tensorflow
+layers = LazyModule("tflaunch.models.nets.layers")
+resnet = LazyModule("tflaunch.models.nets.resnet")
+pytestmark = tensorflow_module()
 
 
 def _trainable(variables) -> tuple[int, int]:
@@ -23,20 +25,20 @@ def _trainable(variables) -> tuple[int, int]:
 
 def test_inception_v3_matches_keras_parameter_count() -> None:
     keras_model = tf.keras.applications.InceptionV3(weights=None)
-    ours = InceptionV3(num_classes=1000)
+    ours = inception.InceptionV3(num_classes=1000)
     assert _trainable(ours.trainable_variables) == _trainable(keras_model.trainable_weights)
     assert _trainable(ours.trainable_variables) == (23_817_352, 190)
 
 
 def test_resnet50_matches_keras_parameter_count() -> None:
     keras_model = tf.keras.applications.ResNet50(weights=None)
-    ours = ResNet50(num_classes=1000)
+    ours = resnet.ResNet50(num_classes=1000)
     assert _trainable(ours.trainable_variables) == _trainable(keras_model.trainable_weights)
     assert _trainable(ours.trainable_variables)[0] == 25_583_592
 
 
 def test_1001_classes_adds_one_output_unit() -> None:
-    ours = InceptionV3(num_classes=1001)
+    ours = inception.InceptionV3(num_classes=1001)
     # 2048 weights and one bias more than the 1000-class network.
     assert _trainable(ours.trainable_variables)[0] == 23_817_352 + 2049
 
@@ -65,7 +67,7 @@ def test_graph_mode_variables_follow_replica_device_setter() -> None:
             ps_tasks=2, worker_device="/job:worker/task:0"
         )
         with tf.compat.v1.device(setter):
-            model = ResNet50(num_classes=10)
+            model = resnet.ResNet50(num_classes=10)
             logits = model(tf.zeros([1, 32, 32, 3]), training=True)
     devices = {v.device for v in model.trainable_variables}
     assert devices == {"/job:ps/task:0", "/job:ps/task:1"}
@@ -76,10 +78,10 @@ def test_graph_mode_variables_follow_replica_device_setter() -> None:
 def test_nchw_refused_without_gpu() -> None:
     if tf.config.list_physical_devices("GPU"):
         pytest.skip("a GPU is visible: NCHW is allowed here")
-    with pytest.raises(DataFormatError, match="NHWC-only"):
-        check_data_format("NCHW")
-    with pytest.raises(DataFormatError, match="NCHW needs a GPU"):
-        InceptionV3(data_format="NCHW")
+    with pytest.raises(layers.DataFormatError, match="NHWC-only"):
+        layers.check_data_format("NCHW")
+    with pytest.raises(layers.DataFormatError, match="NCHW needs a GPU"):
+        inception.InceptionV3(data_format="NCHW")
 
 
 def test_unknown_model_lists_choices() -> None:

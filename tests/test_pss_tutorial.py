@@ -10,14 +10,11 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
-from tests.helpers import tflaunch, wait_until_gone, write_cluster
+from tests.helpers import tensorflow_module, tflaunch, wait_until_gone, write_cluster
 
-pytest.importorskip("tensorflow")
-pytest.importorskip("tf_keras")
-pytestmark = pytest.mark.slow
+pytestmark = tensorflow_module("tf_keras")
 TUTORIAL = Path(__file__).resolve().parent / "programs" / "pss_tutorial.py"
 
 

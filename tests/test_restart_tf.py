@@ -8,18 +8,16 @@ import json
 import re
 import sys
 
-import pytest
-
 from tests.helpers import (
     processes_mentioning,
     read_until,
+    tensorflow_module,
     up_until,
     wait_until_gone,
     write_cluster,
 )
 
-pytest.importorskip("tensorflow")
-pytestmark = pytest.mark.slow
+pytestmark = tensorflow_module()
 
 
 # Steps are slowed (0.05 s each) so that a task can be killed mid-training, also after the
