@@ -11,8 +11,9 @@ held by the other worker's run. scripts/test.sh runs this before pytest.
 
 It reports, by file, line and function:
 - clock: an ``assert`` (or an ``if`` that fails the test) comparing a duration: a difference of
-  ``time.time()``/``monotonic()``/``perf_counter()`` readings, a name assigned one, or a name
-  called ``elapsed``/``duration``/``took``;
+  ``time.time()``/``monotonic()``/``perf_counter()`` readings, a name assigned one (also from a
+  function of the same file that returns one, alone or in a tuple: ``took, result = timed()``),
+  or a name called ``elapsed``/``duration``/``took``;
 - port: a port of 1024 or more written as a literal on a loopback or any-address
   (``"127.0.0.1:2222"``, ``("localhost", 2222)``) or as ``port=2222``.
 
@@ -134,10 +135,19 @@ class _Scope(ast.NodeVisitor):
     """One function's (or the module's) statements: which names hold clock readings and
     durations, and which verdicts compare a duration."""
 
-    def __init__(self, path: str, function: str, findings: list[Finding], source: str) -> None:
+    def __init__(
+        self,
+        path: str,
+        function: str,
+        findings: list[Finding],
+        source: str,
+        timers: dict[str, set[int | None]] | None = None,
+    ) -> None:
         self.path, self.function, self.findings, self.source = path, function, findings, source
         self.clock_names: set[str] = set()  # a reading: started, deadline
         self.duration_names: set[str] = set()  # a difference of readings: elapsed
+        # the file's functions that return a duration -> where: None (the value) or tuple indexes
+        self.timers = timers if timers is not None else {}
 
     def run(self, body: list[ast.stmt]) -> None:
         for statement in body:
@@ -145,7 +155,7 @@ class _Scope(ast.NodeVisitor):
 
     # nested functions are scopes of their own
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
-        scope = _Scope(self.path, node.name, self.findings, self.source)
+        scope = _Scope(self.path, node.name, self.findings, self.source, self.timers)
         scope.clock_names |= self.clock_names
         scope.run(node.body)
 
@@ -155,6 +165,18 @@ class _Scope(ast.NodeVisitor):
         if value is None:
             return
         names = [t.id for t in targets if isinstance(t, ast.Name)]
+        timed = self.timers.get(_identifier(value.func)) if isinstance(value, ast.Call) else None
+        if timed:
+            for target in targets:
+                if isinstance(target, ast.Name) and None in timed:
+                    self.duration_names.add(target.id)
+                elif isinstance(target, ast.Tuple):
+                    self.duration_names.update(
+                        e.id
+                        for i, e in enumerate(target.elts)
+                        if i in timed and isinstance(e, ast.Name)
+                    )
+            return
         if self._is_duration(value):
             self.duration_names.update(names)
         elif _mentions_clock(value, self.clock_names):
@@ -243,10 +265,33 @@ def _literal_port(node: ast.AST) -> bool:
     )
 
 
+def _timers(tree: ast.Module, path: str, source: str) -> dict[str, set[int | None]]:
+    """The file's functions that return a duration, and where in what they return: None for
+    the value itself, an index for an element of a returned tuple."""
+    timers: dict[str, set[int | None]] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        scope = _Scope(path, node.name, [], source)
+        for statement in node.body:  # learns the clock readings and durations it assigns
+            scope.visit(statement)
+        where: set[int | None] = set()
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Return) and sub.value is not None:
+                if isinstance(sub.value, ast.Tuple):
+                    where.update(i for i, e in enumerate(sub.value.elts) if scope._is_duration(e))
+                elif scope._is_duration(sub.value):
+                    where.add(None)
+        if where:
+            timers[node.name] = where
+    return timers
+
+
 def check_source(source: str, path: str) -> list[Finding]:
     """The findings in one file's text (``path`` as it is reported and allow-listed)."""
     findings: list[Finding] = []
-    _Scope(path, "", findings, source).run(ast.parse(source, path).body)
+    tree = ast.parse(source, path)
+    _Scope(path, "", findings, source, _timers(tree, path, source)).run(tree.body)
     return sorted(findings, key=lambda f: f.line)
 
 

@@ -49,6 +49,22 @@ def test_report():
         pytest.fail("too slow")
 """
 
+PLANTED_TIMER = """
+import time
+
+def timed(*args):
+    started = time.monotonic()
+    result = run(*args)
+    return time.monotonic() - started, result
+
+def test_second_run_is_faster():
+    first_time, first = timed("a")
+    _, other = timed("c")
+    assert other.returncode == 0 and len(other.stdout) > 0  # what came back, not how fast
+    second_time, second = timed("b")
+    assert second_time < first_time
+"""
+
 PORT = 2222  # in the planted string below through a variable: a literal would fail this file
 PLANTED_PORTS = {
     "a string": f'ADDRESS = "127.0.0.1:{PORT}"\n',
@@ -73,7 +89,7 @@ def test_bounded():
 """
 
 
-@pytest.mark.parametrize("source", [PLANTED_CLOCK, PLANTED_ELAPSED, PLANTED_IF_FAIL])
+@pytest.mark.parametrize("source", [PLANTED_CLOCK, PLANTED_ELAPSED, PLANTED_IF_FAIL, PLANTED_TIMER])
 def test_a_planted_wall_clock_bound_is_found(source):
     (finding,) = check_test_clock.check_source(source, "tests/test_x.py")
     assert finding.kind == "clock" and finding.function.startswith("test_")
