@@ -135,6 +135,18 @@ def test_a_task_that_exits_while_it_is_sampled_is_left_out_not_sampled_at_zero_b
     assert TreeSampler().sample({"task": os.getpid()})["tasks"] == {}
 
 
+def assert_child_counted_once(
+    pid: int, start_cpu: float, total: float, burned: float, within: float
+):
+    """The samples' CPU (``total``) is the parent's own growth since ``start_cpu`` plus its
+    reaped child's ``burned`` seconds (as its reaped time says), counted once."""
+    times = psutil.Process(pid).cpu_times()
+    child_cpu = times.children_user + times.children_system
+    assert burned - 0.05 < child_cpu < 1.0
+    expected = child_cpu + cpu_seconds(pid) - start_cpu
+    assert abs(total - expected) < within, (total, expected)
+
+
 ZOMBIE_PARENT = """
     import os, subprocess, sys
     child = subprocess.Popen([sys.executable, "-c",
@@ -189,11 +201,7 @@ def test_a_child_seen_live_then_exited_then_reaped_counts_once(race, monkeypatch
                     assert record["procs"] == 1  # the zombie is not a live process of the tree
                 total += record["cpu_percent"] / 100 * (sample["time"] - last)
                 last = sample["time"]
-        times = psutil.Process(parent.pid).cpu_times()
-        child_cpu = times.children_user + times.children_system
-        assert 0.25 < child_cpu < 1.0
-        expected = child_cpu + cpu_seconds(parent.pid) - start_cpu
-        assert abs(total - expected) < 0.05, (total, expected)
+        assert_child_counted_once(parent.pid, start_cpu, total, burned=0.3, within=0.05)
     finally:
         kill_tree(parent)
 
@@ -228,11 +236,7 @@ def test_a_short_lived_child_between_samples_counts_once():
         time.sleep(0.1)
         sample = sampler.sample({"task": parent.pid})
         total += sample["tasks"]["task"]["cpu_percent"] / 100 * (sample["time"] - last)
-        times = psutil.Process(parent.pid).cpu_times()
-        child_cpu = times.children_user + times.children_system
-        assert 0.35 < child_cpu < 1.0
-        expected = child_cpu + cpu_seconds(parent.pid) - start_cpu
-        assert abs(total - expected) < 0.1, (total, expected)
+        assert_child_counted_once(parent.pid, start_cpu, total, burned=0.4, within=0.1)
     finally:
         kill_tree(parent)
 
