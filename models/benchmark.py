@@ -54,6 +54,7 @@ rates, as tf_cnn_benchmarks computes them), then::
 Every worker prints the same total: the workers exchange their A through the cluster (a variable
 on PS 0, or an all-reduce) before printing it. All workers wait at a barrier after warm-up so that
 their timed windows overlap. ``--result_json PATH`` writes settings, per-step times and the figures.
+``--result_variables`` adds the model's trainable variables (what ``tflaunch tune`` sizes by).
 """
 
 from __future__ import annotations
@@ -199,6 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
         "in bfloat16 where the CPU has it; not numerically equivalent to float32, so opt-in)",
     )
     p.add_argument("--result_json", default=None, help="write settings, step times, figures here")
+    p.add_argument(
+        "--result_variables",
+        action="store_true",
+        help="with --result_json: the model's trainable variables too (name, shape, dtype size; "
+        "built once more in a graph, nothing computed), what tflaunch tune sizes the model by",
+    )
     add_cluster_flags(p)
     return p
 
@@ -375,6 +382,13 @@ def run(args: argparse.Namespace, info: ClusterInfo | None) -> int:
     log("-" * 64)
     if args.result_json:
         document = result_document(args, info, timing, worker_rate, total_rate)
+        if args.result_variables:
+            from tflaunch.models.placement import trainable_rows
+
+            spec = get_model_spec(args.model, benchmark=True)
+            document["variables"] = trainable_rows(
+                lambda: spec.build(args.num_classes, args.data_format)
+            )
         with open(args.result_json, "w", encoding="utf-8") as f:
             json.dump(document, f, indent=1)
     return 0

@@ -232,6 +232,13 @@ def graph_variables(build_fn: Callable[[], object]) -> list[VariableSpec]:
     return [VariableSpec(s.name, s.shape, s.dtype_size, s.name in trainable) for s in recorded]
 
 
+def trainable_rows(build_fn: Callable[[], object]) -> list[list]:
+    """The trainable ones of :func:`graph_variables` as JSON rows ``[name, shape, dtype size]``:
+    what ``tflaunch tune`` sizes the model by (the benchmark's ``--result_variables``, the
+    probe's ``--print-variables``)."""
+    return [[v.name, list(v.shape), v.dtype_size] for v in graph_variables(build_fn) if v.trainable]
+
+
 def created_variables(build_fn: Callable[[], object]) -> list[VariableSpec]:
     """Trainable variables in the order ``build_fn`` creates them (eager or graph, Keras too).
 

@@ -3,7 +3,7 @@ place of the program, so that calibration is bound exactly as the real run binds
 (same hosts, same ``placement.cpus_per_task`` cores), yet each worker computes alone.
 
     python -m tflaunch.models.tune_probe --job {job_name} --index {task_index} --port {port} \
-        --chief 0|1 --run N [--variables MODEL:CLASSES] -- PROGRAM ARGV...
+        --chief 0|1 --run N [--variables] -- PROGRAM ARGV...
 
 * A PS (or any task outside the training tasks) listens on its port, so that the agent sees it
   ready and starts the workers, and waits until it is stopped: it holds its cores' slot and
@@ -23,10 +23,12 @@ agent's), and the machine it is on. A training task that ran the program (``tfla
 benchmark``) prints ``tune-result: {"images_per_sec": {...}, "step_times": [...]}``: the
 benchmark's own ``--result_json`` document (the figures and the timed steps), read back from a
 file of the task's host and relayed on the one channel every backend brings back, the task's
-output. With ``--variables``, the first training task prints ``tune-variables: [[name, shape,
-dtype size], ...]`` after the program ended (the model built once in a graph, nothing computed),
-so that the launcher needs no TensorFlow to size the model's variables;
-``--print-variables MODEL:CLASSES`` alone prints that line and nothing else.
+output. With ``--variables``, the first training task's result also has ``"variables": [[name,
+shape, dtype size], ...]``: the benchmark's ``--result_variables`` (the model built once more in
+a graph in the benchmark's own process, nothing computed), so that the launcher needs no
+TensorFlow, and no process of its own, to size the model's variables.
+``--print-variables MODEL:CLASSES`` alone prints ``tune-variables: [[name, shape, dtype size],
+...]`` and nothing else (tune's path where no benchmark ran: a traced program).
 """
 
 from __future__ import annotations
@@ -125,13 +127,17 @@ def where(task: str) -> dict:
     }
 
 
-def run_reporting(argv: Sequence[str], env: dict[str, str] | None = None) -> int:
+def run_reporting(
+    argv: Sequence[str], env: dict[str, str] | None = None, variables: bool = False
+) -> int:
     """Run the benchmark with ``--result_json`` to a file of this host and print its figures
-    and timed steps as one ``tune-result:`` line."""
+    and timed steps (and with ``variables``, the model's variables) as one ``tune-result:``
+    line."""
     fd, path = tempfile.mkstemp(prefix="tune-result-", suffix=".json")
     os.close(fd)
     try:
-        code = subprocess.call([*argv, "--result_json", path], env=env)
+        extra = ["--result_variables"] if variables else []
+        code = subprocess.call([*argv, "--result_json", path, *extra], env=env)
         with open(path, encoding="utf-8") as f:
             text = f.read()
         if code == 0 and text:
@@ -140,6 +146,8 @@ def run_reporting(argv: Sequence[str], env: dict[str, str] | None = None) -> int
                 "images_per_sec": document["images_per_sec"],
                 "step_times": document["timing"]["step_times"],
             }
+            if variables:
+                result["variables"] = document["variables"]
             print(RESULT_PREFIX + json.dumps(result), flush=True)
         return code
     finally:
@@ -148,14 +156,13 @@ def run_reporting(argv: Sequence[str], env: dict[str, str] | None = None) -> int
 
 def print_variables(spec_text: str) -> None:
     """The model's trainable variables as the launcher's placement arithmetic wants them."""
-    from tflaunch.models.placement import graph_variables
+    from tflaunch.models.placement import trainable_rows
     from tflaunch.models.registry import get_model_spec
 
     model, _, classes = spec_text.partition(":")
     spec = get_model_spec(model)
     num_classes = spec.default_num_classes if spec.fixed_num_classes else int(classes or 1001)
-    variables = graph_variables(lambda: spec.build(num_classes, "NHWC"))
-    rows = [[v.name, list(v.shape), v.dtype_size] for v in variables if v.trainable]
+    rows = trainable_rows(lambda: spec.build(num_classes, "NHWC"))
     print(VARIABLES_PREFIX + json.dumps(rows), flush=True)
 
 
@@ -168,7 +175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--chief", type=int, default=0, help="1 when the cluster has a chief")
     p.add_argument("--run", type=int, default=1, help="training tasks that run the program")
     p.add_argument("--report", action="store_true", help="every task runs the program as is")
-    p.add_argument("--variables", default=None, metavar="MODEL:CLASSES")
+    p.add_argument(
+        "--variables", action="store_true", help="the first training task reports the variables"
+    )
     p.add_argument("program", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     if args.print_variables:
@@ -187,10 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if r >= args.run:
         return 0
     env = {k: v for k, v in os.environ.items() if k not in CLUSTER_ENV}
-    code = run_reporting(lone_argv(program), env=env)
-    if code == 0 and r == 0 and args.variables:
-        print_variables(args.variables)
-    return code
+    return run_reporting(lone_argv(program), env=env, variables=r == 0 and args.variables)
 
 
 if __name__ == "__main__":

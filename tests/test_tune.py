@@ -9,6 +9,7 @@ import re
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -264,6 +265,31 @@ def test_probe_runs_the_program_alone() -> None:
     assert tune_probe.rank("worker", 2, 0) == 2 and tune_probe.rank("ps", 0, 0) is None
 
 
+def test_the_lone_result_carries_the_variables_and_garbage_in_them_is_a_clear_error() -> None:
+    """The lone worker's ``tune-result:`` line (read back from its log in the run directory)
+    brings the model's variables; a list that is not [name, [dims], dtype size] rows is a
+    TuneError (tune's exit 2) naming what is wrong, never a traceback or a silent zero."""
+    sub = SimpleNamespace(dir=Path("/runs/r1"))  # the run: only its directory is named
+    rates = {"images_per_sec": {"worker": 2.5, "total": 2.5}, "step_times": [0.8, 0.9]}
+    rows = [["conv/kernel", [3, 3, 3, 8], 4], ["fc/bias", [10], 4]]
+    line = "tune-result: " + json.dumps({**rates, "variables": rows}) + "\n"
+    result = tn.benchmark_result("noise\n" + line, "a lone worker", sub)
+    assert result.variables == (("conv/kernel", (3, 3, 3, 8), 4), ("fc/bias", (10,), 4))
+    assert result.worker == 2.5 and result.step_times == (0.8, 0.9)
+    plain = tn.benchmark_result("tune-result: " + json.dumps(rates), "a worker", sub)
+    assert plain.variables is None  # not asked for: the together run's workers
+    garbage = (
+        "rows", [], [["a", [3], 4, 5]], [[1, [3], 4]], [["a", "33", 4]], [["a", [-1], 4]],
+        [["a", [3.5], 4]], [["a", [True], 4]], [["a", [3], 1e9]], [["a", [3], "4"]], [None],
+    )  # fmt: skip
+    for bad in garbage:
+        with pytest.raises(ts.TuneError) as caught:
+            tn.benchmark_result("tune-result: " + json.dumps({**rates, "variables": bad}), "w", sub)
+        message = str(caught.value)
+        assert "w reported a malformed result" in message and "/runs/r1" in message, message
+        assert "\n" not in message and len(message) < 400, message
+
+
 def test_netbench_sizes_come_from_the_variables() -> None:
     variables = (("a", (1000, 1000), 4), ("b", (10,), 4), ("c", (4000, 1000), 4))
     assert tn.netbench_sizes(variables) == [1024, 10_000_020, 20_000_040]  # largest: at most half
@@ -414,6 +440,8 @@ def test_tune_verify_apply_on_the_local_backend(tmp_path) -> None:
         p.name for p in tune_dir.iterdir()
     }
     assert set(document["calibration"]["runs"]) == {"lone", "verify-A1"}
+    lone = next((tune_dir / "runs").glob("*-lone-*/worker-0.log")).read_text()
+    assert '"variables": [[' in lone and "tune-variables" not in lone  # no process of their own
     applied = [r for r in runs if r != tune_dir]
     assert len(applied) == 1  # the tuned file's own run, which trained
     assert "total images/sec" in (applied[0] / "worker-0.log").read_text()

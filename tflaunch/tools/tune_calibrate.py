@@ -179,7 +179,7 @@ class Calibrator:
         if not self.program.benchmark:
             return self.traced_compute()
         workers = self.config.roles.worker + self.config.roles.chief
-        lone = self.probe_run("lone", 1)
+        lone = self.probe_run("lone", 1, variables=True)
         self.cal.lone_img_s = lone["rates"][0]
         self.cal.cores_per_host = lone["cores"]
         self.cal.host_cores = host_cores(lone["probes"], launch.plan_cluster(self.config))
@@ -209,16 +209,16 @@ class Calibrator:
                 "the contention input"
             )
         if lone["variables"] is None:
-            raise TuneError("the lone worker printed no variables; see the lone run's log.")
+            raise TuneError("the lone worker reported no variables; see the lone run's log.")
         return lone["variables"]
 
-    def probe_run(self, label: str, count: int, steps: int = 0) -> dict:
+    def probe_run(self, label: str, count: int, steps: int = 0, variables: bool = False) -> dict:
         """The file's plan with every task a probe and the first ``count`` workers computing
-        (``steps`` timed steps each; 0: ``--steps``)."""
+        (``steps`` timed steps each; 0: ``--steps``); with ``variables``, the first also reports
+        the model's variables (its benchmark builds them: no TensorFlow process of their own)."""
         steps = steps or self.options.steps
         argv = timed_argv(self.program.argv, steps, self.options.warmup)
-        variables_of = f"{self.program.model}:{self.program.num_classes}"
-        flags = ["--port", "{port}", "--run", str(count), "--variables", variables_of]
+        flags = ["--port", "{port}", "--run", str(count), *(["--variables"] if variables else [])]
         config = replace(
             self.config,
             name=f"{self.config.name}-{label}",
@@ -234,9 +234,8 @@ class Calibrator:
             result = benchmark_result(text, f"a {label} worker", sub)
             rates.append(result.worker)
             steps.append(result.step_times)
-            found = VARIABLES_LINE.findall(text)
-            if found:
-                variables = tuple((n, tuple(s), int(d)) for n, s, d in json.loads(found[-1]))
+            if result.variables is not None:
+                variables = result.variables
         cores = min((int(p.get("cores", 0)) for p in probes), default=0)
         return {
             "rates": rates, "cores": cores, "variables": variables, "probes": probes,
@@ -447,7 +446,34 @@ def model_variables(model: str, num_classes: int) -> Variables:
             f"building {model}'s variables failed (exit {done.returncode}): "
             + (done.stderr.strip().splitlines() or ["no output"])[-1]
         )
-    return tuple((n, tuple(s), int(d)) for n, s, d in json.loads(found[-1]))
+    try:
+        return parse_variables(json.loads(found[-1]))
+    except ValueError as exc:
+        raise TuneError(f"building {model}'s variables gave a malformed list: {exc}.") from None
+
+
+def parse_variables(rows: object) -> Variables:
+    """A model's variables as a probe reported them (``[[name, [dims], dtype size], ...]``),
+    checked: the line comes from a task's log, so anything else is a ``ValueError`` that says
+    what is wrong."""
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(
+            f"expected a non-empty list of [name, shape, dtype size], got {rows!r:.80}"
+        )
+    out = []
+    for i, row in enumerate(rows):
+        if not (isinstance(row, list) and len(row) == 3):
+            raise ValueError(f"variable {i}: expected [name, shape, dtype size], got {row!r:.80}")
+        name, shape, size = row
+        dims_ok = isinstance(shape, list) and all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        )
+        if not isinstance(name, str) or not dims_ok:
+            raise ValueError(f"variable {i}: expected a name and a list of sizes, got {row!r:.80}")
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= 16:
+            raise ValueError(f"variable {i}: dtype size {size!r:.20} is not 0 to 16 bytes")
+        out.append((name, tuple(shape), size))
+    return tuple(out)
 
 
 def timed_argv(argv: Sequence[str], steps: int, warmup: int) -> list[str]:
@@ -470,6 +496,7 @@ class BenchResult:
     worker: float
     total: float
     step_times: tuple[float, ...]
+    variables: Variables | None = None  # the model's, where the probe was asked for them
 
 
 def benchmark_result(text: str, who: str, sub: Run) -> BenchResult:
@@ -482,7 +509,8 @@ def benchmark_result(text: str, who: str, sub: Run) -> BenchResult:
         data = json.loads(found[-1])
         rates = data["images_per_sec"]
         steps = tuple(float(s) for s in data["step_times"])
-        return BenchResult(float(rates["worker"]), float(rates["total"]), steps)
+        variables = parse_variables(data["variables"]) if "variables" in data else None
+        return BenchResult(float(rates["worker"]), float(rates["total"]), steps, variables)
     except (ValueError, TypeError, KeyError) as exc:
         raise TuneError(f"{who} reported a malformed result ({exc!r}); see {sub.dir}.") from None
 
