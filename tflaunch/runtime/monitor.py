@@ -194,11 +194,11 @@ class TreeSampler:
         # A child reaped between the scan and its read may have been reaped after its parent was
         # read: the parent is read again, so that its growth (the child's time, now in its reaped
         # time) and the child's leaving fall in this one sample.
-        for pid in reaped:
-            parent = parents.get(pid)
-            if parent in totals:
-                with contextlib.suppress(psutil.Error):
-                    totals[parent] = _cpu_total(psutil.Process(parent).cpu_times())
+        for parent in {parents.get(pid) for pid in reaped} & totals.keys():
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(parent)
+                if proc.create_time() == seen[parent].create_time:  # not a reused pid
+                    totals[parent] = _cpu_total(proc.cpu_times())
                     seen[parent] = replace(seen[parent], cpu=totals[parent])
         last_members = self._trees.get(root, set())
         cpu_delta = 0.0
