@@ -17,6 +17,7 @@ from a folder outside the checkout, without PYTHONPATH, so only the installed co
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
@@ -63,9 +64,10 @@ def clean_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return {**base, **(env or {})}
 
 
-def uv() -> list[str] | None:
+@functools.cache
+def uv() -> tuple[str, ...] | None:
     """``python -m uv`` where the dev extra installed it, else None (pip does the work)."""
-    return [sys.executable, "-m", "uv"] if importlib.util.find_spec("uv") else None
+    return (sys.executable, "-m", "uv") if importlib.util.find_spec("uv") else None
 
 
 def new_venv(path: Path) -> Path:

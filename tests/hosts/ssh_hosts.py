@@ -288,9 +288,9 @@ def cut_launcher_link(hosts: TestHosts) -> None:
 
 def restore_launcher_link(hosts: TestHosts) -> None:
     """Bring the launcher's link to the public bridge back up, as a repaired cable: nothing
-    learned while it was cut outlives it (see :func:`_forget_neighbours`)."""
+    learned while it was cut outlives it (:func:`lab_hosts.neighbours_flush` says why)."""
     lab_hosts.set_link(f"{hosts.plan.launcher_veth}x", up=True)
-    _forget_neighbours("dev", hosts.plan.launcher_veth)
+    lab_hosts.neighbours_flush("dev", hosts.plan.launcher_veth)
 
 
 def cut_host_link(host: TestHost) -> None:
@@ -302,18 +302,7 @@ def cut_host_link(host: TestHost) -> None:
 def restore_host_link(host: TestHost) -> None:
     """Bring one host's public link back up (and forget what was learned while it was down)."""
     lab_hosts.set_link(host.public_veth, up=True)
-    _forget_neighbours("to", host.public_address)
-
-
-def _forget_neighbours(*selector: str) -> None:
-    """Flush the root namespace's ARP entries for a repaired link.
-
-    Whatever tried to reach the hosts while the link was down left ARP resolutions that are
-    failing (INCOMPLETE, FAILED). A connection made just after the repair would wait on such a
-    resolution's last unanswered probe and fail with "no route to host" up to 3 s later (seen
-    on CI: the test after a cut-link test failed its pre-flight). Flushed, the next packet
-    starts a fresh resolution over the working link."""
-    lab_hosts.neighbours_flush(*selector)
+    lab_hosts.neighbours_flush("to", host.public_address)
 
 
 def processes_in(host: TestHost, exclude_sshd: bool = True) -> list[str]:

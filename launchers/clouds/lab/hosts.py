@@ -241,7 +241,13 @@ def set_link(name: str, up: bool) -> None:
 
 def neighbours_flush(*selector: str) -> None:
     """Drop the root namespace's ARP entries that ``selector`` names (``dev NAME``, ``to
-    ADDRESS``): what was learned, or failed to be, over a link that was down."""
+    ADDRESS``): what was learned, or failed to be, over a link that was down.
+
+    Whatever tried to reach the hosts while the link was down left ARP resolutions that are
+    failing (INCOMPLETE, FAILED). A connection made just after the repair would wait on such a
+    resolution's last unanswered probe and fail with "no route to host" up to 3 s later (seen
+    on CI: the test after a cut-link test failed its pre-flight). Flushed, the next packet
+    starts a fresh resolution over the working link."""
     _ip("neigh", "flush", *selector)
 
 
